@@ -1,0 +1,37 @@
+# The two commands of the README: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint typecheck check bench
+
+$(STAMP): requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/python -m lumastra.preflight
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py bootstrap_demo
+	$(BIN)/honcho -d . -f deploy/Procfile start
+
+test: install
+	$(BIN)/python -m lumastra.preflight --check-only
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy lumastra tasks orchestrator coverage
+
+check: lint typecheck test
+
+bench: install
+	$(BIN)/python bench/throughput.py

@@ -1,0 +1,86 @@
+"""Checks PostgreSQL and Valkey before the system starts, and creates the database if missing.
+
+`python -m lumastra.preflight` prints which service is unreachable, at which address, and how
+to start it, then exits 1 — no traceback. `--check-only` never creates anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg2
+import redis
+from psycopg2 import sql
+
+from lumastra import config
+
+START_POSTGRES = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+START_VALKEY = 'redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no'
+
+
+def _where(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname or 'localhost'}:{parts.port or ''}".rstrip(":")
+
+
+def check_postgres(url: str, create: bool) -> str | None:
+    parts = urlsplit(url)
+    database = parts.path.lstrip("/")
+    server_url = urlunsplit(parts._replace(path="/postgres"))
+    try:
+        conn = psycopg2.connect(server_url, connect_timeout=3)
+    except psycopg2.OperationalError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer"
+        return (
+            f"PostgreSQL is not reachable at {_where(url)} ({first_line}).\n"
+            f"  Start it with: {START_POSTGRES}\n  or set DATABASE_URL."
+        )
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database])
+            if cursor.fetchone() is None:
+                if not create:
+                    return None  # the test runner creates its own database
+                cursor.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+                print(f"created database {database!r} at {_where(url)}")
+    finally:
+        conn.close()
+    return None
+
+
+def check_valkey(name: str, url: str) -> str | None:
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        return (
+            f"Valkey/Redis ({name}) is not reachable at {_where(url)} ({exc}).\n"
+            f"  Start it with: {START_VALKEY}\n  or set {name}."
+        )
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check-only", action="store_true", help="create nothing")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config.current()
+    except config.ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 1
+    problems = [
+        check_postgres(cfg.database_url, create=not args.check_only),
+        check_valkey("VALKEY_URL", cfg.valkey_url),
+        check_valkey("CELERY_BROKER_URL", cfg.celery_broker_url),
+    ]
+    found = [p for p in problems if p]
+    for problem in found:
+        print(problem, file=sys.stderr)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Django settings: everything comes from `lumastra.config`, which reads the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from lumastra import config
+
+CONFIG = config.current()
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = CONFIG.secret_key
+DEBUG = CONFIG.debug
+ALLOWED_HOSTS = list(CONFIG.allowed_hosts)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_celery_beat",
+    "tasks",
+    "orchestrator",
+    "coverage",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "orchestrator.api.limits.BodySizeLimitMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "lumastra.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+ASGI_APPLICATION = "lumastra.asgi.application"
+WSGI_APPLICATION = "lumastra.wsgi.application"
+
+# Persistent connections with health checks: Celery's Django fix-up would otherwise open a
+# new connection per task (DESIGN §9); the health check recovers from a dropped one.
+DATABASES = {
+    "default": dj_database_url.parse(
+        CONFIG.database_url,
+        conn_max_age=CONFIG.db_conn_max_age_s,
+        conn_health_checks=True,
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# The API enforces its own body limit with a JSON 413 (orchestrator.api.limits).
+DATA_UPLOAD_MAX_MEMORY_SIZE = None
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+WHITENOISE_USE_FINDERS = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+}
+
+# Celery (namespace CELERY_): the broker and the delivery guarantees of DESIGN §4.
+CELERY_BROKER_URL = CONFIG.celery_broker_url
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# kombu's Redis transport puts each priority in its own sub-queue; the steps must contain our
+# values 1|2|3|5|7 so none is rounded into another. A message without a priority gets 5
+# (scheduled work), never 0, which kombu would treat as most urgent.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "priority_steps": [1, 2, 3, 5, 7],
+    "queue_order_strategy": "priority",
+    "visibility_timeout": CONFIG.broker_visibility_timeout_s,
+}
+CELERY_TASK_DEFAULT_PRIORITY = 5

@@ -1,0 +1,16 @@
+from django.apps import AppConfig
+
+
+class OrchestratorConfig(AppConfig):
+    name = "orchestrator"
+    label = "orchestrator"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.conf import settings
+
+        from orchestrator import celery_tasks
+        from tasks import registry
+
+        registry.install(registry.load(settings.CONFIG.task_modules))
+        celery_tasks.register_all(registry.get())

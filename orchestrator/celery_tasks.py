@@ -1,0 +1,33 @@
+"""Registers one Celery task per task definition, named by its id; every body is the runner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task, shared_task
+
+from orchestrator import runner
+from tasks.registry import Registry
+
+# shared_task registers with every app; registering twice would replace the task class.
+_registered: set[str] = set()
+
+
+def register_all(registry: Registry) -> None:
+    for definition in registry.values():
+        if definition.id in _registered:
+            continue
+
+        def body(task: Task[Any, Any], run_id: str, processing_version: int) -> None:
+            runner.run_message(task.name, run_id, processing_version)
+
+        shared_task(
+            name=definition.id,
+            bind=True,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            soft_time_limit=int(definition.timeout.soft.total_seconds()),
+            time_limit=int(definition.timeout.hard.total_seconds()),
+            ignore_result=True,
+        )(body)
+        _registered.add(definition.id)

@@ -1,0 +1,55 @@
+"""The engine's implementation of the SDK's `TaskContext`."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+
+from orchestrator import keys, scripts, valkey
+from orchestrator.clock import SYSTEM, Clock, to_ms
+from orchestrator.states import RunState
+from tasks.errors import RunCancelled
+
+LOG_TTL = timedelta(hours=24)
+
+
+class RunContext:
+    def __init__(self, run_id: str, input: Any, clock: Clock = SYSTEM) -> None:
+        self._run_id = run_id
+        self._input = input
+        self._clock = clock
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    @property
+    def input(self) -> Any:
+        return self._input
+
+    def log(self, message: str) -> None:
+        key = keys.run_log(self._run_id)
+        line = f"{self._clock.now().isoformat()} {message}"
+        pipe = valkey.client().pipeline(transaction=True)
+        pipe.rpush(key, line)
+        pipe.ltrim(key, -settings.CONFIG.log_cap, -1)
+        pipe.expire(key, LOG_TTL)
+        pipe.execute()  # type: ignore[no-untyped-call]
+
+    def report_progress(self, done: float, total: float | None = None, note: str = "") -> None:
+        payload = json.dumps({"done": done, "total": total, "note": note})
+        scripts.call(
+            "set_progress", [keys.run_active(self._run_id)], [payload, to_ms(self._clock.now())]
+        )
+
+    @property
+    def cancelled(self) -> bool:
+        state = valkey.client().hget(keys.run_active(self._run_id), "state")
+        return state == RunState.CANCELLING.value
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled:
+            raise RunCancelled(f"run {self._run_id} was cancelled")

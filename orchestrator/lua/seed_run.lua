@@ -1,0 +1,20 @@
+-- @version 1
+-- Seed the live hash of a new run in state `pending`.
+-- KEYS[1] task:run:active:<runId>
+-- ARGV[1] runId  ARGV[2] taskId  ARGV[3] priority  ARGV[4] now (ms)  ARGV[5] ttl (s)
+-- ARGV[6..] pipeline stage names, each seeded `waiting`
+-- Returns 1 when seeded, 0 when the hash already existed (seeding is idempotent).
+if #KEYS ~= 1 or #ARGV < 5 then
+  return redis.error_reply("BAD_ARGS seed_run expects 1 key and at least 5 args")
+end
+if redis.call("EXISTS", KEYS[1]) == 1 then
+  return 0
+end
+redis.call("HSET", KEYS[1],
+  "state", "pending", "run_id", ARGV[1], "task_id", ARGV[2], "priority", ARGV[3],
+  "owner", "", "created_at", ARGV[4], "updated_at", ARGV[4])
+for i = 6, #ARGV do
+  redis.call("HSET", KEYS[1], "stage:" .. ARGV[i], "waiting")
+end
+redis.call("EXPIRE", KEYS[1], tonumber(ARGV[5]))
+return 1

@@ -1,0 +1,79 @@
+"""Durable state: every run, and the API tokens that may start them."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.db.models.fields.json import KT
+
+from orchestrator.states import LIVE_RUN_STATES, RunState
+
+
+class TaskHistory(models.Model):
+    """One row per run; the source of truth the Valkey hashes are reconciled from."""
+
+    id = models.CharField(primary_key=True, max_length=40)  # run_<ulid>
+    task_id = models.CharField(max_length=64)
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.PENDING)
+    stages = models.JSONField(default=dict, blank=True)
+    trigger = models.JSONField(default=dict)  # {"kind": ..., "idempotencyKey": ..., ...}
+    input = models.JSONField(default=dict)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)  # {"kind": ..., "message": ...}
+    priority = models.PositiveSmallIntegerField()
+    identity = models.CharField(max_length=200)
+    processing_version = models.PositiveIntegerField(default=1)
+    owner_instance_id = models.CharField(max_length=120, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    cost_breakdown = models.JSONField(default=dict, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "task_history"
+        verbose_name = "run"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["-created_at"], name="task_history_created"),
+            models.Index(fields=["task_id", "-created_at"], name="task_history_task_created"),
+            models.Index(fields=["state", "-created_at"], name="task_history_state_created"),
+            models.Index(KT("trigger__kind"), "created_at", name="task_history_trigger_kind"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                "task_id",
+                KT("trigger__idempotencyKey"),
+                condition=Q(state__in=sorted(s.value for s in LIVE_RUN_STATES)),
+                name="task_history_live_idempotency_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} {self.id} ({self.state})"
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+
+class ApiToken(models.Model):
+    """A bearer token for the HTTP API. Only its SHA-256 digest is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    name = models.CharField(max_length=100, blank=True, default="")
+    prefix = models.CharField(max_length=12)  # shown in the admin to tell tokens apart
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "api_token"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"

@@ -1,0 +1,185 @@
+"""The runner: the body of every Celery task.
+
+On pickup: processing_version guard → claim in Valkey (owner, pending → active) → Postgres
+pending → active → build the context → `execute(ctx, input)` → terminal write, Postgres
+first, then Valkey fenced by the claim's owner. Database connections are checked before and
+after each run, so a connection dropped between runs is replaced rather than failing a run.
+
+Not here yet (later issues): heartbeats and watchdogs, retries of transient errors,
+redelivery of an active run, the pending-write drain for a failed Postgres write.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from billiard.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject
+from django.db import close_old_connections
+from django.utils import timezone
+from pydantic import BaseModel, ValidationError
+
+from orchestrator import durable, live
+from orchestrator.context import RunContext
+from orchestrator.instance import instance_id
+from orchestrator.models import TaskHistory
+from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
+from tasks import registry
+from tasks.definition import TaskDefinition
+from tasks.errors import ErrorKind, RunCancelled, TaskError
+
+log = logging.getLogger(__name__)
+
+# A message from a newer deploy goes back to the queue for a newer worker; the pause keeps
+# an all-old pool from spinning on it during a rolling deploy.
+REQUEUE_PAUSE_S = 1.0
+
+
+def run_message(task_id: str, run_id: str, processing_version: int) -> None:
+    close_old_connections()
+    try:
+        _run(registry.get()[task_id], run_id, processing_version)
+    finally:
+        close_old_connections()
+
+
+def _run(definition: TaskDefinition, run_id: str, processing_version: int) -> None:
+    if processing_version > definition.processing_version:
+        time.sleep(REQUEUE_PAUSE_S)
+        raise Reject(
+            f"run {run_id} needs processing_version {processing_version}, "
+            f"this worker has {definition.processing_version}",
+            requeue=True,
+        )
+    row = TaskHistory.objects.filter(id=run_id).first()
+    if row is None:
+        log.error("run %s: message for a run Postgres does not have; dropped", run_id)
+        return
+    if row.state != RunState.PENDING:
+        _not_pending(row)
+        return
+    if processing_version < definition.processing_version:
+        _fail_unstarted(
+            row,
+            ErrorKind.STALE_VERSION,
+            f"enqueued for processing_version {processing_version}, "
+            f"current is {definition.processing_version}",
+        )
+        return
+
+    owner = instance_id()
+    if not _claim(row, owner):
+        return
+    try:
+        model = definition.input_model.model_validate(row.input)
+    except ValidationError as exc:
+        _finish(row.id, owner, RunState.FAILED, error=_error(ErrorKind.VALIDATION, str(exc)))
+        return
+    context = RunContext(row.id, model)
+    try:
+        result = definition.execute(context, model)
+    except RunCancelled as exc:
+        _finish(row.id, owner, RunState.FAILED, error=_error(ErrorKind.CANCELLED, str(exc)))
+    except TaskError as exc:
+        _finish(row.id, owner, RunState.FAILED, error=_error(exc.kind, str(exc)))
+    except SoftTimeLimitExceeded:
+        message = f"passed its soft timeout of {definition.timeout.soft}"
+        _finish(row.id, owner, RunState.FAILED, error=_error(ErrorKind.TIMEOUT, message))
+    except Exception as exc:
+        log.exception("run %s: handler raised", row.id)
+        message = f"{type(exc).__name__}: {exc}"
+        _finish(row.id, owner, RunState.FAILED, error=_error(ErrorKind.INTERNAL, message))
+    else:
+        _finish(row.id, owner, RunState.COMPLETED, result=_jsonable(result))
+
+
+def _error(kind: ErrorKind, message: str) -> dict[str, str]:
+    return {"kind": kind.value, "message": message[:4000]}
+
+
+def _jsonable(result: object) -> Any:
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    return result
+
+
+def _claim(row: TaskHistory, owner: str) -> bool:
+    """pending → active in Valkey, then Postgres. False when the run is not ours to run."""
+    try:
+        live.claim(row.id, owner)
+    except IllegalTransition as exc:
+        if exc.current is None:
+            # The live hash is gone (Valkey restarted or flushed): Postgres says pending, so
+            # seed it again from the row and claim.
+            live.seed(row.id, row.task_id, row.priority, tuple(row.stages))
+            live.claim(row.id, owner)
+        else:
+            log.info("run %s: not claimed, live state is %s", row.id, exc.current)
+            return False
+    try:
+        durable.transition(
+            row.id,
+            RunState.ACTIVE,
+            owner_instance_id=owner,
+            started_at=timezone.now(),
+            attempts=row.attempts + 1,
+        )
+    except IllegalTransition as exc:
+        # Postgres moved on (e.g. cancelled) between our read and the claim; it wins.
+        log.info("run %s: claim lost to Postgres state %s", row.id, exc.current)
+        if exc.current == RunState.CANCELLING:
+            live.transition(row.id, RunState.CANCELLING, owner=owner)
+            _finish_cancel(row.id)
+        return False
+    return True
+
+
+def _finish(
+    run_id: str,
+    owner: str,
+    target: RunState,
+    *,
+    result: Any = None,
+    error: dict[str, str] | None = None,
+) -> None:
+    """The terminal write: Postgres first, then Valkey, fenced by the claim's owner."""
+    now = timezone.now()
+    try:
+        durable.transition(run_id, target, result=result, error=error, finished_at=now)
+    except IllegalTransition as exc:
+        if exc.current == RunState.CANCELLING:
+            # A cancel raced the handler's end: the run ends once, as cancelled.
+            _finish_cancel(run_id)
+            return
+        raise
+    live.transition(run_id, target, owner=owner)
+
+
+def _finish_cancel(run_id: str) -> None:
+    now = timezone.now()
+    durable.transition(run_id, RunState.CANCELLED, finished_at=now)
+    try:
+        live.transition(run_id, RunState.CANCELLED)
+    except IllegalTransition as exc:
+        log.warning("run %s: cancelled in Postgres, live hash disagreed: %s", run_id, exc)
+
+
+def _not_pending(row: TaskHistory) -> None:
+    if row.state == RunState.CANCELLING:
+        # Cancelled before pickup: the claim refuses it and the cancel completes here.
+        _finish_cancel(row.id)
+    elif row.state in TERMINAL_RUN_STATES:
+        log.info("run %s: already %s; duplicate message dropped", row.id, row.state)
+    else:
+        log.warning("run %s: redelivered while %s; dropped", row.id, row.state)
+
+
+def _fail_unstarted(row: TaskHistory, kind: ErrorKind, message: str) -> None:
+    now = timezone.now()
+    durable.transition(row.id, RunState.FAILED, error=_error(kind, message), finished_at=now)
+    try:
+        live.transition(row.id, RunState.FAILED)
+    except IllegalTransition as exc:
+        log.warning("run %s: failed in Postgres, live hash disagreed: %s", row.id, exc)

@@ -1,0 +1,67 @@
+"""Run and stage states and the transitions between them (DESIGN §4).
+
+This table is the single Python source of truth; `lua/transition_run.lua` and
+`lua/transition_stage.lua` carry the same table, and a table-driven test checks every
+(from, to) pair against both stores.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class RunState(models.TextChoices):
+    PENDING = "pending"  # recorded and enqueued, not yet claimed by a worker
+    ACTIVE = "active"  # claimed; the handler is running
+    CANCELLING = "cancelling"  # cancel requested; waiting for the handler or the claim to stop
+    COMPLETED = "completed"  # handler returned
+    FAILED = "failed"  # handler raised, or the run could not start (see error.kind)
+    CANCELLED = "cancelled"  # stopped on request
+
+
+class StageState(models.TextChoices):
+    WAITING = "waiting"  # dependencies not yet done
+    ACTIVE = "active"  # running
+    COMPLETED = "completed"  # done
+    FAILED = "failed"  # raised
+    SKIPPED = "skipped"  # its `when` said no
+
+
+RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    # pending → failed is our addition to DESIGN §4: a run refused before it ever started
+    # (stale processing_version, input no longer valid) must still end.
+    RunState.PENDING: frozenset({RunState.ACTIVE, RunState.CANCELLING, RunState.FAILED}),
+    RunState.ACTIVE: frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCELLING}),
+    RunState.CANCELLING: frozenset({RunState.CANCELLED}),
+    RunState.COMPLETED: frozenset(),
+    RunState.FAILED: frozenset(),
+    RunState.CANCELLED: frozenset(),
+}
+
+STAGE_TRANSITIONS: dict[StageState, frozenset[StageState]] = {
+    StageState.WAITING: frozenset({StageState.ACTIVE, StageState.SKIPPED}),
+    StageState.ACTIVE: frozenset({StageState.COMPLETED, StageState.FAILED}),
+    StageState.COMPLETED: frozenset(),
+    StageState.FAILED: frozenset(),
+    StageState.SKIPPED: frozenset(),
+}
+
+TERMINAL_RUN_STATES = frozenset(s for s, nxt in RUN_TRANSITIONS.items() if not nxt)
+LIVE_RUN_STATES = frozenset(RunState) - TERMINAL_RUN_STATES
+
+
+def run_sources(target: RunState) -> list[str]:
+    """The states a run may move to `target` from (for guarded UPDATEs)."""
+    return sorted(s.value for s, nxt in RUN_TRANSITIONS.items() if target in nxt)
+
+
+class IllegalTransition(Exception):
+    """A store refused a state change that DESIGN §4 does not allow."""
+
+    def __init__(self, run_id: str, current: str | None, target: str, store: str) -> None:
+        shown = current if current is not None else "missing"
+        super().__init__(f"run {run_id}: illegal transition {shown} → {target} ({store})")
+        self.run_id = run_id
+        self.current = current
+        self.target = target
+        self.store = store

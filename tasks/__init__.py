@@ -1,0 +1,39 @@
+"""The SDK task authors use: declare tasks, read the run's context, signal failures."""
+
+from tasks.context import TaskContext
+from tasks.definition import (
+    Backpressure,
+    NoInput,
+    Priority,
+    Quotas,
+    TaskDefinition,
+    Timeout,
+    WatchSync,
+    define_task,
+    define_watch_sync,
+)
+from tasks.errors import FatalError, PermanentError, RunCancelled, TransientError
+from tasks.pipeline import Stage
+from tasks.resources import RESOURCE_CLASSES
+from tasks.schedule import cron, every
+
+__all__ = [
+    "RESOURCE_CLASSES",
+    "Backpressure",
+    "FatalError",
+    "NoInput",
+    "PermanentError",
+    "Priority",
+    "Quotas",
+    "RunCancelled",
+    "Stage",
+    "TaskContext",
+    "TaskDefinition",
+    "Timeout",
+    "TransientError",
+    "WatchSync",
+    "cron",
+    "define_task",
+    "define_watch_sync",
+    "every",
+]

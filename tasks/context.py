@@ -1,0 +1,32 @@
+"""What a task handler sees of its run. The engine implements this protocol."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class TaskContext(Protocol):
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def input(self) -> Any:
+        """The validated input (an instance of the task's input model)."""
+        ...
+
+    def log(self, message: str) -> None:
+        """Append a line to the run's live log."""
+        ...
+
+    def report_progress(self, done: float, total: float | None = None, note: str = "") -> None:
+        """Report progress as `done` of `total` (or a fraction in 0..1 when total is None)."""
+        ...
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the run has been asked to cancel."""
+        ...
+
+    def raise_if_cancelled(self) -> None:
+        """Raise `RunCancelled` if the run has been asked to cancel."""
+        ...

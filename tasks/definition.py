@@ -1,0 +1,240 @@
+"""`define_task` and the immutable manifest it returns.
+
+Every option is checked for shape here, at import time, so a bad definition fails startup with
+a message naming the task and the field. Options whose behaviour arrives in later issues
+(quotas, schedule, pipeline, backpressure, exclusive_with, covers_stages) are validated already.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import Enum, IntEnum
+from typing import Any
+
+from pydantic import BaseModel
+
+from tasks.context import TaskContext
+from tasks.errors import ManifestError
+from tasks.pipeline import PipelineError, Stage, stage_order
+from tasks.resources import RESOURCE_CLASSES
+from tasks.schedule import Schedule, parse_schedule
+
+_TASK_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+_RATE = re.compile(r"^(\d+)/(s|m|h)$")
+
+
+class Priority(IntEnum):
+    """Lower is more urgent; the gaps leave room without renumbering."""
+
+    OPERATOR = 1  # an operator's retry or explicit rush
+    INTERACTIVE = 2  # a person is waiting (API, admin)
+    EVENT = 3  # reacting to something that just happened
+    SCHEDULED = 5  # periodic upkeep
+    BACKGROUND = 7  # backfills and bulk work that can wait for everything else
+
+
+class Backpressure(Enum):
+    DROP = "drop"  # refuse quietly with a recorded "dropped" outcome
+    FAIL_FAST = "fail-fast"  # refuse with an error the caller sees
+    SHED_OLDEST = "shed-oldest"  # make room by cancelling the oldest, least urgent waiting runs
+
+
+@dataclass(frozen=True)
+class Timeout:
+    soft: timedelta  # the handler gets a chance to clean up
+    hard: timedelta  # the process running it is killed
+
+
+@dataclass(frozen=True)
+class Rate:
+    count: int
+    per: timedelta
+
+
+@dataclass(frozen=True)
+class Quotas:
+    max_runs_per_day: int | None = None
+    max_concurrent: int | None = None
+    rate: str | None = None  # e.g. "60/m"
+
+    def parsed_rate(self) -> Rate | None:
+        if self.rate is None:
+            return None
+        match = _RATE.match(self.rate)
+        if not match:
+            raise ValueError(f"bad rate {self.rate!r}: expected e.g. '60/m' (per s, m or h)")
+        unit = {"s": timedelta(seconds=1), "m": timedelta(minutes=1), "h": timedelta(hours=1)}
+        return Rate(int(match.group(1)), unit[match.group(2)])
+
+
+class NoInput(BaseModel, extra="forbid"):
+    """The input model of a task that takes no input."""
+
+
+Execute = Callable[[TaskContext, Any], object]
+IdentityFor = Callable[[Any], str]
+
+
+def input_digest(data: dict[str, Any]) -> str:
+    """A stable short digest of an input: the default identity of a run."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TaskDefinition:
+    id: str
+    resource_class: str
+    execute: Execute
+    input_model: type[BaseModel]
+    identity_for: IdentityFor | None
+    task_priority: Priority | None
+    timeout: Timeout
+    processing_version: int
+    quotas: Quotas
+    schedule: Schedule | None
+    pipeline: tuple[Stage, ...]
+    stage_order: tuple[str, ...]
+    backpressure: Backpressure
+    exclusive_with: tuple[str, ...]
+    covers_stages: tuple[str, ...]
+    description: str = field(default="")
+
+    def identity(self, validated_input: BaseModel) -> str:
+        if self.identity_for is not None:
+            return self.identity_for(validated_input)
+        return input_digest(validated_input.model_dump(mode="json"))
+
+
+DEFAULT_TIMEOUT = Timeout(soft=timedelta(minutes=25), hard=timedelta(minutes=30))
+
+
+def define_task(
+    *,
+    id: str,
+    resource_class: str,
+    execute: Execute,
+    input_model: type[BaseModel] = NoInput,
+    identity_for: IdentityFor | None = None,
+    task_priority: Priority | int | None = None,
+    timeout: Timeout = DEFAULT_TIMEOUT,
+    processing_version: int = 1,
+    quotas: Quotas | None = None,
+    schedule: str | Schedule | None = None,
+    pipeline: Sequence[Stage] = (),
+    backpressure: Backpressure | str = Backpressure.FAIL_FAST,
+    exclusive_with: Sequence[str] = (),
+    covers_stages: Sequence[str] = (),
+    description: str = "",
+) -> TaskDefinition:
+    """Declare a task. Assign the result to a module-level name in a module the registry loads."""
+    task_id = id
+
+    def fail(field_name: str, problem: str) -> ManifestError:
+        return ManifestError(task_id, field_name, problem)
+
+    if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
+        raise fail("id", "must be lowercase letters, digits and dashes, starting with a letter")
+    if resource_class not in RESOURCE_CLASSES:
+        raise fail(
+            "resource_class",
+            f"unknown class {resource_class!r}; known: {', '.join(RESOURCE_CLASSES)}",
+        )
+    if not callable(execute):
+        raise fail("execute", "must be callable as execute(ctx, input)")
+    if not (isinstance(input_model, type) and issubclass(input_model, BaseModel)):
+        raise fail("input_model", "must be a pydantic BaseModel subclass")
+    if identity_for is not None and not callable(identity_for):
+        raise fail("identity_for", "must be callable as identity_for(input) -> str")
+    priority = None
+    if task_priority is not None:
+        try:
+            priority = Priority(task_priority)
+        except ValueError:
+            raise fail("task_priority", f"{task_priority!r} is not one of 1, 2, 3, 5, 7") from None
+    if not (
+        isinstance(timeout, Timeout)
+        and isinstance(timeout.soft, timedelta)
+        and isinstance(timeout.hard, timedelta)
+        and timedelta(0) < timeout.soft <= timeout.hard
+    ):
+        raise fail("timeout", "must be Timeout(soft=timedelta, hard=timedelta), 0 < soft <= hard")
+    if not isinstance(processing_version, int) or processing_version < 1:
+        raise fail("processing_version", "must be an integer >= 1")
+    quotas = quotas or Quotas()
+    for name in ("max_runs_per_day", "max_concurrent"):
+        value = getattr(quotas, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise fail(f"quotas.{name}", "must be a positive integer")
+    try:
+        quotas.parsed_rate()
+    except ValueError as exc:
+        raise fail("quotas.rate", str(exc)) from None
+    parsed_schedule = None
+    if schedule is not None:
+        try:
+            parsed_schedule = parse_schedule(schedule)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise fail("schedule", str(exc)) from None
+    try:
+        order = stage_order(pipeline)
+    except PipelineError as exc:
+        raise fail("pipeline", str(exc)) from None
+    try:
+        policy = Backpressure(backpressure)
+    except ValueError:
+        choices = ", ".join(p.value for p in Backpressure)
+        raise fail("backpressure", f"{backpressure!r} is not one of {choices}") from None
+    for other in exclusive_with:
+        if not isinstance(other, str) or not _TASK_ID.match(other):
+            raise fail("exclusive_with", f"{other!r} is not a task id")
+    for stage_name in covers_stages:
+        if not isinstance(stage_name, str) or not stage_name:
+            raise fail("covers_stages", "stage names must be non-empty strings")
+
+    return TaskDefinition(
+        id=task_id,
+        resource_class=resource_class,
+        execute=execute,
+        input_model=input_model,
+        identity_for=identity_for,
+        task_priority=priority,
+        timeout=timeout,
+        processing_version=processing_version,
+        quotas=quotas,
+        schedule=parsed_schedule,
+        pipeline=tuple(pipeline),
+        stage_order=tuple(order),
+        backpressure=policy,
+        exclusive_with=tuple(exclusive_with),
+        covers_stages=tuple(covers_stages),
+        description=description,
+    )
+
+
+@dataclass(frozen=True)
+class WatchSync:
+    """A push/pull pair: `push` sends local changes out, `pull` brings remote changes in."""
+
+    push: TaskDefinition
+    pull: TaskDefinition
+
+
+def define_watch_sync(
+    id: str,
+    *,
+    push: Execute,
+    pull: Execute,
+    resource_class: str = "io",
+    **options: Any,
+) -> WatchSync:
+    """Registers `<id>-push` and `<id>-pull`, sharing every other option."""
+    return WatchSync(
+        push=define_task(id=f"{id}-push", resource_class=resource_class, execute=push, **options),
+        pull=define_task(id=f"{id}-pull", resource_class=resource_class, execute=pull, **options),
+    )

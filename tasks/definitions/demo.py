@@ -1,0 +1,92 @@
+"""The demo pack `make run` starts: real work in three resource classes."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.utils import timezone
+from pydantic import BaseModel, Field
+
+from tasks import NoInput, PermanentError, TaskContext, Timeout, define_task
+
+
+class HashFolderInput(BaseModel, extra="forbid"):
+    path: str = Field(description="folder whose files are hashed (recursively)")
+    max_files: int = Field(default=10_000, ge=1, le=1_000_000)
+
+
+def hash_folder(ctx: TaskContext, params: HashFolderInput) -> dict[str, object]:
+    root = Path(params.path)
+    if not root.is_dir():
+        raise PermanentError(f"{root} is not a folder")
+    files = sorted(p for p in root.rglob("*") if p.is_file())[: params.max_files]
+    digests: dict[str, str] = {}
+    for index, path in enumerate(files, start=1):
+        ctx.raise_if_cancelled()
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        digests[str(path.relative_to(root))] = digest.hexdigest()
+        ctx.report_progress(index, len(files))
+    ctx.log(f"hashed {len(digests)} files under {root}")
+    return {"files": len(digests), "sha256": digests}
+
+
+hash_folder_task = define_task(
+    id="hash-folder",
+    resource_class="cpu",
+    execute=hash_folder,
+    input_model=HashFolderInput,
+    identity_for=lambda params: params.path,
+    description="SHA-256 of every file under a folder",
+)
+
+
+class SlowProgressInput(BaseModel, extra="forbid"):
+    steps: int = Field(default=10, ge=1, le=10_000)
+    step_seconds: float = Field(default=0.5, ge=0, le=60)
+
+
+def slow_progress(ctx: TaskContext, params: SlowProgressInput) -> dict[str, int]:
+    for step in range(1, params.steps + 1):
+        ctx.raise_if_cancelled()
+        time.sleep(params.step_seconds)
+        ctx.report_progress(step, params.steps, note=f"step {step}")
+        ctx.log(f"step {step} of {params.steps}")
+    return {"steps": params.steps}
+
+
+slow_progress_task = define_task(
+    id="slow-progress",
+    resource_class="io",
+    execute=slow_progress,
+    input_model=SlowProgressInput,
+    timeout=Timeout(soft=timedelta(hours=1), hard=timedelta(hours=1, minutes=5)),
+    description="sleeps in steps and reports progress after each",
+)
+
+
+def history_retention(ctx: TaskContext, params: NoInput) -> dict[str, int]:
+    from orchestrator.models import TaskHistory
+    from orchestrator.states import TERMINAL_RUN_STATES
+
+    cutoff = timezone.now() - timedelta(days=settings.CONFIG.history_retention_days)
+    deleted, _ = TaskHistory.objects.filter(
+        state__in=[s.value for s in TERMINAL_RUN_STATES], finished_at__lt=cutoff
+    ).delete()
+    ctx.log(f"deleted {deleted} terminal runs finished before {cutoff.isoformat()}")
+    return {"deleted": deleted}
+
+
+history_retention_task = define_task(
+    id="history-retention",
+    resource_class="maintenance",
+    execute=history_retention,
+    schedule="1d",
+    description="deletes terminal runs older than LUMASTRA_HISTORY_RETENTION_DAYS",
+)

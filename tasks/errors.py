@@ -1,0 +1,50 @@
+"""The errors a task raises to tell the engine what went wrong, and the kinds they map to."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorKind(Enum):
+    TRANSIENT = "transient"  # may succeed if tried again later (network blip, lock held)
+    PERMANENT = "permanent"  # will fail the same way every time; never retried
+    FATAL = "fatal"  # fails the run and counts toward the task's circuit breaker
+    VALIDATION = "validation"  # input did not match the task's input model
+    CANCELLED = "cancelled"  # the handler stopped because the run was cancelled
+    TIMEOUT = "timeout"  # the handler passed its soft timeout
+    STALE_VERSION = "stale_version"  # message enqueued for an older processing_version
+    INTERNAL = "internal"  # an unexpected exception escaped the handler
+
+
+class TaskError(Exception):
+    """Base of the errors a task handler raises on purpose."""
+
+    kind: ErrorKind = ErrorKind.INTERNAL
+
+
+class TransientError(TaskError):
+    kind = ErrorKind.TRANSIENT
+
+
+class PermanentError(TaskError):
+    kind = ErrorKind.PERMANENT
+
+
+class FatalError(TaskError):
+    kind = ErrorKind.FATAL
+
+
+class RunCancelled(TaskError):
+    """Raised by `TaskContext.raise_if_cancelled()`; the engine records the run as cancelled."""
+
+    kind = ErrorKind.CANCELLED
+
+
+class ManifestError(ValueError):
+    """A task definition is malformed; names the task and the offending field."""
+
+    def __init__(self, task_id: str, field: str, problem: str) -> None:
+        super().__init__(f"task {task_id!r}, field {field!r}: {problem}")
+        self.task_id = task_id
+        self.field = field
+        self.problem = problem

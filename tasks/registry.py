@@ -1,0 +1,92 @@
+"""The registry: imports the definition modules named in settings, validates, then freezes.
+
+Definitions are module-level `TaskDefinition` (or `WatchSync`) values; importing a module is
+all it takes to declare its tasks. After `load` the registry is read-only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
+
+from tasks.definition import TaskDefinition, WatchSync
+from tasks.errors import ManifestError
+
+
+class RegistryError(RuntimeError):
+    """Startup cannot continue: a definition module or manifest is invalid."""
+
+
+class UnknownTaskError(LookupError):
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"unknown task {task_id!r}")
+        self.task_id = task_id
+
+
+class Registry(Mapping[str, TaskDefinition]):
+    def __init__(self, definitions: Iterable[TaskDefinition]) -> None:
+        by_id: dict[str, TaskDefinition] = {}
+        for definition in definitions:
+            if definition.id in by_id and by_id[definition.id] is not definition:
+                raise RegistryError(
+                    str(ManifestError(definition.id, "id", "is defined more than once"))
+                )
+            by_id[definition.id] = definition
+        for definition in by_id.values():
+            for other in definition.exclusive_with:
+                if other not in by_id:
+                    raise RegistryError(
+                        str(ManifestError(definition.id, "exclusive_with", f"{other!r} unknown"))
+                    )
+        self._by_id = MappingProxyType(by_id)
+
+    def __getitem__(self, task_id: str) -> TaskDefinition:
+        try:
+            return self._by_id[task_id]
+        except KeyError:
+            raise UnknownTaskError(task_id) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+def _declared_in(module_name: str) -> list[TaskDefinition]:
+    try:
+        module = importlib.import_module(module_name)
+    except ManifestError as exc:
+        raise RegistryError(f"in {module_name}: {exc}") from exc
+    except ImportError as exc:
+        raise RegistryError(f"cannot import task module {module_name!r}: {exc}") from exc
+    found: list[TaskDefinition] = []
+    for value in vars(module).values():
+        if isinstance(value, TaskDefinition):
+            found.append(value)
+        elif isinstance(value, WatchSync):
+            found.extend((value.push, value.pull))
+    return found
+
+
+def load(module_names: Iterable[str]) -> Registry:
+    definitions: list[TaskDefinition] = []
+    for name in module_names:
+        definitions.extend(_declared_in(name))
+    return Registry(definitions)
+
+
+_registry: Registry | None = None
+
+
+def install(registry: Registry) -> None:
+    """Make `registry` the process's registry; called once at startup."""
+    global _registry
+    _registry = registry
+
+
+def get() -> Registry:
+    if _registry is None:
+        raise RegistryError("the task registry has not been loaded (Django not set up?)")
+    return _registry

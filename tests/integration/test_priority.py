@@ -1,0 +1,37 @@
+"""Pickup order on a real worker follows priority (1 most urgent, 7 least)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import valkey
+from orchestrator.start import start_run
+from orchestrator.triggers import TriggerKind
+from tests.support.fixtures import wait_for, worker_process
+from tests.support.task_defs import ORDER_KEY
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+def test_waiting_runs_are_taken_most_urgent_first() -> None:
+    client = valkey.client()
+    client.delete(ORDER_KEY)
+    submitted = [7, 5, 3, 2, 1, 7, 5, 3, 2, 1]
+    for index, priority in enumerate(submitted):
+        start_run(
+            "test-record-order",
+            {"label": f"{priority}:{index}"},
+            trigger=TriggerKind.MANUAL,
+            priority=priority,
+        )
+    unset = start_run("test-record-order", {"label": "default"}, trigger=TriggerKind.SYSTEM)
+    assert unset.priority == 7
+
+    with worker_process(["task.t.test-record-order"], concurrency=1, name="order"):
+        wait_for(lambda: client.llen(ORDER_KEY) == len(submitted) + 1)
+
+    order = client.lrange(ORDER_KEY, 0, -1)
+    priorities = [int(label.split(":")[0]) if ":" in label else 7 for label in order]
+    assert priorities == sorted(priorities)
+    # Within one priority, first in is first out.
+    assert order[:2] == ["1:4", "1:9"]
