@@ -37,7 +37,7 @@ def worker_process(
     """A real `celery worker` subprocess consuming `queues`; waits until it answers a ping."""
     hostname = f"{name}-{os.getpid()}-{time.monotonic_ns()}@localhost"
     env = {**os.environ, "DATABASE_URL": _database_url()}
-    log = open(ROOT / f".pytest_cache/worker-{name}.log", "wb")  # noqa: SIM115
+    log = open(ROOT / f".pytest_cache/worker-{name}-{os.getpid()}.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
         [
             sys.executable,
