@@ -23,7 +23,7 @@ from ulid import ULID
 from orchestrator import live
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
-from orchestrator.states import LIVE_RUN_STATES
+from orchestrator.states import LIVE_RUN_STATES, StageState
 from orchestrator.triggers import PRIORITY_BY_TRIGGER, TriggerKind
 from tasks import registry
 from tasks.definition import Priority, TaskDefinition
@@ -132,6 +132,7 @@ def start_run(
                     priority=int(resolved),
                     identity=identity,
                     processing_version=definition.processing_version,
+                    stages={name: StageState.WAITING.value for name in definition.stage_order},
                 )
         except IntegrityError:
             existing = _live_run_with_key(task_id, idempotency_key)
