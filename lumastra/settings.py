@@ -103,11 +103,13 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # kombu's Redis transport puts each priority in its own sub-queue; the steps must contain our
-# values 1|2|3|5|7 so none is rounded into another. A message without a priority gets 5
-# (scheduled work), never 0, which kombu would treat as most urgent.
+# values 1|2|3|5|7 so none is rounded into another. A message published without a priority
+# gets 5 (scheduled work): the default priority covers `apply_async`, the catch-all route
+# covers `send_task`, which ignores the default.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "priority_steps": [1, 2, 3, 5, 7],
     "queue_order_strategy": "priority",
     "visibility_timeout": CONFIG.broker_visibility_timeout_s,
 }
 CELERY_TASK_DEFAULT_PRIORITY = 5
+CELERY_TASK_ROUTES = {"*": {"priority": 5}}

@@ -56,7 +56,7 @@ def claim(run_id: str, owner: str, clock: Clock = SYSTEM) -> None:
     try:
         scripts.call(
             "claim_run",
-            [keys.run_active(run_id)],
+            [keys.run_active(run_id), keys.run_terminal(run_id)],
             [owner, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s],
         )
     except ResponseError as exc:

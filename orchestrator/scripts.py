@@ -19,7 +19,7 @@ from orchestrator import valkey
 LUA_DIR = Path(__file__).parent / "lua"
 PINNED_VERSIONS = {
     "seed_run": 1,
-    "claim_run": 1,
+    "claim_run": 2,
     "transition_run": 1,
     "transition_stage": 1,
     "set_progress": 1,

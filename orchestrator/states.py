@@ -55,6 +55,11 @@ def run_sources(target: RunState) -> list[str]:
     return sorted(s.value for s, nxt in RUN_TRANSITIONS.items() if target in nxt)
 
 
+def stage_sources(target: StageState) -> list[str]:
+    """The states a stage may move to `target` from (for guarded UPDATEs)."""
+    return sorted(s.value for s, nxt in STAGE_TRANSITIONS.items() if target in nxt)
+
+
 class IllegalTransition(Exception):
     """A store refused a state change that DESIGN §4 does not allow."""
 

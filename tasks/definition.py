@@ -69,6 +69,8 @@ class Quotas:
         if not match:
             raise ValueError(f"bad rate {self.rate!r}: expected e.g. '60/m' (per s, m or h)")
         unit = {"s": timedelta(seconds=1), "m": timedelta(minutes=1), "h": timedelta(hours=1)}
+        if int(match.group(1)) < 1:
+            raise ValueError(f"bad rate {self.rate!r}: the count must be at least 1")
         return Rate(int(match.group(1)), unit[match.group(2)])
 
 
@@ -78,6 +80,11 @@ class NoInput(BaseModel, extra="forbid"):
 
 Execute = Callable[[TaskContext, Any], object]
 IdentityFor = Callable[[Any], str]
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass; True is not a version or a count.
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def input_digest(data: dict[str, Any]) -> str:
@@ -164,12 +171,14 @@ def define_task(
         and timedelta(0) < timeout.soft <= timeout.hard
     ):
         raise fail("timeout", "must be Timeout(soft=timedelta, hard=timedelta), 0 < soft <= hard")
-    if not isinstance(processing_version, int) or processing_version < 1:
+    if not _is_int(processing_version) or processing_version < 1:
         raise fail("processing_version", "must be an integer >= 1")
-    quotas = quotas or Quotas()
+    quotas = Quotas() if quotas is None else quotas
+    if not isinstance(quotas, Quotas):
+        raise fail("quotas", "must be Quotas(max_runs_per_day=, max_concurrent=, rate=)")
     for name in ("max_runs_per_day", "max_concurrent"):
         value = getattr(quotas, name)
-        if value is not None and (not isinstance(value, int) or value < 1):
+        if value is not None and (not _is_int(value) or value < 1):
             raise fail(f"quotas.{name}", "must be a positive integer")
     try:
         quotas.parsed_rate()
@@ -190,9 +199,13 @@ def define_task(
     except ValueError:
         choices = ", ".join(p.value for p in Backpressure)
         raise fail("backpressure", f"{backpressure!r} is not one of {choices}") from None
+    if isinstance(exclusive_with, str):
+        raise fail("exclusive_with", "must be a sequence of task ids, not one string")
     for other in exclusive_with:
         if not isinstance(other, str) or not _TASK_ID.match(other):
             raise fail("exclusive_with", f"{other!r} is not a task id")
+    if isinstance(covers_stages, str):
+        raise fail("covers_stages", "must be a sequence of stage names, not one string")
     for stage_name in covers_stages:
         if not isinstance(stage_name, str) or not stage_name:
             raise fail("covers_stages", "stage names must be non-empty strings")

@@ -18,10 +18,14 @@ class RegistryError(RuntimeError):
     """Startup cannot continue: a definition module or manifest is invalid."""
 
 
-class UnknownTaskError(LookupError):
+class UnknownTaskError(KeyError):
+    # A KeyError so the Mapping protocol (`in`, `.get`) treats an unknown id as absent.
     def __init__(self, task_id: str) -> None:
-        super().__init__(f"unknown task {task_id!r}")
+        super().__init__(task_id)
         self.task_id = task_id
+
+    def __str__(self) -> str:
+        return f"unknown task {self.task_id!r}"
 
 
 class Registry(Mapping[str, TaskDefinition]):

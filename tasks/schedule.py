@@ -68,6 +68,6 @@ def parse_schedule(value: str | Schedule) -> Schedule:
     """A schedule object, or a string: an interval ('15m') or a cron expression."""
     if isinstance(value, Every | Cron):
         return value
-    if _INTERVAL.match(value.strip()):
+    if len(value.split()) == 1:
         return every(value)
     return cron(value)

@@ -1,13 +1,18 @@
--- @version 1
+-- @version 2
 -- Claim a pending run for one worker process: pending → active, owner recorded.
--- KEYS[1] task:run:active:<runId>
--- ARGV[1] owner (instance id + delivery)  ARGV[2] now (ms)  ARGV[3] ttl (s)
--- Errors: NO_RUN when the hash is missing; ILLEGAL_TRANSITION <from> active otherwise.
-if #KEYS ~= 1 or #ARGV ~= 3 then
-  return redis.error_reply("BAD_ARGS claim_run expects 1 key and 3 args")
+-- KEYS[1] task:run:active:<runId>  KEYS[2] task:run:terminal:<runId>
+-- ARGV[1] owner (instance id)  ARGV[2] now (ms)  ARGV[3] ttl (s)
+-- Errors: ILLEGAL_TRANSITION <from> active when the run is live in another state or has
+-- ended (v2: an ended run is not mistaken for a lost hash); NO_RUN when neither key exists.
+if #KEYS ~= 2 or #ARGV ~= 3 then
+  return redis.error_reply("BAD_ARGS claim_run expects 2 keys and 3 args")
 end
 local state = redis.call("HGET", KEYS[1], "state")
 if not state then
+  local ended = redis.call("HGET", KEYS[2], "state")
+  if ended then
+    return redis.error_reply("ILLEGAL_TRANSITION " .. ended .. " active")
+  end
   return redis.error_reply("NO_RUN")
 end
 if state ~= "pending" then

@@ -1,0 +1,380 @@
+"""Every (from, to) pair of run and stage states, in Valkey and in Postgres (DESIGN §4).
+
+For each pair a run is put in `from` in both stores by legal moves only, then moved to `to`
+with the store's own primitive: `live.transition` / `live.claim` (Lua on the run hash) and
+`durable.transition` / `durable.transition_stage` (guarded UPDATEs). A legal pair succeeds in
+both; any other raises IllegalTransition in both and leaves both exactly as they were.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from orchestrator import durable, keys, live, valkey
+from orchestrator.live import FencedWrite
+from orchestrator.models import TaskHistory
+from orchestrator.start import new_run_id
+from orchestrator.states import (
+    RUN_TRANSITIONS,
+    STAGE_TRANSITIONS,
+    TERMINAL_RUN_STATES,
+    IllegalTransition,
+    RunState,
+    StageState,
+    run_sources,
+    stage_sources,
+)
+
+pytestmark = pytest.mark.django_db
+
+R = RunState
+S = StageState
+
+# DESIGN §4, written out here rather than read from states.py, so the test checks the table.
+RUN_LEGAL = {
+    (R.PENDING, R.ACTIVE),
+    (R.ACTIVE, R.COMPLETED),
+    (R.ACTIVE, R.FAILED),
+    (R.ACTIVE, R.CANCELLING),
+    (R.CANCELLING, R.CANCELLED),
+    (R.PENDING, R.CANCELLING),
+    # Our one addition (docs/architecture.md): a run refused before it started still ends.
+    (R.PENDING, R.FAILED),
+}
+STAGE_LEGAL = {
+    (S.WAITING, S.ACTIVE),
+    (S.ACTIVE, S.COMPLETED),
+    (S.ACTIVE, S.FAILED),
+    (S.WAITING, S.SKIPPED),
+}
+
+# Legal moves that bring a fresh (pending / waiting) run or stage into each state.
+RUN_PATH: dict[RunState, list[RunState]] = {
+    R.PENDING: [],
+    R.ACTIVE: [R.ACTIVE],
+    R.CANCELLING: [R.CANCELLING],
+    R.COMPLETED: [R.ACTIVE, R.COMPLETED],
+    R.FAILED: [R.ACTIVE, R.FAILED],
+    R.CANCELLED: [R.CANCELLING, R.CANCELLED],
+}
+STAGE_PATH: dict[StageState, list[StageState]] = {
+    S.WAITING: [],
+    S.ACTIVE: [S.ACTIVE],
+    S.COMPLETED: [S.ACTIVE, S.COMPLETED],
+    S.FAILED: [S.ACTIVE, S.FAILED],
+    S.SKIPPED: [S.SKIPPED],
+}
+
+OWNER = "worker-a:1"
+STAGES = ("extract", "encode")
+STAGE = "extract"
+
+
+def _pair_id(pair: tuple[Any, Any]) -> str:
+    return f"{pair[0].value}->{pair[1].value}"
+
+
+RUN_PAIRS = list(product(RunState, RunState))
+STAGE_PAIRS = list(product(StageState, StageState))
+
+
+def _run_in(state: RunState) -> str:
+    """A run in `state` in both stores, reached by legal moves; its stages all `waiting`."""
+    run_id = new_run_id()
+    TaskHistory.objects.create(
+        id=run_id,
+        task_id="test-noop",
+        priority=5,
+        identity="transitions",
+        trigger={"kind": "manual"},
+        stages={name: S.WAITING.value for name in STAGES},
+    )
+    assert live.seed(run_id, "test-noop", 5, STAGES)
+    for step in RUN_PATH[state]:
+        if step is R.ACTIVE:
+            live.claim(run_id, OWNER)
+        else:
+            live.transition(run_id, step)
+        durable.transition(run_id, step)
+    assert live.read(run_id)["state"] == state
+    assert TaskHistory.objects.get(id=run_id).state == state
+    return run_id
+
+
+def _stage_in(state: StageState) -> str:
+    """An active run whose stage `extract` is in `state` in both stores."""
+    run_id = _run_in(R.ACTIVE)
+    for step in STAGE_PATH[state]:
+        live.transition_stage(run_id, STAGE, step)
+        durable.transition_stage(run_id, STAGE, step)
+    assert live.read(run_id)[f"stage:{STAGE}"] == state
+    assert TaskHistory.objects.get(id=run_id).stages[STAGE] == state
+    return run_id
+
+
+def _stores(run_id: str) -> dict[str, Any]:
+    """Everything either store holds about the run."""
+    client = valkey.client()
+    row = TaskHistory.objects.values().get(id=run_id)
+    return {
+        "active": client.hgetall(keys.run_active(run_id)),
+        "terminal": client.hgetall(keys.run_terminal(run_id)),
+        "row": row,
+    }
+
+
+def _assert_key_location(run_id: str, state: RunState) -> None:
+    client = valkey.client()
+    active, terminal = keys.run_active(run_id), keys.run_terminal(run_id)
+    if state in TERMINAL_RUN_STATES:
+        assert not client.exists(active)
+        assert 0 < client.ttl(terminal) <= settings.CONFIG.run_terminal_ttl_s
+    else:
+        assert not client.exists(terminal)
+        assert 0 < client.ttl(active) <= settings.CONFIG.run_active_ttl_s
+
+
+# --- the tables themselves --------------------------------------------------------------------
+
+
+def test_states_py_allows_exactly_the_design_transitions() -> None:
+    run_edges = {(a, b) for a, nxt in RUN_TRANSITIONS.items() for b in nxt}
+    stage_edges = {(a, b) for a, nxt in STAGE_TRANSITIONS.items() for b in nxt}
+
+    assert run_edges == RUN_LEGAL
+    assert stage_edges == STAGE_LEGAL
+    for target in RunState:
+        assert run_sources(target) == sorted(a.value for a, b in RUN_LEGAL if b is target)
+    for stage_target in StageState:
+        assert stage_sources(stage_target) == sorted(
+            a.value for a, b in STAGE_LEGAL if b is stage_target
+        )
+
+
+# --- runs: every (from, to) pair --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("source", "target"), RUN_PAIRS, ids=map(_pair_id, RUN_PAIRS))
+def test_run_transition(source: RunState, target: RunState) -> None:
+    run_id = _run_in(source)
+    before = _stores(run_id)
+
+    if (source, target) in RUN_LEGAL:
+        assert live.transition(run_id, target) is source
+        durable.transition(run_id, target)
+
+        assert live.read(run_id)["state"] == target
+        assert TaskHistory.objects.get(id=run_id).state == target
+        _assert_key_location(run_id, target)
+        return
+
+    with pytest.raises(IllegalTransition) as in_valkey:
+        live.transition(run_id, target)
+    with pytest.raises(IllegalTransition) as in_postgres:
+        durable.transition(run_id, target)
+
+    for caught, store in ((in_valkey, "valkey"), (in_postgres, "postgres")):
+        assert caught.value.store == store
+        assert (caught.value.run_id, caught.value.current, caught.value.target) == (
+            run_id,
+            source,
+            target,
+        )
+    assert _stores(run_id) == before
+    _assert_key_location(run_id, source)
+
+
+@pytest.mark.parametrize("source", [s for s in RunState if s not in TERMINAL_RUN_STATES])
+def test_claim_from_each_live_state(source: RunState) -> None:
+    """`claim_run.lua` is the worker's way to pending → active; it agrees with the table."""
+    run_id = _run_in(source)
+    before = _stores(run_id)
+
+    if (source, R.ACTIVE) in RUN_LEGAL:
+        live.claim(run_id, "worker-b:7")
+        snapshot = live.read(run_id)
+        assert (snapshot["state"], snapshot["owner"]) == ("active", "worker-b:7")
+        assert snapshot["started_at"]
+        return
+
+    with pytest.raises(IllegalTransition) as caught:
+        live.claim(run_id, "worker-b:7")
+    assert (caught.value.current, caught.value.target, caught.value.store) == (
+        source,
+        R.ACTIVE,
+        "valkey",
+    )
+    assert _stores(run_id) == before
+
+
+@pytest.mark.parametrize("source", sorted(TERMINAL_RUN_STATES))
+def test_claim_of_an_ended_run_is_refused_and_writes_nothing(source: RunState) -> None:
+    run_id = _run_in(source)
+    before = _stores(run_id)
+
+    with pytest.raises(IllegalTransition):
+        live.claim(run_id, "worker-b:7")
+
+    assert _stores(run_id) == before
+    _assert_key_location(run_id, source)
+
+
+@pytest.mark.parametrize("source", sorted(TERMINAL_RUN_STATES))
+def test_claim_of_an_ended_run_reports_its_state(source: RunState) -> None:
+    run_id = _run_in(source)
+
+    with pytest.raises(IllegalTransition) as caught:
+        live.claim(run_id, "worker-b:7")
+
+    assert caught.value.current == source
+
+
+def test_a_run_neither_store_has_cannot_move() -> None:
+    run_id = new_run_id()
+
+    with pytest.raises(IllegalTransition) as in_valkey:
+        live.transition(run_id, R.ACTIVE)
+    with pytest.raises(IllegalTransition) as claimed:
+        live.claim(run_id, OWNER)
+    with pytest.raises(IllegalTransition) as in_postgres:
+        durable.transition(run_id, R.ACTIVE)
+
+    assert in_valkey.value.current is claimed.value.current is in_postgres.value.current is None
+    assert live.read(run_id) == {}
+
+
+# --- stages: every (from, to) pair ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("source", "target"), STAGE_PAIRS, ids=map(_pair_id, STAGE_PAIRS))
+def test_stage_transition(source: StageState, target: StageState) -> None:
+    run_id = _stage_in(source)
+    before = _stores(run_id)
+
+    if (source, target) in STAGE_LEGAL:
+        assert live.transition_stage(run_id, STAGE, target) is source
+        durable.transition_stage(run_id, STAGE, target)
+
+        snapshot = live.read(run_id)
+        row = TaskHistory.objects.get(id=run_id)
+        assert snapshot[f"stage:{STAGE}"] == target
+        assert row.stages[STAGE] == target
+        # Only the one stage moved; the run did not.
+        assert snapshot["stage:encode"] == row.stages["encode"] == "waiting"
+        assert snapshot["state"] == row.state == "active"
+        return
+
+    with pytest.raises(IllegalTransition) as in_valkey:
+        live.transition_stage(run_id, STAGE, target)
+    with pytest.raises(IllegalTransition) as in_postgres:
+        durable.transition_stage(run_id, STAGE, target)
+
+    for caught, store in ((in_valkey, "valkey"), (in_postgres, "postgres")):
+        assert caught.value.store == store
+        assert (caught.value.run_id, caught.value.current, caught.value.target) == (
+            run_id,
+            source,
+            f"{STAGE}:{target.value}",
+        )
+    assert _stores(run_id) == before
+
+
+def test_an_unknown_stage_cannot_move() -> None:
+    run_id = _run_in(R.ACTIVE)
+    before = _stores(run_id)
+
+    with pytest.raises(IllegalTransition) as in_valkey:
+        live.transition_stage(run_id, "nope", S.ACTIVE)
+    with pytest.raises(IllegalTransition) as in_postgres:
+        durable.transition_stage(run_id, "nope", S.ACTIVE)
+
+    assert in_valkey.value.current is None and in_postgres.value.current is None
+    assert _stores(run_id) == before
+
+
+@pytest.mark.parametrize("ended", sorted(TERMINAL_RUN_STATES))
+def test_stages_of_an_ended_run_cannot_move(ended: RunState) -> None:
+    run_id = _run_in(ended)
+    before = _stores(run_id)
+
+    with pytest.raises(IllegalTransition) as in_valkey:
+        live.transition_stage(run_id, STAGE, S.ACTIVE)
+    with pytest.raises(IllegalTransition) as in_postgres:
+        durable.transition_stage(run_id, STAGE, S.ACTIVE)
+
+    assert in_valkey.value.current is None and in_postgres.value.current is None
+    assert _stores(run_id) == before
+
+
+def test_a_stage_name_is_data_not_sql() -> None:
+    name = "it's; DROP TABLE task_history --"
+    run_id = new_run_id()
+    TaskHistory.objects.create(
+        id=run_id, task_id="test-noop", priority=5, identity="x", stages={name: "waiting"}
+    )
+
+    durable.transition_stage(run_id, name, S.ACTIVE)
+
+    assert TaskHistory.objects.get(id=run_id).stages == {name: "active"}
+
+
+# --- the terminal key and the owner fence -----------------------------------------------------
+
+
+def test_a_terminal_move_renames_the_hash_to_the_terminal_key() -> None:
+    run_id = _run_in(R.ACTIVE)
+    client = valkey.client()
+    assert client.exists(keys.run_active(run_id))
+
+    live.transition(run_id, R.COMPLETED, owner=OWNER)
+
+    assert not client.exists(keys.run_active(run_id))
+    ended = client.hgetall(keys.run_terminal(run_id))
+    assert ended["state"] == "completed"
+    assert (ended["run_id"], ended["task_id"], ended["owner"]) == (run_id, "test-noop", OWNER)
+    assert ended["finished_at"] and ended["stage:extract"] == "waiting"
+    assert 0 < client.ttl(keys.run_terminal(run_id)) <= settings.CONFIG.run_terminal_ttl_s
+    assert live.read(run_id) == ended
+
+
+def test_a_non_terminal_move_keeps_the_active_key_and_refreshes_its_ttl() -> None:
+    run_id = _run_in(R.PENDING)
+    client = valkey.client()
+    client.expire(keys.run_active(run_id), 5)
+
+    live.transition(run_id, R.CANCELLING)
+
+    assert client.ttl(keys.run_active(run_id)) > 5
+    assert not client.exists(keys.run_terminal(run_id))
+
+
+def test_a_write_from_another_owner_is_fenced() -> None:
+    run_id = _run_in(R.ACTIVE)
+    before = _stores(run_id)
+
+    with pytest.raises(FencedWrite, match=OWNER):
+        live.transition(run_id, R.COMPLETED, owner="worker-b:7")
+
+    assert _stores(run_id) == before
+    assert live.read(run_id)["owner"] == OWNER
+
+
+def test_the_owner_may_write_and_an_operator_skips_the_fence() -> None:
+    mine, operators = _run_in(R.ACTIVE), _run_in(R.ACTIVE)
+
+    assert live.transition(mine, R.FAILED, owner=OWNER) is R.ACTIVE
+    assert live.transition(operators, R.CANCELLING) is R.ACTIVE  # owner="" : no fence
+
+    assert live.read(mine)["state"] == "failed"
+    assert live.read(operators)["state"] == "cancelling"
+
+
+def test_an_illegal_move_is_refused_before_the_fence() -> None:
+    run_id = _run_in(R.COMPLETED)
+
+    with pytest.raises(IllegalTransition):
+        live.transition(run_id, R.FAILED, owner="worker-b:7")

@@ -1,0 +1,170 @@
+"""`docs/environment.md` lists every variable `lumastra/config.py` reads; `load` parses or refuses.
+
+The doc is parsed, not compared against a list kept here: a variable added to the config module
+without a row in the doc fails this test.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from lumastra import config
+from lumastra.config import CLASS_PATTERNS, VARIABLES, ConfigError, WorkerMode
+from tasks.resources import RESOURCE_CLASSES
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "environment.md"
+# A table row: | `NAME` | default | meaning |
+_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|([^|]*)\|([^|]*)\|\s*$")
+_VARIABLE_NAME = re.compile(r"^[A-Z][A-Z0-9_]*(<CLASS>)?$")
+_CLASS_NAME = re.compile(r"^[a-z]+$")
+
+
+def _rows() -> list[tuple[str, str, str]]:
+    rows = []
+    for line in DOC.read_text().splitlines():
+        match = _ROW.match(line.strip())
+        if match:
+            rows.append((match.group(1), match.group(2).strip(), match.group(3).strip()))
+    return rows
+
+
+def _documented_variables() -> dict[str, tuple[str, str]]:
+    """Variable name → (default cell, meaning cell), for every variable row of the doc."""
+    found: dict[str, tuple[str, str]] = {}
+    for name, default, meaning in _rows():
+        if _VARIABLE_NAME.match(name):
+            assert name not in found, f"{name} is listed twice in {DOC.name}"
+            found[name] = (default, meaning)
+    return found
+
+
+def _documented_classes() -> dict[str, tuple[str, str]]:
+    """Class name → (concurrency cell, queue depth cap cell), from the per-class table."""
+    return {name: (a, b) for name, a, b in _rows() if _CLASS_NAME.match(name)}
+
+
+def _first_code(cell: str) -> str | None:
+    match = re.search(r"`([^`]*)`", cell)
+    return match.group(1) if match else None
+
+
+def test_the_doc_parses_into_variable_rows() -> None:
+    # Guards the parser itself: a reformatted doc must not make the checks below vacuous.
+    assert len(_documented_variables()) >= len(VARIABLES) // 2
+
+
+def test_every_config_variable_is_documented_with_its_default() -> None:
+    documented = _documented_variables()
+
+    missing = sorted(set(VARIABLES) - set(documented))
+    assert not missing, f"{DOC.name} does not list: {missing}"
+    for name, var in VARIABLES.items():
+        default_cell, meaning = documented[name]
+        assert _first_code(default_cell) == var.default, (
+            f"{name}: documented default {default_cell!r}, config default {var.default!r}"
+        )
+        assert meaning, f"{name}: no meaning given"
+
+
+def test_every_per_class_pattern_is_documented() -> None:
+    documented = _documented_variables()
+
+    missing = sorted(p.name for p in CLASS_PATTERNS if p.name not in documented)
+    assert not missing, f"{DOC.name} does not list: {missing}"
+
+
+def test_the_doc_lists_no_variable_the_config_does_not_read() -> None:
+    known = set(VARIABLES) | {p.name for p in CLASS_PATTERNS}
+
+    stale = sorted(set(_documented_variables()) - known)
+    assert not stale, f"{DOC.name} lists variables lumastra/config.py does not declare: {stale}"
+
+
+def test_the_per_class_table_matches_resource_classes() -> None:
+    documented = _documented_classes()
+
+    assert set(documented) == set(RESOURCE_CLASSES)
+    for name, (concurrency_cell, cap_cell) in documented.items():
+        rc = RESOURCE_CLASSES[name]
+        assert int(cap_cell.replace(",", "")) == rc.default_queue_depth_cap, name
+        clamped = re.search(r"clamped to (\d+)[\u2013-](\d+)", concurrency_cell)
+        if clamped:
+            low, high = int(clamped.group(1)), int(clamped.group(2))
+            assert rc.default_concurrency(1) == low, name
+            assert rc.default_concurrency(1_000) == high, name
+        else:
+            fixed = int(concurrency_cell)
+            assert all(rc.default_concurrency(c) == fixed for c in (1, 2, 4, 16, 64)), name
+
+
+# --- load(): parsing and refusing values ---------------------------------------------------
+
+
+def test_load_with_an_empty_environment_uses_every_default() -> None:
+    loaded = config.load({})
+
+    assert loaded.database_url == VARIABLES["DATABASE_URL"].default
+    assert loaded.worker_mode is WorkerMode.ENABLED
+    assert loaded.per_task_queues is True
+    assert loaded.debug is False
+    assert loaded.allowed_hosts == ("localhost", "127.0.0.1")
+    assert loaded.task_modules == ("tasks.definitions.demo",)
+    assert loaded.api_max_body_bytes == 262_144
+    assert loaded.concurrency_overrides == {}
+    assert loaded.queue_depth_cap_overrides == {}
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        *[("1", True), ("TRUE", True), (" yes ", True), ("On", True)],
+        *[("0", False), ("false", False), ("No", False), ("off", False)],
+    ],
+)
+def test_booleans_accept_the_documented_spellings(raw: str, expected: bool) -> None:
+    assert config.load({"LUMASTRA_DEBUG": raw}).debug is expected
+    assert config.load({"FEATURE_PER_TASK_QUEUES": raw}).per_task_queues is expected
+
+
+def test_values_are_parsed_into_their_types() -> None:
+    loaded = config.load(
+        {
+            "WORKER_MODE": " Disabled ",
+            "LUMASTRA_ALLOWED_HOSTS": " a.example , ,b.example,",
+            "LUMASTRA_TASK_MODULES": "x.defs,y.defs",
+            "LUMASTRA_LOG_CAP": "250",
+            "LUMASTRA_CONCURRENCY_IO": "9",
+            "LUMASTRA_QUEUE_DEPTH_CAP_BULK": "5000",
+        }
+    )
+
+    assert loaded.worker_mode is WorkerMode.DISABLED
+    assert loaded.allowed_hosts == ("a.example", "b.example")
+    assert loaded.task_modules == ("x.defs", "y.defs")
+    assert loaded.log_cap == 250
+    assert loaded.concurrency_overrides == {"io": 9}
+    assert loaded.queue_depth_cap_overrides == {"bulk": 5000}
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("LUMASTRA_DEBUG", "maybe"),
+        ("FEATURE_PER_TASK_QUEUES", ""),
+        ("LUMASTRA_LOG_CAP", "lots"),
+        ("LUMASTRA_RUN_ACTIVE_TTL_S", "1.5"),
+        ("LUMASTRA_API_MAX_BODY_BYTES", "256k"),
+        ("WORKER_MODE", "sometimes"),
+        ("WORKER_MODE", ""),
+        ("LUMASTRA_CONCURRENCY_IO", "many"),
+        ("LUMASTRA_QUEUE_DEPTH_CAP_CPU", "10.0"),
+    ],
+)
+def test_an_unusable_value_is_a_config_error_naming_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config.load({name: raw})
+
+    assert str(caught.value).startswith(f"{name}={raw!r}")
