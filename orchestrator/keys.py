@@ -33,3 +33,8 @@ def scheduler_lock(task_id: str, bucket: str) -> str:
 
 def cluster_node(instance_id: str) -> str:
     return f"cluster:node:{instance_id}"
+
+
+def refusals(task_id: str, day: str) -> str:
+    """Hash of refusal code → count for one task and UTC day (YYYY-MM-DD)."""
+    return f"task:refusals:{task_id}:{day}"

@@ -77,3 +77,22 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class TaskQuotaUsage(models.Model):
+    """Per task, per UTC day: how many runs were admitted, completed and failed."""
+
+    task_id = models.CharField(max_length=64)
+    day = models.DateField()
+    started = models.PositiveIntegerField(default=0)
+    completed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        db_table = "task_quota_usage"
+        constraints = [
+            models.UniqueConstraint("task_id", "day", name="task_quota_usage_task_day"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} {self.day}: {self.started} started"

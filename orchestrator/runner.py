@@ -21,14 +21,16 @@ from django.db import close_old_connections
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import durable, live
+from orchestrator import durable, lifecycle, live
 from orchestrator.context import RunContext
+from orchestrator.hooks import Outcome, Pickup, Postpone
 from orchestrator.instance import instance_id
 from orchestrator.models import TaskHistory
+from orchestrator.publish import job_id, publish
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from tasks import registry
 from tasks.definition import TaskDefinition
-from tasks.errors import ErrorKind, RunCancelled, TaskError
+from tasks.errors import ErrorKind, TaskError
 
 log = logging.getLogger(__name__)
 
@@ -69,30 +71,51 @@ def _run(definition: TaskDefinition, run_id: str, processing_version: int) -> No
         )
         return
 
-    owner = instance_id()
-    if not _claim(row, owner):
+    pickup = Pickup(definition, row.id, instance_id())
+    try:
+        lifecycle.before_claim(pickup)
+    except Postpone as wait:
+        log.info("run %s: postponed %ss (%s)", row.id, wait.delay.total_seconds(), wait.reason)
+        publish(
+            definition,
+            row.id,
+            job_id(definition.id, row.identity, row.id),
+            row.priority,
+            delay=wait.delay,
+        )
         return
+    if not _claim(row, pickup.owner):
+        lifecycle.release(pickup)
+        return
+    outcome = _execute(definition, row, pickup.owner)
+    lifecycle.finished(outcome)
+
+
+def _execute(definition: TaskDefinition, row: TaskHistory, owner: str) -> Outcome:
+    def end(target: RunState, kind: ErrorKind | None = None, message: str = "") -> Outcome:
+        error = None if kind is None else _error(kind, message)
+        ended = _finish(row.id, owner, target, result=result, error=error)
+        return Outcome(definition, row.id, owner, ended, None if ended != target else kind)
+
+    result: Any = None
     try:
         model = definition.input_model.model_validate(row.input)
     except ValidationError as exc:
-        _finish(row.id, owner, RunState.FAILED, error=_error(ErrorKind.VALIDATION, str(exc)))
-        return
-    context = RunContext(row.id, model)
+        return end(RunState.FAILED, ErrorKind.VALIDATION, str(exc))
     try:
-        result = definition.execute(context, model)
-    except RunCancelled as exc:
-        _finish(row.id, owner, RunState.FAILED, error=_error(ErrorKind.CANCELLED, str(exc)))
+        result = _jsonable(definition.execute(RunContext(row.id, model), model))
     except TaskError as exc:
-        _finish(row.id, owner, RunState.FAILED, error=_error(exc.kind, str(exc)))
+        return end(RunState.FAILED, exc.kind, str(exc))
     except SoftTimeLimitExceeded:
-        message = f"passed its soft timeout of {definition.timeout.soft}"
-        _finish(row.id, owner, RunState.FAILED, error=_error(ErrorKind.TIMEOUT, message))
+        return end(
+            RunState.FAILED,
+            ErrorKind.TIMEOUT,
+            f"passed its soft timeout of {definition.timeout.soft}",
+        )
     except Exception as exc:
         log.exception("run %s: handler raised", row.id)
-        message = f"{type(exc).__name__}: {exc}"
-        _finish(row.id, owner, RunState.FAILED, error=_error(ErrorKind.INTERNAL, message))
-    else:
-        _finish(row.id, owner, RunState.COMPLETED, result=_jsonable(result))
+        return end(RunState.FAILED, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")
+    return end(RunState.COMPLETED)
 
 
 def _error(kind: ErrorKind, message: str) -> dict[str, str]:
@@ -143,8 +166,11 @@ def _finish(
     *,
     result: Any = None,
     error: dict[str, str] | None = None,
-) -> None:
-    """The terminal write: Postgres first, then Valkey, fenced by the claim's owner."""
+) -> RunState:
+    """The terminal write: Postgres first, then Valkey, fenced by the claim's owner.
+
+    Returns the state the run ended in: `target`, or cancelled when a cancel won the race.
+    """
     now = timezone.now()
     try:
         durable.transition(run_id, target, result=result, error=error, finished_at=now)
@@ -152,9 +178,10 @@ def _finish(
         if exc.current == RunState.CANCELLING:
             # A cancel raced the handler's end: the run ends once, as cancelled.
             _finish_cancel(run_id)
-            return
+            return RunState.CANCELLED
         raise
     live.transition(run_id, target, owner=owner)
+    return target
 
 
 def _finish_cancel(run_id: str) -> None:

@@ -14,15 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery import current_app
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from pydantic import BaseModel, ValidationError
 from ulid import ULID
 
-from orchestrator import live
+from orchestrator import lifecycle, live
+from orchestrator.hooks import Admission
 from orchestrator.models import TaskHistory
-from orchestrator.routing import queue_name
+from orchestrator.publish import job_id, publish
 from orchestrator.states import LIVE_RUN_STATES, StageState
 from orchestrator.triggers import PRIORITY_BY_TRIGGER, TriggerKind
 from tasks import registry
@@ -54,10 +53,6 @@ class RunHandle:
 
 def new_run_id() -> str:
     return f"run_{ULID()}"
-
-
-def job_id(task_id: str, identity: str, run_id: str) -> str:
-    return f"{task_id}~~{identity}#{run_id}"
 
 
 def validate_input(definition: TaskDefinition, data: object) -> BaseModel:
@@ -122,6 +117,7 @@ def start_run(
     handle = RunHandle(run_id, task_id, job_id(task_id, identity, run_id), int(resolved))
 
     with transaction.atomic():
+        lifecycle.admit(Admission(definition, run_id, identity, int(resolved), trigger_doc))
         try:
             with transaction.atomic():
                 TaskHistory.objects.create(
@@ -138,6 +134,8 @@ def start_run(
             existing = _live_run_with_key(task_id, idempotency_key)
             if existing is None:
                 raise
+            # The admission above counted a run that is not being created.
+            transaction.set_rollback(True)
             return RunHandle(
                 existing.id,
                 task_id,
@@ -162,13 +160,7 @@ def _live_run_with_key(task_id: str, key: str | None) -> TaskHistory | None:
 def _publish(definition: TaskDefinition, handle: RunHandle) -> None:
     try:
         live.seed(handle.run_id, definition.id, handle.priority, definition.stage_order)
-        current_app.send_task(
-            definition.id,
-            args=[handle.run_id, definition.processing_version],
-            task_id=handle.job_id,
-            queue=queue_name(definition, settings.CONFIG.per_task_queues),
-            priority=handle.priority,
-        )
+        publish(definition, handle.run_id, handle.job_id, handle.priority)
     except Exception:
         # The run is committed and pending; the reconciler re-publishes runs whose message
         # is missing. The caller still gets its run id.

@@ -14,7 +14,8 @@ from django.conf import settings
 
 from orchestrator import live, valkey
 from orchestrator.models import TaskHistory
-from orchestrator.start import job_id, new_run_id
+from orchestrator.publish import job_id
+from orchestrator.start import new_run_id
 from tasks import registry
 from tests.support.fixtures import PRIVATE_QUEUES, wait_for, worker_process
 from tests.support.task_defs import ORDER_KEY

@@ -11,6 +11,7 @@ from tasks import (
     FatalError,
     NoInput,
     PermanentError,
+    Quotas,
     TaskContext,
     TransientError,
     define_task,
@@ -57,4 +58,12 @@ record_order = define_task(
 
 versioned = define_task(
     id="test-versioned", resource_class="io", execute=_noop, processing_version=2
+)
+
+quota_limited = define_task(
+    id="test-quota",
+    resource_class="io",
+    execute=_fail,
+    input_model=FailInput,
+    quotas=Quotas(max_runs_per_day=3),
 )

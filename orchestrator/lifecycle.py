@@ -1,0 +1,62 @@
+"""The hooks plugged into every run, in order, and the loops that call them.
+
+Order matters at admission: dedup answers before anything is counted, the circuit before the
+quota takes a unit, backpressure last, so a refused start consumes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from orchestrator import keys, valkey
+from orchestrator.clock import SYSTEM
+from orchestrator.hooks import Admission, Outcome, Pickup, Postpone, Refused, RunHook
+from orchestrator.quotas import DailyQuota
+
+log = logging.getLogger(__name__)
+
+REFUSAL_COUNT_TTL = timedelta(days=8)
+
+HOOKS: tuple[RunHook, ...] = (DailyQuota(),)
+
+
+def admit(admission: Admission) -> None:
+    try:
+        for hook in HOOKS:
+            hook.admit(admission)
+    except Refused as refused:
+        # Counted in Valkey: the caller's transaction rolls back with the refusal.
+        key = keys.refusals(admission.definition.id, SYSTEM.now().date().isoformat())
+        pipe = valkey.client().pipeline(transaction=False)
+        pipe.hincrby(key, refused.code, 1)
+        pipe.expire(key, REFUSAL_COUNT_TTL)
+        pipe.execute()  # type: ignore[no-untyped-call]
+        raise
+
+
+def before_claim(pickup: Pickup) -> None:
+    """Every hook's pre-claim check; on Postpone, the hooks that passed are released."""
+    passed: list[RunHook] = []
+    try:
+        for hook in HOOKS:
+            hook.before_claim(pickup)
+            passed.append(hook)
+    except Postpone:
+        for hook in reversed(passed):
+            hook.release(pickup)
+        raise
+
+
+def release(pickup: Pickup) -> None:
+    for hook in reversed(HOOKS):
+        hook.release(pickup)
+
+
+def finished(outcome: Outcome) -> None:
+    # The run has ended in both stores; a hook's failure must not undo or hide that.
+    for hook in HOOKS:
+        try:
+            hook.finished(outcome)
+        except Exception:
+            log.exception("run %s: hook %s failed after the run ended", outcome.run_id, hook.name)
