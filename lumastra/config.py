@@ -107,6 +107,15 @@ class Config:
     db_conn_max_age_s: int = _env(
         "LUMASTRA_DB_CONN_MAX_AGE_S", "600", int, "persistent DB connection lifetime"
     )
+    identity_ttl_s: int = _env(
+        "LUMASTRA_IDENTITY_TTL_S", "86400", int, "how long a run's identity key is held"
+    )
+    identity_provisional_ttl_s: int = _env(
+        "LUMASTRA_IDENTITY_PROVISIONAL_TTL_S",
+        "30",
+        int,
+        "identity hold before the run's insert commits",
+    )
     concurrency_overrides: Mapping[str, int] = field(default_factory=dict)
     queue_depth_cap_overrides: Mapping[str, int] = field(default_factory=dict)
 

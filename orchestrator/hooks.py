@@ -8,10 +8,14 @@ Points:
 - `admit` — inside `start_run`'s transaction, before the INSERT. Raise `Refused` to refuse
   (the transaction rolls back whatever admission wrote); raise `Deduplicated` to hand back a
   live run instead.
+- `abandoned` — the admitted start did not happen after all (a later hook refused, the insert
+  failed): undo what `admit` did outside the transaction (Valkey). A caller's transaction
+  that rolls back later is not reported; hooks bound such leftovers with TTLs.
 - `before_claim` — in the runner, before the claim. Raise `Postpone` to put the message
   back for later without claiming; hooks that already passed get `release`.
 - `release` — undo `before_claim` (a later hook postponed, or the claim was refused).
-- `finished` — after the terminal write of a claimed run, in both stores.
+- `finished` — after a run's terminal write in both stores, whether or not it was claimed
+  (cancelled before pickup, refused by the version guard); must be idempotent.
 """
 
 from __future__ import annotations
@@ -87,6 +91,9 @@ class RunHook:
     name: str = field(default="hook")
 
     def admit(self, admission: Admission) -> None:
+        return None
+
+    def abandoned(self, admission: Admission) -> None:
         return None
 
     def before_claim(self, pickup: Pickup) -> None:

@@ -7,25 +7,39 @@ quota takes a unit, backpressure last, so a refused start consumes nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 
 from orchestrator import keys, valkey
 from orchestrator.clock import SYSTEM
-from orchestrator.hooks import Admission, Outcome, Pickup, Postpone, Refused, RunHook
+from orchestrator.dedup import IdentityDedup
+from orchestrator.hooks import (
+    Admission,
+    Deduplicated,
+    Outcome,
+    Pickup,
+    Postpone,
+    Refused,
+    RunHook,
+)
 from orchestrator.quotas import DailyQuota
 
 log = logging.getLogger(__name__)
 
 REFUSAL_COUNT_TTL = timedelta(days=8)
 
-HOOKS: tuple[RunHook, ...] = (DailyQuota(),)
+HOOKS: tuple[RunHook, ...] = (IdentityDedup(), DailyQuota())
 
 
 def admit(admission: Admission) -> None:
+    """Every hook's admission; if one refuses or deduplicates, those that passed abandon."""
+    passed: list[RunHook] = []
     try:
         for hook in HOOKS:
             hook.admit(admission)
+            passed.append(hook)
     except Refused as refused:
+        _abandon(passed, admission)
         # Counted in Valkey: the caller's transaction rolls back with the refusal.
         key = keys.refusals(admission.definition.id, SYSTEM.now().date().isoformat())
         pipe = valkey.client().pipeline(transaction=False)
@@ -33,6 +47,19 @@ def admit(admission: Admission) -> None:
         pipe.expire(key, REFUSAL_COUNT_TTL)
         pipe.execute()  # type: ignore[no-untyped-call]
         raise
+    except Deduplicated:
+        _abandon(passed, admission)
+        raise
+
+
+def abandon(admission: Admission) -> None:
+    """The admitted start will not be inserted after all."""
+    _abandon(HOOKS, admission)
+
+
+def _abandon(hooks: Sequence[RunHook], admission: Admission) -> None:
+    for hook in reversed(hooks):
+        hook.abandoned(admission)
 
 
 def before_claim(pickup: Pickup) -> None:

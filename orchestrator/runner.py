@@ -60,10 +60,11 @@ def _run(definition: TaskDefinition, run_id: str, processing_version: int) -> No
         log.error("run %s: message for a run Postgres does not have; dropped", run_id)
         return
     if row.state != RunState.PENDING:
-        _not_pending(row)
+        _not_pending(definition, row)
         return
     if processing_version < definition.processing_version:
         _fail_unstarted(
+            definition,
             row,
             ErrorKind.STALE_VERSION,
             f"enqueued for processing_version {processing_version}, "
@@ -84,7 +85,7 @@ def _run(definition: TaskDefinition, run_id: str, processing_version: int) -> No
             delay=wait.delay,
         )
         return
-    if not _claim(row, pickup.owner):
+    if not _claim(definition, row, pickup.owner):
         lifecycle.release(pickup)
         return
     outcome = _execute(definition, row, pickup.owner)
@@ -128,7 +129,7 @@ def _jsonable(result: object) -> Any:
     return result
 
 
-def _claim(row: TaskHistory, owner: str) -> bool:
+def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> bool:
     """pending → active in Valkey, then Postgres. False when the run is not ours to run."""
     try:
         live.claim(row.id, owner)
@@ -155,6 +156,7 @@ def _claim(row: TaskHistory, owner: str) -> bool:
         if exc.current == RunState.CANCELLING:
             live.transition(row.id, RunState.CANCELLING, owner=owner)
             _finish_cancel(row.id)
+            lifecycle.finished(Outcome(definition, row.id, owner, RunState.CANCELLED))
         return False
     return True
 
@@ -193,20 +195,24 @@ def _finish_cancel(run_id: str) -> None:
         log.warning("run %s: cancelled in Postgres, live hash disagreed: %s", run_id, exc)
 
 
-def _not_pending(row: TaskHistory) -> None:
+def _not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
     if row.state == RunState.CANCELLING:
         # Cancelled before pickup: the claim refuses it and the cancel completes here.
         _finish_cancel(row.id)
+        lifecycle.finished(Outcome(definition, row.id, "", RunState.CANCELLED))
     elif row.state in TERMINAL_RUN_STATES:
         log.info("run %s: already %s; duplicate message dropped", row.id, row.state)
     else:
         log.warning("run %s: redelivered while %s; dropped", row.id, row.state)
 
 
-def _fail_unstarted(row: TaskHistory, kind: ErrorKind, message: str) -> None:
+def _fail_unstarted(
+    definition: TaskDefinition, row: TaskHistory, kind: ErrorKind, message: str
+) -> None:
     now = timezone.now()
     durable.transition(row.id, RunState.FAILED, error=_error(kind, message), finished_at=now)
     try:
         live.transition(row.id, RunState.FAILED)
     except IllegalTransition as exc:
         log.warning("run %s: failed in Postgres, live hash disagreed: %s", row.id, exc)
+    lifecycle.finished(Outcome(definition, row.id, "", RunState.FAILED, kind))

@@ -23,6 +23,8 @@ PINNED_VERSIONS = {
     "transition_run": 1,
     "transition_stage": 1,
     "set_progress": 1,
+    "identity_claim": 1,
+    "identity_hold": 1,
 }
 _VERSION = re.compile(r"^-- @version (\d+)$", re.MULTILINE)
 

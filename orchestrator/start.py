@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from ulid import ULID
 
 from orchestrator import lifecycle, live
-from orchestrator.hooks import Admission
+from orchestrator.hooks import Admission, Deduplicated
 from orchestrator.models import TaskHistory
 from orchestrator.publish import job_id, publish
 from orchestrator.states import LIVE_RUN_STATES, StageState
@@ -116,8 +116,17 @@ def start_run(
     run_id = new_run_id()
     handle = RunHandle(run_id, task_id, job_id(task_id, identity, run_id), int(resolved))
 
+    duplicate = _live_run_with_key(task_id, idempotency_key)
+    if duplicate is not None:
+        # Answered before admission, so a duplicate consumes no quota and counts nothing.
+        return _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
+
+    admission = Admission(definition, run_id, identity, int(resolved), trigger_doc)
     with transaction.atomic():
-        lifecycle.admit(Admission(definition, run_id, identity, int(resolved), trigger_doc))
+        try:
+            lifecycle.admit(admission)
+        except Deduplicated as dup:
+            return _deduplicated(task_id, dup.run_id, identity, int(resolved))
         try:
             with transaction.atomic():
                 TaskHistory.objects.create(
@@ -131,20 +140,30 @@ def start_run(
                     stages={name: StageState.WAITING.value for name in definition.stage_order},
                 )
         except IntegrityError:
-            existing = _live_run_with_key(task_id, idempotency_key)
-            if existing is None:
+            lifecycle.abandon(admission)
+            # A concurrent start with the same idempotency key won the unique index.
+            duplicate = _live_run_with_key(task_id, idempotency_key)
+            if duplicate is None:
                 raise
-            # The admission above counted a run that is not being created.
-            transaction.set_rollback(True)
-            return RunHandle(
-                existing.id,
-                task_id,
-                job_id(task_id, existing.identity, existing.id),
-                existing.priority,
-                deduplicated=True,
-            )
+            transaction.set_rollback(True)  # give back what admission took
+            return _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
+        except Exception:
+            lifecycle.abandon(admission)
+            raise
         transaction.on_commit(lambda: _publish(definition, handle))
     return handle
+
+
+def _deduplicated(task_id: str, run_id: str, identity: str, fallback_priority: int) -> RunHandle:
+    # The holder's row may not be visible yet (its insert not committed): then the handle is
+    # built from what this start computed, which names the same work.
+    priority = (
+        TaskHistory.objects.filter(id=run_id).values_list("priority", flat=True).first()
+        or fallback_priority
+    )
+    return RunHandle(
+        run_id, task_id, job_id(task_id, identity, run_id), priority, deduplicated=True
+    )
 
 
 def _live_run_with_key(task_id: str, key: str | None) -> TaskHistory | None:

@@ -22,10 +22,16 @@ from tasks import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 # Queues only a test's own worker consumes, so it controls when their messages are taken.
-PRIVATE_QUEUES = {"task.t.test-record-order"}
+PRIVATE_QUEUES = {
+    "task.t.test-record-order",
+    "task.t.test-unique",
+    "task.t.test-excl-a",
+    "task.t.test-excl-b",
+    "task.t.test-unique-quota",
+}
 
 
-def _database_url() -> str:
+def database_url() -> str:
     db = settings.DATABASES["default"]
     return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
@@ -36,7 +42,7 @@ def worker_process(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A real `celery worker` subprocess consuming `queues`; waits until it answers a ping."""
     hostname = f"{name}-{os.getpid()}-{time.monotonic_ns()}@localhost"
-    env = {**os.environ, "DATABASE_URL": _database_url()}
+    env = {**os.environ, "DATABASE_URL": database_url()}
     log = open(ROOT / f".pytest_cache/worker-{name}-{os.getpid()}.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
         [

@@ -27,6 +27,10 @@ def _noop(ctx: TaskContext, params: NoInput) -> dict[str, bool]:
 noop = define_task(id="test-noop", resource_class="io", execute=_noop)
 
 
+def _noop_keyed(ctx: TaskContext, params: BaseModel) -> dict[str, bool]:
+    return {"ok": True}
+
+
 class FailInput(BaseModel, extra="forbid"):
     how: Literal["permanent", "fatal", "transient", "crash"]
 
@@ -66,4 +70,45 @@ quota_limited = define_task(
     execute=_fail,
     input_model=FailInput,
     quotas=Quotas(max_runs_per_day=3),
+)
+
+
+class KeyInput(BaseModel, extra="forbid"):
+    key: str
+
+
+def _by_key(params: KeyInput) -> str:
+    return params.key
+
+
+# Identity-deduplicated; its queue is private so runs stay live until a test's own worker.
+unique = define_task(
+    id="test-unique",
+    resource_class="io",
+    execute=_noop_keyed,
+    input_model=KeyInput,
+    identity_for=_by_key,
+)
+exclusive_a = define_task(
+    id="test-excl-a",
+    resource_class="io",
+    execute=_noop_keyed,
+    input_model=KeyInput,
+    identity_for=_by_key,
+    exclusive_with=["test-excl-b"],
+)
+exclusive_b = define_task(
+    id="test-excl-b",
+    resource_class="io",
+    execute=_noop_keyed,
+    input_model=KeyInput,
+    identity_for=_by_key,
+)
+unique_with_quota = define_task(
+    id="test-unique-quota",
+    resource_class="io",
+    execute=_noop_keyed,
+    input_model=KeyInput,
+    identity_for=_by_key,
+    quotas=Quotas(max_runs_per_day=1),
 )

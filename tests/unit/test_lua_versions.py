@@ -20,6 +20,8 @@ CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "transition_run": (2, 5, 5),
     "transition_stage": (1, 3, 3),
     "set_progress": (1, 2, 2),
+    "identity_claim": (1, 3, 3),
+    "identity_hold": (1, 2, 2),
 }
 
 

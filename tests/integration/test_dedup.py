@@ -1,0 +1,160 @@
+"""Identity dedup and idempotency keys: one live run per identity, across processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from django.conf import LazySettings
+from django.db import transaction
+
+from orchestrator import keys, scripts, valkey
+from orchestrator.dedup import ExclusiveRunning
+from orchestrator.models import TaskHistory
+from orchestrator.quotas import QuotaExceeded
+from orchestrator.start import StartRefused, start_run
+from orchestrator.triggers import TriggerKind
+from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+PROCESSES = 4
+PER_PROCESS = 50
+
+
+def _race(task: str, raw_input: str, key: str | None = None) -> list[tuple[str, bool]]:
+    """PROCESSES processes, PER_PROCESS starts each, all beginning at the same moment."""
+    start_at = str(time.time() + 3)
+    env = {**os.environ, "DATABASE_URL": database_url()}
+    args = [
+        sys.executable,
+        "-m",
+        "tests.support.start_many",
+        task,
+        raw_input,
+        str(PER_PROCESS),
+        start_at,
+    ] + ([key] if key else [])
+    procs = [
+        subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(PROCESSES)
+    ]
+    results: list[tuple[str, bool]] = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        results.extend(tuple(json.loads(line)) for line in out.splitlines())  # type: ignore[misc]
+    assert len(results) == PROCESSES * PER_PROCESS
+    return results
+
+
+def test_concurrent_starts_of_one_identity_make_exactly_one_run() -> None:
+    results = _race("test-unique", '{"key": "same"}')
+
+    run_ids = {run_id for run_id, _ in results}
+    assert len(run_ids) == 1
+    assert sum(1 for _, dedup in results if not dedup) == 1
+    assert list(TaskHistory.objects.values_list("id", flat=True)) == list(run_ids)
+
+
+def test_concurrent_starts_with_one_idempotency_key_make_exactly_one_run() -> None:
+    results = _race("test-noop", "{}", key="one-key")
+
+    assert len({run_id for run_id, _ in results}) == 1
+    assert TaskHistory.objects.count() == 1
+
+
+def test_concurrent_distinct_identities_make_a_run_each() -> None:
+    results = _race("test-unique", '{"key": "k-{i}-' + "x" + '"}')
+
+    # Each process starts k-0..k-49: PER_PROCESS identities, each raced by every process.
+    assert len({run_id for run_id, _ in results}) == PER_PROCESS
+    assert TaskHistory.objects.count() == PER_PROCESS
+
+
+def test_distinct_inputs_without_identity_are_never_deduplicated() -> None:
+    handles = [start_run("test-noop", {}, trigger=TriggerKind.MANUAL) for _ in range(5)]
+
+    assert len({h.run_id for h in handles}) == 5
+    assert not any(h.deduplicated for h in handles)
+
+
+def test_a_finished_run_frees_its_identity() -> None:
+    first = start_run("test-unique", {"key": "again"}, trigger=TriggerKind.MANUAL)
+    second = start_run("test-unique", {"key": "again"}, trigger=TriggerKind.MANUAL)
+    assert second.deduplicated and second.run_id == first.run_id
+
+    with worker_process(["task.t.test-unique"], concurrency=1, name="dedup"):
+        wait_for(lambda: TaskHistory.objects.get(id=first.run_id).state == "completed")
+        wait_for(lambda: not valkey.client().exists(keys.identity("test-unique", "again")))
+
+    fresh = start_run("test-unique", {"key": "again"}, trigger=TriggerKind.MANUAL)
+    assert not fresh.deduplicated and fresh.run_id != first.run_id
+
+
+def test_exclusive_tasks_share_an_identity_space() -> None:
+    start_run("test-excl-a", {"key": "lib-1"}, trigger=TriggerKind.MANUAL)
+
+    with pytest.raises(ExclusiveRunning, match=r"'test-excl-b' is exclusive with 'test-excl-a'"):
+        start_run("test-excl-b", {"key": "lib-1"}, trigger=TriggerKind.MANUAL)
+    other = start_run("test-excl-b", {"key": "lib-2"}, trigger=TriggerKind.MANUAL)
+
+    assert not other.deduplicated
+    assert TaskHistory.objects.filter(task_id="test-excl-b").count() == 1
+
+
+def test_an_empty_idempotency_key_is_refused() -> None:
+    with pytest.raises(StartRefused, match="idempotency key must not be empty"):
+        start_run("test-noop", {}, trigger=TriggerKind.API, idempotency_key="  ")
+    assert TaskHistory.objects.count() == 0
+
+
+def _short_provisional_ttl(settings: LazySettings, seconds: int) -> None:
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, identity_provisional_ttl_s=seconds)
+
+
+def test_a_crash_between_claim_and_insert_blocks_only_for_the_provisional_ttl(
+    settings: LazySettings,
+) -> None:
+    _short_provisional_ttl(settings, 1)
+    # A replica claimed the identity and died before its insert.
+    key = keys.identity("test-unique", "crashed")
+    scripts.call("identity_claim", [key], ["run_01DEADDEADDEADDEADDEADDEAD", 1000, ""])
+
+    during = start_run("test-unique", {"key": "crashed"}, trigger=TriggerKind.MANUAL)
+    assert during.deduplicated and during.run_id == "run_01DEADDEADDEADDEADDEADDEAD"
+
+    wait_for(lambda: not valkey.client().exists(key), timeout=3)
+    after = start_run("test-unique", {"key": "crashed"}, trigger=TriggerKind.MANUAL)
+    assert not after.deduplicated
+    assert TaskHistory.objects.filter(id=after.run_id).exists()
+    assert valkey.client().pttl(key) > 1000  # confirmed on commit, no longer provisional
+
+
+def test_a_callers_rollback_frees_the_identity_after_the_provisional_ttl(
+    settings: LazySettings,
+) -> None:
+    _short_provisional_ttl(settings, 1)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        start_run("test-unique", {"key": "rolled"}, trigger=TriggerKind.MANUAL)
+        raise RuntimeError("caller aborts")
+
+    key = keys.identity("test-unique", "rolled")
+    assert 0 < valkey.client().pttl(key) <= 1000
+    wait_for(lambda: not valkey.client().exists(key), timeout=3)
+    assert not start_run("test-unique", {"key": "rolled"}, trigger=TriggerKind.MANUAL).deduplicated
+
+
+def test_a_start_refused_after_the_claim_releases_the_identity_at_once() -> None:
+    start_run("test-unique-quota", {"key": "a"}, trigger=TriggerKind.MANUAL)
+
+    with pytest.raises(QuotaExceeded):
+        start_run("test-unique-quota", {"key": "b"}, trigger=TriggerKind.MANUAL)
+
+    assert valkey.client().exists(keys.identity("test-unique-quota", "a"))
+    assert not valkey.client().exists(keys.identity("test-unique-quota", "b"))
