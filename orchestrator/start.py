@@ -145,8 +145,9 @@ def start_run(
             duplicate = _live_run_with_key(task_id, idempotency_key)
             if duplicate is None:
                 raise
+            answer = _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
             transaction.set_rollback(True)  # give back what admission took
-            return _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
+            return answer
         except Exception:
             lifecycle.abandon(admission)
             raise
