@@ -14,11 +14,13 @@ $(STAMP): requirements.lock
 
 install: $(STAMP)
 
+# The Procfile's commands find python, celery and uvicorn on PATH: the virtualenv's first.
 run: install
 	$(BIN)/python -m lumastra.preflight
 	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
 	$(BIN)/python manage.py bootstrap_demo
-	$(BIN)/honcho -d . -f deploy/Procfile start
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho -d . -f deploy/Procfile start
 
 test: install
 	$(BIN)/python -m lumastra.preflight --check-only

@@ -90,6 +90,8 @@ class Config:
         _parse_list,
         "comma-separated task definition modules the registry imports",
     )
+    web_host: str = _env("LUMASTRA_WEB_HOST", "127.0.0.1", str, "address the web role binds")
+    web_port: int = _env("LUMASTRA_WEB_PORT", "8000", int, "port the web role serves on")
     api_max_body_bytes: int = _env(
         "LUMASTRA_API_MAX_BODY_BYTES", "262144", int, "largest accepted API request body"
     )
@@ -115,6 +117,18 @@ class Config:
         "30",
         int,
         "identity hold before the run's insert commits",
+    )
+    circuit_failure_threshold: int = _env(
+        "LUMASTRA_CIRCUIT_FAILURE_THRESHOLD",
+        "5",
+        int,
+        "consecutive counted failures that open a task's circuit",
+    )
+    circuit_force_enable_ttl_ms: int = _env(
+        "LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS",
+        "86400000",
+        int,
+        "how long an operator's force-enable keeps a circuit admitting",
     )
     concurrency_overrides: Mapping[str, int] = field(default_factory=dict)
     queue_depth_cap_overrides: Mapping[str, int] = field(default_factory=dict)
