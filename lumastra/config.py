@@ -46,6 +46,13 @@ def _parse_list(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
 def _parse_mode(raw: str) -> WorkerMode:
     return WorkerMode(raw.strip().lower())
 
@@ -91,43 +98,48 @@ class Config:
         "comma-separated task definition modules the registry imports",
     )
     web_host: str = _env("LUMASTRA_WEB_HOST", "127.0.0.1", str, "address the web role binds")
-    web_port: int = _env("LUMASTRA_WEB_PORT", "8000", int, "port the web role serves on")
+    web_port: int = _env("LUMASTRA_WEB_PORT", "8000", _positive_int, "port the web role serves on")
     api_max_body_bytes: int = _env(
-        "LUMASTRA_API_MAX_BODY_BYTES", "262144", int, "largest accepted API request body"
+        "LUMASTRA_API_MAX_BODY_BYTES", "262144", _positive_int, "largest accepted API request body"
     )
-    run_active_ttl_s: int = _env("LUMASTRA_RUN_ACTIVE_TTL_S", "900", int, "live run hash TTL")
+    run_active_ttl_s: int = _env(
+        "LUMASTRA_RUN_ACTIVE_TTL_S", "900", _positive_int, "live run hash TTL"
+    )
     run_terminal_ttl_s: int = _env(
-        "LUMASTRA_RUN_TERMINAL_TTL_S", "3600", int, "TTL of a terminal run snapshot"
+        "LUMASTRA_RUN_TERMINAL_TTL_S", "3600", _positive_int, "TTL of a terminal run snapshot"
     )
-    log_cap: int = _env("LUMASTRA_LOG_CAP", "1000", int, "lines kept in a run's live log")
+    log_cap: int = _env("LUMASTRA_LOG_CAP", "1000", _positive_int, "lines kept in a run's live log")
     history_retention_days: int = _env(
-        "LUMASTRA_HISTORY_RETENTION_DAYS", "30", int, "history-retention deletes older runs"
+        "LUMASTRA_HISTORY_RETENTION_DAYS",
+        "30",
+        _positive_int,
+        "history-retention deletes older runs",
     )
     broker_visibility_timeout_s: int = _env(
-        "LUMASTRA_BROKER_VISIBILITY_TIMEOUT_S", "3600", int, "Redis transport redelivery"
+        "LUMASTRA_BROKER_VISIBILITY_TIMEOUT_S", "3600", _positive_int, "Redis transport redelivery"
     )
     db_conn_max_age_s: int = _env(
         "LUMASTRA_DB_CONN_MAX_AGE_S", "600", int, "persistent DB connection lifetime"
     )
     identity_ttl_s: int = _env(
-        "LUMASTRA_IDENTITY_TTL_S", "86400", int, "how long a run's identity key is held"
+        "LUMASTRA_IDENTITY_TTL_S", "86400", _positive_int, "how long a run's identity key is held"
     )
     identity_provisional_ttl_s: int = _env(
         "LUMASTRA_IDENTITY_PROVISIONAL_TTL_S",
         "30",
-        int,
+        _positive_int,
         "identity hold before the run's insert commits",
     )
     circuit_failure_threshold: int = _env(
         "LUMASTRA_CIRCUIT_FAILURE_THRESHOLD",
         "5",
-        int,
+        _positive_int,
         "consecutive counted failures that open a task's circuit",
     )
     circuit_force_enable_ttl_ms: int = _env(
         "LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS",
         "86400000",
-        int,
+        _positive_int,
         "how long an operator's force-enable keeps a circuit admitting",
     )
     concurrency_overrides: Mapping[str, int] = field(default_factory=dict)

@@ -7,6 +7,7 @@ from pathlib import Path
 import dj_database_url
 
 from lumastra import config
+from orchestrator import keys
 
 CONFIG = config.current()
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -70,8 +71,10 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# The API enforces its own body limit with a JSON 413 (orchestrator.api.limits).
-DATA_UPLOAD_MAX_MEMORY_SIZE = None
+# The API body limit. Django checks it against the bytes received, not only Content-Length,
+# so a chunked body is refused too; orchestrator.api.limits turns that into a JSON 413. It
+# also bounds non-file form data site-wide, far above what the admin's forms send.
+DATA_UPLOAD_MAX_MEMORY_SIZE = CONFIG.api_max_body_bytes
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -107,7 +110,8 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # gets 5 (scheduled work): the default priority covers `apply_async`, the catch-all route
 # covers `send_task`, which ignores the default.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "priority_steps": [1, 2, 3, 5, 7],
+    "priority_steps": list(keys.BROKER_PRIORITY_STEPS),
+    "sep": keys.BROKER_PRIORITY_SEPARATOR,
     "queue_order_strategy": "priority",
     "visibility_timeout": CONFIG.broker_visibility_timeout_s,
 }

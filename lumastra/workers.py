@@ -51,8 +51,9 @@ def plan() -> list[Pool]:
 
 
 def worker_argv(
-    pool_name: str, concurrency: int, queues: Sequence[str], extra: Sequence[str]
+    node_name: str, concurrency: int, queues: Sequence[str], extra: Sequence[str]
 ) -> list[str]:
+    """One prefork Celery worker: `node_name` like `io@%h`, consuming `queues`."""
     return [
         sys.executable,
         "-m",
@@ -66,7 +67,7 @@ def worker_argv(
         "-Q",
         ",".join(queues),
         "-n",
-        f"{pool_name}@%h",
+        node_name,
         *extra,
     ]
 
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if not pools:
         print("no task is registered: there is nothing to consume", file=sys.stderr)
         return 2
-    commands = {p.name: worker_argv(p.name, p.concurrency, p.queues, extra) for p in pools}
+    commands = {p.name: worker_argv(f"{p.name}@%h", p.concurrency, p.queues, extra) for p in pools}
     return Supervisor(commands).run()
 
 

@@ -7,7 +7,7 @@ The order of `ACTIVE_HOOKS` (bottom of `orchestrator.admission`) is the order th
 Points:
 - `admit` — inside `start_run`'s transaction, before the INSERT. Raise `Refused` to refuse
   (the transaction rolls back whatever admission wrote); raise `Deduplicated` to hand back a
-  live run instead.
+  live run instead, or `Dropped` to have the start recorded as dropped.
 - `abandoned` — the admitted start did not happen after all (a later hook refused, the insert
   failed): undo what `admit` did outside the transaction (Valkey). A caller's transaction
   that rolls back later is not reported; hooks bound such leftovers with TTLs.
@@ -73,6 +73,16 @@ class Deduplicated(Exception):
     def __init__(self, run_id: str) -> None:
         super().__init__(run_id)
         self.run_id = run_id
+
+
+class Dropped(Exception):
+    """Backpressure `drop`: start_run records the run as dropped and enqueues nothing."""
+
+    code = "dropped"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class Postpone(Exception):

@@ -96,3 +96,41 @@ class TaskQuotaUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} {self.day}: {self.started} started"
+
+
+class CircuitState(models.TextChoices):
+    CLOSED = "closed"  # runs are admitted
+    OPEN = "open"  # starts are refused until half_open_at
+    HALF_OPEN = "half_open"  # one probe run is admitted; its outcome closes or reopens it
+
+
+class TaskCircuitState(models.Model):
+    """Mirror of one task's circuit breaker hash in Valkey (orchestrator/circuit.py).
+
+    Valkey decides admission; this row is what the hash is rebuilt from when Valkey lost it,
+    and what the admin and API read when it is missing there.
+    """
+
+    task_id = models.CharField(primary_key=True, max_length=64)
+    state = models.CharField(
+        max_length=16, choices=CircuitState.choices, default=CircuitState.CLOSED
+    )
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    # Times it opened in a row without closing; picks the backoff step.
+    reopen_count = models.PositiveIntegerField(default=0)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    half_open_at = models.DateTimeField(null=True, blank=True)
+    forced_until = models.DateTimeField(null=True, blank=True)
+    forced_by = models.CharField(max_length=150, blank=True, default="")
+    # The newest counted failures inside the window: [{"at": ms, "run": runId}, ...].
+    recent_failures = models.JSONField(default=list, blank=True)
+    # The hash's change counter: an upsert never replaces a newer mirror with an older one.
+    version = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "task_circuit_state"
+        verbose_name = "circuit state"
+
+    def __str__(self) -> str:
+        return f"{self.task_id}: {self.state}"

@@ -48,3 +48,12 @@ def plan_pools(
         Pool(name, concurrency[name], tuple(sorted(pool_queues)))
         for name, pool_queues in sorted(queues.items())
     ]
+
+
+def class_queues(
+    definitions: Iterable[TaskDefinition], resource_class: str, per_task_queues: bool
+) -> list[str]:
+    """Every queue whose messages count toward `resource_class`'s depth."""
+    return sorted(
+        {queue_name(d, per_task_queues) for d in definitions if d.resource_class == resource_class}
+    )

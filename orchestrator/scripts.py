@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from redis import Redis
 from redis.commands.core import Script
 
 from orchestrator import valkey
@@ -25,6 +26,15 @@ PINNED_VERSIONS = {
     "set_progress": 1,
     "identity_claim": 1,
     "identity_hold": 1,
+    "shed_oldest": 1,
+    "circuit_admit": 1,
+    "circuit_record": 1,
+    "circuit_probe": 1,
+    "circuit_force": 1,
+    "circuit_restore": 1,
+    "concurrency_take": 1,
+    "concurrency_refresh": 1,
+    "rate_take": 1,
 }
 _VERSION = re.compile(r"^-- @version (\d+)$", re.MULTILINE)
 
@@ -46,5 +56,6 @@ def _script(name: str) -> Script:
     return valkey.client().register_script(text)
 
 
-def call(name: str, keys: list[str], args: list[Any]) -> Any:
-    return _script(name)(keys=keys, args=args)
+def call(name: str, keys: list[str], args: list[Any], client: Redis | None = None) -> Any:
+    """Run a script on the coordination Valkey, or on `client` (e.g. the broker)."""
+    return _script(name)(keys=keys, args=args, client=client)

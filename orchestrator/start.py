@@ -9,23 +9,26 @@ the reconciler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 from ulid import ULID
 
 from orchestrator import lifecycle, live
-from orchestrator.hooks import Admission, Deduplicated
+from orchestrator.hooks import Admission, Deduplicated, Dropped
 from orchestrator.models import TaskHistory
 from orchestrator.publish import job_id, publish
-from orchestrator.states import LIVE_RUN_STATES, StageState
+from orchestrator.states import LIVE_RUN_STATES, RunState, StageState
 from orchestrator.triggers import PRIORITY_BY_TRIGGER, TriggerKind
 from tasks import registry
 from tasks.definition import Priority, TaskDefinition
+from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +50,10 @@ class RunHandle:
     task_id: str
     job_id: str
     priority: int
-    # True when an idempotency key matched a live run and that run is returned instead.
+    # True when a live run already does this work and that run is returned instead.
     deduplicated: bool = False
+    # True when backpressure dropped the start: the run is recorded cancelled, never enqueued.
+    dropped: bool = False
 
 
 def new_run_id() -> str:
@@ -122,23 +127,38 @@ def start_run(
         return _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
 
     admission = Admission(definition, run_id, identity, int(resolved), trigger_doc)
+
+    def insert(**terminal: Any) -> None:
+        TaskHistory.objects.create(
+            id=run_id,
+            task_id=task_id,
+            trigger=trigger_doc,
+            input=normalised,
+            priority=int(resolved),
+            identity=identity,
+            processing_version=definition.processing_version,
+            stages={name: StageState.WAITING.value for name in definition.stage_order},
+            **terminal,
+        )
+
     with transaction.atomic():
         try:
-            lifecycle.admit(admission)
+            # A savepoint: a drop or dedup gives back whatever admission took.
+            with transaction.atomic():
+                lifecycle.admit(admission)
         except Deduplicated as dup:
             return _deduplicated(task_id, dup.run_id, identity, int(resolved))
+        except Dropped as drop:
+            # Recorded, never enqueued: the row is born terminal, no transition involved.
+            insert(
+                state=RunState.CANCELLED,
+                error={"kind": ErrorKind.DROPPED.value, "message": drop.reason},
+                finished_at=timezone.now(),
+            )
+            return dataclasses.replace(handle, dropped=True)
         try:
             with transaction.atomic():
-                TaskHistory.objects.create(
-                    id=run_id,
-                    task_id=task_id,
-                    trigger=trigger_doc,
-                    input=normalised,
-                    priority=int(resolved),
-                    identity=identity,
-                    processing_version=definition.processing_version,
-                    stages={name: StageState.WAITING.value for name in definition.stage_order},
-                )
+                insert()
         except IntegrityError:
             lifecycle.abandon(admission)
             # A concurrent start with the same idempotency key won the unique index.

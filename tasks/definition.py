@@ -24,6 +24,8 @@ from tasks.pipeline import PipelineError, Stage, stage_order
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import Schedule, parse_schedule
 
+# Longer identities are stored as a digest (see TaskDefinition.identity).
+MAX_IDENTITY_LENGTH = 120
 _TASK_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 _RATE = re.compile(r"^(\d+)/(s|m|h)$")
 
@@ -113,9 +115,16 @@ class TaskDefinition:
     description: str = field(default="")
 
     def identity(self, validated_input: BaseModel) -> str:
-        if self.identity_for is not None:
-            return self.identity_for(validated_input)
-        return input_digest(validated_input.model_dump(mode="json"))
+        """The run's identity. A long one (a deep path, say) is replaced by its digest so it
+        fits the job id, the key and the column; equal identities still give equal digests."""
+        if self.identity_for is None:
+            return input_digest(validated_input.model_dump(mode="json"))
+        identity = self.identity_for(validated_input)
+        if not isinstance(identity, str) or not identity:
+            raise TypeError(f"task {self.id!r}: identity_for must return a non-empty str")
+        if len(identity) > MAX_IDENTITY_LENGTH:
+            return "sha256:" + hashlib.sha256(identity.encode()).hexdigest()
+        return identity
 
 
 DEFAULT_TIMEOUT = Timeout(soft=timedelta(minutes=25), hard=timedelta(minutes=30))

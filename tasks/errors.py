@@ -14,6 +14,8 @@ class ErrorKind(Enum):
     TIMEOUT = "timeout"  # the handler passed its soft timeout
     STALE_VERSION = "stale_version"  # message enqueued for an older processing_version
     INTERNAL = "internal"  # an unexpected exception escaped the handler
+    DROPPED = "dropped"  # refused at a full queue (backpressure `drop`); never enqueued
+    SHED = "shed"  # removed from a full queue to make room (backpressure `shed-oldest`)
 
 
 class TaskError(Exception):

@@ -63,7 +63,8 @@ def test_concurrent_starts_of_one_identity_make_exactly_one_run() -> None:
 
 
 def test_concurrent_starts_with_one_idempotency_key_make_exactly_one_run() -> None:
-    results = _race("test-noop", "{}", key="one-key")
+    # A private queue: the run stays live for the whole race, so every later start matches.
+    results = _race("test-record-order", '{"label": "keyed"}', key="one-key")
 
     assert len({run_id for run_id, _ in results}) == 1
     assert TaskHistory.objects.count() == 1

@@ -35,3 +35,42 @@ def test_waiting_runs_are_taken_most_urgent_first() -> None:
     assert priorities == sorted(priorities)
     # Within one priority, first in is first out.
     assert order[:2] == ["1:4", "1:9"]
+
+
+def test_under_load_an_operator_retry_overtakes_waiting_work() -> None:
+    client = valkey.client()
+    client.delete(ORDER_KEY)
+    for index in range(5):
+        start_run(
+            "test-record-order",
+            {"label": f"7:{index}", "seconds": 0.05},
+            trigger=TriggerKind.SYSTEM,
+            priority=7,
+        )
+    for index in range(30):
+        start_run(
+            "test-record-order",
+            {"label": f"5:{index}", "seconds": 0.05},
+            trigger=TriggerKind.SCHEDULE,
+            priority=5,
+        )
+
+    with worker_process(["task.t.test-record-order"], concurrency=1, name="load"):
+        wait_for(lambda: client.llen(ORDER_KEY) >= 5)  # the worker is busy with priority 5
+        for index in range(3):
+            start_run(
+                "test-record-order",
+                {"label": f"1:{index}"},
+                trigger=TriggerKind.OPERATOR_RETRY,
+            )
+        taken_before_retries = client.llen(ORDER_KEY)
+        wait_for(lambda: client.llen(ORDER_KEY) == 38)
+
+    order = [label.split(":")[0] for label in client.lrange(ORDER_KEY, 0, -1)]
+    retries = [i for i, p in enumerate(order) if p == "1"]
+    last_five = max(i for i, p in enumerate(order) if p == "5")
+    # The retries are taken next (give or take the one message a worker has reserved),
+    # long before the priority-5 backlog drains; priority 7 waits behind everything.
+    assert max(retries) <= taken_before_retries + len(retries) + 1
+    assert max(retries) < last_five
+    assert order[-5:] == ["7"] * 5

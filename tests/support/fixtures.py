@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -16,7 +15,8 @@ from celery import current_app
 from django.conf import settings
 from django.db import connection
 
-from orchestrator import valkey
+from lumastra.workers import worker_argv
+from orchestrator import keys, valkey
 from orchestrator.routing import queue_name
 from tasks import registry
 
@@ -28,6 +28,12 @@ PRIVATE_QUEUES = {
     "task.t.test-excl-a",
     "task.t.test-excl-b",
     "task.t.test-unique-quota",
+    "task.t.test-limited",
+    "task.t.test-lease",
+    "task.t.test-rated",
+    "task.t.test-bp-drop",
+    "task.t.test-bp-fail",
+    "task.t.test-bp-shed",
 }
 
 
@@ -45,23 +51,12 @@ def worker_process(
     env = {**os.environ, "DATABASE_URL": database_url()}
     log = open(ROOT / f".pytest_cache/worker-{name}-{os.getpid()}.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "lumastra",
-            "worker",
-            "--pool=prefork",
-            f"--concurrency={concurrency}",
-            "-Q",
-            ",".join(queues),
-            "-n",
+        worker_argv(
             hostname,
-            "--without-mingle",
-            "--without-gossip",
-            "--loglevel=INFO",
-        ],
+            concurrency,
+            queues,
+            ["--without-mingle", "--without-gossip", "--loglevel=INFO"],
+        ),
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -100,6 +95,17 @@ def _clean_redis() -> None:
     valkey.client().flushdb()
     with current_app.connection_for_write() as conn:
         conn.default_channel.client.flushdb()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counters() -> None:
+    """Circuits and refusal counts outlive a test's database; each test starts without them,
+    so failures one test provokes never refuse another test's starts."""
+    client = valkey.client()
+    for pattern in (keys.circuit("*"), keys.refusals("*", "*")):
+        stale = list(client.scan_iter(match=pattern, count=500))
+        if stale:
+            client.delete(*stale)
 
 
 @pytest.fixture(scope="session")

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from datetime import timedelta
 from typing import Literal
 
 from pydantic import BaseModel
 
-from orchestrator import valkey
+from orchestrator import keys, ratelimit, valkey
+from orchestrator.instance import instance_id
 from tasks import (
     FatalError,
     NoInput,
     PermanentError,
     Quotas,
     TaskContext,
+    Timeout,
     TransientError,
     define_task,
 )
@@ -47,10 +53,12 @@ fail = define_task(id="test-fail", resource_class="io", execute=_fail, input_mod
 
 class LabelInput(BaseModel, extra="forbid"):
     label: str
+    seconds: float = 0.0
 
 
 def _record_order(ctx: TaskContext, params: LabelInput) -> None:
     valkey.client().rpush(ORDER_KEY, params.label)
+    time.sleep(params.seconds)
 
 
 record_order = define_task(
@@ -111,4 +119,99 @@ unique_with_quota = define_task(
     input_model=KeyInput,
     identity_for=_by_key,
     quotas=Quotas(max_runs_per_day=1),
+)
+
+# Fails on request like test-fail, with a circuit of its own, so the circuit breaker test
+# that opens it on a real worker does not refuse other tests' runs of test-fail.
+circuit_probe = define_task(
+    id="test-circuit", resource_class="io", execute=_fail, input_model=FailInput
+)
+
+
+def _server_ms() -> int:
+    seconds, micros = valkey.client().time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+class SleepInput(BaseModel, extra="forbid"):
+    label: str
+    seconds: float = 0.2
+
+
+LIMITED_NOW_KEY = "test:limited:now"
+LIMITED_SEEN_KEY = "test:limited:seen"
+
+
+def _count_concurrent(ctx: TaskContext, params: SleepInput) -> None:
+    """Measures its own concurrency: how many runs are inside the handler on entry."""
+    client = valkey.client()
+    client.rpush(LIMITED_SEEN_KEY, json.dumps([client.incr(LIMITED_NOW_KEY), os.getppid()]))
+    try:
+        time.sleep(params.seconds)
+    finally:
+        client.decr(LIMITED_NOW_KEY)
+
+
+limited = define_task(
+    id="test-limited",
+    resource_class="io",
+    execute=_count_concurrent,
+    input_model=SleepInput,
+    quotas=Quotas(max_concurrent=2),
+)
+
+LEASE_STARTS_KEY = "test:lease:starts"
+
+
+def _hold_slot(ctx: TaskContext, params: SleepInput) -> None:
+    start = {"pid": os.getpid(), "at_ms": _server_ms()}
+    valkey.client().hset(LEASE_STARTS_KEY, params.label, json.dumps(start))
+    time.sleep(params.seconds)
+
+
+# One slot and a short lease (hard timeout 4 s + the lease margin), for the crashed-holder test.
+lease_holder = define_task(
+    id="test-lease",
+    resource_class="io",
+    execute=_hold_slot,
+    input_model=SleepInput,
+    quotas=Quotas(max_concurrent=1),
+    timeout=Timeout(soft=timedelta(seconds=3), hard=timedelta(seconds=4)),
+)
+
+RATED_KEY = "test:rated:starts"
+
+
+def _record_admission(ctx: TaskContext, params: LabelInput) -> None:
+    """Records when the rate limiter admitted this run (its entry in the window, on Valkey's
+    clock) and when the handler started (Valkey's clock too)."""
+    client = valkey.client()
+    admitted = client.zscore(
+        keys.rate_window("test-rated"), ratelimit.member(ctx.run_id, instance_id())
+    )
+    record = {"admitted_ms": admitted, "started_ms": _server_ms(), "worker": os.getppid()}
+    client.rpush(RATED_KEY, json.dumps(record))
+
+
+rated = define_task(
+    id="test-rated",
+    resource_class="io",
+    execute=_record_admission,
+    input_model=LabelInput,
+    quotas=Quotas(rate="10/s"),
+)
+
+# One backpressure policy per otherwise unused class, so each test owns its class's depth.
+drop_when_full = define_task(
+    id="test-bp-drop", resource_class="discovery", execute=_noop, backpressure="drop"
+)
+fail_when_full = define_task(
+    id="test-bp-fail", resource_class="embedding", execute=_noop, backpressure="fail-fast"
+)
+shed_when_full = define_task(
+    id="test-bp-shed",
+    resource_class="analysis",
+    execute=_noop_keyed,
+    input_model=KeyInput,
+    backpressure="shed-oldest",
 )

@@ -22,6 +22,15 @@ CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "set_progress": (1, 2, 2),
     "identity_claim": (1, 3, 3),
     "identity_hold": (1, 2, 2),
+    "shed_oldest": (1, 2, None),
+    "circuit_admit": (1, 3, 3),
+    "circuit_record": (1, 7, None),
+    "circuit_probe": (1, 2, 2),
+    "circuit_force": (1, 3, 3),
+    "circuit_restore": (1, 10, 10),
+    "concurrency_take": (3, 5, 5),
+    "concurrency_refresh": (1, 2, 2),
+    "rate_take": (1, 3, 3),
 }
 
 
@@ -73,7 +82,8 @@ def _wrong_counts(name: str) -> list[tuple[int, int]]:
 )
 def test_wrong_argument_counts_are_rejected(name: str, n_keys: int, n_args: int) -> None:
     run_id = "run_badargs"
-    key_pool = [keys.run_active(run_id), keys.run_terminal(run_id), "unused:key"]
+    # One key more than the most any script takes, for the "one key too many" case.
+    key_pool = [keys.run_active(run_id), keys.run_terminal(run_id), "unused:key", "unused:key:4"]
     client = valkey.client()
     client.delete(*key_pool)
 

@@ -82,7 +82,7 @@ def test_no_tasks_no_pools() -> None:
 
 
 def test_each_pool_runs_one_prefork_worker_with_its_budget_queues_and_name() -> None:
-    argv = worker_argv("io", 9, ("task.t.a", "task.t.b"), ["--loglevel=INFO"])
+    argv = worker_argv("io@%h", 9, ("task.t.a", "task.t.b"), ["--loglevel=INFO"])
 
     assert argv[1:6] == ["-m", "celery", "-A", "lumastra", "worker"]
     options = argv[6:]

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from tasks import (
     Backpressure,
@@ -397,3 +398,23 @@ def test_quotas_must_be_a_quotas_value() -> None:
 
 def test_exclusive_with_must_not_be_a_bare_string() -> None:
     _rejected("exclusive_with", exclusive_with="abc")
+
+
+def test_a_long_identity_is_stored_as_its_digest() -> None:
+    class PathInput(BaseModel):
+        path: str
+
+    definition = define_task(
+        id="long-identity",
+        resource_class="io",
+        execute=lambda ctx, params: None,
+        input_model=PathInput,
+        identity_for=lambda params: params.path,
+    )
+    deep = "/media/" + "sub/" * 100
+
+    identity = definition.identity(PathInput(path=deep))
+
+    assert identity.startswith("sha256:") and len(identity) == 71
+    assert identity == definition.identity(PathInput(path=deep))
+    assert definition.identity(PathInput(path="/media/a")) == "/media/a"

@@ -1,0 +1,248 @@
+"""`/runs`: start a run, read one run (durable row plus live state), list runs.
+
+Views never write run state: a run is started only through `start_run`, whose refusals
+(unknown task, invalid input, admission: quota, exclusivity) leave nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from django.db.models.fields.json import KT
+from django.http import HttpRequest
+from ninja import Field, Query, Router, Schema
+from ninja.responses import Status
+from pydantic import BeforeValidator, ConfigDict, WithJsonSchema, field_validator
+
+from orchestrator import live
+from orchestrator.api.auth import current_user
+from orchestrator.api.errors import ApiError
+from orchestrator.api.pagination import Position, page
+from orchestrator.hooks import Refused
+from orchestrator.models import TaskHistory
+from orchestrator.start import InvalidInput, RunHandle, StartRefused, start_run
+from orchestrator.states import RunState
+from orchestrator.triggers import TriggerKind
+from tasks.registry import UnknownTaskError
+
+router = Router(tags=["runs"])
+
+MAX_PAGE = 200
+# A bound on the key keeps it well inside what the unique index on it can hold.
+MAX_IDEMPOTENCY_KEY = 200
+
+
+class StartRunIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(description="a task id from GET /tasks")
+    input: dict[str, Any] = Field(
+        default_factory=dict, description="validated against the task's input schema"
+    )
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_IDEMPOTENCY_KEY,
+        description="while a run with this key is live, starting again returns that run",
+    )
+    priority: Literal[1, 2, 3, 5, 7] | None = Field(
+        default=None, description="1 most urgent … 7 least; default: the task's, else 2"
+    )
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _not_blank(cls, key: str | None) -> str | None:
+        if key is not None and not key.strip():
+            raise ValueError("must not be blank")
+        return key
+
+
+class StartedRun(Schema):
+    run_id: str
+    task: str
+    state: RunState
+    priority: int
+    job_id: str
+    deduplicated: bool = Field(
+        description="true when a live run with this idempotency key or identity was returned"
+    )
+    dropped: bool = Field(
+        description="true when the task's queue was full and its backpressure policy is "
+        "`drop`: the run is recorded as cancelled (error kind `dropped`) and never enqueued"
+    )
+
+
+class RunSummary(Schema):
+    run_id: str
+    task: str
+    state: RunState
+    priority: int
+    trigger: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class Progress(Schema):
+    done: float
+    total: float | None
+    note: str
+
+
+class LiveState(Schema):
+    """What Valkey holds now; may be ahead of the row while a run is in flight."""
+
+    state: str
+    owner: str
+    progress: Progress | None
+    stages: dict[str, str]
+    updated_at: datetime | None
+
+
+class RunDetail(RunSummary):
+    input: dict[str, Any]
+    result: Any
+    error: dict[str, Any] | None
+    attempts: int
+    processing_version: int
+    duration_s: float | None
+    live: LiveState | None = Field(description="null once the live hash has expired")
+
+
+def _decode_cursor(value: object) -> object:
+    return Position.decode(value) if isinstance(value, str) else value
+
+
+Cursor = Annotated[
+    Position | None,
+    BeforeValidator(_decode_cursor),
+    WithJsonSchema({"type": "string", "description": "next_cursor of the previous page"}),
+]
+
+
+class RunFilters(Schema):
+    task: str | None = None
+    state: RunState | None = None
+    trigger_kind: TriggerKind | None = None
+    cursor: Cursor = None
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE)
+
+
+class RunPage(Schema):
+    items: list[RunSummary]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page")
+
+
+@router.post("/runs", response={200: StartedRun, 202: StartedRun})
+def create_run(request: HttpRequest, run: StartRunIn) -> Status[StartedRun]:
+    """Start a run: 202 with the new run; 200 with a live run that already does this work, or
+    with the recorded run when backpressure dropped the start."""
+    try:
+        handle = start_run(
+            run.task,
+            run.input,
+            trigger={"kind": TriggerKind.API.value, "actor": current_user(request).username},
+            priority=run.priority,
+            idempotency_key=run.idempotency_key,
+        )
+    except UnknownTaskError as exc:
+        raise ApiError(404, str(exc)) from None
+    except InvalidInput as exc:
+        # Located like ninja's own body errors: source, then the view's parameter name.
+        errors = [{**e, "loc": ["body", "run", "input", *e["loc"]]} for e in exc.errors]
+        raise ApiError(422, f"input is invalid for task {exc.task_id!r}", errors) from None
+    except StartRefused as exc:
+        raise ApiError(422, str(exc)) from None
+    except Refused as exc:
+        raise ApiError(
+            exc.http_status, str(exc), code=exc.code, retry_after=exc.retry_after
+        ) from None
+    if handle.dropped:
+        return Status(200, _started(handle, RunState.CANCELLED))
+    if handle.deduplicated:
+        # The matched run's row may not be committed yet; until it is, it is still pending.
+        state = TaskHistory.objects.filter(id=handle.run_id).values_list("state", flat=True)
+        return Status(200, _started(handle, state.first() or RunState.PENDING))
+    return Status(202, _started(handle, RunState.PENDING))
+
+
+def _started(handle: RunHandle, state: str) -> StartedRun:
+    return StartedRun(
+        run_id=handle.run_id,
+        task=handle.task_id,
+        state=RunState(state),
+        priority=handle.priority,
+        job_id=handle.job_id,
+        deduplicated=handle.deduplicated,
+        dropped=handle.dropped,
+    )
+
+
+@router.get("/runs/{run_id}", response=RunDetail)
+def get_run(request: HttpRequest, run_id: str) -> RunDetail:
+    row = TaskHistory.objects.filter(id=run_id).first()
+    if row is None:
+        raise ApiError(404, f"no run {run_id!r}")
+    return RunDetail(
+        **_summary(row).model_dump(),
+        input=row.input,
+        result=row.result,
+        error=row.error,
+        attempts=row.attempts,
+        processing_version=row.processing_version,
+        duration_s=row.duration_s,
+        live=_live_state(live.read(row.id)),
+    )
+
+
+@router.get("/runs", response=RunPage)
+def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> RunPage:
+    """Newest first; follow `next_cursor` until it is null."""
+    runs = TaskHistory.objects.all()
+    if filters.task is not None:
+        runs = runs.filter(task_id=filters.task)
+    if filters.state is not None:
+        runs = runs.filter(state=filters.state)
+    if filters.trigger_kind is not None:
+        # `->>` as an alias matches the expression index on trigger kind.
+        runs = runs.alias(trigger_kind=KT("trigger__kind")).filter(
+            trigger_kind=filters.trigger_kind.value
+        )
+    rows, next_position = page(runs, filters.cursor, filters.limit)
+    return RunPage(
+        items=[_summary(row) for row in rows],
+        next_cursor=next_position.encode() if next_position else None,
+    )
+
+
+def _summary(row: TaskHistory) -> RunSummary:
+    return RunSummary(
+        run_id=row.id,
+        task=row.task_id,
+        state=RunState(row.state),
+        priority=row.priority,
+        trigger=row.trigger,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _live_state(found: live.RunHash) -> LiveState | None:
+    if not found:
+        return None
+    progress = found.get("progress")
+    updated_ms = found.get("updated_at")
+    return LiveState(
+        state=found["state"],
+        owner=found.get("owner", ""),
+        progress=Progress(**json.loads(progress)) if progress else None,
+        stages={
+            name.removeprefix("stage:"): str(value)
+            for name, value in found.items()
+            if name.startswith("stage:")
+        },
+        updated_at=datetime.fromtimestamp(int(updated_ms) / 1000, UTC) if updated_ms else None,
+    )

@@ -1,0 +1,137 @@
+"""Backpressure at a class's queue cap: drop, fail-fast and shed-oldest, nothing unrecorded."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from django.conf import LazySettings
+from django.contrib.auth.models import User
+from django.test import Client
+
+from orchestrator import broker, keys, live, valkey
+from orchestrator.api import tokens
+from orchestrator.backpressure import QueueFull
+from orchestrator.models import TaskHistory
+from orchestrator.start import start_run
+from orchestrator.triggers import TriggerKind
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def _empty_queues() -> None:
+    for task in ("test-bp-drop", "test-bp-fail", "test-bp-shed"):
+        broker.client().delete(
+            *(keys.broker_queue(f"task.t.{task}", step) for step in keys.BROKER_PRIORITY_STEPS)
+        )
+
+
+def _cap(settings: LazySettings, resource_class: str, cap: int) -> None:
+    overrides = {**settings.CONFIG.queue_depth_cap_overrides, resource_class: cap}
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, queue_depth_cap_overrides=overrides)
+
+
+def _refusals(task: str) -> dict[str, str]:
+    day = TaskHistory.objects.values_list("created_at", flat=True).first()
+    assert day is not None
+    return valkey.client().hgetall(keys.refusals(task, day.date().isoformat()))
+
+
+def test_drop_records_the_start_as_dropped_and_enqueues_nothing(settings: LazySettings) -> None:
+    _cap(settings, "discovery", 2)
+    kept = [start_run("test-bp-drop", {}, trigger=TriggerKind.MANUAL) for _ in range(2)]
+
+    dropped = start_run("test-bp-drop", {}, trigger=TriggerKind.MANUAL)
+
+    assert dropped.dropped and not any(h.dropped for h in kept)
+    row = TaskHistory.objects.get(id=dropped.run_id)
+    assert row.state == "cancelled"
+    assert row.error["kind"] == "dropped"
+    assert "at its cap of 2" in row.error["message"]
+    assert broker.depth(["task.t.test-bp-drop"]) == 2
+    assert live.read(dropped.run_id) == {}
+    assert _refusals("test-bp-drop") == {"dropped": "1"}
+
+
+def test_fail_fast_refuses_with_a_retry_hint_and_writes_nothing(settings: LazySettings) -> None:
+    _cap(settings, "embedding", 2)
+    for _ in range(2):
+        start_run("test-bp-fail", {}, trigger=TriggerKind.MANUAL)
+
+    with pytest.raises(QueueFull, match=r"'embedding' queue holds 2 waiting runs") as refused:
+        start_run("test-bp-fail", {}, trigger=TriggerKind.MANUAL)
+
+    assert refused.value.retry_after is not None
+    assert refused.value.http_status == 503
+    assert TaskHistory.objects.count() == 2
+    assert broker.depth(["task.t.test-bp-fail"]) == 2
+    assert _refusals("test-bp-fail") == {"queue_full": "1"}
+
+
+def _shed(key: str, priority: int) -> str:
+    return start_run(
+        "test-bp-shed", {"key": key}, trigger=TriggerKind.MANUAL, priority=priority
+    ).run_id
+
+
+def test_shed_oldest_cancels_the_least_urgent_oldest_waiting_runs(
+    settings: LazySettings,
+) -> None:
+    _cap(settings, "analysis", 3)
+    old7, mid5, new7 = _shed("old7", 7), _shed("mid5", 5), _shed("new7", 7)
+
+    urgent = _shed("urgent", 2)
+
+    states = dict(TaskHistory.objects.values_list("id", "state"))
+    assert states == {old7: "cancelled", mid5: "pending", new7: "pending", urgent: "pending"}
+    shed = TaskHistory.objects.get(id=old7)
+    assert shed.error["kind"] == "shed"
+    assert urgent in shed.error["message"]
+    assert live.read(old7)["state"] == "cancelled"
+    assert broker.depth(["task.t.test-bp-shed"]) == 3
+
+    # Among equals the oldest goes: a new priority-7 run replaces the older one.
+    newest7 = _shed("newest7", 7)
+    assert TaskHistory.objects.get(id=new7).state == "cancelled"
+    assert TaskHistory.objects.get(id=newest7).state == "pending"
+
+
+def test_shed_oldest_never_sheds_more_urgent_work(settings: LazySettings) -> None:
+    _cap(settings, "analysis", 2)
+    urgent = [_shed("u1", 1), _shed("u2", 1)]
+
+    with pytest.raises(QueueFull):
+        _shed("late", 7)
+
+    assert set(TaskHistory.objects.values_list("state", flat=True)) == {"pending"}
+    assert set(TaskHistory.objects.values_list("id", flat=True)) == set(urgent)
+
+
+def _api() -> Client:
+    user = User.objects.create_user("ops", is_staff=True)
+    return Client(headers={"Authorization": f"Bearer {tokens.issue(user, 'tests')[1]}"})
+
+
+def _post(client: Client, task: str) -> Any:
+    return client.post("/api/v1/runs", {"task": task}, content_type="application/json")
+
+
+def test_over_http_a_drop_is_a_200_and_fail_fast_a_503_with_retry_after(
+    settings: LazySettings,
+) -> None:
+    _cap(settings, "discovery", 1)
+    _cap(settings, "embedding", 1)
+    client = _api()
+    assert _post(client, "test-bp-drop").status_code == 202
+    assert _post(client, "test-bp-fail").status_code == 202
+
+    dropped = _post(client, "test-bp-drop")
+    refused = _post(client, "test-bp-fail")
+
+    assert dropped.status_code == 200
+    assert dropped.json()["dropped"] is True and dropped.json()["state"] == "cancelled"
+    assert refused.status_code == 503
+    assert refused.json()["code"] == "queue_full"
+    assert int(refused["Retry-After"]) >= 1
