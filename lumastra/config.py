@@ -142,6 +142,45 @@ class Config:
         _positive_int,
         "how long an operator's force-enable keeps a circuit admitting",
     )
+    heartbeat_interval_s: int = _env(
+        "LUMASTRA_HEARTBEAT_INTERVAL_S", "30", _positive_int, "a running run's heartbeat tick"
+    )
+    run_stall_warn_ms: int = _env(
+        "LUMASTRA_RUN_STALL_WARN_MS", "120000", _positive_int, "no progress: warn"
+    )
+    run_stall_fail_ms: int = _env(
+        "LUMASTRA_RUN_STALL_FAIL_MS", "600000", _positive_int, "no progress: fail the run"
+    )
+    cancel_escalate_s: int = _env(
+        "LUMASTRA_CANCEL_ESCALATE_S", "60", _positive_int, "cooperative cancel before hard kill"
+    )
+    max_deliveries: int = _env(
+        "LUMASTRA_MAX_DELIVERIES", "5", _positive_int, "deliveries of one run's message"
+    )
+    orphan_threshold_s: int = _env(
+        "LUMASTRA_ORPHAN_THRESHOLD_S", "300", _positive_int, "heartbeat age that makes an orphan"
+    )
+    orphan_boot_threshold_s: int = _env(
+        "LUMASTRA_ORPHAN_BOOT_THRESHOLD_S",
+        "120",
+        _positive_int,
+        "heartbeat age that makes an orphan at boot recovery",
+    )
+    pending_check_after_s: int = _env(
+        "LUMASTRA_PENDING_CHECK_AFTER_S",
+        "60",
+        _positive_int,
+        "pending this long: check the broker for its message",
+    )
+    pending_deadline_s: int = _env(
+        "LUMASTRA_PENDING_DEADLINE_S", "86400", _positive_int, "pending this long: fail the run"
+    )
+    reconcile_interval_s: int = _env(
+        "LUMASTRA_RECONCILE_INTERVAL_S", "30", _positive_int, "seconds between reconciler ticks"
+    )
+    drain_interval_s: int = _env(
+        "LUMASTRA_DRAIN_INTERVAL_S", "5", _positive_int, "seconds between drain replays"
+    )
     concurrency_overrides: Mapping[str, int] = field(default_factory=dict)
     queue_depth_cap_overrides: Mapping[str, int] = field(default_factory=dict)
 

@@ -2,13 +2,15 @@
 
 `python -m lumastra.workers` plans the pools from the task registry and the resource budgets
 (`orchestrator.routing.plan_pools`) and starts one prefork Celery worker per pool, with the
-pool's budget as its concurrency and `<pool>@<host>` as its node name. Arguments it does not
-know are passed on to every worker (e.g. `--loglevel=DEBUG`). `--print-plan` prints the pools
-and exits.
+pool's budget as its concurrency and `<pool>@<host>` as its node name, plus one process for
+the orchestrator loops (`python -m orchestrator.loops`: reconciler, boot recovery, drain
+replay). Arguments it does not know are passed on to every worker (e.g. `--loglevel=DEBUG`),
+not to the loops. `--print-plan` prints the pools and the loops, and exits.
 
 SIGTERM and SIGINT are forwarded to every worker as SIGTERM, Celery's warm shutdown: running
 tasks may finish, and with `acks_late` the messages of those that do not go back to the queue.
-When a worker exits on its own, the others are stopped and this process exits non-zero.
+When a worker or the loops process exits on its own, the others are stopped and this process
+exits non-zero.
 
 It does not restart a dead worker: a role with a pool missing would look healthy while that
 pool's queues fill up, so the whole role ends and its supervisor (honcho, compose, systemd)
@@ -72,6 +74,11 @@ def worker_argv(
     ]
 
 
+def loops_argv() -> list[str]:
+    """The orchestrator loops process: one per worker host (it elects its own leaders)."""
+    return [sys.executable, "-m", "orchestrator.loops"]
+
+
 class Supervisor:
     """Runs the workers; `run` returns the exit status of the role."""
 
@@ -96,13 +103,13 @@ class Supervisor:
             if self._stopping:
                 break
             self._children[name] = subprocess.Popen(argv)  # noqa: S603 (our own argv)
-            print(f"started pool {name} (pid {self._children[name].pid})", flush=True)
+            print(f"started {name} (pid {self._children[name].pid})", flush=True)
         status = 0
         while not self._stopping:
             dead = {n: c.returncode for n, c in self._children.items() if c.poll() is not None}
             if dead:
                 for name, code in dead.items():
-                    print(f"pool {name} exited unexpectedly with {code}", file=sys.stderr)
+                    print(f"{name} exited unexpectedly with {code}", file=sys.stderr)
                 status = 1
                 self._stopping = True
                 self._signal_all(signal.SIGTERM)
@@ -118,7 +125,7 @@ class Supervisor:
                 child.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 print(
-                    f"pool {name} did not stop in {STOP_TIMEOUT_S:.0f}s; killing it",
+                    f"{name} did not stop in {STOP_TIMEOUT_S:.0f}s; killing it",
                     file=sys.stderr,
                 )
                 child.kill()
@@ -138,9 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     for pool in pools:
         queues = ",".join(pool.queues)
         print(f"pool {pool.name}: concurrency {pool.concurrency}, queues {queues}", flush=True)
+    cfg = settings.CONFIG
+    print(
+        f"loops: reconciler every {cfg.reconcile_interval_s}s "
+        f"(boot recovery at start), drain replay every {cfg.drain_interval_s}s",
+        flush=True,
+    )
     if args.print_plan:
         return 0
-    cfg = settings.CONFIG
     if cfg.worker_mode is not WorkerMode.ENABLED:
         print("WORKER_MODE is not 'enabled': this process may not consume queues", file=sys.stderr)
         return 2
@@ -148,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no task is registered: there is nothing to consume", file=sys.stderr)
         return 2
     commands = {p.name: worker_argv(f"{p.name}@%h", p.concurrency, p.queues, extra) for p in pools}
+    commands["loops"] = loops_argv()
     return Supervisor(commands).run()
 
 

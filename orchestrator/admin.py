@@ -1,14 +1,19 @@
-"""The Django admin: runs (read-only, plus a "Start a run" form) and API tokens.
+"""The Django admin: runs (read-only, plus a "Start a run" form), the "Tasks" status page
+(with a force-enable button per circuit) and API tokens.
 
 Only the orchestrator writes run state: the start form calls `start_run` and nothing else,
-and no admin page can add, change or delete a run row.
+the force-enable button `circuit.force_enable` and nothing else, and no admin page can add,
+change or delete a run row.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import django_stubs_ext
@@ -16,17 +21,22 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import DurationField, ExpressionWrapper, F, QuerySet
 from django.db.models.fields.json import KT
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.views.decorators.http import require_POST
 
+from orchestrator import circuit, overview
+from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.hooks import Refused
 from orchestrator.models import ApiToken, TaskHistory
+from orchestrator.retry import retry_run
 from orchestrator.start import InvalidInput, StartRefused, start_run
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.definition import Priority, TaskDefinition
+from tasks.registry import UnknownTaskError
 
 _RUN_ID = re.compile(r"run_[0-9A-Za-z]{26}")
 
@@ -113,6 +123,26 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{where}: {error['msg']}" if where else str(error["msg"])
 
 
+def _span(span: timedelta) -> str:
+    seconds = math.ceil(span.total_seconds())
+    if seconds < 120:
+        return f"{seconds} s"
+    minutes = math.ceil(seconds / 60)
+    return f"{minutes} min" if minutes < 120 else f"{minutes / 60:.1f} h"
+
+
+@dataclass(frozen=True)
+class _TaskRow:
+    definition: TaskDefinition
+    status: overview.TaskStatus
+    half_open_in: str | None  # while the circuit is open
+
+    @classmethod
+    def of(cls, definition: TaskDefinition, status: overview.TaskStatus) -> _TaskRow:
+        wait = status.circuit.time_to_half_open
+        return cls(definition, status, None if wait is None else _span(wait))
+
+
 def _json_display(field_name: str) -> Callable[[Any, TaskHistory], str]:
     """A read-only detail field that shows a JSON column indented instead of on one line."""
 
@@ -157,6 +187,29 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
         "stages_json",
         "cost_breakdown_json",
     ]
+
+    actions = ["cancel_runs", "retry_runs"]
+
+    @admin.action(description="Cancel selected runs")
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[TaskHistory]) -> None:
+        # The orchestrator owns run state: each run goes through request_cancel.
+        for run_id in queryset.values_list("id", flat=True):
+            try:
+                state = request_cancel(run_id, actor=request.user.get_username())
+            except (NotCancellable, UnknownRun) as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+            else:
+                self.message_user(request, f"{run_id}: {state}")
+
+    @admin.action(description="Retry selected runs (new runs at priority 1)")
+    def retry_runs(self, request: HttpRequest, queryset: QuerySet[TaskHistory]) -> None:
+        for run_id in queryset.values_list("id", flat=True):
+            try:
+                handle = retry_run(run_id, actor=request.user.get_username())
+            except (StartRefused, Refused, UnknownRun) as exc:
+                self.message_user(request, f"{run_id}: {exc}", messages.WARNING)
+            else:
+                self.message_user(request, f"{run_id}: retried as {handle.run_id}")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -210,8 +263,47 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             self.admin_site.admin_view(self.start_run_view),
             name="orchestrator_taskhistory_start",
         )
-        # Before the defaults: their `<path:object_id>/` would take "start/" as a run id.
-        return [start, *super().get_urls()]
+        tasks = path(
+            "tasks/", self.admin_site.admin_view(self.tasks_view), name="orchestrator_tasks"
+        )
+        force_enable = path(
+            "tasks/<str:task_id>/force-enable/",
+            self.admin_site.admin_view(require_POST(self.force_enable_view)),
+            name="orchestrator_task_force_enable",
+        )
+        # Before the defaults: their `<path:object_id>/` would take "start/" or "tasks/" as a
+        # run id.
+        return [start, tasks, force_enable, *super().get_urls()]
+
+    def tasks_view(self, request: HttpRequest) -> HttpResponse:
+        """Staff only (admin_view): every task's admission status, read-only."""
+        definitions = sorted(registry.get().values(), key=lambda d: d.id)
+        statuses = overview.task_statuses(definitions)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Tasks",
+            "opts": self.opts,
+            "rows": [
+                _TaskRow.of(definition, statuses[definition.id]) for definition in definitions
+            ],
+        }
+        return TemplateResponse(request, "admin/orchestrator/tasks.html", context)
+
+    def force_enable_view(self, request: HttpRequest, task_id: str) -> HttpResponse:
+        """Staff only, POST with a CSRF token (admin_view, require_POST); the circuit is changed
+        by `circuit.force_enable` under the operator's name, never here."""
+        try:
+            forced = circuit.force_enable(task_id, actor=request.user.get_username())
+        except UnknownTaskError as exc:
+            raise Http404(str(exc)) from None
+        until = forced.forced_until
+        self.message_user(
+            request,
+            f"The circuit of {task_id} is closed and force-enabled"
+            + (f" until {until:%Y-%m-%d %H:%M:%S} UTC." if until else "."),
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(reverse("admin:orchestrator_tasks"))
 
     def start_run_view(self, request: HttpRequest) -> HttpResponse:
         """Staff only (admin_view); the run is created by `start_run`, never here."""

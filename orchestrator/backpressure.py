@@ -24,8 +24,7 @@ from functools import partial
 from django.conf import settings
 from django.db import transaction
 
-from orchestrator import broker
-from orchestrator.cancel import cancel_waiting
+from orchestrator import broker, cancel
 from orchestrator.hooks import Admission, Dropped, Refused, RunHook
 from orchestrator.routing import class_queues
 from tasks import registry
@@ -68,6 +67,6 @@ class QueueCap(RunHook):
             shed = broker.shed_oldest(queues, waiting - cap + 1, admission.priority)
             if shed:
                 message = f"shed to make room for run {admission.run_id} ({full})"
-                transaction.on_commit(partial(cancel_waiting, shed, ErrorKind.SHED, message))
+                transaction.on_commit(partial(cancel.cancel_waiting, shed, ErrorKind.SHED, message))
                 return
         raise QueueFull(f"{full}; retry later", retry_after=RETRY_AFTER)

@@ -38,3 +38,9 @@ def shed_oldest(queues: Sequence[str], count: int, least_urgent_kept: int) -> li
         "shed_oldest", lists, [count, *([len(queues)] * len(steps))], client=client()
     )
     return [str(run_id) for run_id in removed]
+
+
+def remove_waiting(queue: str, run_id: str) -> bool:
+    """Take one run's message out of `queue` if it still waits there."""
+    lists = [keys.broker_queue(queue, step) for step in keys.BROKER_PRIORITY_STEPS]
+    return bool(scripts.call("remove_message", lists, [run_id, len(lists)], client=client()))

@@ -11,6 +11,9 @@ from tasks.registry import Registry
 
 # shared_task registers with every app; registering twice would replace the task class.
 _registered: set[str] = set()
+# Celery's own hard limit is only the backstop: the run's watchdog (orchestrator.watch) ends
+# the run in both stores at the hard timeout first, which Celery's kill cannot do.
+HARD_LIMIT_GRACE_S = 30
 
 
 def register_all(registry: Registry) -> None:
@@ -27,7 +30,7 @@ def register_all(registry: Registry) -> None:
             acks_late=True,
             reject_on_worker_lost=True,
             soft_time_limit=int(definition.timeout.soft.total_seconds()),
-            time_limit=int(definition.timeout.hard.total_seconds()),
+            time_limit=int(definition.timeout.hard.total_seconds()) + HARD_LIMIT_GRACE_S,
             ignore_result=True,
         )(body)
         _registered.add(definition.id)

@@ -52,6 +52,7 @@ Not guaranteed:
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
@@ -149,6 +150,25 @@ def refresh(run_id: str) -> bool:
         [holder(run_id, owner), _ms(lease_of(definition))],
     )
     return bool(renewed)
+
+
+def running(task_ids: Iterable[str]) -> dict[str, int]:
+    """How many runs of each task hold a live slot now, in one Valkey round trip.
+
+    Read-only: a lease that has run out is left for the next take to drop, and is not
+    counted. Leases are judged by Valkey's clock, read in the same pipeline, as they are set.
+    """
+    ids = list(dict.fromkeys(task_ids))
+    pipe = valkey.client().pipeline(transaction=False)
+    pipe.time()
+    for task_id in ids:
+        pipe.zrange(keys.concurrency_holders(task_id), 0, -1, withscores=True)
+    (seconds, micros), *held = pipe.execute()  # type: ignore[no-untyped-call]
+    now_ms = seconds * 1000 + micros // 1000
+    return {
+        task_id: sum(1 for _, expiry_ms in holders if expiry_ms > now_ms)
+        for task_id, holders in zip(ids, held, strict=True)
+    }
 
 
 def _give_back(task_id: str, run_id: str, owner: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from orchestrator.models import TaskHistory
@@ -18,9 +19,17 @@ from orchestrator.states import (
 )
 
 
-def transition(run_id: str, target: RunState, **fields: Any) -> None:
-    """`UPDATE … WHERE id = %s AND state = ANY(sources)`; an illegal move raises."""
-    updated = TaskHistory.objects.filter(id=run_id, state__in=run_sources(target)).update(
+def transition(
+    run_id: str, target: RunState, *, only_from: RunState | None = None, **fields: Any
+) -> None:
+    """`UPDATE … WHERE id = %s AND state = ANY(sources)`; an illegal move raises.
+
+    `only_from` narrows the sources to one legal state, for callers whose next step depends
+    on where the run was (a cancel before pickup ends at once, a running one does not)."""
+    sources = run_sources(target)
+    if only_from is not None:
+        sources = [s for s in sources if s == only_from]
+    updated = TaskHistory.objects.filter(id=run_id, state__in=sources).update(
         state=target, updated_at=timezone.now(), **fields
     )
     if updated != 1:
@@ -57,3 +66,15 @@ def transition_stage(run_id: str, stage: str, target: StageState) -> None:
         if found is not None and found[0] in live_states and isinstance(found[1], dict):
             current = found[1].get(stage)
         raise IllegalTransition(run_id, current, f"{stage}:{target.value}", "postgres")
+
+
+def heartbeat(run_id: str, owner: str) -> bool:
+    """Stamp `heartbeat_at` with the Postgres clock while `owner` still runs the run."""
+    return (
+        TaskHistory.objects.filter(
+            id=run_id,
+            owner_instance_id=owner,
+            state__in=[RunState.ACTIVE, RunState.CANCELLING],
+        ).update(heartbeat_at=Now())
+        == 1
+    )

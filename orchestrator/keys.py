@@ -11,6 +11,12 @@ BROKER_PRIORITY_SEPARATOR = "\x06\x16"
 BROKER_PRIORITY_STEPS = (1, 2, 3, 5, 7)
 
 
+# kombu's Redis transport (Channel.unacked_key): the hash of messages workers have taken and
+# not yet acknowledged, delivery tag → JSON [message, exchange, routing key]. With acks_late a
+# running run's message waits here, and so does a delayed (countdown) message a worker holds.
+BROKER_UNACKED = "unacked"
+
+
 def broker_queue(queue: str, priority: int) -> str:
     """The broker list holding `queue`'s messages of one priority step."""
     return f"{queue}{BROKER_PRIORITY_SEPARATOR}{priority}"
@@ -76,3 +82,29 @@ def concurrency_postponed(task_id: str) -> str:
 def rate_window(task_id: str) -> str:
     """Sorted set of `<runId>|<owner>` → admission time (ms, Valkey's clock) within the window."""
     return f"task:ratelimit:{task_id}"
+
+
+def drain_pending() -> str:
+    """List of terminal writes Postgres refused on a transient error, waiting for replay
+    (orchestrator/drain.py): pushed on the left, replayed from the right; bounded."""
+    return "task:drain:pending"
+
+
+def drain_inflight() -> str:
+    """List of the drain entries the replayer holding the drain lock is applying right now."""
+    return "task:drain:inflight"
+
+
+def drain_poison() -> str:
+    """List of drain entries that failed too often, newest first, kept for an operator."""
+    return "task:drain:poison"
+
+
+def drain_failures() -> str:
+    """Counter of drain replay passes that failed in a row (resets after a clean pass)."""
+    return "task:drain:failures"
+
+
+def drain_backoff() -> str:
+    """Present (with a PX lease) while drain replays back off after failed passes."""
+    return "task:drain:backoff"

@@ -28,6 +28,8 @@ class TaskHistory(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     cost_breakdown = models.JSONField(default=dict, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # A pending run waiting for its next attempt is not taken before this moment.
+    not_before = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -1,33 +1,41 @@
 """The runner: the body of every Celery task.
 
-On pickup: processing_version guard → claim in Valkey (owner, pending → active) → Postgres
-pending → active → build the context → `execute(ctx, input)` → terminal write, Postgres
-first, then Valkey fenced by the claim's owner. Database connections are checked before and
-after each run, so a connection dropped between runs is replaced rather than failing a run.
+On pickup: processing_version guard → the run's row (a redelivered message of a live run is
+judged by its heartbeat) → not before its retry time → pre-claim hooks (concurrency, rate) →
+claim in Valkey (owner, pending → active) → Postgres pending → active → execute with a watch
+thread beside it (heartbeats, cancel listener, watchdogs) → terminal write through
+`orchestrator.terminal`, Postgres first. A TransientError puts the run back to pending for its
+next attempt, with backoff, until the task's retry policy is spent.
 
-Not here yet (later issues): heartbeats and watchdogs, retries of transient errors,
-redelivery of an active run, the pending-write drain for a failed Postgres write.
+Database connections are checked before and after each run, so a connection dropped between
+runs is replaced rather than failing a run.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
+from datetime import timedelta
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Reject
+from django.conf import settings
 from django.db import close_old_connections
+from django.db.models import F
+from django.db.models.functions import Now
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import durable, lifecycle, live
+from orchestrator import durable, lifecycle, live, terminal
 from orchestrator.context import RunContext
-from orchestrator.hooks import Outcome, Pickup, Postpone
-from orchestrator.instance import instance_id
+from orchestrator.hooks import Pickup, Postpone
+from orchestrator.instance import instance_id, is_dead_here
 from orchestrator.models import TaskHistory
 from orchestrator.publish import job_id, publish
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
+from orchestrator.watch import watching
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind, TaskError
@@ -37,6 +45,9 @@ log = logging.getLogger(__name__)
 # A message from a newer deploy goes back to the queue for a newer worker; the pause keeps
 # an all-old pool from spinning on it during a rolling deploy.
 REQUEUE_PAUSE_S = 1.0
+# The longest a message waits in the broker for a retry; a longer backoff takes several hops,
+# so a worker that dies holding a delayed message strands it for seconds, not an hour.
+MAX_BROKER_DELAY = timedelta(seconds=10)
 
 
 def run_message(task_id: str, run_id: str, processing_version: int) -> None:
@@ -63,13 +74,16 @@ def _run(definition: TaskDefinition, run_id: str, processing_version: int) -> No
         _not_pending(definition, row)
         return
     if processing_version < definition.processing_version:
-        _fail_unstarted(
+        terminal.fail_unstarted(
             definition,
-            row,
+            row.id,
             ErrorKind.STALE_VERSION,
             f"enqueued for processing_version {processing_version}, "
             f"current is {definition.processing_version}",
         )
+        return
+    if row.not_before is not None and row.not_before > timezone.now():
+        _republish(definition, row, row.not_before - timezone.now())
         return
 
     pickup = Pickup(definition, row.id, instance_id())
@@ -77,50 +91,107 @@ def _run(definition: TaskDefinition, run_id: str, processing_version: int) -> No
         lifecycle.before_claim(pickup)
     except Postpone as wait:
         log.info("run %s: postponed %ss (%s)", row.id, wait.delay.total_seconds(), wait.reason)
-        publish(
-            definition,
-            row.id,
-            job_id(definition.id, row.identity, row.id),
-            row.priority,
-            delay=wait.delay,
-        )
+        _republish(definition, row, wait.delay)
         return
-    if not _claim(definition, row, pickup.owner):
-        lifecycle.release(pickup)
-        return
-    outcome = _execute(definition, row, pickup.owner)
-    lifecycle.finished(outcome)
+    claimed = False
+    try:
+        claimed = _claim(definition, row, pickup.owner)
+    finally:
+        # A refused or failed claim gives back what the pre-claim hooks took.
+        if not claimed:
+            lifecycle.release(pickup)
+    if claimed:
+        try:
+            _execute(definition, row, pickup)
+        except Exception:
+            # The terminal write itself failed (the reconciler will end the run): the slot
+            # is not held for the rest of its lease meanwhile.
+            lifecycle.release(pickup)
+            raise
 
 
-def _execute(definition: TaskDefinition, row: TaskHistory, owner: str) -> Outcome:
-    def end(target: RunState, kind: ErrorKind | None = None, message: str = "") -> Outcome:
-        error = None if kind is None else _error(kind, message)
-        ended = _finish(row.id, owner, target, result=result, error=error)
-        return Outcome(definition, row.id, owner, ended, None if ended != target else kind)
+def _republish(definition: TaskDefinition, row: TaskHistory, delay: timedelta) -> None:
+    publish(
+        definition,
+        row.id,
+        job_id(definition.id, row.identity, row.id),
+        row.priority,
+        delay=min(delay, MAX_BROKER_DELAY),
+    )
+
+
+def _execute(definition: TaskDefinition, row: TaskHistory, pickup: Pickup) -> None:
+    owner = pickup.owner
+
+    def end(target: RunState, kind: ErrorKind | None = None, message: str = "") -> None:
+        error = None if kind is None else terminal.error_doc(kind, message)
+        terminal.finish(definition, row.id, owner, target, result=result, error=error)
 
     result: Any = None
     try:
         model = definition.input_model.model_validate(row.input)
     except ValidationError as exc:
-        return end(RunState.FAILED, ErrorKind.VALIDATION, str(exc))
+        end(RunState.FAILED, ErrorKind.VALIDATION, str(exc))
+        return
+    context = RunContext(row.id, model)
     try:
-        result = _jsonable(definition.execute(RunContext(row.id, model), model))
+        with watching(definition, row.id, owner, context):
+            result = _jsonable(definition.execute(context, model))
     except TaskError as exc:
-        return end(RunState.FAILED, exc.kind, str(exc))
+        if exc.kind is ErrorKind.TRANSIENT and row.attempts + 1 < definition.retry.max_attempts:
+            _retry_later(definition, row, pickup, str(exc))
+        elif exc.kind is ErrorKind.TRANSIENT:
+            attempts = definition.retry.max_attempts
+            end(RunState.FAILED, exc.kind, f"{exc} (attempts exhausted: {attempts} of {attempts})")
+        else:
+            end(RunState.FAILED, exc.kind, str(exc))
     except SoftTimeLimitExceeded:
-        return end(
+        end(
             RunState.FAILED,
             ErrorKind.TIMEOUT,
             f"passed its soft timeout of {definition.timeout.soft}",
         )
     except Exception as exc:
         log.exception("run %s: handler raised", row.id)
-        return end(RunState.FAILED, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")
-    return end(RunState.COMPLETED)
+        end(RunState.FAILED, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")
+    else:
+        end(RunState.COMPLETED)
 
 
-def _error(kind: ErrorKind, message: str) -> dict[str, str]:
-    return {"kind": kind.value, "message": message[:4000]}
+def backoff(definition: TaskDefinition, attempt: int) -> timedelta:
+    """Jitter over the upper half of an exponential ceiling: retries of many runs spread out
+    instead of returning together, and none comes back much sooner than its backoff."""
+    ceiling: timedelta = min(definition.retry.cap, definition.retry.base * (2 ** (attempt - 1)))
+    return ceiling * random.uniform(0.5, 1.0)
+
+
+def _retry_later(
+    definition: TaskDefinition, row: TaskHistory, pickup: Pickup, message: str
+) -> None:
+    attempt = row.attempts + 1
+    delay = backoff(definition, attempt)
+    error = terminal.error_doc(
+        ErrorKind.TRANSIENT,
+        f"{message} (attempt {attempt} of {definition.retry.max_attempts}; "
+        f"retrying in {delay.total_seconds():.1f}s)",
+    )
+    try:
+        durable.transition(
+            row.id,
+            RunState.PENDING,
+            error=error,
+            not_before=timezone.now() + delay,
+            owner_instance_id="",
+        )
+    except IllegalTransition as exc:
+        if exc.current == RunState.CANCELLING:
+            terminal.cancel(definition, row.id, pickup.owner)
+            return
+        raise
+    live.transition(row.id, RunState.PENDING, owner=pickup.owner)
+    lifecycle.release(pickup)
+    log.info("run %s: transient failure, attempt %s; retry in %s", row.id, attempt, delay)
+    _republish(definition, row, delay)
 
 
 def _jsonable(result: object) -> Any:
@@ -148,71 +219,39 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> bool:
             RunState.ACTIVE,
             owner_instance_id=owner,
             started_at=timezone.now(),
-            attempts=row.attempts + 1,
+            heartbeat_at=Now(),
+            attempts=F("attempts") + 1,
         )
     except IllegalTransition as exc:
         # Postgres moved on (e.g. cancelled) between our read and the claim; it wins.
         log.info("run %s: claim lost to Postgres state %s", row.id, exc.current)
         if exc.current == RunState.CANCELLING:
-            live.transition(row.id, RunState.CANCELLING, owner=owner)
-            _finish_cancel(row.id)
-            lifecycle.finished(Outcome(definition, row.id, owner, RunState.CANCELLED))
+            terminal.cancel(definition, row.id, owner)
         return False
     return True
 
 
-def _finish(
-    run_id: str,
-    owner: str,
-    target: RunState,
-    *,
-    result: Any = None,
-    error: dict[str, str] | None = None,
-) -> RunState:
-    """The terminal write: Postgres first, then Valkey, fenced by the claim's owner.
-
-    Returns the state the run ended in: `target`, or cancelled when a cancel won the race.
-    """
-    now = timezone.now()
-    try:
-        durable.transition(run_id, target, result=result, error=error, finished_at=now)
-    except IllegalTransition as exc:
-        if exc.current == RunState.CANCELLING:
-            # A cancel raced the handler's end: the run ends once, as cancelled.
-            _finish_cancel(run_id)
-            return RunState.CANCELLED
-        raise
-    live.transition(run_id, target, owner=owner)
-    return target
-
-
-def _finish_cancel(run_id: str) -> None:
-    now = timezone.now()
-    durable.transition(run_id, RunState.CANCELLED, finished_at=now)
-    try:
-        live.transition(run_id, RunState.CANCELLED)
-    except IllegalTransition as exc:
-        log.warning("run %s: cancelled in Postgres, live hash disagreed: %s", run_id, exc)
-
-
 def _not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
-    if row.state == RunState.CANCELLING:
+    if row.state == RunState.CANCELLING and row.owner_instance_id == "":
         # Cancelled before pickup: the claim refuses it and the cancel completes here.
-        _finish_cancel(row.id)
-        lifecycle.finished(Outcome(definition, row.id, "", RunState.CANCELLED))
+        terminal.cancel(definition, row.id)
     elif row.state in TERMINAL_RUN_STATES:
         log.info("run %s: already %s; duplicate message dropped", row.id, row.state)
+    elif is_dead_here(row.owner_instance_id) or _heartbeat_is_stale(row):
+        # Redelivered because its worker died mid-run (reject on worker lost), and nobody
+        # is beating for it: end it here rather than wait for the reconciler.
+        # Written as the dead owner, so its fence matches and its concurrency slot is freed.
+        owner = row.owner_instance_id
+        error = terminal.error_doc(ErrorKind.WORKER_LOST, f"worker {owner} stopped mid-run")
+        if row.state == RunState.CANCELLING:
+            terminal.cancel(definition, row.id, owner, error=error)
+        else:
+            terminal.finish(definition, row.id, owner, RunState.FAILED, error=error)
     else:
-        log.warning("run %s: redelivered while %s; dropped", row.id, row.state)
+        log.info("run %s: redelivered while %s with a live owner; dropped", row.id, row.state)
 
 
-def _fail_unstarted(
-    definition: TaskDefinition, row: TaskHistory, kind: ErrorKind, message: str
-) -> None:
-    now = timezone.now()
-    durable.transition(row.id, RunState.FAILED, error=_error(kind, message), finished_at=now)
-    try:
-        live.transition(row.id, RunState.FAILED)
-    except IllegalTransition as exc:
-        log.warning("run %s: failed in Postgres, live hash disagreed: %s", row.id, exc)
-    lifecycle.finished(Outcome(definition, row.id, "", RunState.FAILED, kind))
+def _heartbeat_is_stale(row: TaskHistory) -> bool:
+    """Older than three heartbeat intervals, by the Postgres clock."""
+    stale_after = timedelta(seconds=3 * settings.CONFIG.heartbeat_interval_s)
+    return TaskHistory.objects.filter(id=row.id, heartbeat_at__lt=Now() - stale_after).exists()

@@ -21,12 +21,15 @@ LUA_DIR = Path(__file__).parent / "lua"
 PINNED_VERSIONS = {
     "seed_run": 1,
     "claim_run": 2,
-    "transition_run": 1,
+    "transition_run": 2,
     "transition_stage": 1,
     "set_progress": 1,
     "identity_claim": 1,
     "identity_hold": 1,
     "shed_oldest": 1,
+    "heartbeat_run": 1,
+    "request_cancel": 1,
+    "remove_message": 1,
     "circuit_admit": 1,
     "circuit_record": 1,
     "circuit_probe": 1,
@@ -35,6 +38,10 @@ PINNED_VERSIONS = {
     "concurrency_take": 1,
     "concurrency_refresh": 1,
     "rate_take": 1,
+    "lock_renew": 1,
+    "lock_release": 1,
+    "drain_push": 1,
+    "broker_run_ids": 1,
 }
 _VERSION = re.compile(r"^-- @version (\d+)$", re.MULTILINE)
 

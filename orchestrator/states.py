@@ -31,7 +31,11 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     # pending → failed is our addition to DESIGN §4: a run refused before it ever started
     # (stale processing_version, input no longer valid) must still end.
     RunState.PENDING: frozenset({RunState.ACTIVE, RunState.CANCELLING, RunState.FAILED}),
-    RunState.ACTIVE: frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCELLING}),
+    # active → pending is our addition too: a TransientError puts the run back in line for
+    # its next attempt (same run, attempts + 1) rather than ending it.
+    RunState.ACTIVE: frozenset(
+        {RunState.COMPLETED, RunState.FAILED, RunState.CANCELLING, RunState.PENDING}
+    ),
     RunState.CANCELLING: frozenset({RunState.CANCELLED}),
     RunState.COMPLETED: frozenset(),
     RunState.FAILED: frozenset(),

@@ -30,3 +30,7 @@ class TaskContext(Protocol):
     def raise_if_cancelled(self) -> None:
         """Raise `RunCancelled` if the run has been asked to cancel."""
         ...
+
+    def sleep(self, seconds: float) -> None:
+        """Wait `seconds`, raising `RunCancelled` at once if the run is cancelled meanwhile."""
+        ...

@@ -53,6 +53,17 @@ class Timeout:
 
 
 @dataclass(frozen=True)
+class Retry:
+    """How a run that raised TransientError is tried again: exponential backoff from `base`,
+    doubling per attempt, capped at `cap`, jittered over its upper half. `max_attempts`
+    counts the first attempt."""
+
+    max_attempts: int = 3
+    base: timedelta = timedelta(seconds=2)
+    cap: timedelta = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
 class Rate:
     count: int
     per: timedelta
@@ -110,6 +121,7 @@ class TaskDefinition:
     pipeline: tuple[Stage, ...]
     stage_order: tuple[str, ...]
     backpressure: Backpressure
+    retry: Retry
     exclusive_with: tuple[str, ...]
     covers_stages: tuple[str, ...]
     description: str = field(default="")
@@ -144,6 +156,7 @@ def define_task(
     schedule: str | Schedule | None = None,
     pipeline: Sequence[Stage] = (),
     backpressure: Backpressure | str = Backpressure.FAIL_FAST,
+    retry: Retry = Retry(),
     exclusive_with: Sequence[str] = (),
     covers_stages: Sequence[str] = (),
     description: str = "",
@@ -208,6 +221,15 @@ def define_task(
     except ValueError:
         choices = ", ".join(p.value for p in Backpressure)
         raise fail("backpressure", f"{backpressure!r} is not one of {choices}") from None
+    if not (
+        isinstance(retry, Retry)
+        and _is_int(retry.max_attempts)
+        and retry.max_attempts >= 1
+        and isinstance(retry.base, timedelta)
+        and isinstance(retry.cap, timedelta)
+        and timedelta(0) < retry.base <= retry.cap
+    ):
+        raise fail("retry", "must be Retry(max_attempts>=1, base=timedelta, cap=timedelta>=base)")
     if isinstance(exclusive_with, str):
         raise fail("exclusive_with", "must be a sequence of task ids, not one string")
     for other in exclusive_with:
@@ -233,6 +255,7 @@ def define_task(
         pipeline=tuple(pipeline),
         stage_order=tuple(order),
         backpressure=policy,
+        retry=retry,
         exclusive_with=tuple(exclusive_with),
         covers_stages=tuple(covers_stages),
         description=description,

@@ -15,7 +15,10 @@ class ErrorKind(Enum):
     STALE_VERSION = "stale_version"  # message enqueued for an older processing_version
     INTERNAL = "internal"  # an unexpected exception escaped the handler
     DROPPED = "dropped"  # refused at a full queue (backpressure `drop`); never enqueued
+    ORPHANED = "orphaned"  # its worker stopped heartbeating; failed by the reconciler
     SHED = "shed"  # removed from a full queue to make room (backpressure `shed-oldest`)
+    STALLED = "stalled"  # reported no progress for LUMASTRA_RUN_STALL_FAIL_MS
+    WORKER_LOST = "worker_lost"  # its worker died mid-run, or its message kept coming back
 
 
 class TaskError(Exception):

@@ -7,6 +7,8 @@ Views never write run state: a run is started only through `start_run`, whose re
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -20,8 +22,10 @@ from orchestrator import live
 from orchestrator.api.auth import current_user
 from orchestrator.api.errors import ApiError
 from orchestrator.api.pagination import Position, page
+from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.hooks import Refused
 from orchestrator.models import TaskHistory
+from orchestrator.retry import NotRetryable, retry_run
 from orchestrator.start import InvalidInput, RunHandle, StartRefused, start_run
 from orchestrator.states import RunState
 from orchestrator.triggers import TriggerKind
@@ -135,11 +139,32 @@ class RunPage(Schema):
     next_cursor: str | None = Field(description="pass as `cursor` for the next page")
 
 
+@contextmanager
+def _start_refusals() -> Iterator[None]:
+    """start_run's refusals as API errors (a new run, or an operator's retry)."""
+    try:
+        yield
+    except UnknownTaskError as exc:
+        raise ApiError(404, str(exc)) from None
+    except InvalidInput as exc:
+        # Located like ninja's own body errors: source, then the view's parameter name.
+        errors = [{**e, "loc": ["body", "run", "input", *e["loc"]]} for e in exc.errors]
+        raise ApiError(422, f"input is invalid for task {exc.task_id!r}", errors) from None
+    except NotRetryable as exc:
+        raise ApiError(409, str(exc)) from None
+    except StartRefused as exc:
+        raise ApiError(422, str(exc)) from None
+    except Refused as exc:
+        raise ApiError(
+            exc.http_status, str(exc), code=exc.code, retry_after=exc.retry_after
+        ) from None
+
+
 @router.post("/runs", response={200: StartedRun, 202: StartedRun})
 def create_run(request: HttpRequest, run: StartRunIn) -> Status[StartedRun]:
     """Start a run: 202 with the new run; 200 with a live run that already does this work, or
     with the recorded run when backpressure dropped the start."""
-    try:
+    with _start_refusals():
         handle = start_run(
             run.task,
             run.input,
@@ -147,18 +172,6 @@ def create_run(request: HttpRequest, run: StartRunIn) -> Status[StartedRun]:
             priority=run.priority,
             idempotency_key=run.idempotency_key,
         )
-    except UnknownTaskError as exc:
-        raise ApiError(404, str(exc)) from None
-    except InvalidInput as exc:
-        # Located like ninja's own body errors: source, then the view's parameter name.
-        errors = [{**e, "loc": ["body", "run", "input", *e["loc"]]} for e in exc.errors]
-        raise ApiError(422, f"input is invalid for task {exc.task_id!r}", errors) from None
-    except StartRefused as exc:
-        raise ApiError(422, str(exc)) from None
-    except Refused as exc:
-        raise ApiError(
-            exc.http_status, str(exc), code=exc.code, retry_after=exc.retry_after
-        ) from None
     if handle.dropped:
         return Status(200, _started(handle, RunState.CANCELLED))
     if handle.deduplicated:
@@ -166,6 +179,38 @@ def create_run(request: HttpRequest, run: StartRunIn) -> Status[StartedRun]:
         state = TaskHistory.objects.filter(id=handle.run_id).values_list("state", flat=True)
         return Status(200, _started(handle, state.first() or RunState.PENDING))
     return Status(202, _started(handle, RunState.PENDING))
+
+
+class CancelledRun(Schema):
+    run_id: str
+    state: RunState = Field(
+        description="cancelled when the run had not started; cancelling while its handler "
+        "is told to stop (it is killed if it does not within LUMASTRA_CANCEL_ESCALATE_S)"
+    )
+
+
+@router.post("/runs/{run_id}/cancel", response=CancelledRun)
+def cancel_run(request: HttpRequest, run_id: str) -> CancelledRun:
+    """Cancel a run: at once if it has not started, cooperatively if it is running."""
+    try:
+        state = request_cancel(run_id, actor=current_user(request).username)
+    except UnknownRun as exc:
+        raise ApiError(404, str(exc)) from None
+    except NotCancellable as exc:
+        raise ApiError(409, str(exc)) from None
+    return CancelledRun(run_id=run_id, state=state)
+
+
+@router.post("/runs/{run_id}/retry", response={200: StartedRun, 202: StartedRun})
+def retry(request: HttpRequest, run_id: str) -> Status[StartedRun]:
+    """Retry a failed or cancelled run: a new run at priority 1 whose trigger names it."""
+    with _start_refusals():
+        try:
+            handle = retry_run(run_id, actor=current_user(request).username)
+        except UnknownRun as exc:
+            raise ApiError(404, str(exc)) from None
+    status = 200 if handle.deduplicated else 202
+    return Status(status, _started(handle, RunState.PENDING))
 
 
 def _started(handle: RunHandle, state: str) -> StartedRun:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -54,8 +53,7 @@ class SlowProgressInput(BaseModel, extra="forbid"):
 
 def slow_progress(ctx: TaskContext, params: SlowProgressInput) -> dict[str, int]:
     for step in range(1, params.steps + 1):
-        ctx.raise_if_cancelled()
-        time.sleep(params.step_seconds)
+        ctx.sleep(params.step_seconds)
         ctx.report_progress(step, params.steps, note=f"step {step}")
         ctx.log(f"step {step} of {params.steps}")
     return {"steps": params.steps}

@@ -42,8 +42,10 @@ RUN_LEGAL = {
     (R.ACTIVE, R.CANCELLING),
     (R.CANCELLING, R.CANCELLED),
     (R.PENDING, R.CANCELLING),
-    # Our one addition (docs/architecture.md): a run refused before it started still ends.
+    # Our additions (docs/architecture.md): a run refused before it started still ends;
+    # a transient failure goes back in line for its next attempt.
     (R.PENDING, R.FAILED),
+    (R.ACTIVE, R.PENDING),
 }
 STAGE_LEGAL = {
     (S.WAITING, S.ACTIVE),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,9 @@ PRIVATE_QUEUES = {
     "task.t.test-bp-drop",
     "task.t.test-bp-fail",
     "task.t.test-bp-shed",
+    "task.t.test-sleepy",
+    "task.t.test-hard-timeout",
+    "task.t.test-flaky",
 }
 
 
@@ -44,11 +47,15 @@ def database_url() -> str:
 
 @contextmanager
 def worker_process(
-    queues: Sequence[str], concurrency: int = 2, name: str = "test"
+    queues: Sequence[str],
+    concurrency: int = 2,
+    name: str = "test",
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A real `celery worker` subprocess consuming `queues`; waits until it answers a ping."""
+    """A real `celery worker` subprocess consuming `queues`; waits until it answers a ping.
+    `env` adds variables, e.g. compressed thresholds for watchdog tests."""
     hostname = f"{name}-{os.getpid()}-{time.monotonic_ns()}@localhost"
-    env = {**os.environ, "DATABASE_URL": database_url()}
+    env = {**os.environ, "DATABASE_URL": database_url(), **(env or {})}
     log = open(ROOT / f".pytest_cache/worker-{name}-{os.getpid()}.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
         worker_argv(

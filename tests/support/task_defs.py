@@ -17,6 +17,7 @@ from tasks import (
     NoInput,
     PermanentError,
     Quotas,
+    Retry,
     TaskContext,
     Timeout,
     TransientError,
@@ -214,4 +215,69 @@ shed_when_full = define_task(
     execute=_noop_keyed,
     input_model=KeyInput,
     backpressure="shed-oldest",
+)
+
+
+class SleepyInput(BaseModel, extra="forbid"):
+    seconds: float
+    # cooperative: ctx.sleep, which a cancel interrupts; otherwise a plain, deaf sleep.
+    cooperative: bool = True
+    progress: bool = True
+
+
+def _sleepy(ctx: TaskContext, params: SleepyInput) -> dict[str, int]:
+    valkey.client().hset(SLEEPY_PIDS_KEY, ctx.run_id, os.getpid())
+    if params.progress:
+        ctx.report_progress(0, 1)
+    if params.cooperative:
+        ctx.sleep(params.seconds)
+    else:
+        time.sleep(params.seconds)
+    return {"pid": os.getpid()}
+
+
+SLEEPY_PIDS_KEY = "test:sleepy:pids"
+sleepy = define_task(
+    id="test-sleepy", resource_class="io", execute=_sleepy, input_model=SleepyInput
+)
+
+
+def _busy_forever(ctx: TaskContext, params: NoInput) -> None:
+    # Keeps reporting progress and swallows the soft timeout (as careless handlers do), so
+    # only the wall-clock hard timeout can stop it.
+    while True:
+        try:
+            ctx.report_progress(0, None)
+            time.sleep(0.2)
+        except Exception:
+            continue
+
+
+hard_timeout = define_task(
+    id="test-hard-timeout",
+    resource_class="io",
+    execute=_busy_forever,
+    timeout=Timeout(soft=timedelta(seconds=1), hard=timedelta(seconds=3)),
+)
+
+
+class FlakyInput(BaseModel, extra="forbid"):
+    label: str
+    fail_times: int
+
+
+def _flaky(ctx: TaskContext, params: FlakyInput) -> dict[str, int]:
+    seen = valkey.client().hincrby(FLAKY_KEY, params.label, 1)
+    if seen <= params.fail_times:
+        raise TransientError(f"failure {seen} of {params.fail_times}")
+    return {"calls": seen}
+
+
+FLAKY_KEY = "test:flaky:calls"
+flaky = define_task(
+    id="test-flaky",
+    resource_class="io",
+    execute=_flaky,
+    input_model=FlakyInput,
+    retry=Retry(max_attempts=3, base=timedelta(milliseconds=200), cap=timedelta(seconds=1)),
 )

@@ -23,6 +23,9 @@ CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "identity_claim": (1, 3, 3),
     "identity_hold": (1, 2, 2),
     "shed_oldest": (1, 2, None),
+    "heartbeat_run": (1, 2, 2),
+    "request_cancel": (3, 2, 2),
+    "remove_message": (1, 2, 2),
     "circuit_admit": (1, 3, 3),
     "circuit_record": (1, 7, None),
     "circuit_probe": (1, 2, 2),
@@ -31,6 +34,10 @@ CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "concurrency_take": (3, 5, 5),
     "concurrency_refresh": (1, 2, 2),
     "rate_take": (1, 3, 3),
+    "lock_renew": (1, 2, 2),
+    "lock_release": (1, 1, 1),
+    "drain_push": (1, 2, 2),
+    "broker_run_ids": (1, 2, 2),
 }
 
 

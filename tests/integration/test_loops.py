@@ -1,0 +1,108 @@
+"""`python -m orchestrator.loops` as the worker role runs it: a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import connection
+
+from orchestrator import keys, valkey
+from orchestrator.models import TaskHistory
+from orchestrator.start import new_run_id
+from tests.support.fixtures import ROOT, database_url, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+LOCK = keys.orchestrator_lock("reconciler")
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> None:
+    valkey.client().delete(LOCK, keys.orchestrator_lock("drain"))
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "DATABASE_URL": database_url(), "WORKER_MODE": "enabled", **extra}
+
+
+def _loops(*args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.loops", *args],
+        cwd=ROOT,
+        env=_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _orphan(heartbeat_age_s: int) -> str:
+    run_id = new_run_id()
+    TaskHistory.objects.create(
+        id=run_id,
+        task_id="test-noop",
+        state="active",
+        trigger={"kind": "manual"},
+        input={},
+        priority=5,
+        identity=run_id,
+        owner_instance_id="gone-host:1:X",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE task_history SET heartbeat_at = now() - %s * interval '1 second', "
+            "started_at = now() - interval '1 hour' WHERE id = %s",
+            [heartbeat_age_s, run_id],
+        )
+    return run_id
+
+
+def test_the_web_role_refuses_to_run_the_loops() -> None:
+    process = _loops("--once", WORKER_MODE="disabled")
+    output, _ = process.communicate(timeout=60)
+
+    assert process.returncode == 2
+    assert "WORKER_MODE is not 'enabled'" in output
+
+
+def test_boot_recovery_runs_once_at_start_and_logs_a_count() -> None:
+    stale = _orphan(200)  # past the boot threshold (120 s), not the regular one (300 s)
+    beating = _orphan(30)
+
+    process = _loops("--once")
+    output, _ = process.communicate(timeout=60)
+
+    assert process.returncode == 0, output
+    assert "boot recovery: 1 orphans failed" in output
+    assert TaskHistory.objects.get(id=stale).state == "failed"
+    assert TaskHistory.objects.get(id=beating).state == "active"
+    assert not valkey.client().exists(LOCK), "the lock is handed over on exit"
+
+
+def test_sigterm_stops_the_loops_cleanly_and_hands_the_lock_over() -> None:
+    process = _loops(LUMASTRA_RECONCILE_INTERVAL_S="1", LUMASTRA_DRAIN_INTERVAL_S="1")
+    try:
+        holder = wait_for(lambda: valkey.client().get(LOCK), timeout=60)
+        assert f":{process.pid}:" in holder
+        # Ticks go on while it runs: a new orphan is ended within an interval or two.
+        orphan = _orphan(400)
+        wait_for(lambda: TaskHistory.objects.get(id=orphan).state == "failed", timeout=30)
+
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    assert process.returncode == 0, output
+    assert time.monotonic() - started < 10
+    assert "loops started: reconciler every 1s, drain every 1s" in output
+    assert "loops stopped" in output
+    assert not valkey.client().exists(LOCK)

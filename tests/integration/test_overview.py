@@ -1,0 +1,367 @@
+"""Each task's admission status in the API and the admin "Tasks" page, and the operator's
+force-enable of a circuit from both, on real Postgres, Valkey and broker.
+
+The circuit is opened through the `CircuitBreaker` hook with a FrozenClock anchored at the
+real time (as test_circuit does); slots are taken through the concurrency hook; queue depth
+is that of private queues no worker consumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.conf import LazySettings, settings
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from orchestrator import broker, concurrency, keys, overview, valkey
+from orchestrator.api import tokens
+from orchestrator.circuit import CircuitBreaker, status
+from orchestrator.clock import SYSTEM, FrozenClock
+from orchestrator.concurrency import ConcurrencyLimit
+from orchestrator.hooks import Admission, Outcome, Pickup
+from orchestrator.models import CircuitState, TaskCircuitState, TaskQuotaUsage
+from orchestrator.quotas import DailyQuota, QuotaExceeded
+from orchestrator.routing import queue_name
+from orchestrator.start import new_run_id, start_run
+from orchestrator.states import RunState
+from orchestrator.triggers import TriggerKind
+from tasks import registry
+from tasks.errors import ErrorKind
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+TASKS = "/api/v1/tasks"
+ADMIN_TASKS = "/admin/orchestrator/taskhistory/tasks/"
+CIRCUIT = "test-circuit"  # its own circuit, so opening it refuses no other test's runs
+MINUTE = timedelta(minutes=1)
+# Private queues (tests/support/fixtures.py): nothing consumes them during these tests.
+QUOTA_TASK = "test-unique-quota"  # max_runs_per_day=1
+DEPTH_TASK = "test-bp-fail"  # the only task of the "embedding" class
+LIMITED_TASK = "test-limited"  # max_concurrent=2
+
+
+def _force_url(task_id: str) -> str:
+    return f"{TASKS}/{task_id}/circuit/force-enable"
+
+
+def _admin_force_url(task_id: str) -> str:
+    return f"{ADMIN_TASKS}{task_id}/force-enable/"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Iterator[None]:
+    # Circuit hashes and slot holders have no test-scoped lifetime: start and end without them.
+    client = valkey.client()
+    owned = [keys.circuit(CIRCUIT), keys.concurrency_holders(LIMITED_TASK)]
+    client.delete(*owned)
+    queue = queue_name(registry.get()[DEPTH_TASK], settings.CONFIG.per_task_queues)
+    broker.client().delete(*(keys.broker_queue(queue, s) for s in keys.BROKER_PRIORITY_STEPS))
+    yield
+    client.delete(*owned)
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    # Whole milliseconds, as the circuit stores them, so times compare exactly.
+    now = SYSTEM.now()
+    return FrozenClock(now.replace(microsecond=now.microsecond // 1000 * 1000))
+
+
+@pytest.fixture
+def staff() -> User:
+    return User.objects.create_user("ops", password="unused-pw", is_staff=True)
+
+
+@pytest.fixture
+def api(staff: User) -> Client:
+    return Client(headers={"Authorization": f"Bearer {tokens.issue(staff, 'tests')[1]}"})
+
+
+def _open_circuit(clock: FrozenClock) -> None:
+    """As many fatal failures in a row as open a circuit, through the hook the runner calls."""
+    breaker = CircuitBreaker(clock=clock)
+    definition = registry.get()[CIRCUIT]
+    for _ in range(settings.CONFIG.circuit_failure_threshold):
+        admission = Admission(definition, new_run_id(), "identity", 5, {"kind": "manual"})
+        breaker.admit(admission)
+        breaker.finished(
+            Outcome(definition, admission.run_id, "test-owner", RunState.FAILED, ErrorKind.FATAL)
+        )
+    assert status(CIRCUIT, clock=clock).state == CircuitState.OPEN
+
+
+def _fill_quota() -> str:
+    """Takes QUOTA_TASK's one run of the day, then is refused a second; returns the run id.
+
+    Fresh identities each time: identity keys outlive a test's database."""
+    started = start_run(QUOTA_TASK, {"key": new_run_id()}, trigger=TriggerKind.MANUAL)
+    with pytest.raises(QuotaExceeded):
+        start_run(QUOTA_TASK, {"key": new_run_id()}, trigger=TriggerKind.MANUAL)
+    return started.run_id
+
+
+def _status(client: Client, task_id: str) -> dict[str, Any]:
+    response = client.get(f"{TASKS}/{task_id}")
+    assert response.status_code == 200
+    body: dict[str, Any] = response.json()
+    assert body["id"] == task_id
+    return body["status"]
+
+
+def _moment(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+# --- the API ---------------------------------------------------------------------------------
+
+
+def test_an_open_circuit_shows_when_it_half_opens(api: Client, clock: FrozenClock) -> None:
+    _open_circuit(clock)
+
+    circuit = _status(api, CIRCUIT)["circuit"]
+
+    assert circuit["state"] == "open"
+    assert (circuit["consecutive_failures"], circuit["reopen_count"]) == (5, 1)
+    assert _moment(circuit["opened_at"]) == clock.now()
+    assert _moment(circuit["half_open_at"]) == clock.now() + MINUTE
+    # Read on the system clock, a little after the frozen one.
+    assert 0 < circuit["time_to_half_open_s"] <= MINUTE.total_seconds()
+    assert circuit["forced_until"] is None and circuit["forced_by"] is None
+    listed = {task["id"]: task["status"] for task in api.get(TASKS).json()}
+    assert set(listed) == set(registry.get())
+    assert listed[CIRCUIT]["circuit"]["state"] == "open"
+    assert listed["test-noop"]["circuit"]["state"] == "closed"
+    assert listed["test-noop"]["circuit"]["time_to_half_open_s"] is None
+
+
+def test_quota_use_and_refusals_of_today(api: Client) -> None:
+    definition = registry.get()[QUOTA_TASK]
+    run_id = _fill_quota()
+    # The runner's end of a run, through the quota hook.
+    DailyQuota().finished(Outcome(definition, run_id, "test-owner", RunState.COMPLETED))
+
+    found = _status(api, QUOTA_TASK)
+
+    day = TaskQuotaUsage.objects.get(task_id=QUOTA_TASK).day
+    assert found["quota_today"] == {
+        "day": day.isoformat(),
+        "started": 1,
+        "completed": 1,
+        "failed": 0,
+        "max_runs_per_day": 1,
+    }
+    assert found["refusals_today"] == {"quota_exceeded": 1}
+    untouched = _status(api, "test-noop")
+    assert untouched["quota_today"]["started"] == 0
+    assert untouched["quota_today"]["max_runs_per_day"] is None
+    assert untouched["refusals_today"] == {}
+
+
+def test_queue_depth_of_the_class_against_its_cap(api: Client, settings: LazySettings) -> None:
+    caps = {**settings.CONFIG.queue_depth_cap_overrides, "embedding": 5}
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, queue_depth_cap_overrides=caps)
+    for _ in range(2):
+        start_run(DEPTH_TASK, {}, trigger=TriggerKind.MANUAL)
+
+    queue = _status(api, DEPTH_TASK)["queue"]
+
+    assert queue == {"resource_class": "embedding", "waiting": 2, "cap": 5}
+
+
+def test_running_against_the_concurrency_limit(api: Client) -> None:
+    definition = registry.get()[LIMITED_TASK]
+    held = Pickup(definition, new_run_id(), "test-owner")
+    ConcurrencyLimit().before_claim(held)
+    # A crashed holder whose lease ran out (on Valkey's clock) holds nothing any more.
+    seconds, micros = valkey.client().time()
+    valkey.client().zadd(
+        keys.concurrency_holders(LIMITED_TASK),
+        {concurrency.holder(new_run_id(), "dead-owner"): seconds * 1000 + micros // 1000 - 1},
+    )
+
+    assert _status(api, LIMITED_TASK)["concurrency"] == {"running": 1, "limit": 2}
+
+    ConcurrencyLimit().finished(Outcome(definition, held.run_id, "test-owner", RunState.COMPLETED))
+    assert _status(api, LIMITED_TASK)["concurrency"] == {"running": 0, "limit": 2}
+    # A task without max_concurrent shows its default limit (its queue is private: idle).
+    unlimited = registry.get()["test-bp-drop"]
+    assert _status(api, "test-bp-drop")["concurrency"] == {
+        "running": 0,
+        "limit": concurrency.limit_of(unlimited),
+    }
+
+
+def test_rate_limit_is_shown_when_the_task_has_one(api: Client) -> None:
+    assert _status(api, "test-rated")["rate"] == "10/s"
+    assert _status(api, "test-noop")["rate"] is None
+
+
+def test_every_task_costs_one_query_for_quotas_and_one_for_lost_circuits() -> None:
+    definitions = list(registry.get().values())
+
+    with CaptureQueriesContext(connection) as queries:
+        found = overview.task_statuses(definitions)
+
+    assert list(found) == [definition.id for definition in definitions]
+    # No circuit hash exists yet, so the lost-hash lookup runs too: two queries in all.
+    assert len(queries) == 2
+
+
+def test_force_enable_over_the_api_closes_an_open_circuit(api: Client, clock: FrozenClock) -> None:
+    _open_circuit(clock)
+
+    response = api.post(_force_url(CIRCUIT))
+
+    assert response.status_code == 200
+    forced = response.json()
+    assert forced["state"] == "closed"
+    assert forced["time_to_half_open_s"] is None
+    assert forced["forced_by"] == "ops"
+    ttl = timedelta(milliseconds=settings.CONFIG.circuit_force_enable_ttl_ms)
+    assert clock.now() + ttl <= _moment(forced["forced_until"]) <= SYSTEM.now() + ttl
+    assert _status(api, CIRCUIT)["circuit"] == forced
+    assert TaskCircuitState.objects.get(task_id=CIRCUIT).forced_by == "ops"
+    # Starts are admitted again.
+    CircuitBreaker(clock=clock).admit(
+        Admission(registry.get()[CIRCUIT], new_run_id(), "identity", 5, {"kind": "manual"})
+    )
+
+
+def test_force_enable_over_a_staff_session_needs_the_csrf_token(
+    staff: User, clock: FrozenClock
+) -> None:
+    _open_circuit(clock)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff)
+
+    refused = client.post(_force_url(CIRCUIT))
+    assert refused.status_code == 403
+    assert status(CIRCUIT).state == CircuitState.OPEN
+
+    secret = "a" * 32  # an unmasked CSRF secret: the cookie and the header must agree
+    client.cookies[settings.CSRF_COOKIE_NAME] = secret
+    forced = client.post(_force_url(CIRCUIT), HTTP_X_CSRFTOKEN=secret)
+    assert forced.status_code == 200
+    assert forced.json()["forced_by"] == "ops"
+
+
+def test_unknown_task_is_a_json_404(api: Client) -> None:
+    for response in (api.get(f"{TASKS}/no-such-task"), api.post(_force_url("no-such-task"))):
+        assert response.status_code == 404
+        assert response.json() == {"detail": "unknown task 'no-such-task'"}
+
+
+def test_credentials_are_required_and_refused_calls_change_nothing(clock: FrozenClock) -> None:
+    _open_circuit(clock)
+    anonymous = Client()
+    viewer = User.objects.create_user("viewer")
+    not_staff = Client(headers={"Authorization": f"Bearer {tokens.issue(viewer)[1]}"})
+
+    for path in (TASKS, f"{TASKS}/{CIRCUIT}"):
+        assert anonymous.get(path).status_code == 401
+        assert not_staff.get(path).status_code == 403
+    unauthenticated = anonymous.post(_force_url(CIRCUIT))
+    assert unauthenticated.status_code == 401
+    assert unauthenticated["WWW-Authenticate"] == "Bearer"
+    assert not_staff.post(_force_url(CIRCUIT)).status_code == 403
+
+    assert status(CIRCUIT).state == CircuitState.OPEN
+
+
+def test_openapi_lists_the_task_endpoints() -> None:
+    paths = Client().get("/api/v1/openapi.json").json()["paths"]
+
+    assert set(paths[f"{TASKS}/{{task_id}}"]) == {"get"}
+    assert set(paths[f"{TASKS}/{{task_id}}/circuit/force-enable"]) == {"post"}
+
+
+# --- the admin -------------------------------------------------------------------------------
+
+
+def _row(page: str, task_id: str) -> str:
+    start = page.index(f'<tr id="task-{task_id}"')
+    return page[start : page.index("</tr>", start)]
+
+
+def test_admin_tasks_page_shows_every_tasks_status(
+    staff: User, clock: FrozenClock, settings: LazySettings, admin_client: Client
+) -> None:
+    _open_circuit(clock)
+    caps = {**settings.CONFIG.queue_depth_cap_overrides, "embedding": 5}
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, queue_depth_cap_overrides=caps)
+    start_run(DEPTH_TASK, {}, trigger=TriggerKind.MANUAL)
+    _fill_quota()
+    held = Pickup(registry.get()[LIMITED_TASK], new_run_id(), "test-owner")
+    ConcurrencyLimit().before_claim(held)
+    client = Client()
+    client.force_login(staff)
+
+    # The runs list needs the view permission; the status page only staff.
+    changelist = admin_client.get("/admin/orchestrator/taskhistory/").content.decode()
+    response = client.get(ADMIN_TASKS)
+
+    assert f'href="{ADMIN_TASKS}"' in changelist
+    assert response.status_code == 200
+    page = response.content.decode()
+    for task_id in registry.get():
+        assert f'<tr id="task-{task_id}"' in page
+        assert f'action="{_admin_force_url(task_id)}"' in page
+    circuit = _row(page, CIRCUIT)
+    assert "<strong>open</strong>" in circuit
+    assert "half-opens in " in circuit
+    assert (clock.now() + MINUTE).strftime("%Y-%m-%d %H:%M:%S") in circuit
+    assert "5 failures in a row" in circuit
+    assert '<td class="queue">1 / 5 (embedding)</td>' in _row(page, DEPTH_TASK)
+    quota = _row(page, QUOTA_TASK)
+    assert '<td class="quota">1 / 0 / 0 of 1</td>' in quota
+    assert "quota_exceeded: 1" in quota
+    assert '<td class="concurrency">1 / 2</td>' in _row(page, LIMITED_TASK)
+    assert '<td class="rate">10/s</td>' in _row(page, "test-rated")
+
+
+def test_admin_force_enable_closes_the_circuit_and_says_so(staff: User, clock: FrozenClock) -> None:
+    _open_circuit(clock)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff)
+
+    refused = client.post(_admin_force_url(CIRCUIT))
+    assert refused.status_code == 403
+    assert status(CIRCUIT).state == CircuitState.OPEN
+
+    page = client.get(ADMIN_TASKS)
+    token = client.cookies[settings.CSRF_COOKIE_NAME].value
+    assert page.status_code == 200
+    forced = client.post(_admin_force_url(CIRCUIT), {"csrfmiddlewaretoken": token})
+
+    assert forced.status_code == 302
+    assert forced["Location"] == ADMIN_TASKS
+    after = status(CIRCUIT)
+    assert after.state == CircuitState.CLOSED
+    assert after.forced_by == "ops" and after.forced_until is not None
+    shown = client.get(ADMIN_TASKS).content.decode()
+    assert f"The circuit of {CIRCUIT} is closed and force-enabled until" in shown
+    assert "forced by ops until" in _row(shown, CIRCUIT)
+
+
+def test_admin_force_enable_is_a_post_for_staff_on_known_tasks(
+    staff: User, clock: FrozenClock
+) -> None:
+    _open_circuit(clock)
+    visitor = Client()
+    visitor.force_login(User.objects.create_user("visitor"))
+    admin = Client()
+    admin.force_login(staff)
+
+    for response in (visitor.get(ADMIN_TASKS), visitor.post(_admin_force_url(CIRCUIT))):
+        assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    assert admin.get(_admin_force_url(CIRCUIT)).status_code == 405
+    assert admin.post(_admin_force_url("no-such-task")).status_code == 404
+
+    assert status(CIRCUIT).state == CircuitState.OPEN

@@ -1,0 +1,543 @@
+"""The reconciler, one tick at a time, on real Postgres and Redis (STYLE example 10).
+
+Rows are seeded in each state with heartbeat ages around the thresholds (set in SQL relative
+to the Postgres clock), live hashes present, absent or stale (relative to Redis's clock); one
+tick runs; each row's outcome and the tick's counts are asserted. Pending runs use a private
+queue, so no shared worker takes their messages.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+
+from orchestrator import broker, drain, keys, live, liveness, valkey
+from orchestrator.liveness import Fence
+from orchestrator.locks import LockLost, LoopLock
+from orchestrator.models import TaskHistory, TaskQuotaUsage
+from orchestrator.reconciler import Reconciler
+from orchestrator.start import new_run_id, start_run
+from orchestrator.states import RunState
+from orchestrator.triggers import TriggerKind
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+OWNER = "host-a:4242:DEADBEEF"
+THRESHOLD = 300  # LUMASTRA_ORPHAN_THRESHOLD_S default
+BOOT_THRESHOLD = 120  # LUMASTRA_ORPHAN_BOOT_THRESHOLD_S default
+PRIVATE = "test-record-order"
+PRIVATE_QUEUE = f"task.t.{PRIVATE}"
+UNACKED_TAG = "test-reconciler-unacked"
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> None:
+    valkey.client().delete(
+        keys.orchestrator_lock("reconciler"),
+        keys.orchestrator_lock("drain"),
+        keys.drain_pending(),
+        keys.drain_inflight(),
+        keys.drain_backoff(),
+        keys.drain_failures(),
+    )
+    _empty_queue()
+    broker.client().hdel(keys.BROKER_UNACKED, UNACKED_TAG)
+
+
+def _empty_queue() -> None:
+    broker.client().delete(
+        *(keys.broker_queue(PRIVATE_QUEUE, step) for step in keys.BROKER_PRIORITY_STEPS)
+    )
+
+
+def _waiting_messages() -> list[str]:
+    """Run ids of the messages waiting in the private queue, read straight from the lists."""
+    found = []
+    for step in keys.BROKER_PRIORITY_STEPS:
+        for raw in broker.client().lrange(keys.broker_queue(PRIVATE_QUEUE, step), 0, -1):
+            found.append(json.loads(raw)["headers"]["id"].rpartition("#")[2])
+    return found
+
+
+def _valkey_ms() -> int:
+    seconds, micros = valkey.client().time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _age(run_id: str, **ages_s: int | None) -> None:
+    """Set timestamp columns to `now() - age` by the Postgres clock (None: NULL)."""
+    allowed = {"heartbeat_at", "started_at", "updated_at", "created_at", "not_before"}
+    assert set(ages_s) <= allowed
+    with connection.cursor() as cursor:
+        for column, age in ages_s.items():
+            if age is None:
+                cursor.execute(f"UPDATE task_history SET {column} = NULL WHERE id = %s", [run_id])
+            else:
+                cursor.execute(
+                    f"UPDATE task_history SET {column} = now() - %s * interval '1 second' "
+                    "WHERE id = %s",
+                    [age, run_id],
+                )
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    state: str
+    beat_age: int | None  # task_history.heartbeat_at, seconds ago (None: NULL)
+    started_age: int | None
+    live_hash: str  # gone | fresh | stale | no-beat-old | pending
+    expected: str
+    updated_age: int = 0
+
+
+# Ages sit about 20 s either side of the 300 s threshold, so the seconds a test takes cannot
+# move a row across it.
+TABLE = [
+    Row("active, stale, hash gone", "active", 400, 500, "gone", "failed"),
+    Row("active, stale, hash heartbeat stale too", "active", 400, 500, "stale", "failed"),
+    Row("active, stale, stray live heartbeat", "active", 400, 500, "fresh", "active"),
+    Row("active, just past the threshold", "active", 320, 500, "gone", "failed"),
+    Row("active, just under the threshold", "active", 280, 500, "gone", "active"),
+    Row("active, beating", "active", 10, 500, "fresh", "active"),
+    Row("active, no heartbeat yet, started long ago", "active", None, 400, "gone", "failed"),
+    Row("active, no heartbeat yet, started lately", "active", None, 100, "gone", "active"),
+    Row("active, hash never beat, old update", "active", 400, 500, "no-beat-old", "failed"),
+    Row("cancelling, stale, hash gone", "cancelling", 400, 500, "gone", "cancelled"),
+    Row("cancelling, stale, stray live heartbeat", "cancelling", 400, 500, "fresh", "cancelling"),
+    Row("cancelled before pickup, long ago", "cancelling", None, None, "gone", "cancelled", 400),
+    Row("cancelled before pickup, lately", "cancelling", None, None, "gone", "cancelling", 100),
+    Row("completed long ago", "completed", 5000, 5000, "gone", "completed", 5000),
+    Row("failed long ago", "failed", 5000, 5000, "gone", "failed", 5000),
+    Row("pending, young", "pending", None, None, "pending", "pending", 10),
+]
+
+
+def _seed(row: Row, task_id: str = "test-noop") -> str:
+    run_id = new_run_id()
+    started = row.started_age is not None
+    TaskHistory.objects.create(
+        id=run_id,
+        task_id=task_id,
+        state=row.state,
+        trigger={"kind": "manual"},
+        input={},
+        priority=5,
+        identity=run_id,
+        owner_instance_id=OWNER if started else "",
+        error={"kind": "permanent", "message": "before"} if row.state == "failed" else None,
+    )
+    _age(
+        run_id,
+        heartbeat_at=row.beat_age,
+        started_at=row.started_age,
+        updated_at=row.updated_age,
+    )
+    if row.live_hash == "gone":
+        return run_id
+    live.seed(run_id, task_id, 5, ())
+    if row.live_hash == "pending":
+        return run_id
+    live.claim(run_id, OWNER)
+    if row.state == "cancelling":
+        live.transition(run_id, RunState.CANCELLING, owner=OWNER)
+    now = _valkey_ms()
+    active_key = keys.run_active(run_id)
+    if row.live_hash == "fresh":
+        valkey.client().hset(active_key, "heartbeat_at", now - 5_000)
+    elif row.live_hash == "stale":
+        valkey.client().hset(active_key, "heartbeat_at", now - 400_000)
+    elif row.live_hash == "no-beat-old":
+        valkey.client().hset(active_key, "updated_at", now - 400_000)
+    return run_id
+
+
+def _failed_count(task_id: str) -> int:
+    return sum(TaskQuotaUsage.objects.filter(task_id=task_id).values_list("failed", flat=True))
+
+
+def test_one_tick_ends_exactly_the_orphans() -> None:
+    seeded = {row.label: _seed(row) for row in TABLE}
+
+    report = Reconciler().tick()
+
+    outcomes = {row.label: TaskHistory.objects.get(id=seeded[row.label]).state for row in TABLE}
+    assert outcomes == {row.label: row.expected for row in TABLE}
+    for row in TABLE:
+        ended = TaskHistory.objects.get(id=seeded[row.label])
+        if row.expected == row.state:
+            assert row.state in ("completed", "failed") or ended.error is None, row.label
+            continue
+        assert ended.error["kind"] == "orphaned", row.label
+        assert ended.error["owner"] == (OWNER if row.started_age is not None else ""), row.label
+        assert "stopped heartbeating" in ended.error["message"], row.label
+        assert ended.finished_at is not None, row.label
+        snapshot = live.read(ended.id)
+        if row.live_hash == "gone":
+            assert snapshot == {}, row.label
+        else:
+            assert snapshot["state"] == row.expected, row.label
+    assert report.liveness.orphaned == 5
+    assert report.liveness.cancelled == 2
+    assert report.liveness.kept_alive == 2
+    assert report.liveness.errors == report.pending.errors == 0
+    assert report.pending.republished == 0
+    # The hooks heard of each orphan once: the daily quota counts five failures.
+    assert _failed_count("test-noop") == 5
+
+
+def test_the_message_names_the_heartbeat_age_and_the_owner() -> None:
+    run_id = _seed(Row("x", "active", 400, 500, "stale", "failed"))
+
+    Reconciler().tick()
+
+    message = TaskHistory.objects.get(id=run_id).error["message"]
+    assert "last heartbeat 400s ago (threshold 300s)" in message
+    assert OWNER in message
+    assert "live hash heartbeat 400s old" in message
+    assert TaskHistory.objects.get(id=run_id).error["heartbeat_age_s"] == 400
+
+
+def test_a_stray_live_heartbeat_keeps_a_run_alive_tick_after_tick() -> None:
+    run_id = _seed(Row("x", "active", 4000, 5000, "fresh", "active"))
+    reconciler = Reconciler()
+
+    for _ in range(3):
+        assert reconciler.tick().liveness.kept_alive == 1
+
+    assert TaskHistory.objects.get(id=run_id).state == "active"
+    assert live.read(run_id)["state"] == "active"
+
+
+def test_an_orphan_ended_by_the_tick_is_not_touched_again() -> None:
+    run_id = _seed(Row("x", "active", 400, 500, "gone", "failed"))
+    reconciler = Reconciler()
+    reconciler.tick()
+    # A late heartbeat of its old owner reaches the live hash: it must not bring it back.
+    valkey.client().hset(keys.run_active(run_id), "heartbeat_at", _valkey_ms())
+
+    report = reconciler.tick()
+
+    assert report.stale == 0
+    assert TaskHistory.objects.get(id=run_id).state == "failed"
+    assert _failed_count("test-noop") == 1
+
+
+def test_boot_recovery_uses_the_boot_threshold() -> None:
+    between = _seed(Row("x", "active", 200, 500, "gone", "failed"))
+    young = _seed(Row("y", "active", 60, 500, "gone", "active"))
+
+    reconciler = Reconciler()
+
+    regular = reconciler.tick()
+
+    assert regular.stale == 0
+    assert TaskHistory.objects.get(id=between).state == "active"
+
+    boot = reconciler.tick(boot=True)
+
+    assert boot.boot and boot.liveness.orphaned == 1
+    assert TaskHistory.objects.get(id=between).state == "failed"
+    assert "threshold 120s" in TaskHistory.objects.get(id=between).error["message"]
+    assert TaskHistory.objects.get(id=young).state == "active"
+
+
+def test_an_idle_tick_makes_one_query() -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    _seed(Row("beating", "active", 10, 500, "fresh", "active"))
+    reconciler = Reconciler()
+
+    with CaptureQueriesContext(connection) as queries:
+        report = reconciler.tick()
+
+    assert report.acted == 0 and not report.skipped
+    assert len(queries.captured_queries) == 1
+
+
+def test_one_bad_row_does_not_stop_the_batch() -> None:
+    bad = _seed(Row("bad", "active", 500, 600, "gone", "failed"))
+    good = [_seed(Row(f"good{i}", "active", 400, 500, "gone", "failed")) for i in range(3)]
+    # The bad row's live key is not a hash: it cannot be judged.
+    valkey.client().set(keys.run_active(bad), "not a hash")
+
+    report = Reconciler().tick()
+
+    assert report.liveness.errors == 1
+    assert report.liveness.orphaned == 3
+    assert TaskHistory.objects.get(id=bad).state == "active"
+    assert all(TaskHistory.objects.get(id=g).state == "failed" for g in good)
+    valkey.client().delete(keys.run_active(bad))
+
+
+def test_a_row_deleted_or_refreshed_after_the_query_is_left_alone() -> None:
+    deleted = _seed(Row("deleted", "active", 400, 500, "gone", "failed"))
+    refreshed = _seed(Row("refreshed", "active", 400, 500, "gone", "failed"))
+    ended = _seed(Row("ended", "active", 400, 500, "gone", "failed"))
+    lock = LoopLock("reconciler-test", timedelta(seconds=30))
+    assert lock.hold()
+    stale, _ = liveness.candidates(stale_after_s=THRESHOLD, pending_after_s=60, limit=100)
+    assert {c.run_id for c in stale} == {deleted, refreshed, ended}
+
+    TaskHistory.objects.filter(id=deleted).delete()
+    _age(refreshed, heartbeat_at=1)  # its worker beat meanwhile
+    TaskHistory.objects.filter(id=ended).update(state="completed")
+
+    report = liveness.end_orphans(stale, THRESHOLD, fence=lock)
+
+    assert report.raced == 3 and report.errors == 0 and report.orphaned == 0
+    assert TaskHistory.objects.get(id=refreshed).state == "active"
+    assert TaskHistory.objects.get(id=ended).state == "completed"
+    lock.release()
+
+
+def test_a_run_whose_terminal_write_waits_in_the_drain_is_not_an_orphan() -> None:
+    run_id = _seed(Row("x", "active", 400, 500, "stale", "failed"))
+    finished = {"result": {"ok": True}, "finished_at": timezone.now()}
+    assert drain.push(run_id, RunState.COMPLETED, finished, OWNER)
+    # Postgres failed the last replays: the drain is backing off, so the tick's flush waits.
+    valkey.client().set(keys.drain_backoff(), 3, px=60_000)
+
+    report = Reconciler().tick()
+
+    assert report.drain.backing_off
+    assert report.in_drain == 1 and report.liveness.orphaned == 0
+    assert TaskHistory.objects.get(id=run_id).state == "active"
+    assert drain.replay(force=True).applied == 1
+    assert TaskHistory.objects.get(id=run_id).state == "completed"
+    assert live.read(run_id)["state"] == "completed"
+
+
+# --- pending runs and the broker -------------------------------------------------------------
+
+
+def _pending(label: str, age_s: int) -> str:
+    run_id = start_run(PRIVATE, {"label": label}, trigger=TriggerKind.MANUAL).run_id
+    _age(run_id, updated_at=age_s, created_at=age_s)
+    return run_id
+
+
+def test_a_pending_run_whose_message_is_gone_is_published_again() -> None:
+    run_id = _pending("lost", 90)
+    assert _waiting_messages() == [run_id]
+    _empty_queue()
+
+    report = Reconciler().tick()
+
+    assert report.pending.republished == 1
+    assert _waiting_messages() == [run_id]
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+    assert live.read(run_id)["state"] == "pending"
+
+
+def test_a_pending_run_whose_message_waits_is_left_alone() -> None:
+    run_id = _pending("queued", 90)
+
+    report = Reconciler().tick()
+
+    assert report.pending.waiting == 1
+    assert report.pending.republished == 0
+    assert _waiting_messages() == [run_id]
+
+
+def test_a_message_held_by_a_worker_counts_as_present() -> None:
+    run_id = _pending("taken", 90)
+    # What kombu does when a worker takes a message with acks_late: off the list, into the
+    # unacked hash under its delivery tag.
+    list_name, raw = _find_message(run_id)
+    assert broker.client().lrem(list_name, 1, raw) == 1
+    entry = json.dumps([json.loads(raw), "", PRIVATE_QUEUE])
+    broker.client().hset(keys.BROKER_UNACKED, UNACKED_TAG, entry)
+
+    report = Reconciler().tick()
+
+    assert report.pending.waiting == 1 and report.pending.republished == 0
+    assert _waiting_messages() == []
+
+
+def test_a_young_pending_run_is_not_checked() -> None:
+    run_id = _pending("young", 30)
+    _empty_queue()
+
+    report = Reconciler().tick()
+
+    assert report.pending_checked == 0
+    assert _waiting_messages() == []
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+
+
+def test_a_lost_live_hash_is_seeded_again() -> None:
+    waiting = _pending("hash lost, message waits", 90)
+    lost = _pending("hash and message lost", 90)
+    valkey.client().delete(keys.run_active(waiting), keys.run_active(lost))
+    list_name, raw = _find_message(lost)
+    broker.client().lrem(list_name, 1, raw)
+
+    report = Reconciler().tick()
+
+    assert report.pending.reseeded == 2
+    assert report.pending.republished == 1
+    assert live.read(waiting)["state"] == live.read(lost)["state"] == "pending"
+    assert sorted(_waiting_messages()) == sorted([waiting, lost])
+
+
+def _find_message(run_id: str) -> tuple[str, str]:
+    """(the broker list holding the run's message, the message as stored)."""
+    for step in keys.BROKER_PRIORITY_STEPS:
+        name = keys.broker_queue(PRIVATE_QUEUE, step)
+        for raw in broker.client().lrange(name, 0, -1):
+            if json.loads(raw)["headers"]["id"].endswith(f"#{run_id}"):
+                return name, str(raw)
+    raise AssertionError(f"no message for {run_id}")
+
+
+def test_a_backlog_of_pending_runs_is_checked_a_page_per_tick() -> None:
+    runs = [_pending(f"page{i}", 90 + i) for i in range(3)]
+    _empty_queue()
+    reconciler = Reconciler(batch=2)
+
+    ticks = [reconciler.tick().pending for _ in range(3)]
+
+    assert [(t.republished, t.waiting) for t in ticks] == [(2, 0), (1, 0), (0, 2)]
+    assert sorted(_waiting_messages()) == sorted(runs)
+    reconciler.release()
+
+
+def test_a_pending_run_past_the_deadline_is_failed() -> None:
+    expired = _pending("a day old", 86_400 + 100)
+    recent = _pending("an hour old", 3_600)
+
+    report = Reconciler().tick()
+
+    assert report.pending.failed == 1
+    row = TaskHistory.objects.get(id=expired)
+    assert row.state == "failed"
+    assert row.error["kind"] == "orphaned"
+    assert "past the pending deadline of 86400s" in row.error["message"]
+    assert live.read(expired)["state"] == "failed"
+    assert TaskHistory.objects.get(id=recent).state == "pending"
+    assert _failed_count(PRIVATE) == 1
+
+
+# --- the lock: one reconciler per tick, and no write without it ------------------------------
+
+
+def test_two_reconcilers_only_one_acts_per_tick() -> None:
+    orphans = [_seed(Row(f"o{i}", "active", 400, 500, "gone", "failed")) for i in range(4)]
+    reconcilers = [Reconciler(), Reconciler()]
+    barrier = threading.Barrier(2)
+    reports = []
+
+    def tick(reconciler: Reconciler) -> None:
+        barrier.wait()
+        try:
+            reports.append(reconciler.tick())
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=tick, args=(r,)) for r in reconcilers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(r.skipped for r in reports) == [False, True]
+    acted = next(r for r in reports if not r.skipped)
+    assert acted.liveness.orphaned == 4
+    assert all(TaskHistory.objects.get(id=o).state == "failed" for o in orphans)
+    assert _failed_count("test-noop") == 4
+
+
+def test_the_holder_keeps_the_lock_until_it_releases_it() -> None:
+    first, second = Reconciler(), Reconciler()
+
+    assert not first.tick().skipped
+    assert second.tick().skipped
+    assert not first.tick().skipped
+    first.release()
+    assert not second.tick().skipped
+    assert first.tick().skipped
+    second.release()
+
+
+def test_a_reconciler_that_lost_its_lock_writes_nothing() -> None:
+    orphan = _seed(Row("o", "active", 400, 500, "gone", "failed"))
+    reconciler = Reconciler()
+    assert reconciler.lock.hold()
+    stale, _ = liveness.candidates(stale_after_s=THRESHOLD, pending_after_s=60, limit=100)
+    # Its lease ran out and another process took the lock.
+    valkey.client().set(reconciler.lock.key, "another-process")
+
+    with pytest.raises(LockLost):
+        liveness.end_orphans(stale, THRESHOLD, fence=reconciler.lock)
+    report = reconciler.tick()
+
+    assert report.skipped
+    assert TaskHistory.objects.get(id=orphan).state == "active"
+    assert valkey.client().get(reconciler.lock.key) == "another-process"
+
+
+def test_a_tick_that_loses_its_lock_midway_stops_writing() -> None:
+    orphans = [_seed(Row(f"o{i}", "active", 400 + i, 500, "gone", "failed")) for i in range(3)]
+    thief = LoopLock("reconciler", timedelta(seconds=30))
+
+    @dataclass
+    class StealAfterFirst:
+        """A fence that lets one write batch through, then finds the lock taken."""
+
+        inner: Fence
+        calls: int = 0
+
+        def check(self) -> None:
+            self.calls += 1
+            if self.calls == 2:
+                valkey.client().set(thief.key, thief.token)
+            self.inner.check()
+
+    reconciler = Reconciler()
+    assert reconciler.lock.hold()
+    stale, _ = liveness.candidates(stale_after_s=THRESHOLD, pending_after_s=60, limit=100)
+
+    with pytest.raises(LockLost):
+        liveness.end_orphans(stale, THRESHOLD, fence=StealAfterFirst(reconciler.lock))
+
+    states = sorted(TaskHistory.objects.get(id=o).state for o in orphans)
+    assert states == ["active", "active", "failed"]
+    thief.release()
+
+
+@dataclass
+class CountingStep:
+    name: str = "probe"
+    calls: int = 0
+
+    def __call__(self, fence: Fence) -> int:
+        fence.check()
+        self.calls += 1
+        return 2
+
+
+@dataclass
+class BrokenStep:
+    name: str = "broken"
+
+    def __call__(self, fence: Fence) -> int:
+        raise RuntimeError("a step failed")
+
+
+def test_extra_steps_run_under_the_lock_each_alone() -> None:
+    probe = CountingStep()
+    reconciler = Reconciler(steps=[BrokenStep(), probe])
+
+    report = reconciler.tick()
+
+    assert probe.calls == 1
+    assert report.steps == {"probe": 2}
+    assert report.errors == 1
+    reconciler.release()

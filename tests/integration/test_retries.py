@@ -1,0 +1,39 @@
+"""Transient failures retry with backoff on the same run, then fail as attempts exhausted."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import valkey
+from orchestrator.models import TaskHistory
+from orchestrator.start import start_run
+from orchestrator.triggers import TriggerKind
+from tests.support.fixtures import wait_for, worker_process
+from tests.support.task_defs import FLAKY_KEY
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+def _ended(run_id: str) -> TaskHistory | None:
+    row = TaskHistory.objects.get(id=run_id)
+    return row if row.state in ("completed", "failed") else None
+
+
+def test_transient_failures_retry_until_success_and_until_exhausted() -> None:
+    valkey.client().delete(FLAKY_KEY)
+    with worker_process(["task.t.test-flaky"], concurrency=1, name="flaky"):
+        recovers = start_run(
+            "test-flaky", {"label": "recovers", "fail_times": 2}, trigger=TriggerKind.MANUAL
+        )
+        gives_up = start_run(
+            "test-flaky", {"label": "gives-up", "fail_times": 9}, trigger=TriggerKind.MANUAL
+        )
+        done = wait_for(lambda: _ended(recovers.run_id), timeout=30)
+        failed = wait_for(lambda: _ended(gives_up.run_id), timeout=30)
+
+    assert done.state == "completed" and done.attempts == 3
+    assert done.result == {"calls": 3}
+    assert failed.state == "failed" and failed.attempts == 3
+    assert failed.error["kind"] == "transient"
+    assert "attempts exhausted: 3 of 3" in failed.error["message"]
+    assert valkey.client().hget(FLAKY_KEY, "gives-up") == "3"

@@ -1,0 +1,64 @@
+"""Heartbeats and watchdogs on a real worker, with thresholds compressed through settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import keys, live, valkey
+from orchestrator.models import TaskHistory
+from orchestrator.start import start_run
+from orchestrator.triggers import TriggerKind
+from tests.support.fixtures import wait_for, worker_process
+from tests.support.task_defs import SLEEPY_PIDS_KEY
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+FAST = {
+    "LUMASTRA_HEARTBEAT_INTERVAL_S": "1",
+    "LUMASTRA_RUN_STALL_WARN_MS": "1000",
+    "LUMASTRA_RUN_STALL_FAIL_MS": "3000",
+}
+QUEUES = ["task.t.test-sleepy", "task.t.test-hard-timeout"]
+
+
+def _row(run_id: str) -> TaskHistory:
+    return TaskHistory.objects.get(id=run_id)
+
+
+def test_a_running_run_heartbeats_in_both_stores() -> None:
+    with worker_process(QUEUES, concurrency=1, name="beat", env=FAST):
+        handle = start_run("test-sleepy", {"seconds": 2.5}, trigger=TriggerKind.MANUAL)
+        wait_for(lambda: _row(handle.run_id).state == "active")
+        first = _row(handle.run_id).heartbeat_at
+        wait_for(lambda: _row(handle.run_id).heartbeat_at != first, timeout=5)
+        beat = valkey.client().hget(keys.run_active(handle.run_id), "heartbeat_at")
+        wait_for(lambda: _row(handle.run_id).state == "completed", timeout=10)
+
+    assert beat is not None
+    assert _row(handle.run_id).heartbeat_at > first
+
+
+def test_a_run_without_progress_fails_as_stalled() -> None:
+    with worker_process(QUEUES, concurrency=1, name="stall", env=FAST):
+        wedged = start_run(
+            "test-sleepy",
+            {"seconds": 60, "cooperative": False, "progress": False},
+            trigger=TriggerKind.MANUAL,
+        )
+        wait_for(lambda: _row(wedged.run_id).state == "failed", timeout=15)
+
+    row = _row(wedged.run_id)
+    assert row.error["kind"] == "stalled"
+    assert live.read(wedged.run_id)["state"] == "failed"
+    assert valkey.client().hexists(SLEEPY_PIDS_KEY, wedged.run_id)
+
+
+def test_the_hard_timeout_stops_a_handler_that_keeps_yielding() -> None:
+    with worker_process(QUEUES, concurrency=1, name="hard", env=FAST):
+        busy = start_run("test-hard-timeout", {}, trigger=TriggerKind.MANUAL)
+        wait_for(lambda: _row(busy.run_id).state == "failed", timeout=20)
+
+    row = _row(busy.run_id)
+    assert row.error["kind"] == "timeout"
+    assert "hard timeout" in row.error["message"]
+    assert row.duration_s is not None and 2.5 < row.duration_s < 10
