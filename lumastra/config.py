@@ -181,6 +181,18 @@ class Config:
     drain_interval_s: int = _env(
         "LUMASTRA_DRAIN_INTERVAL_S", "5", _positive_int, "seconds between drain replays"
     )
+    worker_max_tasks_per_child: int = _env(
+        "LUMASTRA_WORKER_MAX_TASKS_PER_CHILD",
+        "1000",
+        _positive_int,
+        "runs before a child is recycled",
+    )
+    worker_max_memory_per_child_kb: int = _env(
+        "LUMASTRA_WORKER_MAX_MEMORY_PER_CHILD_KB",
+        "1048576",
+        _positive_int,
+        "resident KiB after which a child is recycled",
+    )
     concurrency_overrides: Mapping[str, int] = field(default_factory=dict)
     queue_depth_cap_overrides: Mapping[str, int] = field(default_factory=dict)
 

@@ -98,6 +98,9 @@ CELERY_BROKER_URL = CONFIG.celery_broker_url
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Recycled children: a leak or a one-off huge run cannot keep a process bloated forever.
+CELERY_WORKER_MAX_TASKS_PER_CHILD = CONFIG.worker_max_tasks_per_child
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = CONFIG.worker_max_memory_per_child_kb
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_SERIALIZER = "json"

@@ -27,7 +27,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from orchestrator import circuit, overview
+from orchestrator import circuit, drain, overview
 from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.hooks import Refused
 from orchestrator.models import ApiToken, TaskHistory
@@ -45,6 +45,9 @@ django_stubs_ext.monkeypatch()
 
 admin.site.site_header = "Lumastra Tasks"
 admin.site.site_title = "Lumastra Tasks"
+
+
+POISON_SHOWN = 50
 
 
 class TaskFilter(admin.SimpleListFilter):
@@ -75,6 +78,19 @@ class TriggerKindFilter(admin.SimpleListFilter):
         # `trigger__kind=` would compare JSON values and miss the index.
         by_kind: QuerySet[Any] = queryset.alias(trigger_kind=KT("trigger__kind"))
         return by_kind.filter(trigger_kind=value)
+
+
+class OutcomeFilter(admin.SimpleListFilter):
+    title = "outcome"
+    parameter_name = "outcome"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("dead-letter", "dead letters (retries exhausted)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "dead-letter":
+            return queryset.filter(state="failed", error__exhausted=True)
+        return queryset
 
 
 class PriorityFilter(admin.SimpleListFilter):
@@ -159,7 +175,7 @@ def _json_display(field_name: str) -> Callable[[Any, TaskHistory], str]:
 @admin.register(TaskHistory)
 class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
     list_display = ["id", "state", "task_id", "trigger_kind", "priority", "created_at", "duration"]
-    list_filter = ["state", TaskFilter, TriggerKindFilter, PriorityFilter]
+    list_filter = ["state", OutcomeFilter, TaskFilter, TriggerKindFilter, PriorityFilter]
     search_fields = ["task_id", "identity"]
     ordering = ["-created_at"]
     list_per_page = 50
@@ -286,6 +302,8 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             "rows": [
                 _TaskRow.of(definition, statuses[definition.id]) for definition in definitions
             ],
+            # Terminal writes the drain gave up on: runs whose end Postgres never recorded.
+            "poisoned": drain.poisoned(POISON_SHOWN),
         }
         return TemplateResponse(request, "admin/orchestrator/tasks.html", context)
 

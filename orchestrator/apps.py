@@ -14,3 +14,9 @@ class OrchestratorConfig(AppConfig):
 
         registry.install(registry.load(settings.CONFIG.task_modules))
         celery_tasks.register_all(registry.get())
+        if settings.CONFIG.worker_mode.value == "enabled":
+            from celery.signals import worker_ready
+
+            from orchestrator import node
+
+            worker_ready.connect(node.on_worker_ready, weak=False)

@@ -22,7 +22,10 @@ def register_all(registry: Registry) -> None:
             continue
 
         def body(task: Task[Any, Any], run_id: str, processing_version: int) -> None:
-            runner.run_message(task.name, run_id, processing_version)
+            # kombu marks a message it restored after a lost worker or an expired
+            # visibility timeout; new messages (retries, postponements) are not counted.
+            redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
+            runner.run_message(task.name, run_id, processing_version, redelivered)
 
         shared_task(
             name=definition.id,

@@ -104,3 +104,8 @@ def read(run_id: str) -> RunHash:
     client = valkey.client()
     found = client.hgetall(keys.run_active(run_id)) or client.hgetall(keys.run_terminal(run_id))
     return cast(RunHash, found)
+
+
+def count_delivery(run_id: str) -> int:
+    """One more delivery of the run's message; 0 when the run has no live hash."""
+    return int(scripts.call("count_delivery", [keys.run_active(run_id)], ["delivery"]))

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from django.conf import settings
 
-    from orchestrator import drain
+    from orchestrator import drain, node
     from orchestrator.reconciler import Reconciler
 
     config = settings.CONFIG
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     reconciler = Reconciler()
+    stop = threading.Event()
     loops = [
         Loop(
             "reconciler",
@@ -117,13 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         ),
         Loop("drain", config.drain_interval_s, drain.replay),
     ]
+    node.keep_announcing(node.this_node("loops", []), stop)
     if args.once:
         for loop in loops:
             run_tick(loop.name, loop.first or loop.tick)
         reconciler.release()
         return 0
-
-    stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("loops: %s received, stopping", signal.Signals(signum).name)

@@ -50,15 +50,19 @@ REQUEUE_PAUSE_S = 1.0
 MAX_BROKER_DELAY = timedelta(seconds=10)
 
 
-def run_message(task_id: str, run_id: str, processing_version: int) -> None:
+def run_message(
+    task_id: str, run_id: str, processing_version: int, redelivered: bool = False
+) -> None:
     close_old_connections()
     try:
-        _run(registry.get()[task_id], run_id, processing_version)
+        _run(registry.get()[task_id], run_id, processing_version, redelivered)
     finally:
         close_old_connections()
 
 
-def _run(definition: TaskDefinition, run_id: str, processing_version: int) -> None:
+def _run(
+    definition: TaskDefinition, run_id: str, processing_version: int, redelivered: bool
+) -> None:
     if processing_version > definition.processing_version:
         time.sleep(REQUEUE_PAUSE_S)
         raise Reject(
@@ -69,6 +73,12 @@ def _run(definition: TaskDefinition, run_id: str, processing_version: int) -> No
     row = TaskHistory.objects.filter(id=run_id).first()
     if row is None:
         log.error("run %s: message for a run Postgres does not have; dropped", run_id)
+        return
+    deliveries = live.count_delivery(row.id) if redelivered else 0
+    if deliveries >= settings.CONFIG.max_deliveries and row.state not in TERMINAL_RUN_STATES:
+        # A message that keeps coming back (its worker dies every time, or a visibility
+        # timeout shorter than the run) ends here instead of looping forever.
+        _give_up(definition, row, deliveries)
         return
     if row.state != RunState.PENDING:
         _not_pending(definition, row)
@@ -141,8 +151,11 @@ def _execute(definition: TaskDefinition, row: TaskHistory, pickup: Pickup) -> No
         if exc.kind is ErrorKind.TRANSIENT and row.attempts + 1 < definition.retry.max_attempts:
             _retry_later(definition, row, pickup, str(exc))
         elif exc.kind is ErrorKind.TRANSIENT:
+            # A dead letter: the admin's "outcome" filter lists runs marked exhausted.
             attempts = definition.retry.max_attempts
-            end(RunState.FAILED, exc.kind, f"{exc} (attempts exhausted: {attempts} of {attempts})")
+            message = f"{exc} (attempts exhausted: {attempts} of {attempts})"
+            error = terminal.error_doc(exc.kind, message, exhausted=True)
+            terminal.finish(definition, row.id, owner, RunState.FAILED, error=error)
         else:
             end(RunState.FAILED, exc.kind, str(exc))
     except SoftTimeLimitExceeded:
@@ -249,6 +262,19 @@ def _not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
             terminal.finish(definition, row.id, owner, RunState.FAILED, error=error)
     else:
         log.info("run %s: redelivered while %s with a live owner; dropped", row.id, row.state)
+
+
+def _give_up(definition: TaskDefinition, row: TaskHistory, deliveries: int) -> None:
+    error = terminal.error_doc(
+        ErrorKind.WORKER_LOST,
+        f"message redelivered {deliveries} times (LUMASTRA_MAX_DELIVERIES); giving up",
+    )
+    if row.state == RunState.PENDING:
+        terminal.fail_unstarted(definition, row.id, ErrorKind.WORKER_LOST, error["message"])
+    elif row.state == RunState.CANCELLING:
+        terminal.cancel(definition, row.id, row.owner_instance_id, error=error)
+    else:
+        terminal.finish(definition, row.id, row.owner_instance_id, RunState.FAILED, error=error)
 
 
 def _heartbeat_is_stale(row: TaskHistory) -> bool:

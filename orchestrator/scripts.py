@@ -30,6 +30,7 @@ PINNED_VERSIONS = {
     "heartbeat_run": 1,
     "request_cancel": 1,
     "remove_message": 1,
+    "count_delivery": 1,
     "circuit_admit": 1,
     "circuit_record": 1,
     "circuit_probe": 1,

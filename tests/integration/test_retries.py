@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 
 from orchestrator import valkey
 from orchestrator.models import TaskHistory
@@ -36,4 +37,30 @@ def test_transient_failures_retry_until_success_and_until_exhausted() -> None:
     assert failed.state == "failed" and failed.attempts == 3
     assert failed.error["kind"] == "transient"
     assert "attempts exhausted: 3 of 3" in failed.error["message"]
+    assert failed.error["exhausted"] is True
     assert valkey.client().hget(FLAKY_KEY, "gives-up") == "3"
+
+
+def test_dead_letters_are_listed_in_the_admin(admin_client: Client) -> None:
+    exhausted = TaskHistory.objects.create(
+        id="run_dead",
+        task_id="test-flaky",
+        priority=5,
+        identity="x",
+        state="failed",
+        error={"kind": "transient", "message": "attempts exhausted", "exhausted": True},
+    )
+    TaskHistory.objects.create(
+        id="run_other",
+        task_id="test-flaky",
+        priority=5,
+        identity="y",
+        state="failed",
+        error={"kind": "permanent", "message": "no"},
+    )
+
+    page = admin_client.get(
+        "/admin/orchestrator/taskhistory/", {"outcome": "dead-letter"}
+    ).content.decode()
+
+    assert exhausted.id in page and "run_other" not in page
