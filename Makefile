@@ -19,6 +19,7 @@ run: install
 	$(BIN)/python -m lumastra.preflight
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
+	$(BIN)/python manage.py sync_schedules
 	$(BIN)/python manage.py bootstrap_demo
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho -d . -f deploy/Procfile start
 

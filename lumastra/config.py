@@ -53,6 +53,13 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"must be at least 0, got {value}")
+    return value
+
+
 def _parse_mode(raw: str) -> WorkerMode:
     return WorkerMode(raw.strip().lower())
 
@@ -180,6 +187,24 @@ class Config:
     )
     drain_interval_s: int = _env(
         "LUMASTRA_DRAIN_INTERVAL_S", "5", _positive_int, "seconds between drain replays"
+    )
+    scheduler_tick_s: int = _env(
+        "LUMASTRA_SCHEDULER_TICK_S",
+        "10",
+        _positive_int,
+        "seconds between scheduler ticks (dynamic schedules)",
+    )
+    leader_ttl_s: int = _env(
+        "LUMASTRA_LEADER_TTL_S", "15", _positive_int, "lease of a leader lock lock:orch:<class>"
+    )
+    leader_renew_s: int = _env(
+        "LUMASTRA_LEADER_RENEW_S", "5", _positive_int, "seconds between a leader's renewals"
+    )
+    leader_jitter_ms: int = _env(
+        "LUMASTRA_LEADER_JITTER_MS",
+        "1000",
+        _non_negative_int,
+        "most random delay added to each attempt to take a leader lock",
     )
     worker_max_tasks_per_child: int = _env(
         "LUMASTRA_WORKER_MAX_TASKS_PER_CHILD",

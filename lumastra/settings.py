@@ -25,6 +25,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    "pgtrigger",
     "tasks",
     "orchestrator",
     "coverage",

@@ -33,6 +33,7 @@ from django.conf import settings
 
 from lumastra.config import WorkerMode
 from orchestrator.routing import Pool, plan_pools
+from orchestrator.scheduler.names import SCHEDULER_QUEUE
 from tasks import registry
 from tasks.resources import budgets
 
@@ -144,11 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     pools = plan()
     for pool in pools:
         queues = ",".join(pool.queues)
-        print(f"pool {pool.name}: concurrency {pool.concurrency}, queues {queues}", flush=True)
+        print(
+            f"pool {pool.name}: concurrency {pool.concurrency}, queues {queues},{SCHEDULER_QUEUE}",
+            flush=True,
+        )
     cfg = settings.CONFIG
     print(
         f"loops: reconciler every {cfg.reconcile_interval_s}s "
-        f"(boot recovery at start), drain replay every {cfg.drain_interval_s}s",
+        f"(boot recovery at start), drain replay every {cfg.drain_interval_s}s, "
+        f"scheduler every {cfg.scheduler_tick_s}s (boot catch-up at start)",
         flush=True,
     )
     if args.print_plan:
@@ -159,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     if not pools:
         print("no task is registered: there is nothing to consume", file=sys.stderr)
         return 2
-    commands = {p.name: worker_argv(f"{p.name}@%h", p.concurrency, p.queues, extra) for p in pools}
+    # Every pool also consumes the scheduler's queue: a beat fire is a few milliseconds of
+    # work, and whichever pool has a free process takes it.
+    commands = {
+        p.name: worker_argv(f"{p.name}@%h", p.concurrency, (*p.queues, SCHEDULER_QUEUE), extra)
+        for p in pools
+    }
     commands["loops"] = loops_argv()
     return Supervisor(commands).run()
 

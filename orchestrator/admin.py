@@ -1,5 +1,6 @@
 """The Django admin: runs (read-only, plus a "Start a run" form), the "Tasks" status page
-(with a force-enable button per circuit) and API tokens.
+(with a force-enable button per circuit), the "Nodes" page (live nodes and leaders, read-only)
+and API tokens.
 
 Only the orchestrator writes run state: the start form calls `start_run` and nothing else,
 the force-enable button `circuit.force_enable` and nothing else, and no admin page can add,
@@ -13,7 +14,7 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import django_stubs_ext
@@ -27,7 +28,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from orchestrator import circuit, drain, overview
+from orchestrator import circuit, drain, leader, node, overview
 from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.hooks import Refused
 from orchestrator.models import ApiToken, TaskHistory
@@ -145,6 +146,24 @@ def _span(span: timedelta) -> str:
         return f"{seconds} s"
     minutes = math.ceil(seconds / 60)
     return f"{minutes} min" if minutes < 120 else f"{minutes / 60:.1f} h"
+
+
+@dataclass(frozen=True)
+class _NodeRow:
+    node: node.Node
+    age: str
+    leads: tuple[str, ...]  # the seats this node holds
+
+
+@dataclass(frozen=True)
+class _SeatRow:
+    seat: str
+    instance_id: str | None
+    live: bool  # the leader is in the roster (False: none, or its announcement expired)
+
+
+def _age(started: datetime | None, now: datetime) -> str:
+    return "-" if started is None else _span(max(timedelta(0), now - started))
 
 
 @dataclass(frozen=True)
@@ -287,9 +306,36 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             self.admin_site.admin_view(require_POST(self.force_enable_view)),
             name="orchestrator_task_force_enable",
         )
+        nodes = path(
+            "nodes/", self.admin_site.admin_view(self.nodes_view), name="orchestrator_nodes"
+        )
         # Before the defaults: their `<path:object_id>/` would take "start/" or "tasks/" as a
         # run id.
-        return [start, tasks, force_enable, *super().get_urls()]
+        return [start, tasks, force_enable, nodes, *super().get_urls()]
+
+    def nodes_view(self, request: HttpRequest) -> HttpResponse:
+        """Staff only (admin_view): the node roster and the leader of each seat, read-only."""
+        now = datetime.now(UTC)
+        nodes = sorted(node.roster(), key=lambda n: (n.role, n.host, n.pid))
+        leading = leader.leaders()
+        by_instance: dict[str, list[str]] = {}
+        for seat, instance in leading.items():
+            by_instance.setdefault(instance, []).append(seat)
+        live = {n.instance_id for n in nodes}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Nodes",
+            "opts": self.opts,
+            "nodes": [
+                _NodeRow(n, _age(n.started, now), tuple(by_instance.get(n.instance_id, ())))
+                for n in nodes
+            ],
+            "seats": [
+                _SeatRow(seat, leading.get(seat), leading.get(seat) in live)
+                for seat in leader.all_seats()
+            ],
+        }
+        return TemplateResponse(request, "admin/orchestrator/nodes.html", context)
 
     def tasks_view(self, request: HttpRequest) -> HttpResponse:
         """Staff only (admin_view): every task's admission status, read-only."""

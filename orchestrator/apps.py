@@ -14,6 +14,9 @@ class OrchestratorConfig(AppConfig):
 
         registry.install(registry.load(settings.CONFIG.task_modules))
         celery_tasks.register_all(registry.get())
+        # Registers `lumastra.schedule.dispatch`, the task celery beat's synced rows call.
+        from orchestrator.scheduler import dispatch  # noqa: F401
+
         if settings.CONFIG.worker_mode.value == "enabled":
             from celery.signals import worker_ready
 

@@ -32,9 +32,13 @@ What a replay does with an entry:
   It moves to `task:drain:poison` (newest first, at most POISON_CAP) for an operator;
   `poisoned()` lists them for the admin.
 
-One process applies entries at a time: a pass holds `lock:orch:drain` (orchestrator/locks.py)
-and moves each entry to `task:drain:inflight` while applying it (LMOVE, atomic), so an entry
-whose replayer died mid-way is put back by the next pass instead of being lost.
+One process applies entries at a time: a pass runs under the cluster leadership
+(`lock:orch:cluster`, orchestrator/leader.py): in the loops process only the cluster leader
+replays, checking its seat (`FencedLock.check`, an atomic compare in Lua) before each entry;
+called without a fence (an operator, a test), a pass takes that same lock for itself, and
+finds it busy while a leader holds it. It moves each entry to `task:drain:inflight` while
+applying it (LMOVE, atomic), so an entry whose replayer died mid-way is put back by the next
+pass instead of being lost.
 
 Options: LUMASTRA_DRAIN_INTERVAL_S (the loop in orchestrator/loops.py, and the first backoff
 step); MAX_ENTRIES, MAX_ATTEMPTS, POISON_CAP, BACKOFF_CAP, BATCH and APPLY_LOCK_TIMEOUT below.
@@ -72,8 +76,9 @@ from django.utils import timezone
 
 from orchestrator import durable, keys, lifecycle, live, scripts, valkey
 from orchestrator.hooks import Outcome
+from orchestrator.leader import CLUSTER
 from orchestrator.live import FencedWrite
-from orchestrator.locks import LockLost, LoopLock
+from orchestrator.locks import FencedLock, LockLost, LoopLock
 from orchestrator.models import TaskHistory
 from orchestrator.states import IllegalTransition, RunState
 from tasks import registry
@@ -89,7 +94,6 @@ BACKOFF_CAP = timedelta(seconds=60)
 BATCH = 500
 # A terminal write waits this long for a row lock before counting as a transient failure.
 APPLY_LOCK_TIMEOUT = timedelta(seconds=5)
-LOCK_LEASE = timedelta(seconds=60)
 # Failed passes in a row, remembered across backoffs (reset by a pass without failure).
 FAILURES_TTL = timedelta(hours=1)
 
@@ -252,9 +256,12 @@ def replay(
     limit: int = BATCH,
     lock_timeout: timedelta = APPLY_LOCK_TIMEOUT,
     force: bool = False,
+    fence: FencedLock | None = None,
 ) -> ReplayReport:
     """One pass: apply up to `limit` entries. An empty drain costs one Valkey round trip.
-    `force` ignores the backoff (an operator's flush, tests)."""
+    `force` ignores the backoff (an operator's flush, tests). `fence` is the cluster seat the
+    caller writes under (the leader's, or the reconciler's lock); without one the pass takes
+    `lock:orch:cluster` itself and releases it at the end."""
     report = ReplayReport()
     client = valkey.client()
     pipe = client.pipeline(transaction=False)
@@ -267,7 +274,8 @@ def replay(
     if backing_off and not force:
         report.backing_off = True
         return report
-    lock = LoopLock("drain", LOCK_LEASE)
+    lease = timedelta(seconds=settings.CONFIG.leader_ttl_s)
+    lock: FencedLock = fence or LoopLock(CLUSTER, lease)
     if not lock.hold():
         report.busy = True
         return report
@@ -284,9 +292,10 @@ def replay(
                 break
     except LockLost:
         report.lost_lock = True
-        log.warning("drain: lost lock:orch:drain mid-pass; the next pass carries on")
+        log.warning("drain: lost %s mid-pass; the next pass carries on", lock.key)
     finally:
-        lock.release()
+        if fence is None:
+            lock.release()
     _record_pass(failed=failed)
     if report.done or report.poisoned or report.retried:
         log.info("drain: %s", report)

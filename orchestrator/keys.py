@@ -15,6 +15,9 @@ BROKER_PRIORITY_STEPS = (1, 2, 3, 5, 7)
 # not yet acknowledged, delivery tag → JSON [message, exchange, routing key]. With acks_late a
 # running run's message waits here, and so does a delayed (countdown) message a worker holds.
 BROKER_UNACKED = "unacked"
+# kombu's Redis transport (Channel.unacked_index_key): sorted set, delivery tag → when the
+# worker took the message (the worker's clock, seconds since the epoch).
+BROKER_UNACKED_INDEX = "unacked_index"
 
 
 def broker_queue(queue: str, priority: int) -> str:

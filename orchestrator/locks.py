@@ -8,6 +8,11 @@ atomically, so a holder whose lease ran out, and was taken by another process, l
 before writing and can never renew the other's lease. `release()` deletes the lock only if
 it is still ours (`lua/lock_release.lua`), so a stopping process hands over at once.
 
+`LoopLock` is the one lock mechanism: the leaders of `orchestrator.leader` hold one per
+resource class and one for the cluster (`lock:orch:cluster`), and a loop run outside a loops
+process (an operator's `--once`, a test) takes the cluster lock itself. Both implement
+`FencedLock`, the interface the reconciler and the drain write under.
+
 Not guaranteed: the check narrows the window, it does not close it. A holder paused between
 its check and its write (a long GC pause, SIGSTOP) can still write after losing the lock. The
 loops that use these locks therefore make every write a compare-and-set in Postgres, so such
@@ -19,6 +24,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Protocol
 
 from orchestrator import keys, scripts, valkey
 from orchestrator.instance import instance_id
@@ -26,6 +32,26 @@ from orchestrator.instance import instance_id
 
 class LockLost(Exception):
     """The loop no longer holds its lock: it must stop writing at once."""
+
+
+class FencedLock(Protocol):
+    """What a once-per-cluster loop writes under: a `LoopLock`, or a leader's seat
+    (`orchestrator.leader.Leadership`), which never acquires, only confirms."""
+
+    @property
+    def key(self) -> str: ...
+
+    def hold(self) -> bool:
+        """True when the caller may write now (the lock is, or has just become, its own)."""
+        ...
+
+    def check(self) -> None:
+        """Raises LockLost unless the lock is the caller's (atomic compare in Valkey)."""
+        ...
+
+    def release(self) -> bool: ...
+
+    def holder(self) -> str | None: ...
 
 
 def _new_token() -> str:
@@ -50,6 +76,16 @@ class LoopLock:
         if self.renew():
             return True
         return bool(valkey.client().set(self.key, self.token, nx=True, px=self._lease_ms()))
+
+    def try_acquire(self) -> tuple[bool, int]:
+        """One attempt to take the lock (SET NX PX), without renewing it if it is ours; returns
+        (taken, ms until the current lease ends), read in the same MULTI as the attempt, so a
+        candidate knows when to try again. The ms are -2 when the lock vanished meanwhile."""
+        pipe = valkey.client().pipeline(transaction=True)
+        pipe.set(self.key, self.token, nx=True, px=self._lease_ms())
+        pipe.pttl(self.key)
+        taken, ttl_ms = pipe.execute()  # type: ignore[no-untyped-call]
+        return bool(taken), int(ttl_ms)
 
     def renew(self) -> bool:
         """Compare and renew in one step; False when the lock is gone or someone else's."""

@@ -1,13 +1,23 @@
 """The worker role's orchestrator loops: `python -m orchestrator.loops`.
 
 One process per worker host (`lumastra.workers` starts it beside the Celery pools), running
-each loop in its own named thread:
+each loop in its own named thread, beside the `leader` thread (`orchestrator.leader`) that
+races for `lock:orch:<class>` for each class this host serves and for `lock:orch:cluster`:
 
-- `reconciler` (`orchestrator.reconciler`): its first tick is boot recovery, at once, with the
-  boot threshold; then one tick every LUMASTRA_RECONCILE_INTERVAL_S (30 s). Only the process
-  holding `lock:orch:reconciler` writes; the others' ticks cost one Valkey call.
-- `drain` (`orchestrator.drain.replay`): one pass every LUMASTRA_DRAIN_INTERVAL_S (5 s),
-  backing off while passes fail. An empty drain costs one Valkey round trip.
+- `reconciler` (`orchestrator.reconciler`), on the cluster leader only: its first tick is boot
+  recovery, with the boot threshold, as soon as this process leads (at once when it wins the
+  race at start); then one tick every LUMASTRA_RECONCILE_INTERVAL_S (30 s).
+- `drain` (`orchestrator.drain.replay`), on the cluster leader only: one pass every
+  LUMASTRA_DRAIN_INTERVAL_S (5 s), backing off while passes fail. An empty drain costs one
+  Valkey round trip.
+- `scheduler` (`orchestrator.scheduler.dynamic`), on every worker host (its bucket locks make
+  one fire per slot, so it needs no seat): its first tick is the static schedules' boot
+  catch-up and a tick; then it fires due dynamic-schedule rows every LUMASTRA_SCHEDULER_TICK_S.
+
+A loop bound to a seat (`Loop.leader`) ticks only while this process leads that seat, checked
+locally before each tick (a non-leader's loop costs nothing); its writes are fenced by the
+seat (`Leadership.check`, an atomic compare in Lua), so a leader that lost its seat mid-tick
+stops writing at its next write batch. A loop with no seat runs on every worker host.
 
 A loop never overlaps itself: the next tick is due one interval after the previous one
 started, and a tick that overran its interval is followed at once by one tick, not by a
@@ -16,10 +26,11 @@ has its own database connection, checked around every tick: a broken or expired 
 is replaced, so a Postgres restart costs the ticks that ran during it, not the process.
 
 SIGTERM or SIGINT stops the process cleanly: each loop finishes the tick it is in, the
-reconciler releases its lock so another host takes over at once, and the process exits 0.
+leader releases its seats so other hosts take over at once, and the process exits 0.
 A tick still running after STOP_TIMEOUT_S is abandoned (the process exits anyway).
 
-`--once` runs the boot tick and one drain pass, then exits (for operators and tests).
+`--once` makes one attempt at the seats, runs the boot tick and one drain pass (if it won the
+cluster seat), releases the seats and exits (for operators and tests).
 
 It refuses to start (exit 2) unless WORKER_MODE=enabled: the web role runs no loops.
 
@@ -45,6 +56,8 @@ import django
 log = logging.getLogger("orchestrator.loops")
 
 STOP_TIMEOUT_S = 30.0
+# How often a loop bound to a seat it does not lead looks again (a local check, no I/O).
+FOLLOWER_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,8 @@ class Loop:
     tick: Callable[[], object]
     # The first tick, if it differs (the reconciler's boot recovery).
     first: Callable[[], object] | None = None
+    # The seat (`orchestrator.leader`) this process must lead for the loop to tick; None: always.
+    leader: str | None = None
 
 
 def run_tick(name: str, body: Callable[[], object]) -> None:
@@ -69,12 +84,19 @@ def run_tick(name: str, body: Callable[[], object]) -> None:
         close_old_connections()
 
 
-def run_loop(loop: Loop, stop: threading.Event) -> None:
+def run_loop(loop: Loop, stop: threading.Event, leads: Callable[[str], bool] | None = None) -> None:
+    """Tick `loop` until `stop`; a loop with a seat ticks only while `leads(seat)`, and its
+    `first` tick is the first one it runs as leader."""
     from django.db import connections
 
+    if loop.leader is not None and leads is None:
+        raise ValueError(f"loop {loop.name} needs a leader check for seat {loop.leader}")
     body = loop.first or loop.tick
     try:
         while not stop.is_set():
+            if loop.leader is not None and leads is not None and not leads(loop.leader):
+                stop.wait(min(loop.interval_s, FOLLOWER_POLL_S))
+                continue
             started = time.monotonic()
             run_tick(loop.name, body)
             body = loop.tick
@@ -97,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from django.conf import settings
 
-    from orchestrator import drain, node
+    from orchestrator import drain, leader, node
     from orchestrator.reconciler import Reconciler
+    from orchestrator.scheduler.dynamic import Scheduler
 
     config = settings.CONFIG
     # Compared by value: the engine reads its configuration through settings and never
@@ -107,7 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         print("WORKER_MODE is not 'enabled': this process may not run the loops", file=sys.stderr)
         return 2
 
-    reconciler = Reconciler()
+    try:
+        elector = leader.Elector([leader.CLUSTER, *leader.served_classes()])
+    except ValueError as exc:
+        print(f"leader settings: {exc}", file=sys.stderr)
+        return 2
+    cluster = elector.fence(leader.CLUSTER)
+    reconciler = Reconciler(lock=cluster)
+    scheduler = Scheduler()
     stop = threading.Event()
     loops = [
         Loop(
@@ -115,14 +145,23 @@ def main(argv: list[str] | None = None) -> int:
             config.reconcile_interval_s,
             reconciler.tick,
             first=lambda: reconciler.tick(boot=True),
+            leader=leader.CLUSTER,
         ),
-        Loop("drain", config.drain_interval_s, drain.replay),
+        Loop(
+            "drain",
+            config.drain_interval_s,
+            lambda: drain.replay(fence=cluster),
+            leader=leader.CLUSTER,
+        ),
+        Loop("scheduler", config.scheduler_tick_s, scheduler.tick, first=scheduler.boot),
     ]
-    node.keep_announcing(node.this_node("loops", []), stop)
+    node.keep_announcing(node.this_node("loops", [], pools=node.host_pools()), stop)
     if args.once:
+        elector.step()
         for loop in loops:
-            run_tick(loop.name, loop.first or loop.tick)
-        reconciler.release()
+            if loop.leader is None or elector.leads(loop.leader):
+                run_tick(loop.name, loop.first or loop.tick)
+        elector.release_all()
         return 0
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -131,8 +170,17 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # One attempt at every seat before the loops start, so a process that wins the cluster
+    # seat at start runs its boot recovery at once; then the leader thread keeps the race.
+    elector.step()
+    leader_thread = elector.start(stop)
     threads = [
-        threading.Thread(target=run_loop, args=(loop, stop), name=f"loop-{loop.name}", daemon=True)
+        threading.Thread(
+            target=run_loop,
+            args=(loop, stop, elector.leads),
+            name=f"loop-{loop.name}",
+            daemon=True,
+        )
         for loop in loops
     ]
     for thread in threads:
@@ -141,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         "loops started: %s",
         ", ".join(f"{loop.name} every {loop.interval_s}s" for loop in loops),
     )
+    log.info(
+        "leader: racing for %s (lease %ss, renewed every %ss, jitter up to %sms)",
+        ", ".join(elector.seat_lock(seat).key for seat in elector.seats),
+        config.leader_ttl_s,
+        config.leader_renew_s,
+        config.leader_jitter_ms,
+    )
     while not stop.wait(1.0):
         pass
     deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -148,10 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             log.warning("%s still in a tick after %ss; exiting anyway", thread.name, STOP_TIMEOUT_S)
-    try:
-        reconciler.release()
-    except Exception:
-        log.exception("loops: could not release the reconciler lock; its lease will run out")
+    # The leader thread releases every seat once `stop` is set; wait for it, then make sure.
+    leader_thread.join(timeout=max(1.0, deadline - time.monotonic()))
+    elector.release_all()
     log.info("loops stopped")
     return 0
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pgtrigger
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.fields.json import KT
+from django.db.models.functions import Now
 
 from orchestrator.states import LIVE_RUN_STATES, RunState
 
@@ -53,6 +55,29 @@ class TaskHistory(models.Model):
                 name="task_history_live_idempotency_key",
             ),
         ]
+        # Every state a run is born in and every change of state, recorded by Postgres itself
+        # in task_history_audit (see TaskHistoryAudit), whoever writes the row.
+        triggers = [
+            pgtrigger.Trigger(
+                name="audit_state_insert",
+                when=pgtrigger.After,
+                operation=pgtrigger.Insert,
+                func=(
+                    "INSERT INTO task_history_audit (run_id, from_state, to_state, at)"
+                    " VALUES (NEW.id, NULL, NEW.state, clock_timestamp()); RETURN NULL;"
+                ),
+            ),
+            pgtrigger.Trigger(
+                name="audit_state_update",
+                when=pgtrigger.After,
+                operation=pgtrigger.UpdateOf("state"),  # type: ignore[no-untyped-call]
+                condition=pgtrigger.AnyChange("state"),
+                func=(
+                    "INSERT INTO task_history_audit (run_id, from_state, to_state, at)"
+                    " VALUES (NEW.id, OLD.state, NEW.state, clock_timestamp()); RETURN NULL;"
+                ),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task_id} {self.id} ({self.state})"
@@ -62,6 +87,31 @@ class TaskHistory(models.Model):
         if self.started_at and self.finished_at:
             return (self.finished_at - self.started_at).total_seconds()
         return None
+
+
+class TaskHistoryAudit(models.Model):
+    """One row per state a run entered, written only by the triggers on task_history.
+
+    An INSERT records (NULL → its first state: `pending`, or `cancelled` for a dropped start);
+    an UPDATE that changes `state` records (old → new). Rows are never updated; `id` orders
+    the changes of one run, `at` is the Postgres clock at the change (clock_timestamp, so two
+    changes in one transaction get two moments). The fault battery checks every pair against
+    `orchestrator.states.RUN_TRANSITIONS` (tests/faults/checker.py). Not a foreign key: the
+    audit outlives a deleted run, and deleting runs never waits on it.
+    """
+
+    run_id = models.CharField(max_length=40, db_index=True)
+    # NULL, not "": the trigger writes SQL NULL for the INSERT, which has no previous state.
+    from_state = models.CharField(max_length=16, null=True, blank=True)  # noqa: DJ001
+    to_state = models.CharField(max_length=16)
+    at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "task_history_audit"
+        verbose_name = "run state change"
+
+    def __str__(self) -> str:
+        return f"{self.run_id}: {self.from_state or '(new)'} → {self.to_state}"
 
 
 class ApiToken(models.Model):
@@ -136,3 +186,32 @@ class TaskCircuitState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}: {self.state}"
+
+
+class SchedulerState(models.Model):
+    """One row per schedule the scheduler fires (`orchestrator.scheduler`): a static schedule
+    (key = the task id) or one row of a dynamic schedule (key = `<taskId>:<rowKey>`).
+
+    `last_bucket` is the start of the last slot fired, in epoch seconds; a fire claims its
+    slot with one guarded upsert (`last_bucket < slot`), so a slot fires at most once even
+    after its Valkey bucket lock expired. Written only by the scheduler."""
+
+    key = models.CharField(primary_key=True, max_length=255)
+    task_id = models.CharField(max_length=64, db_index=True)
+    row_key = models.CharField(max_length=180, blank=True, default="")  # "" for static
+    last_bucket = models.BigIntegerField(null=True, blank=True)
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    last_run_id = models.CharField(max_length=40, blank=True, default="")
+    # Why the last claimed slot started no run (refused, invalid input); "" when it did.
+    last_error = models.TextField(blank=True, default="")
+    # The sync disabled this schedule's PeriodicTask (its definition went away); only such a
+    # row is enabled again when the definition comes back, never one an operator disabled.
+    sync_disabled = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "scheduler_state"
+        verbose_name = "scheduler state"
+
+    def __str__(self) -> str:
+        return f"{self.key}: last fired {self.last_fired_at or 'never'}"

@@ -3,6 +3,12 @@ every NODE_BEAT_S with a TTL of NODE_TTL_S, so the roster lists exactly the proc
 the last NODE_TTL_S. The instance id is unique per process start (host, pid and a random
 suffix), so a restarted process is a new node and a dead one simply expires.
 
+A node says what it is: host, pid, role (`worker`: one Celery worker, `loops`: the
+orchestrator loops), the queues it consumes, the pools (a worker's own pool; for the loops
+process, every pool its host runs), the project version (`pyproject.toml`, read once) and its
+start time. Fields added later have defaults and unknown ones are ignored, so nodes of two
+versions read each other's announcements during a rolling deploy.
+
 Not guaranteed: a process frozen (SIGSTOP) for longer than the TTL drops out and reappears
 when it resumes; the roster is for operators, liveness of runs is judged by their heartbeats.
 """
@@ -14,13 +20,21 @@ import logging
 import os
 import socket
 import threading
+import tomllib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
 from typing import Any
+
+from django.conf import settings
 
 from orchestrator import keys, valkey
 from orchestrator.instance import instance_id
+from orchestrator.routing import plan_pools
+from tasks import registry
+from tasks.resources import budgets
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +50,45 @@ class Node:
     role: str
     queues: tuple[str, ...]
     started_at: str
+    pools: tuple[str, ...] = ()
+    version: str = ""
+
+    @property
+    def started(self) -> datetime | None:
+        try:
+            return datetime.fromisoformat(self.started_at)
+        except ValueError:
+            return None
 
 
-def this_node(role: str, queues: Sequence[str]) -> Node:
+_FIELDS = {f.name for f in fields(Node)}
+_TUPLES = ("queues", "pools")
+
+
+@cache
+def project_version() -> str:
+    """The version in `pyproject.toml` (the one place it is written), read once per process."""
+    path = Path(settings.BASE_DIR) / "pyproject.toml"
+    try:
+        with path.open("rb") as handle:
+            return str(tomllib.load(handle)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        log.warning("no project version in %s", path)
+        return "unknown"
+
+
+def host_pools() -> list[str]:
+    """The pools this host's worker role runs (the same plan `lumastra.workers` starts)."""
+    config = settings.CONFIG
+    plan = plan_pools(
+        registry.get().values(),
+        budgets(config.concurrency_overrides, config.queue_depth_cap_overrides),
+        config.per_task_queues,
+    )
+    return [pool.name for pool in plan]
+
+
+def this_node(role: str, queues: Sequence[str], *, pools: Sequence[str] = ()) -> Node:
     return Node(
         instance_id=instance_id(),
         host=socket.gethostname(),
@@ -46,6 +96,8 @@ def this_node(role: str, queues: Sequence[str]) -> Node:
         role=role,
         queues=tuple(queues),
         started_at=datetime.now(UTC).isoformat(),
+        pools=tuple(pools),
+        version=project_version(),
     )
 
 
@@ -63,7 +115,10 @@ def roster() -> list[Node]:
     for raw in values:
         if raw is not None:  # expired between the scan and the read
             data: dict[str, Any] = json.loads(raw)
-            nodes.append(Node(**{**data, "queues": tuple(data["queues"])}))
+            known = {k: v for k, v in data.items() if k in _FIELDS}
+            for name in _TUPLES:
+                known[name] = tuple(known.get(name) or ())
+            nodes.append(Node(**known))
     return nodes
 
 
@@ -88,4 +143,5 @@ def keep_announcing(node: Node, stop: threading.Event | None = None) -> threadin
 def on_worker_ready(sender: Any, **_: Any) -> None:
     """Celery's worker_ready, in the worker's main process: announce it with its queues."""
     queues = sorted(sender.app.amqp.queues.consume_from or {})
-    keep_announcing(this_node("worker", queues))
+    pool = str(getattr(sender, "hostname", "") or "").partition("@")[0]
+    keep_announcing(this_node("worker", queues, pools=[pool] if pool else []))

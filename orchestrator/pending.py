@@ -14,6 +14,12 @@ and from its retry time if that is later), by the Postgres clock:
   retry or a postponed run waits). Found: nothing to do. Missing: the run is published again
   with `orchestrator.publish.publish`, with its priority and job id. A duplicate is harmless:
   only one delivery can claim the run.
+- A message a worker took more than `stranded_after_s()` ago (the pending-check delay, at
+  least twice the longest broker delay) for a run that is still pending counts as missing:
+  its worker died between taking it and claiming the run, or its acknowledgement was lost
+  with a Valkey restart. kombu would give it back only after the visibility timeout (an hour
+  by default) and its own restore cadence (about every 100 s); the run is published again
+  instead, and the stranded copy is dropped by the claim when kombu restores it.
 - If Valkey lost its live hash, the hash is seeded again (`live.seed`) before any publish, in
   DESIGN §1's order.
 
@@ -24,6 +30,8 @@ Options: LUMASTRA_PENDING_CHECK_AFTER_S and LUMASTRA_PENDING_DEADLINE_S (the rec
 them); SLICE below.
 
 Not guaranteed:
+- When a message was taken is the taking worker's clock (kombu's `unacked_index`), compared
+  with this host's: clock skew between hosts shifts `stranded_after_s()` by the skew.
 - The lists are read before the unacked hash, so a message a worker takes during the check is
   still found. A message caught between a worker's BRPOP and its unacked write, or restored
   from unacked to a list at that instant, is missed, and the run is published twice
@@ -39,8 +47,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from django.conf import settings
 from django.db import connection
@@ -53,6 +63,7 @@ from orchestrator.locks import LockLost
 from orchestrator.models import TaskHistory
 from orchestrator.publish import job_id, publish
 from orchestrator.routing import queue_name
+from orchestrator.runner import MAX_BROKER_DELAY
 from orchestrator.states import RunState
 from tasks import registry
 from tasks.definition import TaskDefinition
@@ -171,7 +182,7 @@ def _look_for_messages(
     queues = {queue_name(d, settings.CONFIG.per_task_queues) for _, d in to_look_for}
     # Lists first, then the unacked hash: a message taken meanwhile is found in the second.
     in_broker = in_broker_lists(queues)
-    in_broker |= held_by_workers()
+    in_broker |= held_by_workers(taken_within_s=stranded_after_s())
     hashes = _have_live_hash([c.run_id for c, _ in to_look_for])
     for candidate, definition in to_look_for:
         run_id = candidate.run_id
@@ -224,11 +235,27 @@ def in_broker_lists(queues: Iterable[str]) -> set[str]:
     return found
 
 
-def held_by_workers() -> set[str]:
+def stranded_after_s() -> float:
+    """How long a worker may hold the message of a run that stays pending: the pending-check
+    delay, and at least twice the longest delay a message waits in a worker (a retry's or a
+    postponement's countdown)."""
+    return max(float(settings.CONFIG.pending_check_after_s), 2 * MAX_BROKER_DELAY.total_seconds())
+
+
+def held_by_workers(taken_within_s: float | None = None) -> set[str]:
     """Run ids of the messages workers have taken and not acknowledged (kombu's unacked hash:
-    delivery tag → JSON [message, exchange, routing key])."""
+    delivery tag → JSON [message, exchange, routing key]); with `taken_within_s`, only those
+    taken that recently (kombu's unacked_index; an entry missing there counts as recent)."""
+    client = broker.client()
+    stranded: set[str] = set()
+    if taken_within_s is not None:
+        before = time.time() - taken_within_s
+        tags = client.zrangebyscore(keys.BROKER_UNACKED_INDEX, "-inf", before)
+        stranded = set(cast(list[str], tags))
     found: set[str] = set()
-    for _, value in broker.client().hscan_iter(keys.BROKER_UNACKED, count=500):
+    for tag, value in client.hscan_iter(keys.BROKER_UNACKED, count=500):
+        if tag in stranded:
+            continue
         try:
             message = json.loads(value)[0]
             if isinstance(message, str):

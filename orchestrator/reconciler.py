@@ -1,9 +1,12 @@
 """The reconciler: brings Postgres, Valkey and the broker back into agreement, one tick at a time.
 
 A tick, on one process of the cluster at a time:
-1. takes or renews the lock `lock:orch:reconciler` (`orchestrator.locks`; leased for three
-   intervals); a process that does not get it does nothing this tick;
-2. flushes the pending-write drain (`orchestrator.drain.replay`), first, so a terminal write
+1. confirms the cluster leadership (`lock:orch:cluster`, `orchestrator.leader`): in the loops
+   process the tick runs only on the cluster leader, whose seat it is given as its lock; a
+   reconciler built without one (an operator's `--once`, tests) takes that same lock itself
+   (`orchestrator.locks.LoopLock`). A process that does not hold it does nothing this tick;
+2. flushes the pending-write drain (`orchestrator.drain.replay`, under the same lock), first,
+   so a terminal write
    waiting there lands before its run could be judged an orphan;
 3. runs one query (`liveness.candidates`) for the active or cancelling runs whose heartbeat
    is older than the threshold and for one page of the runs pending for longer than
@@ -24,7 +27,7 @@ in the reconciler's own thread, so it never holds up the process's other loops o
 pools, and logs what it did. Later ticks come every LUMASTRA_RECONCILE_INTERVAL_S (30 s).
 
 Every write is fenced: before each run's writes the lock is checked and renewed by one
-atomic Lua compare (`LoopLock.check`); a tick that has lost its lock stops writing at once.
+atomic Lua compare (`FencedLock.check`); a tick that has lost its lock stops writing at once.
 Every write is also a compare-and-set in Postgres, so two processes that both believed they
 held the lock could not end one run twice.
 
@@ -39,9 +42,11 @@ BATCH, the most stale runs and pending runs one tick looks at.
 
 Not guaranteed:
 - Recovery time: an orphan is ended between the threshold and the threshold plus one
-  interval after its last heartbeat. If the lock holder dies, up to three intervals pass
-  before another process takes over. A boot tick that finds the lock held elsewhere is
-  skipped; the holder recovers those runs at the regular threshold.
+  interval after its last heartbeat. If the leader dies, another process leads within
+  LUMASTRA_LEADER_TTL_S plus jitter (`orchestrator.leader`). In the loops process the boot
+  tick is the first tick the process leads (at once when it wins the race at start). A
+  reconciler outside one whose boot tick finds the lock held elsewhere skips it; the holder
+  recovers those runs at the regular threshold.
 - Pending runs are covered a page of BATCH per tick, oldest first, starting over when a page
   comes back short, so a big backlog is checked over several ticks.
 - Nothing advances parent runs waiting on dependencies: there are none today (a pipeline's
@@ -63,8 +68,9 @@ from django.conf import settings
 from orchestrator import drain, liveness, pending
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.drain import ReplayReport
+from orchestrator.leader import CLUSTER
 from orchestrator.liveness import SCAN_START, Fence, LivenessReport
-from orchestrator.locks import LockLost, LoopLock
+from orchestrator.locks import FencedLock, LockLost, LoopLock
 from orchestrator.pending import PendingReport
 
 log = logging.getLogger(__name__)
@@ -130,13 +136,14 @@ class Reconciler:
         steps: Sequence[Step] = (),
         clock: Clock = SYSTEM,
         batch: int = BATCH,
-        lock: LoopLock | None = None,
+        lock: FencedLock | None = None,
     ) -> None:
         config = settings.CONFIG
         self.steps = tuple(steps)
         self.clock = clock
         self.batch = batch
-        self.lock = lock or LoopLock(NAME, timedelta(seconds=3 * config.reconcile_interval_s))
+        # The cluster seat: a leader's (never acquired here), or the same lock taken directly.
+        self.lock: FencedLock = lock or LoopLock(CLUSTER, timedelta(seconds=config.leader_ttl_s))
         self._running = threading.Lock()
         self._pending_after: tuple[datetime, str] = SCAN_START
         shortest = min(config.orphan_threshold_s, config.orphan_boot_threshold_s)
@@ -183,7 +190,7 @@ class Reconciler:
     def _tick(self, report: TickReport, boot: bool) -> None:
         config = settings.CONFIG
         threshold = config.orphan_boot_threshold_s if boot else config.orphan_threshold_s
-        report.drain = drain.replay()
+        report.drain = drain.replay(fence=self.lock)
         stale, waiting = liveness.candidates(
             stale_after_s=threshold,
             pending_after_s=config.pending_check_after_s,

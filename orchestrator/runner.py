@@ -241,7 +241,22 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> bool:
         if exc.current == RunState.CANCELLING:
             terminal.cancel(definition, row.id, owner)
         return False
+    except Exception:
+        # Postgres did not take the claim (its connection dropped, Postgres away): the Valkey
+        # claim goes back to pending, or every later delivery would find the run claimed by
+        # this process and refuse it while Postgres still says pending (found by the fault
+        # battery, tests/faults). The message is acknowledged as failed; the reconciler
+        # publishes the pending run again.
+        _give_back_claim(row.id, owner)
+        raise
     return True
+
+
+def _give_back_claim(run_id: str, owner: str) -> None:
+    try:
+        live.transition(run_id, RunState.PENDING, owner=owner)
+    except Exception:
+        log.exception("run %s: Postgres refused the claim and Valkey kept it", run_id)
 
 
 def _not_pending(definition: TaskDefinition, row: TaskHistory) -> None:

@@ -9,10 +9,13 @@ ended (someone else won) writes nothing more.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
+from redis.exceptions import ConnectionError as ValkeyConnectionError
+from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from orchestrator import drain, durable, lifecycle, live
 from orchestrator.hooks import Outcome
@@ -22,6 +25,13 @@ from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
+
+# Valkey unreachable when the live hash should follow a Postgres terminal write (a restart, a
+# failover): the mirror is tried again for about three seconds (0.1 s doubling) before the
+# hash is left behind, so a blip does not leave a live hash saying `active` for a run Postgres
+# has ended. Repeating it is safe: a transition that did land is refused the second time.
+MIRROR_ATTEMPTS = 6
+MIRROR_FIRST_PAUSE_S = 0.1
 
 
 def error_doc(kind: ErrorKind, message: str, **extra: Any) -> dict[str, Any]:
@@ -95,7 +105,25 @@ def fail_unstarted(definition: TaskDefinition, run_id: str, kind: ErrorKind, mes
 
 def _mirror(run_id: str, target: RunState, owner: str) -> None:
     """Valkey follows Postgres. A hash that disagrees (lost in a restart, moved on by an
-    operator) cannot undo the Postgres write, so it is logged, not raised."""
+    operator) cannot undo the Postgres write, so it is logged, not raised; neither can Valkey
+    being unreachable, which is retried for a while, then logged."""
+    for attempt in range(MIRROR_ATTEMPTS):
+        try:
+            _mirror_once(run_id, target, owner)
+            return
+        except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
+            if attempt == MIRROR_ATTEMPTS - 1:
+                log.error(
+                    "run %s: %s in Postgres; live hash not updated, Valkey unreachable: %s",
+                    run_id,
+                    target,
+                    exc,
+                )
+                return
+            time.sleep(MIRROR_FIRST_PAUSE_S * 2**attempt)
+
+
+def _mirror_once(run_id: str, target: RunState, owner: str) -> None:
     try:
         live.transition(run_id, target, owner=owner)
     except FencedWrite as exc:

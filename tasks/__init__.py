@@ -16,7 +16,7 @@ from tasks.definition import (
 from tasks.errors import FatalError, PermanentError, RunCancelled, TransientError
 from tasks.pipeline import Stage
 from tasks.resources import RESOURCE_CLASSES
-from tasks.schedule import cron, every
+from tasks.schedule import ScheduleRow, cron, dynamic, every
 
 __all__ = [
     "RESOURCE_CLASSES",
@@ -28,6 +28,7 @@ __all__ = [
     "Quotas",
     "Retry",
     "RunCancelled",
+    "ScheduleRow",
     "Stage",
     "TaskContext",
     "TaskDefinition",
@@ -37,5 +38,6 @@ __all__ = [
     "cron",
     "define_task",
     "define_watch_sync",
+    "dynamic",
     "every",
 ]

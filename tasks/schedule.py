@@ -1,13 +1,16 @@
-"""Static schedule declarations: `every('15m')` or a five-field cron expression.
+"""Schedule declarations: `every('15m')`, a five-field cron expression, or `dynamic(loader)`.
 
-Only the shape is checked here; syncing into celery beat comes with the scheduler.
+Only the shape is checked here. `orchestrator.scheduler` syncs static schedules into celery
+beat (resolving `env_override` there) and fires dynamic rows from its 10 s tick.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from celery.schedules import crontab
 
@@ -61,12 +64,69 @@ def cron(expression: str) -> Cron:
     return Cron(expression)
 
 
-Schedule = Every | Cron
+@dataclass(frozen=True)
+class ScheduleRow:
+    """One row of a dynamic schedule: fired once per `interval` slot with `input`.
+
+    `key` names the row (e.g. an EPG source's slug): it is part of the bucket lock and of the
+    row's `scheduler_state` key, so it must be stable across loads."""
+
+    key: str
+    input: Mapping[str, Any] = field(default_factory=dict)
+    interval: timedelta | str = timedelta(minutes=15)
+
+
+# A loader returns rows; a 3-tuple (key, input, interval) is accepted as a row too.
+RowLike = ScheduleRow | tuple[str, Mapping[str, Any], timedelta | str]
+Loader = Callable[[], Iterable[RowLike]]
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """Rows loaded at every scheduler tick, each with its own cadence."""
+
+    loader: Loader
+
+
+def dynamic(loader: Loader) -> Dynamic:
+    """`schedule=dynamic(loader)`: `loader()` returns the rows to fire, each on its cadence.
+
+    The loader runs in the worker role's loops process every scheduler tick (10 s): keep it
+    to one cheap query. A row whose key, input or interval is bad is logged and skipped."""
+    if not callable(loader):
+        raise TypeError("dynamic(loader): loader must be callable and return rows")
+    return Dynamic(loader)
+
+
+def to_row(value: RowLike) -> ScheduleRow:
+    """A loader's row as a ScheduleRow with a parsed interval; ValueError names the problem."""
+    if isinstance(value, ScheduleRow):
+        row = value
+    elif isinstance(value, tuple) and len(value) == 3:
+        row = ScheduleRow(*value)
+    else:
+        raise ValueError(f"a row must be ScheduleRow or (key, input, interval), got {value!r}")
+    if not isinstance(row.key, str) or not row.key.strip():
+        raise ValueError(f"row key must be a non-empty string, got {row.key!r}")
+    if not isinstance(row.input, Mapping):
+        raise ValueError(f"row {row.key!r}: input must be a mapping")
+    interval = row.interval
+    if isinstance(interval, str):
+        try:
+            interval = parse_interval(interval)
+        except ValueError as exc:
+            raise ValueError(f"row {row.key!r}: {exc}") from None
+    if not isinstance(interval, timedelta) or interval < timedelta(seconds=1):
+        raise ValueError(f"row {row.key!r}: interval must be at least one second")
+    return ScheduleRow(row.key, row.input, interval)
+
+
+Schedule = Every | Cron | Dynamic
 
 
 def parse_schedule(value: str | Schedule) -> Schedule:
     """A schedule object, or a string: an interval ('15m') or a cron expression."""
-    if isinstance(value, Every | Cron):
+    if isinstance(value, Every | Cron | Dynamic):
         return value
     if len(value.split()) == 1:
         return every(value)

@@ -10,7 +10,16 @@ from django.conf import settings
 from django.utils import timezone
 from pydantic import BaseModel, Field
 
-from tasks import NoInput, PermanentError, TaskContext, Timeout, define_task
+from tasks import (
+    NoInput,
+    PermanentError,
+    ScheduleRow,
+    TaskContext,
+    Timeout,
+    define_task,
+    dynamic,
+    every,
+)
 
 
 class HashFolderInput(BaseModel, extra="forbid"):
@@ -85,6 +94,49 @@ history_retention_task = define_task(
     id="history-retention",
     resource_class="maintenance",
     execute=history_retention,
-    schedule="1d",
+    schedule=every("1d", env_override="LUMASTRA_HISTORY_RETENTION_EVERY"),
     description="deletes terminal runs older than LUMASTRA_HISTORY_RETENTION_DAYS",
+)
+
+
+class EpgRefreshInput(BaseModel, extra="forbid"):
+    source: str = Field(min_length=1, max_length=80, description="the EPG source's slug")
+    url: str = Field(pattern=r"^https?://", max_length=500, description="the feed to fetch")
+
+
+def epg_sources() -> list[ScheduleRow]:
+    """The dynamic schedule of `epg-refresh`: one row per enabled EPG source (admin-editable),
+    each on its own interval. One query per scheduler tick."""
+    from coverage.models import EpgSource
+
+    return [
+        ScheduleRow(
+            key=source.slug,
+            input={"source": source.slug, "url": source.url},
+            interval=timedelta(minutes=source.interval_minutes),
+        )
+        for source in EpgSource.objects.filter(enabled=True).only("slug", "url", "interval_minutes")
+    ]
+
+
+def epg_refresh(ctx: TaskContext, params: EpgRefreshInput) -> dict[str, str]:
+    # The demo does not fetch the feed (no network in the demo); it records the refresh.
+    from coverage.models import EpgSource
+
+    refreshed = timezone.now()
+    found = EpgSource.objects.filter(slug=params.source).update(last_refreshed_at=refreshed)
+    if not found:
+        raise PermanentError(f"EPG source {params.source!r} no longer exists")
+    ctx.log(f"refreshed EPG source {params.source} from {params.url}")
+    return {"source": params.source, "refreshed_at": refreshed.isoformat()}
+
+
+epg_refresh_task = define_task(
+    id="epg-refresh",
+    resource_class="io",
+    execute=epg_refresh,
+    input_model=EpgRefreshInput,
+    identity_for=lambda params: params.source,
+    schedule=dynamic(epg_sources),
+    description="refreshes one EPG source; each enabled source on its own interval",
 )

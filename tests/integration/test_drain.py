@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 
 from orchestrator import drain, durable, keys, live, valkey
 from orchestrator.drain import MAX_ATTEMPTS, MAX_ENTRIES
+from orchestrator.leader import CLUSTER
 from orchestrator.locks import LoopLock
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.start import new_run_id
@@ -36,7 +37,7 @@ FINISHED_AT = datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)
 @pytest.fixture(autouse=True)
 def _clean() -> None:
     valkey.client().delete(
-        keys.orchestrator_lock("drain"),
+        keys.orchestrator_lock(CLUSTER),
         keys.drain_pending(),
         keys.drain_inflight(),
         keys.drain_poison(),
@@ -279,7 +280,7 @@ def test_an_entry_left_in_flight_by_a_dead_replayer_is_replayed() -> None:
 def test_one_replayer_at_a_time() -> None:
     run_id = _active_run()
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
-    holder = LoopLock("drain", timedelta(seconds=30))
+    holder = LoopLock(CLUSTER, timedelta(seconds=30))
     assert holder.hold()
 
     assert drain.replay().busy

@@ -12,18 +12,20 @@ import pytest
 from django.db import connection
 
 from orchestrator import keys, valkey
+from orchestrator.leader import CLUSTER, all_seats
 from orchestrator.models import TaskHistory
 from orchestrator.start import new_run_id
 from tests.support.fixtures import ROOT, database_url, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-LOCK = keys.orchestrator_lock("reconciler")
+# The reconciler and the drain run on the cluster leader (orchestrator/leader.py).
+LOCK = keys.orchestrator_lock(CLUSTER)
 
 
 @pytest.fixture(autouse=True)
 def _clean() -> None:
-    valkey.client().delete(LOCK, keys.orchestrator_lock("drain"))
+    valkey.client().delete(*(keys.orchestrator_lock(seat) for seat in all_seats()))
 
 
 def _env(**extra: str) -> dict[str, str]:

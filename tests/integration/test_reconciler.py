@@ -18,6 +18,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from orchestrator import broker, drain, keys, live, liveness, valkey
+from orchestrator.leader import CLUSTER
 from orchestrator.liveness import Fence
 from orchestrator.locks import LockLost, LoopLock
 from orchestrator.models import TaskHistory, TaskQuotaUsage
@@ -39,8 +40,7 @@ UNACKED_TAG = "test-reconciler-unacked"
 @pytest.fixture(autouse=True)
 def _clean() -> None:
     valkey.client().delete(
-        keys.orchestrator_lock("reconciler"),
-        keys.orchestrator_lock("drain"),
+        keys.orchestrator_lock(CLUSTER),
         keys.drain_pending(),
         keys.drain_inflight(),
         keys.drain_backoff(),
@@ -304,12 +304,15 @@ def test_a_run_whose_terminal_write_waits_in_the_drain_is_not_an_orphan() -> Non
     # Postgres failed the last replays: the drain is backing off, so the tick's flush waits.
     valkey.client().set(keys.drain_backoff(), 3, px=60_000)
 
-    report = Reconciler().tick()
+    reconciler = Reconciler()
+    report = reconciler.tick()
 
     assert report.drain.backing_off
     assert report.in_drain == 1 and report.liveness.orphaned == 0
     assert TaskHistory.objects.get(id=run_id).state == "active"
-    assert drain.replay(force=True).applied == 1
+    # The drain runs under the same cluster lock: the holder replays it.
+    assert drain.replay(force=True, fence=reconciler.lock).applied == 1
+    reconciler.release()
     assert TaskHistory.objects.get(id=run_id).state == "completed"
     assert live.read(run_id)["state"] == "completed"
 
@@ -485,7 +488,7 @@ def test_a_reconciler_that_lost_its_lock_writes_nothing() -> None:
 
 def test_a_tick_that_loses_its_lock_midway_stops_writing() -> None:
     orphans = [_seed(Row(f"o{i}", "active", 400 + i, 500, "gone", "failed")) for i in range(3)]
-    thief = LoopLock("reconciler", timedelta(seconds=30))
+    thief = LoopLock(CLUSTER, timedelta(seconds=30))
 
     @dataclass
     class StealAfterFirst:

@@ -37,6 +37,10 @@ PRIVATE_QUEUES = {
     "task.t.test-sleepy",
     "task.t.test-hard-timeout",
     "task.t.test-flaky",
+    # The fault battery's (tests/faults): only its own workers take them.
+    "task.t.test-fault-work",
+    "task.t.test-fault-poison",
+    "task.t.test-fault-crash",
 }
 
 

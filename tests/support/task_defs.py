@@ -281,3 +281,97 @@ flaky = define_task(
     input_model=FlakyInput,
     retry=Retry(max_attempts=3, base=timedelta(milliseconds=200), cap=timedelta(seconds=1)),
 )
+
+
+# --- the fault battery (tests/faults) ---------------------------------------------------------
+
+# The file each handler entry is appended to, set by the battery for its workers; unset, the
+# fault tasks record nothing.
+FAULT_EFFECTS_ENV = "LUMASTRA_FAULTS_EFFECTS_FILE"
+FAULT_TIMEOUT = Timeout(soft=timedelta(seconds=15), hard=timedelta(seconds=20))
+
+
+def _record_execution(run_id: str) -> None:
+    """The side effect the battery counts: one line per handler entry, with the claiming
+    process's instance id (the claim's owner). A file, not Valkey or Postgres, so it survives
+    what the battery breaks; an O_APPEND write of one short line is never interleaved."""
+    path = os.environ.get(FAULT_EFFECTS_ENV)
+    if not path:
+        return
+    line = {"run": run_id, "owner": instance_id(), "pid": os.getpid(), "at": time.time()}
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+class FaultWorkInput(BaseModel, extra="forbid"):
+    ms: int = 100
+    # deaf: a plain time.sleep that no cancel interrupts (only the escalation's kill stops it)
+    deaf: bool = False
+
+
+def _fault_work(ctx: TaskContext, params: FaultWorkInput) -> dict[str, int]:
+    _record_execution(ctx.run_id)
+    ctx.report_progress(0, 1)
+    if params.deaf:
+        time.sleep(params.ms / 1000)
+    else:
+        ctx.sleep(params.ms / 1000)
+    return {"pid": os.getpid()}
+
+
+fault_work = define_task(
+    id="test-fault-work",
+    resource_class="io",
+    execute=_fault_work,
+    input_model=FaultWorkInput,
+    timeout=FAULT_TIMEOUT,
+)
+
+
+class PoisonInput(BaseModel, extra="forbid"):
+    how: Literal["exit", "alloc", "raise"]
+
+
+def _allocate_too_much() -> None:
+    """A huge allocation, bounded: this process's address space is capped 256 MiB above what
+    it uses for the attempt, so asking for 8 GiB fails with MemoryError instead of swapping
+    the machine (or waking the OOM killer); the cap is lifted again before the handler ends."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as statm:
+        used = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (used + 256 * 2**20, hard))
+    try:
+        bytearray(8 * 2**30)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _poison(ctx: TaskContext, params: PoisonInput) -> None:
+    _record_execution(ctx.run_id)
+    if params.how == "exit":
+        os._exit(70)  # the pool child vanishes mid-run, as a segfault or the OOM killer would
+    if params.how == "alloc":
+        _allocate_too_much()
+    raise RuntimeError(f"poison payload ({params.how})")
+
+
+# Two tasks, two circuits: one fed every kind of poison, one that only ever exits.
+fault_poison = define_task(
+    id="test-fault-poison",
+    resource_class="io",
+    execute=_poison,
+    input_model=PoisonInput,
+    timeout=FAULT_TIMEOUT,
+)
+fault_crash = define_task(
+    id="test-fault-crash",
+    resource_class="io",
+    execute=_poison,
+    input_model=PoisonInput,
+    timeout=FAULT_TIMEOUT,
+)

@@ -1,0 +1,14 @@
+"""The scheduler: static schedules through celery beat, dynamic rows through a 10 s tick.
+
+One job per module:
+
+- `names`: the dispatch task's name and queue (no Django imports; the worker supervisor reads it).
+- `slots`: which slot ("bucket") a moment belongs to, for an interval or a cron expression.
+- `fire`: the one fire path, shared by beat, the dynamic tick and the boot catch-up:
+  `SET lock:scheduler:<taskId>:<bucket> NX EX 30`, then a guarded upsert of `scheduler_state`
+  and `start_run` with trigger kind `schedule`, in one transaction.
+- `sync`: static schedules → django-celery-beat `PeriodicTask` rows (`manage.py sync_schedules`).
+- `dispatch`: the Celery task beat fires, `lumastra.schedule.dispatch(task_id)`.
+- `catchup`: the boot catch-up, one run per static schedule that missed a full interval.
+- `dynamic`: the tick that fires due rows of `schedule=dynamic(loader)` tasks.
+"""

@@ -1,0 +1,170 @@
+"""The scheduler loop: fires the due rows of `schedule=dynamic(loader)` tasks every 10 s.
+
+Each tick, for each task whose definition declares `dynamic(loader)`:
+1. calls `loader()` (the task author's one cheap query) for the rows `(key, input, interval)`;
+2. computes each row's current slot (`floor(now / interval) * interval`); a row whose slot
+   this process already saw fired is not due, so an idle tick costs the loaders' queries and
+   nothing else. The rows left are looked up in `scheduler_state` in one query (another
+   replica may have fired them), and those still due are fired through `fire.fire`, with
+   the bucket lock `lock:scheduler:<taskId>:<rowKey>@<slot>`.
+
+A row fires once per slot of its own interval, at the first tick in the slot: a new row
+fires at once, and a row whose slots were missed (the loops were down) fires once, not once
+per missed slot. Every loops process runs this loop; the bucket locks and the slot claim
+make one fire per row and slot across the cluster, so it needs no leader.
+
+The loop's first tick (`boot`) runs the static boot catch-up (`catchup.catch_up`) and then a
+regular tick.
+
+Isolation: a loader that raises is logged with its task id; a row that is malformed (no
+key, a bad interval) or whose input the task rejects is logged with its key (the latter is
+recorded in `scheduler_state.last_error`, and retried next slot); the other rows and tasks
+go on. A tick never overlaps another tick of the same scheduler: a concurrent call returns
+at once, reported as skipped.
+
+Options: LUMASTRA_SCHEDULER_TICK_S (10), the tick interval, which is also the most a row
+fires after its slot starts.
+
+Not guaranteed: a row removed from the loader's answer after the loader ran can still get
+the fire that tick decided on. `scheduler_state` rows of rows that went away are kept (they
+are the rows' history), not pruned.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from orchestrator.clock import SYSTEM, Clock
+from orchestrator.models import SchedulerState
+from orchestrator.scheduler.catchup import CatchUpReport, catch_up
+from orchestrator.scheduler.fire import FireRequest, Outcome, fire
+from orchestrator.scheduler.names import state_key
+from orchestrator.scheduler.slots import IntervalSlots
+from tasks import registry
+from tasks.definition import TaskDefinition
+from tasks.schedule import Dynamic, ScheduleRow, to_row
+
+log = logging.getLogger(__name__)
+
+NAME = "scheduler"
+
+
+@dataclass
+class SchedulerTickReport:
+    skipped: bool = False  # a tick of this scheduler was already running
+    rows: int = 0  # rows the loaders returned
+    due: int = 0  # rows whose slot this process had not seen fired
+    fired: list[str] = field(default_factory=list)  # state keys fired by this tick
+    refused: list[str] = field(default_factory=list)  # slot claimed, no run (see last_error)
+    errors: int = 0  # loaders that raised, malformed rows, rows that raised
+    catch_up: CatchUpReport | None = None
+
+
+class Scheduler:
+    def __init__(
+        self, *, definitions: Iterable[TaskDefinition] | None = None, clock: Clock = SYSTEM
+    ) -> None:
+        self._definitions = None if definitions is None else tuple(definitions)
+        self.clock = clock
+        self._running = threading.Lock()
+        # state key → the newest slot this process knows was fired (by anyone).
+        self._fired: dict[str, int] = {}
+
+    def dynamic_definitions(self) -> list[TaskDefinition]:
+        source = registry.get().values() if self._definitions is None else self._definitions
+        return [d for d in source if isinstance(d.schedule, Dynamic)]
+
+    def boot(self) -> SchedulerTickReport:
+        """The loop's first tick: the static boot catch-up, then a regular tick."""
+        caught_up = catch_up(self.clock)
+        report = self.tick()
+        report.catch_up = caught_up
+        return report
+
+    def tick(self) -> SchedulerTickReport:
+        report = SchedulerTickReport()
+        if not self._running.acquire(blocking=False):
+            report.skipped = True
+            return report
+        try:
+            for definition in self.dynamic_definitions():
+                self._tick_task(definition, report)
+        finally:
+            self._running.release()
+        if report.fired or report.refused or report.errors:
+            log.info(
+                "%s tick: %d rows, fired %s, refused %s, %d errors",
+                NAME,
+                report.rows,
+                ", ".join(report.fired) or "none",
+                ", ".join(report.refused) or "none",
+                report.errors,
+            )
+        return report
+
+    def _load(self, definition: TaskDefinition, report: SchedulerTickReport) -> list[ScheduleRow]:
+        assert isinstance(definition.schedule, Dynamic)
+        try:
+            loaded = list(definition.schedule.loader())
+        except Exception:
+            report.errors += 1
+            log.exception("%s: the loader of task %s failed", NAME, definition.id)
+            return []
+        rows: dict[str, ScheduleRow] = {}
+        for value in loaded:
+            try:
+                row = to_row(value)
+            except Exception as exc:
+                report.errors += 1
+                key = getattr(value, "key", value[0] if isinstance(value, tuple) else value)
+                log.error("%s: task %s row %r skipped: %s", NAME, definition.id, key, exc)
+                continue
+            if row.key in rows:
+                report.errors += 1
+                log.error("%s: task %s row %r listed twice", NAME, definition.id, row.key)
+                continue
+            rows[row.key] = row
+        return list(rows.values())
+
+    def _tick_task(self, definition: TaskDefinition, report: SchedulerTickReport) -> None:
+        rows = self._load(definition, report)
+        report.rows += len(rows)
+        now = self.clock.now()
+        due: list[tuple[ScheduleRow, str, int]] = []
+        for row in rows:
+            assert not isinstance(row.interval, str)  # to_row parsed it
+            key = state_key(definition.id, row.key)
+            slot = IntervalSlots(row.interval).slot(now)
+            if self._fired.get(key, -1) < slot:
+                due.append((row, key, slot))
+        if not due:
+            return
+        report.due += len(due)
+        known = dict(
+            SchedulerState.objects.filter(
+                key__in=[key for _, key, _ in due], last_bucket__isnull=False
+            ).values_list("key", "last_bucket")
+        )
+        for row, key, slot in due:
+            last = known.get(key)
+            if last is not None and last >= slot:
+                self._fired[key] = last
+                continue
+            try:
+                result = fire(
+                    FireRequest(definition.id, slot, row_key=row.key, input=row.input), now
+                )
+            except Exception:
+                report.errors += 1
+                log.exception("%s: task %s row %r failed to fire", NAME, definition.id, row.key)
+                continue
+            if result.outcome is Outcome.LOCKED:
+                continue  # another replica is firing it; the next tick reads its state
+            self._fired[key] = slot
+            if result.outcome is Outcome.FIRED:
+                report.fired.append(key)
+            elif result.outcome is Outcome.REFUSED:
+                report.refused.append(key)
