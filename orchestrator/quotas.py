@@ -1,8 +1,9 @@
 """Daily quotas: counts each task's admitted, completed and failed runs per UTC day, and
 refuses starts past `quotas.max_runs_per_day`.
 
-The admit counter is taken inside start_run's transaction, so a start that is refused later,
-or whose caller rolls back, gives its unit back. Counts are per UTC day; a run admitted just
+The admit counter is taken inside start_run's transaction, so a start whose caller rolls back
+gives its unit back; a start refused, dropped or deduplicated after the unit was taken gives
+it back through `abandoned`. Counts are per UTC day; a run admitted just
 before midnight that finishes after it counts as started on one day and finished on the next.
 """
 
@@ -25,6 +26,11 @@ VALUES (%(task_id)s, %(day)s, 1, 0, 0)
 ON CONFLICT (task_id, day) DO UPDATE SET started = u.started + 1
  WHERE %(cap)s::int IS NULL OR u.started < %(cap)s::int
 RETURNING started
+"""
+
+_GIVE_BACK = """
+UPDATE task_quota_usage SET started = started - 1
+ WHERE task_id = %(task_id)s AND day = %(day)s AND started > 0
 """
 
 _COUNT_END = """
@@ -59,6 +65,17 @@ class DailyQuota(RunHook):
                 f"task {admission.definition.id!r} reached its quota of {cap} runs today "
                 f"(UTC); it resets at {midnight.isoformat()}",
                 retry_after=midnight - now,
+            )
+
+    def abandoned(self, admission: Admission) -> None:
+        # The unit goes back explicitly rather than through a savepoint around admission:
+        # savepoints cost start_run two round trips on every start. A transaction already
+        # doomed to roll back gives it back by itself (and would refuse the UPDATE).
+        if connection.needs_rollback:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _GIVE_BACK, {"task_id": admission.definition.id, "day": self.clock.now().date()}
             )
 
     def finished(self, outcome: Outcome) -> None:

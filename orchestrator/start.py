@@ -143,9 +143,9 @@ def start_run(
 
     with transaction.atomic():
         try:
-            # A savepoint: a drop or dedup gives back whatever admission took.
-            with transaction.atomic():
-                lifecycle.admit(admission)
+            # No savepoint: a hook that refuses, drops or deduplicates has the hooks before it
+            # give back what they took (`abandoned`).
+            lifecycle.admit(admission)
         except Deduplicated as dup:
             return _deduplicated(task_id, dup.run_id, identity, int(resolved))
         except Dropped as drop:
@@ -157,10 +157,14 @@ def start_run(
             )
             return dataclasses.replace(handle, dropped=True)
         try:
-            with transaction.atomic():
+            # Only an idempotency key can collide (the live-key unique index); the savepoint
+            # that lets this transaction go on after the collision is paid only then.
+            with transaction.atomic(savepoint=idempotency_key is not None):
                 insert()
         except IntegrityError:
             lifecycle.abandon(admission)
+            if idempotency_key is None:
+                raise
             # A concurrent start with the same idempotency key won the unique index.
             duplicate = _live_run_with_key(task_id, idempotency_key)
             if duplicate is None:

@@ -13,7 +13,7 @@ from django.test import Client
 from orchestrator import broker, keys, live, valkey
 from orchestrator.api import tokens
 from orchestrator.backpressure import QueueFull
-from orchestrator.models import TaskHistory
+from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.start import start_run
 from orchestrator.triggers import TriggerKind
 
@@ -135,3 +135,18 @@ def test_over_http_a_drop_is_a_200_and_fail_fast_a_503_with_retry_after(
     assert refused.status_code == 503
     assert refused.json()["code"] == "queue_full"
     assert int(refused["Retry-After"]) >= 1
+
+
+def test_a_dropped_start_gives_its_quota_unit_back(settings: LazySettings) -> None:
+    _cap(settings, "embedding", 1)
+    broker.client().delete(
+        *(keys.broker_queue("task.t.test-quota-drop", s) for s in keys.BROKER_PRIORITY_STEPS)
+    )
+    start_run("test-bp-fail", {}, trigger=TriggerKind.MANUAL)  # the class is now full
+
+    dropped = [start_run("test-quota-drop", {}, trigger=TriggerKind.MANUAL) for _ in range(4)]
+
+    # Four drops against a quota of three: none consumed a unit, none was refused.
+    assert all(handle.dropped for handle in dropped)
+    usage = TaskQuotaUsage.objects.get(task_id="test-quota-drop")
+    assert usage.started == 0

@@ -34,6 +34,7 @@ PRIVATE_QUEUES = {
     "task.t.test-bp-drop",
     "task.t.test-bp-fail",
     "task.t.test-bp-shed",
+    "task.t.test-quota-drop",
     "task.t.test-sleepy",
     "task.t.test-hard-timeout",
     "task.t.test-flaky",

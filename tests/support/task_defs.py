@@ -375,3 +375,12 @@ fault_crash = define_task(
     input_model=PoisonInput,
     timeout=FAULT_TIMEOUT,
 )
+
+# A quota before a drop: the dropped start is committed, so its unit must be given back.
+quota_then_drop = define_task(
+    id="test-quota-drop",
+    resource_class="embedding",
+    execute=_noop,
+    backpressure="drop",
+    quotas=Quotas(max_runs_per_day=3),
+)
