@@ -1,0 +1,199 @@
+"""The fault battery's checker: what must hold after every scenario, once the reconciler settled.
+
+- **one terminal state**: every run of the scenario is completed, failed or cancelled in
+  Postgres, and its audit trail (`task_history_audit`, written by Postgres triggers) enters
+  a terminal state exactly once and ends in the row's state;
+- **none lost**: every run id `start_run` returned has a row;
+- **none stuck**: no run is still live when the check runs (the driver waits at most the
+  scenario's bound, derived from the thresholds, before it calls the check);
+- **no illegal transition**: every audited (from, to) pair is allowed by
+  `orchestrator.states.RUN_TRANSITIONS`; a row is born `pending`, or `cancelled` when a
+  backpressure drop recorded it (`error.kind == "dropped"`);
+- **at most once per claim**: the handler of a run was entered at most as many times as the
+  run was claimed (`attempts`), and never twice under one claim owner (side effects recorded
+  by the fault tasks, see `tests/support/task_defs.py`).
+
+It also reports what it saw (runs, states, error kinds, recovery time), which the driver
+prints and `docs/reliability.md` records, and the runs whose Valkey snapshot disagrees with
+Postgres. Those are reported, not failed: Postgres is the truth and Valkey is rebuilt from it,
+but today nothing rebuilds a live hash left behind a terminal write (a worker killed between
+its Postgres write and its Valkey mirror); `tests/faults/test_regressions.py` pins that gap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+from orchestrator import live
+from orchestrator.states import RUN_TRANSITIONS, TERMINAL_RUN_STATES, RunState
+
+# What a row may be born as: pending, or cancelled for a start backpressure dropped.
+BORN = {RunState.PENDING.value, RunState.CANCELLED.value}
+
+
+def illegal_pairs(pairs: Iterable[tuple[str | None, str]]) -> list[tuple[str | None, str]]:
+    """The audited (from, to) pairs `RUN_TRANSITIONS` does not allow; from None is an INSERT."""
+    known = {s.value for s in RunState}
+    bad = []
+    for source, target in pairs:
+        if target not in known or (source is not None and source not in known):
+            bad.append((source, target))
+        elif source is None:
+            if target not in BORN:
+                bad.append((source, target))
+        elif RunState(target) not in RUN_TRANSITIONS[RunState(source)]:
+            bad.append((source, target))
+    return bad
+
+
+@dataclass(frozen=True)
+class Execution:
+    run: str
+    owner: str
+    pid: int
+    at: float
+
+
+def read_effects(path: Path) -> list[Execution]:
+    """The handler entries the fault tasks appended (a torn last line is skipped)."""
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+            found.append(Execution(entry["run"], entry["owner"], int(entry["pid"]), entry["at"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+@dataclass
+class Report:
+    scenario: str
+    runs: int = 0  # rows of the scenario in task_history
+    started: int = 0  # run ids start_run returned
+    refused_starts: int = 0  # starts that raised (nothing recorded; the caller was told)
+    states: dict[str, int] = field(default_factory=dict)
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    faults: dict[str, int] = field(default_factory=dict)
+    executions: int = 0
+    lost: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+    illegal: list[str] = field(default_factory=list)
+    not_once_terminal: list[str] = field(default_factory=list)
+    over_executed: list[str] = field(default_factory=list)
+    valkey_disagrees: list[str] = field(default_factory=list)
+    recovery_s: float | None = None  # last fault → every run terminal
+    duration_s: float = 0.0
+    notes: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "ok": self.ok}, sort_keys=True)
+
+    def summary(self) -> str:
+        kills = sum(self.faults.values())
+        recovery = "n/a" if self.recovery_s is None else f"{self.recovery_s:.1f} s"
+        return (
+            f"{self.scenario}: runs {self.runs} (started {self.started}, refused starts "
+            f"{self.refused_starts}), faults {kills} {dict(self.faults)}, lost {len(self.lost)}, "
+            f"stuck {len(self.stuck)}, illegal transitions {len(self.illegal)}, "
+            f"over-executed {len(self.over_executed)}, executions {self.executions}, "
+            f"Valkey behind Postgres {len(self.valkey_disagrees)}, "
+            f"states {dict(self.states)}, error kinds {dict(self.error_kinds)}, "
+            f"max recovery {recovery}, took {self.duration_s:.0f} s"
+        )
+
+
+_ROWS = """
+SELECT id, state, attempts, error ->> 'kind'
+  FROM task_history
+ WHERE id = ANY(%s) OR created_at >= %s
+"""
+_AUDIT = """
+SELECT run_id, from_state, to_state FROM task_history_audit WHERE run_id = ANY(%s) ORDER BY id
+"""
+
+
+def check(
+    report: Report,
+    *,
+    started: Sequence[str],
+    since: Any,
+    effects: Sequence[Execution],
+    compare_valkey: bool = True,
+) -> Report:
+    """Fill `report` with the figures and the problems of the runs started since `since`."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ROWS, [list(started), since])
+        rows = {r[0]: (r[1], r[2], r[3]) for r in cursor.fetchall()}
+        cursor.execute(_AUDIT, [list(rows)])
+        trails: dict[str, list[tuple[str | None, str]]] = {}
+        for run_id, source, target in cursor.fetchall():
+            trails.setdefault(run_id, []).append((source, target))
+
+    report.runs = len(rows)
+    report.started = len(set(started))
+    report.states = dict(Counter(state for state, _, _ in rows.values()))
+    report.error_kinds = dict(Counter(kind for _, _, kind in rows.values() if kind))
+    report.lost = sorted(set(started) - set(rows))
+    terminal = {s.value for s in TERMINAL_RUN_STATES}
+    report.stuck = sorted(r for r, (state, _, _) in rows.items() if state not in terminal)
+
+    for run_id, (state, _, kind) in rows.items():
+        trail = trails.get(run_id, [])
+        for source, target in illegal_pairs(trail):
+            report.illegal.append(f"{run_id}: {source} → {target}")
+        if trail and trail[0] == (None, RunState.CANCELLED.value) and kind != "dropped":
+            report.illegal.append(f"{run_id}: born cancelled without being dropped ({kind})")
+        for (_, before), (after, _) in itertools.pairwise(trail):
+            if before != after:
+                report.illegal.append(f"{run_id}: trail jumps from {before} to {after}")
+        entered = sum(1 for _, target in trail if target in terminal)
+        if state in terminal and (entered != 1 or not trail or trail[-1][1] != state):
+            report.not_once_terminal.append(f"{run_id}: {state}, trail {trail}")
+
+    by_run: dict[str, list[Execution]] = {}
+    for execution in effects:
+        by_run.setdefault(execution.run, []).append(execution)
+    report.executions = sum(len(v) for r, v in by_run.items() if r in rows)
+    for run_id, entries in by_run.items():
+        if run_id not in rows:
+            continue
+        attempts = rows[run_id][1]
+        owners = Counter(e.owner for e in entries)
+        if len(entries) > attempts or max(owners.values()) > 1:
+            report.over_executed.append(
+                f"{run_id}: {len(entries)} executions, {attempts} claims, owners {dict(owners)}"
+            )
+
+    if compare_valkey:
+        for run_id, (state, _, _) in rows.items():
+            seen = live.read(run_id).get("state")
+            # A snapshot lost with Valkey is not a disagreement: Postgres is the truth.
+            if seen is not None and seen != state:
+                report.valkey_disagrees.append(f"{run_id}: postgres {state}, valkey {seen}")
+
+    for name, found in (
+        ("lost", report.lost),
+        ("stuck", report.stuck),
+        ("illegal transitions", report.illegal),
+        ("not exactly one terminal state", report.not_once_terminal),
+        ("executed more than once per claim", report.over_executed),
+    ):
+        if found:
+            report.problems.append(f"{len(found)} {name}: {found[:5]}")
+    return report

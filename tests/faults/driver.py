@@ -1,0 +1,130 @@
+"""Run one fault scenario end to end: `python -m tests.faults.driver SCENARIO [--scale N]`.
+
+Why a process of its own: the battery needs its own Valkey (it crashes and restarts it), and
+the engine reads its Valkey and broker URLs once, when Django's settings load
+(`settings.CONFIG`, the cached clients in `orchestrator.valkey` and `orchestrator.broker`,
+the Celery app's broker URL). So the driver starts a `redis-server` on a free port first,
+puts its URLs (VALKEY_URL, VALKEY_CACHE_URL, CELERY_BROKER_URL) and the compressed thresholds
+(THRESHOLDS) into its environment, and only then sets Django up; every worker and the loops
+process it starts inherit the same environment. Nothing is reconfigured after the fact, and
+the shared Redis on 6379 is never touched.
+
+It uses the database DATABASE_URL names (already migrated: the pytest battery passes its test
+database), starts the scenario's workers and loops, lets the reconciler settle, runs the
+checker (`tests/faults/checker.py`) and prints the figures; `--report` writes them as JSON
+and they are appended to .pytest_cache/faults-figures.jsonl. Exit status 0 when every check
+held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import django
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG_DIR = ROOT / ".pytest_cache"
+
+# Compressed so a scenario takes seconds; each keeps the relation the defaults have (orphan
+# threshold several heartbeats; visibility timeout above the fault tasks' 20 s hard timeout).
+THRESHOLDS = {
+    "LUMASTRA_HEARTBEAT_INTERVAL_S": "1",
+    "LUMASTRA_RUN_STALL_WARN_MS": "10000",
+    "LUMASTRA_RUN_STALL_FAIL_MS": "20000",
+    "LUMASTRA_CANCEL_ESCALATE_S": "3",
+    "LUMASTRA_ORPHAN_THRESHOLD_S": "6",
+    "LUMASTRA_ORPHAN_BOOT_THRESHOLD_S": "6",
+    "LUMASTRA_PENDING_CHECK_AFTER_S": "5",
+    "LUMASTRA_RECONCILE_INTERVAL_S": "1",
+    "LUMASTRA_DRAIN_INTERVAL_S": "1",
+    "LUMASTRA_BROKER_VISIBILITY_TIMEOUT_S": "25",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.driver")
+    parser.add_argument("scenario")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=float(os.environ.get("FAULTS_SCALE", "1")),
+        help="multiply loads and fault counts (default FAULTS_SCALE or 1)",
+    )
+    parser.add_argument("--report", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+
+    from tests.faults.servers import ValkeyServer
+
+    LOG_DIR.mkdir(exist_ok=True)
+    aof = args.scenario.endswith("-aof")
+    server = ValkeyServer(aof=aof, log_path=LOG_DIR / f"faults-{args.scenario}-valkey.log")
+    server.start()
+    effects = LOG_DIR / f"faults-{args.scenario}-{os.getpid()}-effects.jsonl"
+    try:
+        os.environ.update(
+            {
+                "VALKEY_URL": server.url(0),
+                "VALKEY_CACHE_URL": server.url(1),
+                "CELERY_BROKER_URL": server.url(2),
+                "LUMASTRA_FAULTS_EFFECTS_FILE": str(effects),
+                **THRESHOLDS,
+            }
+        )
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lumastra.settings")
+        django.setup()
+        return _run(args.scenario, args.scale, server, effects, args.report)
+    finally:
+        server.stop()
+        effects.unlink(missing_ok=True)
+
+
+def _run(name: str, scale: float, server: object, effects: Path, report_path: Path | None) -> int:
+    from django.db import connection
+
+    from tests.faults import checker
+    from tests.faults.harness import Harness
+    from tests.faults.scenarios import SCENARIOS
+    from tests.faults.servers import ValkeyServer
+
+    assert isinstance(server, ValkeyServer)
+    scenario = SCENARIOS[name]
+    assert scenario.aof == server.aof
+    report = checker.Report(name)
+    began = time.monotonic()
+    harness = Harness(name, server, effects, scale=scale)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        harness.since = cursor.fetchone()[0]
+    try:
+        report.problems.extend(scenario.run(harness))
+        report.recovery_s = harness.settle(scenario.bound_s)
+    finally:
+        harness.close()
+    report.faults = dict(harness.faults)
+    report.refused_starts = sum(harness.refused.values())
+    report.notes = {**harness.notes, "refusals": dict(harness.refused)}
+    if report.recovery_s is not None:
+        report.recovery_s = round(report.recovery_s, 1)
+    checker.check(
+        report,
+        started=harness.started,
+        since=harness.since,
+        effects=checker.read_effects(effects),
+    )
+    report.duration_s = round(time.monotonic() - began, 1)
+    print(report.summary(), flush=True)
+    for problem in report.problems:
+        print(f"PROBLEM {problem}", flush=True)
+    if report_path is not None:
+        report_path.write_text(report.to_json())
+    with open(LOG_DIR / "faults-figures.jsonl", "a") as figures:
+        figures.write(report.to_json() + "\n")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

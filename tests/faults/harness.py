@@ -1,0 +1,297 @@
+"""What a fault scenario works with: real worker subprocesses, the loops process, a load of runs,
+the faults it injects (timed), and the wait for everything to settle.
+
+Imported by the driver after Django is set up against the battery's own Valkey (see
+`tests/faults/driver.py`): everything here, and every subprocess it starts, uses that server.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.db import close_old_connections, connection, connections
+
+from orchestrator.hooks import Refused
+from orchestrator.start import start_run
+from orchestrator.states import LIVE_RUN_STATES
+from orchestrator.triggers import TriggerKind
+from tests.faults.servers import ValkeyServer, descendants
+from tests.support.fixtures import ROOT, worker_process
+
+QUEUES = ("task.t.test-fault-work", "task.t.test-fault-poison", "task.t.test-fault-crash")
+LOG_DIR = ROOT / ".pytest_cache"
+
+
+@dataclass
+class Worker:
+    name: str
+    process: subprocess.Popen[bytes]
+    stack: ExitStack
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def children(self) -> list[int]:
+        return descendants(self.pid) if self.alive() else []
+
+    def signal_all(self, signum: int) -> None:
+        """The main process and its pool children (SIGSTOP/SIGCONT a whole worker)."""
+        for pid in [self.pid, *self.children()]:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+
+@dataclass
+class Harness:
+    scenario: str
+    valkey: ValkeyServer
+    effects_path: Path
+    scale: float = 1.0
+    rng: random.Random = field(default_factory=lambda: random.Random(4))
+    workers: list[Worker] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+    refused: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    last_fault: float | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+    since: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _loops: subprocess.Popen[bytes] | None = None
+    _loops_log: Any = None
+    _worker_count: int = 0
+    _worker_names: list[str] = field(default_factory=list)
+    _stack: ExitStack = field(default_factory=ExitStack)
+
+    # --- processes ----------------------------------------------------------------------
+
+    def worker(
+        self, *, concurrency: int = 2, env: Mapping[str, str] | None = None, name: str = ""
+    ) -> Worker:
+        """A real `celery worker` on the fault queues (tests.support.fixtures.worker_process)."""
+        self._worker_count += 1
+        label = name or f"faults-{self.scenario}-{self._worker_count}"
+        stack = ExitStack()
+        process = stack.enter_context(
+            worker_process(list(QUEUES), concurrency=concurrency, name=label, env=env)
+        )
+        worker = Worker(label, process, stack)
+        self.workers.append(worker)
+        self._worker_names.append(label)
+        return worker
+
+    def retire(self, worker: Worker) -> None:
+        """Stop a worker (SIGTERM, as the fixture does) and forget it."""
+        if worker in self.workers:
+            self.workers.remove(worker)
+        worker.signal_all(signal.SIGCONT)
+        worker.stack.close()
+        for pid in descendants(worker.pid):
+            _kill(pid)
+
+    def retire_all(self) -> None:
+        for worker in list(self.workers):
+            self.retire(worker)
+
+    def log_count(self, worker: Worker | None, needle: str) -> int:
+        """Lines holding `needle` in one worker's log, or in every log of the scenario."""
+        names = [worker.name] if worker else self._worker_names
+        paths = [LOG_DIR / f"worker-{name}-{os.getpid()}.log" for name in names]
+        if worker is None:
+            paths.append(LOG_DIR / f"faults-{self.scenario}-loops.log")
+        count = 0
+        for path in paths:
+            if path.exists():
+                count += sum(
+                    needle in line for line in path.read_text(errors="replace").splitlines()
+                )
+        return count
+
+    def loops(self, env: Mapping[str, str] | None = None) -> None:
+        """`python -m orchestrator.loops`: boot recovery, then the reconciler and the drain."""
+        self._loops_log = open(LOG_DIR / f"faults-{self.scenario}-loops.log", "wb")  # noqa: SIM115
+        self._loops = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.loops"],
+            cwd=ROOT,
+            env={**os.environ, **self.database_env(), **(env or {})},
+            stdout=self._loops_log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def database_env(self) -> dict[str, str]:
+        from tests.support.fixtures import database_url
+
+        return {"DATABASE_URL": database_url()}
+
+    def close(self) -> None:
+        self.retire_all()
+        if self._loops is not None:
+            self._loops.terminate()
+            try:
+                self._loops.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self._loops.kill()
+                self._loops.wait()
+            self._loops_log.close()
+        self._stack.close()
+
+    # --- load ---------------------------------------------------------------------------
+
+    def n(self, count: int) -> int:
+        """A load size scaled by FAULTS_SCALE (the soak)."""
+        return max(1, round(count * self.scale))
+
+    def start(self, task_id: str, data: dict[str, Any]) -> str | None:
+        try:
+            handle = start_run(task_id, data, trigger=TriggerKind.API)
+        except Refused as refusal:
+            with self._lock:
+                self.refused[refusal.code] += 1
+            return None
+        except Exception as exc:  # Valkey or Postgres away: the caller is told, nothing recorded
+            with self._lock:
+                self.refused[type(exc).__name__] += 1
+            return None
+        with self._lock:
+            self.started.append(handle.run_id)
+        return handle.run_id
+
+    @contextmanager
+    def load(
+        self, count: int, make: Callable[[int], tuple[str, dict[str, Any]]], per_s: float = 0
+    ) -> Iterator[threading.Thread]:
+        """Start `count` runs from a thread (at `per_s` a second, or as fast as it can);
+        the block runs meanwhile, and the load is finished when it exits."""
+
+        def body() -> None:
+            try:
+                began = time.monotonic()
+                for index in range(count):
+                    if per_s:
+                        time.sleep(max(0.0, began + index / per_s - time.monotonic()))
+                    self.start(*make(index))
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=body, name="load", daemon=True)
+        thread.start()
+        try:
+            yield thread
+        finally:
+            thread.join()
+
+    def work(
+        self,
+        low_ms: int,
+        high_ms: int,
+        *,
+        deaf_share: float = 0.0,
+        long_share: float = 0.0,
+        long_ms: tuple[int, int] = (1500, 3000),
+    ) -> Callable[[int], Any]:
+        """Inputs of test-fault-work: `low_ms`..`high_ms` long, a share of them long enough
+        to heartbeat a few times, a share deaf to cancels."""
+
+        def make(index: int) -> tuple[str, dict[str, Any]]:
+            span = long_ms if long_share and self.rng.random() < long_share else (low_ms, high_ms)
+            data: dict[str, Any] = {"ms": self.rng.randint(*span)}
+            if deaf_share and self.rng.random() < deaf_share:
+                data["deaf"] = True
+            return "test-fault-work", data
+
+        return make
+
+    # --- faults and waiting -------------------------------------------------------------
+
+    def fault(self, name: str) -> None:
+        with self._lock:
+            self.faults[name] += 1
+            self.last_fault = time.monotonic()
+
+    def state(self, run_id: str) -> str | None:
+        close_old_connections()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT state FROM task_history WHERE id = %s", [run_id])
+            row = cursor.fetchone()
+        return None if row is None else str(row[0])
+
+    def live_count(self) -> int:
+        close_old_connections()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM task_history WHERE state = ANY(%s) "
+                "AND (id = ANY(%s) OR created_at >= %s)",
+                [[s.value for s in LIVE_RUN_STATES], list(self.started), self.since],
+            )
+            return int(cursor.fetchone()[0])
+
+    def active_runs(self) -> list[str]:
+        close_old_connections()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM task_history WHERE state = 'active' AND id = ANY(%s)",
+                [list(self.started)],
+            )
+            return [r for (r,) in cursor.fetchall()]
+
+    def active_runs_of(self, worker: Worker) -> list[str]:
+        """Runs Postgres says are active and owned by one of `worker`'s pool children."""
+        pids = {str(pid) for pid in worker.children()}
+        close_old_connections()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT id, owner_instance_id FROM task_history WHERE state = 'active'")
+            rows = cursor.fetchall()
+        # An owner is "<host>:<pid>:<suffix>" (orchestrator.instance).
+        return [run_id for run_id, owner in rows if owner.partition(":")[2].split(":")[0] in pids]
+
+    def settle(self, bound_s: float) -> float | None:
+        """Wait until every run of the scenario is terminal, at most `bound_s` after the last
+        fault (or now); returns seconds from the last fault to all-terminal, None if not."""
+        origin = self.last_fault or time.monotonic()
+        while True:
+            if self.live_count() == 0:
+                return time.monotonic() - origin
+            if time.monotonic() - origin > bound_s:
+                return None
+            time.sleep(0.25)
+
+    def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.scenario}: {what} not within {timeout:.0f} s")
+
+    def pause(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def kill_random_child(self) -> bool:
+        candidates = [(w, pid) for w in self.workers for pid in w.children()]
+        if not candidates:
+            return False
+        _, pid = self.rng.choice(candidates)
+        _kill(pid)
+        self.fault("SIGKILL pool child")
+        return True
+
+
+def _kill(pid: int, signum: int = signal.SIGKILL) -> None:
+    with suppress(ProcessLookupError):
+        os.kill(pid, signum)

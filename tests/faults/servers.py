@@ -1,0 +1,214 @@
+"""What the fault battery owns and breaks: its own Valkey/Redis server, and a TCP proxy in front
+of Postgres that it can make unreachable.
+
+The shared Redis on 6379 and the shared Postgres are never stopped: the battery starts a
+`redis-server` of its own on a free port (crashed with SIGKILL and started again on the same
+port and directory, with or without an append-only file), and points workers at the proxy
+when Postgres has to go away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ValkeyServer:
+    """A `redis-server` the battery starts on a free port and may crash and restart.
+
+    `aof=True`: `--appendonly yes --appendfsync always`, so every write acknowledged before a
+    crash is there after the restart. `aof=False`: no persistence at all, so a restart is a
+    Valkey that lost everything (live hashes, locks, the broker's queues)."""
+
+    def __init__(self, *, aof: bool, log_path: Path) -> None:
+        self.aof = aof
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="lumastra-faults-valkey-"))
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def url(self, db: int) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def argv(self) -> list[str]:
+        binary = shutil.which("redis-server") or shutil.which("valkey-server")
+        if binary is None:
+            raise RuntimeError("the fault battery needs redis-server (or valkey-server) on PATH")
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.aof
+            else ["--appendonly", "no"]
+        )
+        return [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--maxmemory-policy",
+            "noeviction",
+            "--logfile",
+            str(self.log_path),
+            *persistence,
+        ]
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                # An AOF being loaded answers LOADING: not ready yet.
+                if client.ping():
+                    break
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"redis-server on {self.port} did not start; see {self.log_path}"
+                )
+            time.sleep(0.05)
+        client.close()
+
+    def crash(self) -> None:
+        """SIGKILL: no shutdown save, no goodbye to clients."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def restart(self) -> float:
+        """Crash and start again on the same port and directory; returns seconds it was down."""
+        began = time.monotonic()
+        self.crash()
+        self.start()
+        return time.monotonic() - began
+
+    def script_flush(self) -> None:
+        client = redis.Redis(port=self.port)
+        client.script_flush()
+        client.close()
+
+    def stop(self) -> None:
+        self.crash()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PgProxy:
+    """A TCP proxy in front of Postgres, run on its own event loop in a thread.
+
+    `cut()` makes Postgres unreachable through it, honestly: every connection is aborted
+    (the clients see a reset connection mid-statement or at their next one) and the listening
+    socket is closed, so new connections are refused, as during a Postgres restart or a lost
+    route. `restore()` listens again on the same port."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="pg-proxy", daemon=True)
+        self.server: asyncio.base_events.Server | None = None
+        self.transports: set[asyncio.BaseTransport] = set()
+        self.connections = 0
+
+    def start(self) -> None:
+        self.thread.start()
+        self._call(self._listen())
+
+    def cut(self) -> None:
+        self._call(self._cut())
+
+    def restore(self) -> None:
+        self._call(self._listen())
+
+    def close(self) -> None:
+        self._call(self._cut())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+    def _call(self, coroutine: object) -> None:
+        asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=10)  # type: ignore[arg-type]
+
+    async def _listen(self) -> None:
+        if self.server is None:
+            self.server = await asyncio.start_server(
+                self._serve, "127.0.0.1", self.port, reuse_address=True
+            )
+
+    async def _cut(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        for transport in list(self.transports):
+            transport.abort()
+        self.transports.clear()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.connections += 1
+        pair = (writer.transport, up_writer.transport)
+        self.transports.update(pair)
+        try:
+            await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+        finally:
+            for transport in pair:
+                self.transports.discard(transport)
+                transport.abort()
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.transport.abort()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (pool children of a worker), read from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'.
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

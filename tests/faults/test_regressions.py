@@ -1,0 +1,159 @@
+"""Engine gaps the fault battery found, each reduced to one reconciler tick or one message on
+real Postgres and Redis (docs/reliability.md, "What the battery found").
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import psycopg2
+import pytest
+from django.db import OperationalError, connection
+from django.db.models.functions import Now
+
+from orchestrator import broker, durable, keys, live, valkey
+from orchestrator.models import TaskHistory
+from orchestrator.pending import PendingReport
+from orchestrator.reconciler import Reconciler
+from orchestrator.runner import run_message
+from orchestrator.start import start_run
+from orchestrator.states import RunState
+from orchestrator.triggers import TriggerKind
+
+pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+
+QUEUE = "task.t.test-fault-work"
+TAG = "test-faults-stranded"
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> Iterator[None]:
+    client = broker.client()
+    client.delete(*(keys.broker_queue(QUEUE, step) for step in keys.BROKER_PRIORITY_STEPS))
+    client.hdel(keys.BROKER_UNACKED, TAG)
+    client.zrem(keys.BROKER_UNACKED_INDEX, TAG)
+    valkey.client().delete(keys.orchestrator_lock("reconciler"))
+    yield
+
+
+def _pending_taken_by_a_worker(taken_s_ago: float) -> str:
+    """A pending run whose message a worker took `taken_s_ago` and never acknowledged, as
+    kombu records it (off its list; in `unacked` and `unacked_index`), 90 s old in Postgres."""
+    run_id = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
+    client = broker.client()
+    for step in keys.BROKER_PRIORITY_STEPS:
+        name = keys.broker_queue(QUEUE, step)
+        for raw in client.lrange(name, 0, -1):
+            client.lrem(name, 1, raw)
+            client.hset(keys.BROKER_UNACKED, TAG, json.dumps([json.loads(raw), "", QUEUE]))
+            client.zadd(keys.BROKER_UNACKED_INDEX, {TAG: time.time() - taken_s_ago})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE task_history SET created_at = now() - interval '90 seconds', "
+            "updated_at = now() - interval '90 seconds' WHERE id = %s",
+            [run_id],
+        )
+    return run_id
+
+
+def _tick() -> PendingReport:
+    reconciler = Reconciler()
+    try:
+        report = reconciler.tick()
+    finally:
+        reconciler.release()
+    assert not report.skipped
+    return report.pending
+
+
+def _waiting() -> int:
+    return broker.depth([QUEUE])
+
+
+def test_a_message_a_worker_took_lately_counts_as_held() -> None:
+    _pending_taken_by_a_worker(taken_s_ago=1)
+
+    report = _tick()
+
+    assert report.waiting == 1 and report.republished == 0
+    assert _waiting() == 0
+
+
+def test_a_message_stranded_in_unacked_is_published_again() -> None:
+    """Its worker died after taking it (or the ack was lost in a Valkey restart): kombu would
+    give it back after the visibility timeout (1 h by default) plus its restore cadence."""
+    run_id = _pending_taken_by_a_worker(taken_s_ago=600)
+
+    report = _tick()
+
+    assert report.republished == 1
+    assert _waiting() == 1
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine gap: runner._claim leaves the Valkey claim behind when the Postgres "
+    "pending → active UPDATE fails (Postgres or Valkey dropped the connection); every later "
+    "delivery is refused by that claim and the run stays pending until the pending deadline",
+)
+def test_a_claim_that_reached_valkey_only_does_not_strand_the_run() -> None:
+    run_id = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
+    # What a worker leaves behind when claim_run.lua ran but its Postgres claim raised
+    # (OperationalError; or the reply of the Lua call was lost): the hash says active, owned
+    # by a process that no longer runs it; Postgres says pending; the message was acknowledged.
+    live.claim(run_id, "elsewhere:1:DEADBEEF")
+    broker.client().delete(*(keys.broker_queue(QUEUE, s) for s in keys.BROKER_PRIORITY_STEPS))
+
+    run_message("test-fault-work", run_id, 1)  # the reconciler's re-published message
+
+    assert TaskHistory.objects.get(id=run_id).state != "pending"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine gap: nothing brings a live hash back in line with a terminal Postgres row "
+    "when its writer died (or lost Valkey) between the two writes; the hash says active until "
+    "its TTL, and the finished hooks (identity, concurrency slot, quota, circuit) never run",
+)
+def test_a_live_hash_left_behind_a_terminal_write_is_repaired() -> None:
+    run_id = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
+    owner = "elsewhere:1:DEADBEEF"
+    live.claim(run_id, owner)
+    # The worker wrote Postgres (claim, then the end) and was SIGKILLed before its mirror.
+    durable.transition(run_id, RunState.ACTIVE, owner_instance_id=owner, started_at=Now())
+    durable.transition(run_id, RunState.COMPLETED, finished_at=Now())
+
+    _tick()
+
+    assert live.read(run_id)["state"] == "completed"
+
+
+def test_a_claim_postgres_refused_is_given_back_in_valkey() -> None:
+    """pg_terminate_backend (or a Postgres outage) between the Valkey claim and the Postgres
+    one: the Valkey claim is given back, so the re-published run can still be claimed."""
+    run_id = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
+    other = psycopg2.connect(**_dsn())
+    try:
+        with other.cursor() as cursor:  # holds the row: the claim's UPDATE waits on it
+            cursor.execute("SELECT 1 FROM task_history WHERE id = %s FOR UPDATE", [run_id])
+        with connection.cursor() as cursor:
+            cursor.execute("SET statement_timeout = '300ms'")
+        with pytest.raises(OperationalError):
+            run_message("test-fault-work", run_id, 1)
+    finally:
+        other.rollback()
+        other.close()
+        connection.close()
+
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+    assert live.read(run_id)["state"] == "pending"
+    run_message("test-fault-work", run_id, 1)
+    assert TaskHistory.objects.get(id=run_id).state == "completed"
+
+
+def _dsn() -> dict[str, object]:
+    db = connection.settings_dict
+    return {"dbname": db["NAME"], "user": db["USER"], "host": db["HOST"], "port": db["PORT"]}
