@@ -19,8 +19,12 @@ start takes no quota unit.
 Which outcomes count, once per run (`Outcome.final` is False for an attempt that will be
 retried; such attempts are ignored, so retries of one run count once):
 
-- failure: `fatal`, `internal` (an unexpected exception), `timeout`, and `transient` once the
-  run's attempts are exhausted — each says the task, or something it depends on, is broken.
+- failure: `fatal`, `internal` (an unexpected exception), `timeout`, `stalled`, `worker_lost`
+  (the process running it died: `os._exit`, the OOM killer — poison payloads), and
+  `transient` once the run's attempts are exhausted — each says the task, or something it
+  depends on, is broken. An operator's kill of a worker also ends its runs as `worker_lost`;
+  it takes LUMASTRA_CIRCUIT_FAILURE_THRESHOLD such ends of one task in a row to open it.
+  `orphaned` (a whole worker host went silent) does not count: it says nothing of the task.
 - neither: `permanent` and `validation` (this input is bad, not the task), `cancelled`
   (someone asked), `stale_version` (a deploy artefact). They do not reset the count either.
 - success: `completed`.
@@ -100,7 +104,14 @@ PROBE_PROVISIONAL_TTL = timedelta(seconds=30)
 BUSY_RETRY_AFTER = timedelta(minutes=1)
 
 COUNTED_FAILURES = frozenset(
-    {ErrorKind.FATAL, ErrorKind.INTERNAL, ErrorKind.TIMEOUT, ErrorKind.TRANSIENT}
+    {
+        ErrorKind.FATAL,
+        ErrorKind.INTERNAL,
+        ErrorKind.TIMEOUT,
+        ErrorKind.TRANSIENT,
+        ErrorKind.STALLED,
+        ErrorKind.WORKER_LOST,
+    }
 )
 
 

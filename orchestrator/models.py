@@ -46,6 +46,8 @@ class TaskHistory(models.Model):
             models.Index(fields=["task_id", "-created_at"], name="task_history_task_created"),
             models.Index(fields=["state", "-created_at"], name="task_history_state_created"),
             models.Index(KT("trigger__kind"), "created_at", name="task_history_trigger_kind"),
+            # The reconciler's mirror step reads the runs that ended since its last tick.
+            models.Index(fields=["finished_at"], name="task_history_finished"),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -17,7 +17,10 @@ A tick, on one process of the cluster at a time:
    the state-hash guard must agree);
 5. re-publishes the pending runs whose message the broker lost, and fails those past
    LUMASTRA_PENDING_DEADLINE_S (`orchestrator.pending`);
-6. runs the extra `steps` it was given, under the same lock. This is where the reconciliation
+6. mirrors into Valkey the runs Postgres has ended but whose live hash still says live (their
+   writer died between the two writes), and runs their `finished` hooks
+   (`orchestrator.mirror`);
+7. runs the extra `steps` it was given, under the same lock. This is where the reconciliation
    of per-item coverage rows (`media_item_stage_state`) plugs in when those tables arrive
    with their issue; none is given today, and the tick does nothing for coverage until then.
 
@@ -71,6 +74,7 @@ from orchestrator.drain import ReplayReport
 from orchestrator.leader import CLUSTER
 from orchestrator.liveness import SCAN_START, Fence, LivenessReport
 from orchestrator.locks import FencedLock, LockLost, LoopLock
+from orchestrator.mirror import MirrorEnded
 from orchestrator.pending import PendingReport
 
 log = logging.getLogger(__name__)
@@ -139,7 +143,8 @@ class Reconciler:
         lock: FencedLock | None = None,
     ) -> None:
         config = settings.CONFIG
-        self.steps = tuple(steps)
+        # The mirror of ended runs is always a step; callers add theirs (coverage, later).
+        self.steps = (MirrorEnded(), *steps)
         self.clock = clock
         self.batch = batch
         # The cluster seat: a leader's (never acquired here), or the same lock taken directly.

@@ -287,6 +287,8 @@ def poison(h: Harness) -> list[str]:
             problems.append("test-fault-poison: the circuit never opened")
         crash_after = _poison_until_open("test-fault-crash", ["exit"], h, attempts=8)
         h.notes["os._exit only: starts before its circuit opened"] = crash_after
+        if crash_after is None:
+            problems.append("test-fault-crash: os._exit alone never opened the circuit")
     healthy = TaskHistory.objects.filter(id__in=h.started, task_id="test-fault-work")
     h.settle(60)
     bad = list(healthy.exclude(state="completed").values_list("id", "state", "error"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import psycopg2
 import pytest
@@ -14,7 +15,7 @@ from django.db import OperationalError, connection
 from django.db.models.functions import Now
 
 from orchestrator import broker, durable, keys, live, valkey
-from orchestrator.models import TaskHistory
+from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.pending import PendingReport
 from orchestrator.reconciler import Reconciler
 from orchestrator.runner import run_message
@@ -112,23 +113,22 @@ def test_a_claim_that_reached_valkey_only_does_not_strand_the_run() -> None:
     assert TaskHistory.objects.get(id=run_id).state != "pending"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine gap: nothing brings a live hash back in line with a terminal Postgres row "
-    "when its writer died (or lost Valkey) between the two writes; the hash says active until "
-    "its TTL, and the finished hooks (identity, concurrency slot, quota, circuit) never run",
-)
 def test_a_live_hash_left_behind_a_terminal_write_is_repaired() -> None:
     run_id = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
     owner = "elsewhere:1:DEADBEEF"
     live.claim(run_id, owner)
-    # The worker wrote Postgres (claim, then the end) and was SIGKILLed before its mirror.
+    # The worker wrote Postgres (claim, then the end) and was SIGKILLed before its mirror,
+    # longer ago than the mirror's grace for writers still at work.
     durable.transition(run_id, RunState.ACTIVE, owner_instance_id=owner, started_at=Now())
-    durable.transition(run_id, RunState.COMPLETED, finished_at=Now())
+    ended_at = Now() - timedelta(seconds=30)
+    durable.transition(run_id, RunState.COMPLETED, finished_at=ended_at)
 
     _tick()
 
     assert live.read(run_id)["state"] == "completed"
+    # The finished hooks ran once the hash was repaired (the quota counts the completion).
+    usage = TaskQuotaUsage.objects.get(task_id="test-fault-work")
+    assert usage.completed == 1
 
 
 def test_a_claim_postgres_refused_is_given_back_in_valkey() -> None:
