@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Reject
@@ -28,10 +28,11 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import durable, lifecycle, live, terminal
+from orchestrator import durable, lifecycle, live, terminal, valkey
 from orchestrator.context import RunContext
 from orchestrator.hooks import Pickup, Postpone
 from orchestrator.instance import instance_id, is_dead_here
+from orchestrator.live import FencedWrite
 from orchestrator.models import TaskHistory
 from orchestrator.publish import job_id, publish
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
@@ -48,6 +49,9 @@ REQUEUE_PAUSE_S = 1.0
 # The longest a message waits in the broker for a retry; a longer backoff takes several hops,
 # so a worker that dies holding a delayed message strands it for seconds, not an hour.
 MAX_BROKER_DELAY = timedelta(seconds=10)
+# A claimer takes milliseconds from its Valkey claim to its Postgres one; a claim this old
+# that Postgres never saw and that never heartbeat belongs to a process that died between.
+ABANDONED_CLAIM = timedelta(seconds=30)
 
 
 def run_message(
@@ -223,6 +227,8 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> bool:
             # seed it again from the row and claim.
             live.seed(row.id, row.task_id, row.priority, tuple(row.stages))
             live.claim(row.id, owner)
+        elif exc.current == RunState.ACTIVE and _abandoned_claim(row.id):
+            live.claim(row.id, owner)
         else:
             log.info("run %s: not claimed, live state is %s", row.id, exc.current)
             return False
@@ -249,6 +255,29 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> bool:
         # publishes the pending run again.
         _give_back_claim(row.id, owner)
         raise
+    return True
+
+
+def _abandoned_claim(run_id: str) -> bool:
+    """Valkey says a worker claimed this run, Postgres (which we just read) says pending, and
+    that claim never heartbeat and is older than ABANDONED_CLAIM: its claimer died between its
+    Lua claim and its Postgres update (or never got the Lua reply). The claim is handed back
+    (compare-and-set on its owner) so this delivery can take the run."""
+    snapshot = live.read(run_id)
+    claimed_ms = snapshot.get("started_at")
+    if snapshot.get("heartbeat_at") or not claimed_ms:
+        return False
+    seconds, micros = cast(tuple[int, int], valkey.client().time())
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    if now_ms - int(claimed_ms) < ABANDONED_CLAIM.total_seconds() * 1000:
+        return False
+    try:
+        live.transition(run_id, RunState.PENDING, owner=snapshot.get("owner", ""))
+    except (IllegalTransition, FencedWrite):
+        return False  # another delivery handled it first
+    log.warning(
+        "run %s: claim by %s abandoned before Postgres; taken over", run_id, snapshot.get("owner")
+    )
     return True
 
 
