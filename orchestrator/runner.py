@@ -49,9 +49,7 @@ REQUEUE_PAUSE_S = 1.0
 # The longest a message waits in the broker for a retry; a longer backoff takes several hops,
 # so a worker that dies holding a delayed message strands it for seconds, not an hour.
 MAX_BROKER_DELAY = timedelta(seconds=10)
-# A claimer takes milliseconds from its Valkey claim to its Postgres one; a claim this old
-# that Postgres never saw and that never heartbeat belongs to a process that died between.
-ABANDONED_CLAIM = timedelta(seconds=30)
+
 
 
 def run_message(
@@ -260,16 +258,17 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> bool:
 
 def _abandoned_claim(run_id: str) -> bool:
     """Valkey says a worker claimed this run, Postgres (which we just read) says pending, and
-    that claim never heartbeat and is older than ABANDONED_CLAIM: its claimer died between its
-    Lua claim and its Postgres update (or never got the Lua reply). The claim is handed back
-    (compare-and-set on its owner) so this delivery can take the run."""
+    that claim never heartbeat and is older than a heartbeat interval: its claimer, which
+    takes milliseconds from its Lua claim to its Postgres update, died in between (or never
+    got the Lua reply). The claim is handed back (compare-and-set on its owner) so this
+    delivery can take the run."""
     snapshot = live.read(run_id)
     claimed_ms = snapshot.get("started_at")
     if snapshot.get("heartbeat_at") or not claimed_ms:
         return False
     seconds, micros = cast(tuple[int, int], valkey.client().time())
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    if now_ms - int(claimed_ms) < ABANDONED_CLAIM.total_seconds() * 1000:
+    if now_ms - int(claimed_ms) < settings.CONFIG.heartbeat_interval_s * 1000:
         return False
     try:
         live.transition(run_id, RunState.PENDING, owner=snapshot.get("owner", ""))
