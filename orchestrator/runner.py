@@ -51,7 +51,6 @@ REQUEUE_PAUSE_S = 1.0
 MAX_BROKER_DELAY = timedelta(seconds=10)
 
 
-
 def run_message(
     task_id: str, run_id: str, processing_version: int, redelivered: bool = False
 ) -> None:
