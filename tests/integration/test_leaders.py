@@ -21,15 +21,14 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.test import Client
 
 from orchestrator import keys, node, valkey
 from orchestrator.leader import CLUSTER, Elector, all_seats, leaders, served_classes
 from orchestrator.locks import LockLost
 from orchestrator.models import TaskHistory
-from orchestrator.start import new_run_id
 from tests.support.fixtures import ROOT, database_url, wait_for
+from tests.support.runs import seed_orphan
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -161,27 +160,6 @@ def _views(process: LoopsProcess) -> set[str]:
     return leading
 
 
-def _orphan(heartbeat_age_s: int) -> str:
-    run_id = new_run_id()
-    TaskHistory.objects.create(
-        id=run_id,
-        task_id="test-noop",
-        state="active",
-        trigger={"kind": "manual"},
-        input={},
-        priority=5,
-        identity=run_id,
-        owner_instance_id="gone-host:1:X",
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE task_history SET heartbeat_at = now() - %s * interval '1 second', "
-            "started_at = now() - interval '1 hour' WHERE id = %s",
-            [heartbeat_age_s, run_id],
-        )
-    return run_id
-
-
 def test_a_leader_whose_renewal_is_refused_stops_at_once_and_backs_off() -> None:
     elector = Elector([CLUSTER], ttl=timedelta(seconds=TTL_S), renew_every=timedelta(seconds=1))
     seat = elector.fence(CLUSTER)
@@ -263,7 +241,7 @@ def test_a_leader_paused_past_its_ttl_writes_nothing_when_it_wakes(tmp_path: Pat
         wait_for(lambda: running.leader_of(CLUSTER) is other, timeout=TTL_S + JITTER_S + 5)
         assert time.monotonic() - stopped_at >= TTL_S - RENEW_S
         # Past its lease: the write it would make as leader is waiting when it wakes.
-        orphan = _orphan(400)
+        orphan = seed_orphan(400)
         os.kill(paused.pid, signal.SIGCONT)
 
         wait_for(lambda: "leader: lost lock:orch:cluster" in paused.output(), timeout=10)

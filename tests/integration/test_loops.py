@@ -9,13 +9,12 @@ import sys
 import time
 
 import pytest
-from django.db import connection
 
 from orchestrator import keys, valkey
 from orchestrator.leader import CLUSTER, all_seats
 from orchestrator.models import TaskHistory
-from orchestrator.start import new_run_id
 from tests.support.fixtures import ROOT, database_url, wait_for
+from tests.support.runs import seed_orphan
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -43,27 +42,6 @@ def _loops(*args: str, **env: str) -> subprocess.Popen[str]:
     )
 
 
-def _orphan(heartbeat_age_s: int) -> str:
-    run_id = new_run_id()
-    TaskHistory.objects.create(
-        id=run_id,
-        task_id="test-noop",
-        state="active",
-        trigger={"kind": "manual"},
-        input={},
-        priority=5,
-        identity=run_id,
-        owner_instance_id="gone-host:1:X",
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE task_history SET heartbeat_at = now() - %s * interval '1 second', "
-            "started_at = now() - interval '1 hour' WHERE id = %s",
-            [heartbeat_age_s, run_id],
-        )
-    return run_id
-
-
 def test_the_web_role_refuses_to_run_the_loops() -> None:
     process = _loops("--once", WORKER_MODE="disabled")
     output, _ = process.communicate(timeout=60)
@@ -73,8 +51,8 @@ def test_the_web_role_refuses_to_run_the_loops() -> None:
 
 
 def test_boot_recovery_runs_once_at_start_and_logs_a_count() -> None:
-    stale = _orphan(200)  # past the boot threshold (120 s), not the regular one (300 s)
-    beating = _orphan(30)
+    stale = seed_orphan(200)  # past the boot threshold (120 s), not the regular one (300 s)
+    beating = seed_orphan(30)
 
     process = _loops("--once")
     output, _ = process.communicate(timeout=60)
@@ -92,7 +70,7 @@ def test_sigterm_stops_the_loops_cleanly_and_hands_the_lock_over() -> None:
         holder = wait_for(lambda: valkey.client().get(LOCK), timeout=60)
         assert f":{process.pid}:" in holder
         # Ticks go on while it runs: a new orphan is ended within an interval or two.
-        orphan = _orphan(400)
+        orphan = seed_orphan(400)
         wait_for(lambda: TaskHistory.objects.get(id=orphan).state == "failed", timeout=30)
 
         started = time.monotonic()
