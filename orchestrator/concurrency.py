@@ -61,6 +61,7 @@ from typing import cast
 from django.conf import settings
 
 from orchestrator import keys, scripts, valkey
+from orchestrator.backoff import exponential
 from orchestrator.hooks import Outcome, Pickup, Postpone, RunHook
 from orchestrator.routing import pool_of
 from tasks import registry
@@ -128,7 +129,7 @@ def backoff(
     jitter.
     """
     cap = FRONT_MAX_DELAY if rank < limit else MAX_DELAY
-    delay = min(cap, BASE_DELAY * GROWTH ** max(0, postponements - 1))
+    delay = exponential(BASE_DELAY, GROWTH, postponements - 1, cap)
     return delay * (rng or random).uniform(1 - JITTER, 1 + JITTER)
 
 

@@ -75,6 +75,7 @@ from django.db.models import DateTimeField
 from django.utils import timezone
 
 from orchestrator import durable, keys, lifecycle, live, scripts, valkey
+from orchestrator.backoff import exponential
 from orchestrator.hooks import Outcome
 from orchestrator.leader import CLUSTER
 from orchestrator.live import FencedWrite
@@ -464,5 +465,5 @@ def _record_pass(*, failed: bool) -> None:
     failures = cast(int, client.incr(keys.drain_failures()))
     client.expire(keys.drain_failures(), FAILURES_TTL)
     interval = timedelta(seconds=settings.CONFIG.drain_interval_s)
-    delay = min(interval * 2**failures, BACKOFF_CAP)
+    delay = exponential(interval, 2, failures, BACKOFF_CAP)
     client.set(keys.drain_backoff(), failures, px=int(delay.total_seconds() * 1000))

@@ -54,6 +54,7 @@ from datetime import timedelta
 from django.conf import settings
 
 from orchestrator import keys, valkey
+from orchestrator.backoff import exponential
 from orchestrator.locks import LockLost, LoopLock
 from tasks import registry
 from tasks.resources import RESOURCE_CLASSES
@@ -309,5 +310,5 @@ class Elector:
 
     def _backoff_s(self, losses: int) -> float:
         """Doubling from the renew interval up to the TTL, over its upper half, plus jitter."""
-        ceiling = min(self._ttl_s, self._renew_s * 2 ** max(0, losses - 1))
+        ceiling = exponential(self.renew_every, 2, losses - 1, self.ttl).total_seconds()
         return self.rng.uniform(ceiling / 2, ceiling) + self._jitter_s()

@@ -29,6 +29,7 @@ from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import durable, lifecycle, live, terminal, valkey
+from orchestrator.backoff import exponential
 from orchestrator.context import RunContext
 from orchestrator.hooks import Pickup, Postpone
 from orchestrator.instance import instance_id, is_dead_here
@@ -175,7 +176,7 @@ def _execute(definition: TaskDefinition, row: TaskHistory, pickup: Pickup) -> No
 def backoff(definition: TaskDefinition, attempt: int) -> timedelta:
     """Jitter over the upper half of an exponential ceiling: retries of many runs spread out
     instead of returning together, and none comes back much sooner than its backoff."""
-    ceiling: timedelta = min(definition.retry.cap, definition.retry.base * (2 ** (attempt - 1)))
+    ceiling = exponential(definition.retry.base, 2, attempt - 1, definition.retry.cap)
     return ceiling * random.uniform(0.5, 1.0)
 
 

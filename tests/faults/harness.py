@@ -30,7 +30,12 @@ from orchestrator.triggers import TriggerKind
 from tests.faults.servers import ValkeyServer, descendants
 from tests.support.fixtures import ROOT, worker_process
 
-QUEUES = ("task.t.test-fault-work", "task.t.test-fault-poison", "task.t.test-fault-crash")
+QUEUES = (
+    "task.t.test-fault-work",
+    "task.t.test-fault-poison",
+    "task.t.test-fault-crash",
+    "task.t.test-fault-limited",
+)
 LOG_DIR = ROOT / ".pytest_cache"
 
 

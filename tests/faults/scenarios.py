@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
-from orchestrator import broker, keys
+from orchestrator import broker, keys, valkey
 from orchestrator.cancel import NotCancellable, request_cancel
 from orchestrator.models import TaskHistory
 from orchestrator.publish import job_id, publish
@@ -343,6 +343,38 @@ def cancels(h: Harness) -> list[str]:
     return []
 
 
+# --- backlog --------------------------------------------------------------------------------
+
+# A backlog that has waited for hours: each run starts with this many postponements behind it
+# (a run postponed ~82 times used to crash every pickup on an overflowing delay).
+AGED_POSTPONEMENTS = 5_000
+
+
+def backlog(h: Harness) -> list[str]:
+    """A backlog far above a task's max_concurrent (2), every run already postponed thousands
+    of times: every pickup must postpone cleanly, and every run complete."""
+    task_id = "test-fault-limited"
+    with h.load(h.n(150), lambda _: (task_id, {"ms": h.rng.randint(20, 80)})):
+        pass
+    client = valkey.client()
+    seconds, micros = client.time()
+    seen_ms = seconds * 1000 + micros // 1000
+    client.hset(
+        keys.concurrency_postponed(task_id),
+        mapping={run: f"{AGED_POSTPONEMENTS}:{seen_ms}" for run in h.started},
+    )
+    h.worker()
+    h.worker()
+    h.loops()
+    h.settle(120)
+    problems = _expect_all_completed(h, "from a backlog above max_concurrent")
+    # The reconciler re-publishes a run whose pickup crashed, so completion alone would hide
+    # crashes: every pickup must end in a run or a postponement.
+    crashes = h.log_count(None, "raised unexpected")
+    h.notes["postponements"] = h.log_count(None, "postponed")
+    return problems + ([f"{crashes} pickups crashed"] if crashes else [])
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -365,5 +397,11 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("duplicates", "the same message delivered many times", duplicates),
         Scenario("poison", "poison payloads and the circuit breaker", poison),
         Scenario("cancels", "cancels at random moments", cancels),
+        Scenario(
+            "backlog",
+            "a backlog far above max_concurrent, postponed thousands of times",
+            backlog,
+            bound_s=120.0,
+        ),
     )
 }

@@ -45,6 +45,7 @@ PRIVATE_QUEUES = {
     "task.t.test-fault-work",
     "task.t.test-fault-poison",
     "task.t.test-fault-crash",
+    "task.t.test-fault-limited",
 }
 
 

@@ -330,6 +330,16 @@ fault_work = define_task(
     timeout=FAULT_TIMEOUT,
 )
 
+# The backlog scenario: far more runs than slots, so most are postponed again and again.
+fault_limited = define_task(
+    id="test-fault-limited",
+    resource_class="io",
+    execute=_fault_work,
+    input_model=FaultWorkInput,
+    timeout=FAULT_TIMEOUT,
+    quotas=Quotas(max_concurrent=2),
+)
+
 
 class PoisonInput(BaseModel, extra="forbid"):
     how: Literal["exit", "alloc", "raise"]

@@ -1,0 +1,21 @@
+"""Exponential backoff, capped before it is computed.
+
+Every growing delay in the engine (concurrency postponements, run retries, drain passes,
+leader seats) goes through `exponential`. Growing first and capping after overflows once the
+step count is large: `timedelta * 1.5 ** 82` no longer fits a timedelta, and a run postponed
+that often crashed on every pickup. Here the exponent is clamped to the first step that
+reaches the cap, so any step count, however large, costs the same and returns the cap.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+
+def exponential(base: timedelta, growth: float, step: int, cap: timedelta) -> timedelta:
+    """`base * growth ** step`, at most `cap`, for any `step` (negative counts as 0)."""
+    if base >= cap:
+        return cap
+    steps_to_cap = math.ceil(math.log(cap / base, growth))
+    return min(cap, base * growth ** min(max(0, step), steps_to_cap))
