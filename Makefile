@@ -15,6 +15,8 @@ $(STAMP): requirements.lock
 install: $(STAMP)
 
 # The Procfile's commands find python, celery and uvicorn on PATH: the virtualenv's first.
+# Flower's credentials: the demo user's unless FLOWER_BASIC_AUTH is set.
+run: export FLOWER_BASIC_AUTH ?= demo:lumastra-demo
 run: install
 	$(BIN)/python -m lumastra.preflight
 	$(BIN)/python manage.py migrate --noinput

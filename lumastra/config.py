@@ -11,7 +11,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from functools import cache
+from pathlib import Path
 from typing import Any
+
+# The project directory: relative media roots are taken from it (the demo's default is one).
+_PROJECT_DIR = Path(__file__).resolve().parents[1]
 
 
 class WorkerMode(Enum):
@@ -44,6 +48,12 @@ def _parse_bool(raw: str) -> bool:
 
 def _parse_list(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _parse_paths(raw: str) -> tuple[Path, ...]:
+    # Colon-separated like PATH: a comma is more likely than a colon in a media folder's name.
+    parts = (part.strip() for part in raw.split(":"))
+    return tuple(Path(os.path.normpath(_PROJECT_DIR / part)) for part in parts if part)
 
 
 def _positive_int(raw: str) -> int:
@@ -109,6 +119,39 @@ class Config:
     api_max_body_bytes: int = _env(
         "LUMASTRA_API_MAX_BODY_BYTES", "262144", _positive_int, "largest accepted API request body"
     )
+    auth_failure_limit: int = _env(
+        "LUMASTRA_AUTH_FAILURE_LIMIT",
+        "10",
+        _positive_int,
+        "failed sign-ins (API token or admin login) per client address per window",
+    )
+    auth_failure_window_s: int = _env(
+        "LUMASTRA_AUTH_FAILURE_WINDOW_S",
+        "300",
+        _positive_int,
+        "seconds from an address's first failed sign-in in which its failures are counted",
+    )
+    web_read_timeout_s: int = _env(
+        "LUMASTRA_WEB_READ_TIMEOUT_S",
+        "15",
+        _positive_int,
+        "seconds a client has to send a request's headers, and again its body",
+    )
+    web_keep_alive_s: int = _env(
+        "LUMASTRA_WEB_KEEP_ALIVE_S", "5", _positive_int, "idle keep-alive connection lifetime"
+    )
+    web_limit_concurrency: int = _env(
+        "LUMASTRA_WEB_LIMIT_CONCURRENCY",
+        "1000",
+        _positive_int,
+        "connections or requests at once before the web role answers 503",
+    )
+    web_max_header_bytes: int = _env(
+        "LUMASTRA_WEB_MAX_HEADER_BYTES", "32768", _positive_int, "largest request head"
+    )
+    flower_basic_auth: tuple[str, ...] = _env(
+        "FLOWER_BASIC_AUTH", "", _parse_list, "Flower's user:password pairs, comma-separated"
+    )
     run_active_ttl_s: int = _env(
         "LUMASTRA_RUN_ACTIVE_TTL_S", "900", _positive_int, "live run hash TTL"
     )
@@ -116,6 +159,12 @@ class Config:
         "LUMASTRA_RUN_TERMINAL_TTL_S", "3600", _positive_int, "TTL of a terminal run snapshot"
     )
     log_cap: int = _env("LUMASTRA_LOG_CAP", "1000", _positive_int, "lines kept in a run's live log")
+    media_roots: tuple[Path, ...] = _env(
+        "LUMASTRA_MEDIA_ROOTS",
+        ".demo/media",
+        _parse_paths,
+        "colon-separated folders file-reading tasks may read below",
+    )
     history_retention_days: int = _env(
         "LUMASTRA_HISTORY_RETENTION_DAYS",
         "30",

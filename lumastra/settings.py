@@ -25,6 +25,8 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    # Its templates and static files: the API docs load Swagger UI from here, not a CDN.
+    "ninja",
     "pgtrigger",
     "tasks",
     "orchestrator",
@@ -41,6 +43,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "lumastra.csp.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "lumastra.urls"
@@ -72,9 +75,9 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# The API body limit. Django checks it against the bytes received, not only Content-Length,
-# so a chunked body is refused too; orchestrator.api.limits turns that into a JSON 413. It
-# also bounds non-file form data site-wide, far above what the admin's forms send.
+# The API body limit. Under ASGI, orchestrator.api.limits.BodyLimit refuses a bigger body
+# before Django reads it (a JSON 413 on the API); it holds every other path (the admin) to
+# this same number, far above what the admin's forms send.
 DATA_UPLOAD_MAX_MEMORY_SIZE = CONFIG.api_max_body_bytes
 
 LANGUAGE_CODE = "en-us"

@@ -2,6 +2,11 @@
 (with a force-enable button per circuit), the "Nodes" page (live nodes and leaders, read-only)
 and API tokens.
 
+Every run page and action checks `orchestrator.access` like the API does: reading (the runs
+list and detail, Tasks, Nodes) needs view, acting (start, cancel, retry, force-enable) needs
+operate; staff without the permission get a 403. The site's login counts failed sign-ins per
+client address with the API's bearer tokens (`orchestrator.auth_throttle`).
+
 Only the orchestrator writes run state: the start form calls `start_run` and nothing else,
 the force-enable button `circuit.force_enable` and nothing else, and no admin page can add,
 change or delete a run row.
@@ -9,6 +14,7 @@ change or delete a run row.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -20,6 +26,7 @@ from typing import Any
 import django_stubs_ext
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import DurationField, ExpressionWrapper, F, QuerySet
 from django.db.models.fields.json import KT
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -28,7 +35,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from orchestrator import circuit, drain, leader, node, overview
+from orchestrator import access, auth_throttle, circuit, drain, leader, node, overview
+from orchestrator.access import Access
 from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.hooks import Refused
 from orchestrator.models import ApiToken, TaskHistory
@@ -46,6 +54,41 @@ django_stubs_ext.monkeypatch()
 
 admin.site.site_header = "Lumastra Tasks"
 admin.site.site_title = "Lumastra Tasks"
+
+
+def _throttled_login(login: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The admin login with its failures counted against the client address's sign-in budget
+    (shared with API tokens); past it, a sign-in is refused with 429 before it is checked."""
+
+    @functools.wraps(login)
+    def view(request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if request.method != "POST":
+            return login(request, extra_context)
+        address = auth_throttle.client_address(request)
+        wait = auth_throttle.blocked_for(address)
+        if wait is not None:
+            context = {
+                **admin.site.each_context(request),
+                "title": "Log in",
+                "detail": auth_throttle.refusal(wait),
+            }
+            refused = TemplateResponse(
+                request, "admin/orchestrator/login_throttled.html", context, status=429
+            )
+            refused["Retry-After"] = str(math.ceil(wait.total_seconds()))
+            return refused
+        response = login(request, extra_context)
+        # Django's LoginView redirects after a sign-in and shows the form again after a
+        # failed one (wrong credentials, or an account that may not use the admin).
+        if response.status_code == 200:
+            auth_throttle.record_failure(address)
+        return response
+
+    return view
+
+
+# The admin site builds its URLs from this attribute, after the apps (and so this module) load.
+admin.site.login = _throttled_login(admin.site.login)  # type: ignore[method-assign]
 
 
 POISON_SHOWN = 50
@@ -106,9 +149,30 @@ class PriorityFilter(admin.SimpleListFilter):
         return queryset.filter(priority=int(value)) if value and value.isdigit() else queryset
 
 
+class _InputField(forms.JSONField):
+    """A JSON field that refuses a document too deep for Python's parser as invalid JSON: the
+    parser gives up past about a thousand levels with RecursionError, which Django's field
+    does not expect."""
+
+    default_error_messages = {"too_deep": "Enter valid JSON: it is nested too deeply."}
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError(self.error_messages["too_deep"], code="too_deep") from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        # Shown back as typed, like any other text that is not JSON.
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return forms.fields.InvalidJSONInput(data)
+
+
 class StartRunForm(forms.Form):
     task = forms.ChoiceField()
-    input = forms.JSONField(
+    input = _InputField(
         required=False,
         initial=dict,
         widget=forms.Textarea(attrs={"rows": 8, "cols": 70, "class": "vLargeTextField"}),
@@ -225,7 +289,7 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
 
     actions = ["cancel_runs", "retry_runs"]
 
-    @admin.action(description="Cancel selected runs")
+    @admin.action(description="Cancel selected runs", permissions=["operate"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[TaskHistory]) -> None:
         # The orchestrator owns run state: each run goes through request_cancel.
         for run_id in queryset.values_list("id", flat=True):
@@ -236,7 +300,9 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             else:
                 self.message_user(request, f"{run_id}: {state}")
 
-    @admin.action(description="Retry selected runs (new runs at priority 1)")
+    @admin.action(
+        description="Retry selected runs (new runs at priority 1)", permissions=["operate"]
+    )
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[TaskHistory]) -> None:
         for run_id in queryset.values_list("id", flat=True):
             try:
@@ -246,6 +312,13 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             else:
                 self.message_user(request, f"{run_id}: retried as {handle.run_id}")
 
+    def has_view_permission(self, request: HttpRequest, obj: TaskHistory | None = None) -> bool:
+        return access.allows(request.user, Access.VIEW)
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Django asks this for the actions marked `permissions=["operate"]`."""
+        return access.allows(request.user, Access.OPERATE)
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -254,6 +327,19 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
 
     def has_delete_permission(self, request: HttpRequest, obj: TaskHistory | None = None) -> bool:
         return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        can_operate = self.has_operate_permission(request)
+        # Django leaves an action the user may not run out of the list and shows the page
+        # again as if nothing was posted; a posted one is refused like the other operate pages.
+        posted = request.POST.get("action") if request.method == "POST" else None
+        if posted in self.actions and not can_operate:
+            raise PermissionDenied(access.refusal(Access.OPERATE))
+        return super().changelist_view(
+            request, {**(extra_context or {}), "can_operate": can_operate}
+        )
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[TaskHistory], search_term: str
@@ -292,29 +378,43 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
         seconds = run.duration_s
         return None if seconds is None else f"{seconds:.2f} s"
 
+    def _requires(
+        self, needed: Access, view: Callable[..., HttpResponse]
+    ) -> Callable[..., HttpResponse]:
+        """`view` behind the admin's login (active staff, else a redirect to it) and `needed`
+        (else 403)."""
+
+        @functools.wraps(view)
+        def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not access.allows(request.user, needed):
+                raise PermissionDenied(access.refusal(needed))
+            return view(request, *args, **kwargs)
+
+        return self.admin_site.admin_view(guarded)
+
     def get_urls(self) -> list[URLPattern]:
         start = path(
             "start/",
-            self.admin_site.admin_view(self.start_run_view),
+            self._requires(Access.OPERATE, self.start_run_view),
             name="orchestrator_taskhistory_start",
         )
         tasks = path(
-            "tasks/", self.admin_site.admin_view(self.tasks_view), name="orchestrator_tasks"
+            "tasks/", self._requires(Access.VIEW, self.tasks_view), name="orchestrator_tasks"
         )
         force_enable = path(
             "tasks/<str:task_id>/force-enable/",
-            self.admin_site.admin_view(require_POST(self.force_enable_view)),
+            self._requires(Access.OPERATE, require_POST(self.force_enable_view)),
             name="orchestrator_task_force_enable",
         )
         nodes = path(
-            "nodes/", self.admin_site.admin_view(self.nodes_view), name="orchestrator_nodes"
+            "nodes/", self._requires(Access.VIEW, self.nodes_view), name="orchestrator_nodes"
         )
         # Before the defaults: their `<path:object_id>/` would take "start/" or "tasks/" as a
         # run id.
         return [start, tasks, force_enable, nodes, *super().get_urls()]
 
     def nodes_view(self, request: HttpRequest) -> HttpResponse:
-        """Staff only (admin_view): the node roster and the leader of each seat, read-only."""
+        """View permission: the node roster and the leader of each seat, read-only."""
         now = datetime.now(UTC)
         nodes = sorted(node.roster(), key=lambda n: (n.role, n.host, n.pid))
         leading = leader.leaders()
@@ -338,7 +438,8 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
         return TemplateResponse(request, "admin/orchestrator/nodes.html", context)
 
     def tasks_view(self, request: HttpRequest) -> HttpResponse:
-        """Staff only (admin_view): every task's admission status, read-only."""
+        """View permission: every task's admission status; the force-enable buttons are shown
+        to operators only."""
         definitions = sorted(registry.get().values(), key=lambda d: d.id)
         statuses = overview.task_statuses(definitions)
         context = {
@@ -350,12 +451,13 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             ],
             # Terminal writes the drain gave up on: runs whose end Postgres never recorded.
             "poisoned": drain.poisoned(POISON_SHOWN),
+            "can_operate": self.has_operate_permission(request),
         }
         return TemplateResponse(request, "admin/orchestrator/tasks.html", context)
 
     def force_enable_view(self, request: HttpRequest, task_id: str) -> HttpResponse:
-        """Staff only, POST with a CSRF token (admin_view, require_POST); the circuit is changed
-        by `circuit.force_enable` under the operator's name, never here."""
+        """Operate permission, POST with a CSRF token (require_POST); the circuit is changed by
+        `circuit.force_enable` under the operator's name, never here."""
         try:
             forced = circuit.force_enable(task_id, actor=request.user.get_username())
         except UnknownTaskError as exc:
@@ -370,7 +472,7 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
         return HttpResponseRedirect(reverse("admin:orchestrator_tasks"))
 
     def start_run_view(self, request: HttpRequest) -> HttpResponse:
-        """Staff only (admin_view); the run is created by `start_run`, never here."""
+        """Operate permission; the run is created by `start_run`, never here."""
         definitions = sorted(registry.get().values(), key=lambda d: d.id)
         form = StartRunForm(request.POST or None, tasks=definitions)
         if request.method == "POST" and form.is_valid():

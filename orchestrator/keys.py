@@ -111,3 +111,9 @@ def drain_failures() -> str:
 def drain_backoff() -> str:
     """Present (with a PX lease) while drain replays back off after failed passes."""
     return "task:drain:backoff"
+
+
+def auth_failures(address: str) -> str:
+    """Counter of failed sign-ins (API tokens and the admin login) from one client address in
+    the current window (orchestrator/auth_throttle.py); expires when the window ends."""
+    return f"auth:failures:{address}"

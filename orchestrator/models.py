@@ -41,6 +41,10 @@ class TaskHistory(models.Model):
         db_table = "task_history"
         verbose_name = "run"
         ordering = ["-created_at"]
+        # Beside Django's view permission, which covers reading (orchestrator/access.py).
+        permissions = [
+            ("operate_taskhistory", "Can start, cancel and retry runs and force-enable circuits")
+        ]
         indexes = [
             models.Index(fields=["-created_at"], name="task_history_created"),
             models.Index(fields=["task_id", "-created_at"], name="task_history_task_created"),

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +33,20 @@ from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
+# Crockford base32, as python-ulid prints it.
+_RUN_ID = re.compile(r"run_[0-9A-HJKMNP-TV-Z]{26}")
+# How often a start retries its insert when the run that held its idempotency key ended
+# before it could be read; each retry needs a whole other run to start and end meanwhile.
+_KEY_RACE_ATTEMPTS = 5
+
 
 class StartRefused(ValueError):
     """`start_run` refused its arguments; nothing was written."""
+
+
+class KeyContended(StartRefused):
+    """Runs with this idempotency key kept starting and ending while this start tried to
+    insert its own; trying again later will either join a live run or start one."""
 
 
 class InvalidInput(StartRefused):
@@ -60,12 +72,52 @@ def new_run_id() -> str:
     return f"run_{ULID()}"
 
 
+def is_run_id(value: str) -> bool:
+    """Whether `value` has the form of a run id; anything else names no run."""
+    return _RUN_ID.fullmatch(value) is not None
+
+
+def unstorable(text: str) -> str | None:
+    """Why Postgres cannot store `text`, or None when it can: text and JSONB refuse NUL, and
+    a lone surrogate (a JSON escape can produce one) has no UTF-8 encoding."""
+    if "\x00" in text:
+        return "must not contain NUL (U+0000)"
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return "must not contain a lone surrogate (U+D800-U+DFFF)"
+    return None
+
+
+def first_unstorable(document: object) -> tuple[list[str | int], str] | None:
+    """Where in a JSON-like document an unstorable string (value or key) is, and why."""
+    # A loop, not recursion: a document as deep as the JSON parser allows must not overflow.
+    pending: list[tuple[list[str | int], object]] = [([], document)]
+    while pending:
+        loc, value = pending.pop()
+        if isinstance(value, str):
+            if reason := unstorable(value):
+                return loc, reason
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                if isinstance(key, str) and (reason := unstorable(key)):
+                    return [*loc, key], f"key {reason}"
+                pending.append(([*loc, key], item))
+        elif isinstance(value, list | tuple):
+            pending.extend(([*loc, index], item) for index, item in enumerate(value))
+    return None
+
+
 def validate_input(definition: TaskDefinition, data: object) -> BaseModel:
     """The input as the task's model normalises it, or InvalidInput with field errors."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise InvalidInput(definition.id, [{"loc": [], "msg": "input must be a JSON object"}])
+    # Before the task's model: its validators need not meet text no store will take.
+    if found := first_unstorable(data):
+        loc, reason = found
+        raise InvalidInput(definition.id, [{"loc": loc, "msg": reason, "type": "unstorable_text"}])
     try:
         return definition.input_model.model_validate(data)
     except ValidationError as exc:
@@ -85,6 +137,9 @@ def _trigger_document(
     except ValueError:
         known = ", ".join(k.value for k in TriggerKind)
         raise StartRefused(f"trigger kind {document.get('kind')!r} is not one of {known}") from None
+    if found := first_unstorable(document):
+        loc, reason = found
+        raise StartRefused(f"trigger field {loc}: {reason}")
     return kind, document
 
 
@@ -115,6 +170,8 @@ def start_run(
     if idempotency_key is not None:
         if not idempotency_key.strip():
             raise StartRefused("idempotency key must not be empty")
+        if reason := unstorable(idempotency_key):
+            raise StartRefused(f"idempotency key {reason}")
         trigger_doc["idempotencyKey"] = idempotency_key
     resolved = resolve_priority(priority, definition, kind)
     identity = definition.identity(model)
@@ -157,26 +214,43 @@ def start_run(
             )
             return dataclasses.replace(handle, dropped=True)
         try:
-            # Only an idempotency key can collide (the live-key unique index); the savepoint
-            # that lets this transaction go on after the collision is paid only then.
-            with transaction.atomic(savepoint=idempotency_key is not None):
-                insert()
-        except IntegrityError:
-            lifecycle.abandon(admission)
-            if idempotency_key is None:
-                raise
-            # A concurrent start with the same idempotency key won the unique index.
-            duplicate = _live_run_with_key(task_id, idempotency_key)
-            if duplicate is None:
-                raise
-            answer = _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
-            transaction.set_rollback(True)  # give back what admission took
-            return answer
+            duplicate = _insert_unless_keyed_run(insert, task_id, idempotency_key)
         except Exception:
             lifecycle.abandon(admission)
             raise
+        if duplicate is not None:
+            lifecycle.abandon(admission)
+            answer = _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
+            transaction.set_rollback(True)  # give back what admission took
+            return answer
         transaction.on_commit(lambda: _publish(definition, handle))
     return handle
+
+
+def _insert_unless_keyed_run(
+    insert: Callable[[], None], task_id: str, key: str | None
+) -> TaskHistory | None:
+    """Insert the run, or return the live run that holds its idempotency key."""
+    if key is None:
+        insert()
+        return None
+    for _ in range(_KEY_RACE_ATTEMPTS):
+        try:
+            # Only an idempotency key can collide (the live-key unique index); the savepoint
+            # that lets this transaction go on after the collision is paid only then.
+            with transaction.atomic(savepoint=True):
+                insert()
+            return None
+        except IntegrityError:
+            # A concurrent start with the same key won the unique index...
+            duplicate = _live_run_with_key(task_id, key)
+            if duplicate is not None:
+                return duplicate
+            # ...and its run has already ended, which frees the key: try again.
+    raise KeyContended(
+        f"idempotency key {key!r}: runs with it kept starting and ending while this start "
+        "tried to record its own; try again"
+    )
 
 
 def _deduplicated(task_id: str, run_id: str, identity: str, fallback_priority: int) -> RunHandle:

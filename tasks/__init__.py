@@ -1,4 +1,5 @@
-"""The SDK task authors use: declare tasks, read the run's context, signal failures."""
+"""The SDK task authors use: declare tasks, read the run's context, signal failures, read
+media files without reaching past the media roots."""
 
 from tasks.context import TaskContext
 from tasks.definition import (
@@ -14,6 +15,7 @@ from tasks.definition import (
     define_watch_sync,
 )
 from tasks.errors import FatalError, PermanentError, RunCancelled, TransientError
+from tasks.media import MediaFolder, MediaPath, MediaPathError, open_folder
 from tasks.pipeline import Stage
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import ScheduleRow, cron, dynamic, every
@@ -22,6 +24,9 @@ __all__ = [
     "RESOURCE_CLASSES",
     "Backpressure",
     "FatalError",
+    "MediaFolder",
+    "MediaPath",
+    "MediaPathError",
     "NoInput",
     "PermanentError",
     "Priority",
@@ -40,4 +45,5 @@ __all__ = [
     "define_watch_sync",
     "dynamic",
     "every",
+    "open_folder",
 ]

@@ -1,10 +1,17 @@
-"""Who may call the API: active staff, by bearer token or by Django session.
+"""Who may call the API: active staff with the operation's permission, by bearer token or by
+Django session.
 
 A request that presents an `Authorization` header is judged by that header alone: a bad token
 is a 401 even when a session cookie rides along, so a client never silently acts under a
 different identity than the one it sent. Without the header the session is used, with
-Django's CSRF check. No credentials or a bad token → 401 (`WWW-Authenticate: Bearer`);
-a known user who is not active staff → 403.
+Django's CSRF check. No credentials or a bad token → 401 (`WWW-Authenticate: Bearer`); a known
+user who is not active staff, or lacks the operation's permission (`orchestrator.access`),
+→ 403. Bad tokens count against the client address's sign-in budget
+(`orchestrator.auth_throttle`); past it every token from that address is a 429 until the
+window ends.
+
+Each operation names what it needs: `auth=VIEW` for reads, `auth=OPERATE` for the rest. The
+API's default (`AUTH`) is operate, so an operation that forgets to say is closed, not open.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from ninja.security import APIKeyCookie, HttpBearer
 from ninja.security.base import AuthBase
 from ninja.utils import check_csrf
 
+from orchestrator import access, auth_throttle
+from orchestrator.access import Access
 from orchestrator.api import tokens
 
 
@@ -29,31 +38,54 @@ class InvalidToken(AuthenticationError):
         super().__init__(message=message)
 
 
-def _staff_only(user: User) -> User:
+def _admit(user: User, needed: Access) -> User:
     if not (user.is_active and user.is_staff):
         raise AuthorizationError(message="the API is open to active staff accounts only")
+    if not access.allows(user, needed):
+        raise AuthorizationError(message=access.refusal(needed))
     return user
 
 
 class BearerToken(HttpBearer):
+    def __init__(self, needed: Access) -> None:
+        super().__init__()
+        self.needed = needed
+
     def __call__(self, request: HttpRequest) -> User | None:
         header = request.headers.get(self.header)
         if header is None:
             return None
+        address = auth_throttle.client_address(request)
+        wait = auth_throttle.blocked_for(address)
+        if wait is not None:
+            # errors.py imports this module (for InvalidToken): imported here, not at the top.
+            from orchestrator.api.errors import ApiError
+
+            raise ApiError(
+                429, auth_throttle.refusal(wait), code="too_many_failed_sign_ins", retry_after=wait
+            )
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
+            auth_throttle.record_failure(address)
             raise InvalidToken("Authorization must be 'Bearer <token>'")
         return self.authenticate(request, token.strip())
 
     def authenticate(self, request: HttpRequest, token: str) -> User:
-        user = tokens.user_for(token)
-        if user is None:
+        record = tokens.find(token)
+        if record is None:
+            auth_throttle.record_failure(auth_throttle.client_address(request))
             raise InvalidToken("unknown API token")
-        return _staff_only(user)
+        user = _admit(record.user, self.needed)
+        tokens.mark_used(record)
+        return user
 
 
 class StaffSession(APIKeyCookie):
     param_name = settings.SESSION_COOKIE_NAME
+
+    def __init__(self, needed: Access) -> None:
+        super().__init__()
+        self.needed = needed
 
     # ninja's SessionAuth checks CSRF before knowing whether anyone is logged in, which
     # turns an anonymous POST into a 403; checking only for a logged-in session keeps that
@@ -66,10 +98,12 @@ class StaffSession(APIKeyCookie):
         return self.authenticate(request, None)
 
     def authenticate(self, request: HttpRequest, key: str | None) -> User:
-        return _staff_only(cast(User, request.user))
+        return _admit(cast(User, request.user), self.needed)
 
 
-AUTH: list[AuthBase] = [BearerToken(), StaffSession()]
+VIEW: list[AuthBase] = [BearerToken(Access.VIEW), StaffSession(Access.VIEW)]
+OPERATE: list[AuthBase] = [BearerToken(Access.OPERATE), StaffSession(Access.OPERATE)]
+AUTH = OPERATE
 
 
 def current_user(request: HttpRequest) -> User:

@@ -3,18 +3,22 @@
 `errors` is present only when there are field errors; each is `{"loc", "msg", "type"}`, `loc`
 starting with where the value came from (`body`, `query`, `path`). A refusal by admission
 (quota, exclusivity) adds its stable `code` and, when known, a `Retry-After` header. ninja's
-own errors (unparseable body, failed schema validation, auth) are rendered in the same shape.
+own errors (unparseable body, failed schema validation, auth) are rendered in the same shape,
+and so are a path no operation serves (404) and a method the path does not take (405).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
-from ninja import NinjaAPI
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import URLPattern
+from django.views.decorators.csrf import csrf_exempt
+from ninja import Field, NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from orchestrator.api.auth import InvalidToken
@@ -44,6 +48,59 @@ def field_error(error: Mapping[str, Any]) -> dict[str, Any]:
     # pydantic errors carry `input`, `ctx` and `url` too; echoing input back could be large
     # and `msg` already says what was expected.
     return {"loc": list(error.get("loc", ())), "msg": error["msg"], "type": error.get("type", "")}
+
+
+class FieldErrorOut(Schema):
+    loc: list[str | int] = Field(description="where: body, query or path, then the field")
+    msg: str
+    type: str
+
+
+class ErrorOut(Schema):
+    detail: str
+    code: str | None = Field(
+        default=None, description="a refusal's stable code, e.g. quota_exceeded"
+    )
+    errors: list[FieldErrorOut] | None = Field(default=None, description="field errors")
+
+
+# What any operation can answer: a malformed request or body (400), no or bad credentials
+# (401), an account, session or CSRF token the API refuses (403), a body over the limit
+# (413), and too many failed authentication attempts from one address (429).
+EVERY_OPERATION = (400, 401, 403, 413, 429)
+
+
+def answers(ok: Mapping[int, Any], *errors: int) -> dict[int, Any]:
+    """An operation's `response=`: its successes, then `errors` and EVERY_OPERATION's
+    statuses with the error body, so the OpenAPI schema lists all it can answer."""
+    return {**ok, **{status: ErrorOut for status in sorted({*EVERY_OPERATION, *errors})}}
+
+
+# Exempt like ninja's views: a write to a path that does not exist is a 404, not a CSRF 403.
+@csrf_exempt
+def no_endpoint(request: HttpRequest) -> HttpResponse:
+    """Anything under /api/ that no operation serves."""
+    return JsonResponse({"detail": f"no API endpoint at {request.path}"}, status=404)
+
+
+def json_405(pattern: URLPattern) -> URLPattern:
+    """`pattern` with ninja's plain-text 405 answered in the error shape instead."""
+    view: Callable[..., HttpResponse] = pattern.callback
+
+    # `wraps` carries the view's attributes over, ninja's `csrf_exempt` among them.
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        response = view(request, *args, **kwargs)
+        if response.status_code != 405:
+            return response
+        allowed = ", ".join(sorted(m.strip() for m in response["Allow"].split(",")))
+        refused = JsonResponse(
+            {"detail": f"{request.method} is not allowed here; use {allowed}"}, status=405
+        )
+        refused["Allow"] = allowed
+        return refused
+
+    return URLPattern(pattern.pattern, wrapped, pattern.default_args, pattern.name)
 
 
 def install(api: NinjaAPI) -> None:

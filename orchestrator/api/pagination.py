@@ -16,6 +16,7 @@ from datetime import datetime
 from django.db.models import Q, QuerySet
 
 from orchestrator.models import TaskHistory
+from orchestrator.start import is_run_id
 
 
 @dataclass(frozen=True)
@@ -31,13 +32,21 @@ class Position:
 
     @classmethod
     def decode(cls, cursor: str) -> Position:
+        """The position a cursor names, or ValueError when it names none.
+
+        A cursor comes back from the client, so it is checked as any input: an aware time, a
+        run id of the one format (so no text the database would refuse), and JSON nested
+        deeper than the parser can follow refused rather than raised.
+        """
         try:
             padded = cursor + "=" * (-len(cursor) % 4)
             created_at, run_id = json.loads(base64.urlsafe_b64decode(padded))
-            position = cls(datetime.fromisoformat(created_at), str(run_id))
-        except (binascii.Error, UnicodeDecodeError, TypeError, ValueError):
+            position = cls(datetime.fromisoformat(created_at), run_id)
+        except (binascii.Error, UnicodeDecodeError, TypeError, ValueError, RecursionError):
             raise ValueError("not a cursor from a previous page") from None
-        if position.created_at.tzinfo is None:
+        if position.created_at.tzinfo is None or not (
+            isinstance(run_id, str) and is_run_id(run_id)
+        ):
             raise ValueError("not a cursor from a previous page")
         return position
 

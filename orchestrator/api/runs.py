@@ -10,23 +10,31 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 from ninja.responses import Status
-from pydantic import BeforeValidator, ConfigDict, WithJsonSchema, field_validator
+from pydantic import BeforeValidator, ConfigDict, StringConstraints, WithJsonSchema, field_validator
 
 from orchestrator import live
-from orchestrator.api.auth import current_user
-from orchestrator.api.errors import ApiError
+from orchestrator.api.auth import OPERATE, VIEW, current_user
+from orchestrator.api.errors import ApiError, answers
+from orchestrator.api.fields import PriorityIn, Storable, StorableStr
 from orchestrator.api.pagination import Position, page
 from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.hooks import Refused
 from orchestrator.models import TaskHistory
 from orchestrator.retry import NotRetryable, retry_run
-from orchestrator.start import InvalidInput, RunHandle, StartRefused, start_run
+from orchestrator.start import (
+    InvalidInput,
+    KeyContended,
+    RunHandle,
+    StartRefused,
+    is_run_id,
+    start_run,
+)
 from orchestrator.states import RunState
 from orchestrator.triggers import TriggerKind
 from tasks.registry import UnknownTaskError
@@ -36,22 +44,23 @@ router = Router(tags=["runs"])
 MAX_PAGE = 200
 # A bound on the key keeps it well inside what the unique index on it can hold.
 MAX_IDEMPOTENCY_KEY = 200
+IdempotencyKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY), Storable()
+]
 
 
 class StartRunIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    task: str = Field(description="a task id from GET /tasks")
+    task: StorableStr = Field(description="a task id from GET /tasks")
     input: dict[str, Any] = Field(
         default_factory=dict, description="validated against the task's input schema"
     )
-    idempotency_key: str | None = Field(
+    idempotency_key: IdempotencyKey | None = Field(
         default=None,
-        min_length=1,
-        max_length=MAX_IDEMPOTENCY_KEY,
         description="while a run with this key is live, starting again returns that run",
     )
-    priority: Literal[1, 2, 3, 5, 7] | None = Field(
+    priority: PriorityIn | None = Field(
         default=None, description="1 most urgent … 7 least; default: the task's, else 2"
     )
 
@@ -127,7 +136,7 @@ Cursor = Annotated[
 
 
 class RunFilters(Schema):
-    task: str | None = None
+    task: StorableStr | None = None
     state: RunState | None = None
     trigger_kind: TriggerKind | None = None
     cursor: Cursor = None
@@ -150,7 +159,7 @@ def _start_refusals() -> Iterator[None]:
         # Located like ninja's own body errors: source, then the view's parameter name.
         errors = [{**e, "loc": ["body", "run", "input", *e["loc"]]} for e in exc.errors]
         raise ApiError(422, f"input is invalid for task {exc.task_id!r}", errors) from None
-    except NotRetryable as exc:
+    except (NotRetryable, KeyContended) as exc:
         raise ApiError(409, str(exc)) from None
     except StartRefused as exc:
         raise ApiError(422, str(exc)) from None
@@ -160,7 +169,11 @@ def _start_refusals() -> Iterator[None]:
         ) from None
 
 
-@router.post("/runs", response={200: StartedRun, 202: StartedRun})
+# A start can be refused by admission: 409 (exclusivity), 429 (quota), 503 (circuit open,
+# queue full).
+@router.post(
+    "/runs", auth=OPERATE, response=answers({200: StartedRun, 202: StartedRun}, 404, 409, 422, 503)
+)
 def create_run(request: HttpRequest, run: StartRunIn) -> Status[StartedRun]:
     """Start a run: 202 with the new run; 200 with a live run that already does this work, or
     with the recorded run when backpressure dropped the start."""
@@ -189,9 +202,10 @@ class CancelledRun(Schema):
     )
 
 
-@router.post("/runs/{run_id}/cancel", response=CancelledRun)
+@router.post("/runs/{run_id}/cancel", auth=OPERATE, response=answers({200: CancelledRun}, 404, 409))
 def cancel_run(request: HttpRequest, run_id: str) -> CancelledRun:
     """Cancel a run: at once if it has not started, cooperatively if it is running."""
+    _require_run_id(run_id)
     try:
         state = request_cancel(run_id, actor=current_user(request).username)
     except UnknownRun as exc:
@@ -201,9 +215,14 @@ def cancel_run(request: HttpRequest, run_id: str) -> CancelledRun:
     return CancelledRun(run_id=run_id, state=state)
 
 
-@router.post("/runs/{run_id}/retry", response={200: StartedRun, 202: StartedRun})
+@router.post(
+    "/runs/{run_id}/retry",
+    auth=OPERATE,
+    response=answers({200: StartedRun, 202: StartedRun}, 404, 409, 422, 503),
+)
 def retry(request: HttpRequest, run_id: str) -> Status[StartedRun]:
     """Retry a failed or cancelled run: a new run at priority 1 whose trigger names it."""
+    _require_run_id(run_id)
     with _start_refusals():
         try:
             handle = retry_run(run_id, actor=current_user(request).username)
@@ -225,8 +244,16 @@ def _started(handle: RunHandle, state: str) -> StartedRun:
     )
 
 
-@router.get("/runs/{run_id}", response=RunDetail)
+def _require_run_id(run_id: str) -> None:
+    # Any other text names no run; refusing it here keeps it from the database, which cannot
+    # take some of it (NUL) at all.
+    if not is_run_id(run_id):
+        raise ApiError(404, str(UnknownRun(run_id)))
+
+
+@router.get("/runs/{run_id}", auth=VIEW, response=answers({200: RunDetail}, 404))
 def get_run(request: HttpRequest, run_id: str) -> RunDetail:
+    _require_run_id(run_id)
     row = TaskHistory.objects.filter(id=run_id).first()
     if row is None:
         raise ApiError(404, f"no run {run_id!r}")
@@ -242,7 +269,7 @@ def get_run(request: HttpRequest, run_id: str) -> RunDetail:
     )
 
 
-@router.get("/runs", response=RunPage)
+@router.get("/runs", auth=VIEW, response=answers({200: RunPage}, 422))
 def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> RunPage:
     """Newest first; follow `next_cursor` until it is null."""
     runs = TaskHistory.objects.all()

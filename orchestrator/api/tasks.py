@@ -14,8 +14,8 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
 from orchestrator import circuit, overview
-from orchestrator.api.auth import current_user
-from orchestrator.api.errors import ApiError
+from orchestrator.api.auth import OPERATE, VIEW, current_user
+from orchestrator.api.errors import ApiError, answers
 from orchestrator.circuit import CircuitStatus
 from orchestrator.models import CircuitState
 from orchestrator.overview import TaskStatus
@@ -164,7 +164,7 @@ def _definition(task_id: str) -> TaskDefinition:
         raise ApiError(404, str(exc)) from None
 
 
-@router.get("/tasks", response=list[TaskOut])
+@router.get("/tasks", auth=VIEW, response=answers({200: list[TaskOut]}))
 def list_tasks(request: HttpRequest) -> list[TaskOut]:
     """Every registered task, by id, with its status."""
     found = registry.get()
@@ -173,13 +173,15 @@ def list_tasks(request: HttpRequest) -> list[TaskOut]:
     return [_task(definition, statuses[definition.id]) for definition in definitions]
 
 
-@router.get("/tasks/{task_id}", response=TaskOut)
+@router.get("/tasks/{task_id}", auth=VIEW, response=answers({200: TaskOut}, 404))
 def get_task(request: HttpRequest, task_id: str) -> TaskOut:
     definition = _definition(task_id)
     return _task(definition, overview.task_status(definition))
 
 
-@router.post("/tasks/{task_id}/circuit/force-enable", response=CircuitOut)
+@router.post(
+    "/tasks/{task_id}/circuit/force-enable", auth=OPERATE, response=answers({200: CircuitOut}, 404)
+)
 def force_enable_circuit(request: HttpRequest, task_id: str) -> CircuitOut:
     """Close the task's circuit and keep it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS,
     recorded under the caller's username; answers with the circuit as it is now."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import timedelta
 
 from django.contrib.auth.models import User
+from django.db.models import Q
 from django.utils import timezone
 
 from orchestrator.models import ApiToken
@@ -18,6 +20,8 @@ from orchestrator.models import ApiToken
 TOKEN_PREFIX = "lmt_"  # noqa: S105 - a public marker, not a secret
 # "lmt_" plus 8 random characters: enough to tell tokens apart in the admin, too little to guess.
 DISPLAY_PREFIX_LENGTH = 12
+# `last_used_at` is as fine as this: enough to tell a live token from a forgotten one.
+STAMP_EVERY = timedelta(minutes=1)
 
 
 def digest(token: str) -> str:
@@ -33,10 +37,18 @@ def issue(user: User, name: str = "") -> tuple[ApiToken, str]:
     return record, token
 
 
-def user_for(token: str) -> User | None:
-    """The owner of `token`, or None if no such token exists; marks the token as used."""
-    record = ApiToken.objects.select_related("user").filter(digest=digest(token)).first()
-    if record is None:
-        return None
-    ApiToken.objects.filter(pk=record.pk).update(last_used_at=timezone.now())
-    return record.user
+def find(token: str) -> ApiToken | None:
+    """The record of `token` with its user, or None if no such token exists. Reads only."""
+    return ApiToken.objects.select_related("user").filter(digest=digest(token)).first()
+
+
+def mark_used(record: ApiToken) -> None:
+    """Record that `record` was accepted: at most once per STAMP_EVERY, so a busy client does
+    not turn every read into a write to api_token."""
+    now = timezone.now()
+    if record.last_used_at is not None and now - record.last_used_at < STAMP_EVERY:
+        return
+    # Guarded again in SQL: of concurrent requests with one token, one stamp lands.
+    ApiToken.objects.filter(pk=record.pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - STAMP_EVERY)
+    ).update(last_used_at=now)

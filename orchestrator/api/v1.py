@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
 
 from orchestrator.api import errors, runs, tasks
@@ -17,3 +18,10 @@ api = NinjaAPI(
 errors.install(api)
 api.add_router("", runs.router)
 api.add_router("", tasks.router)
+
+
+def urls() -> tuple[list[URLPattern | URLResolver], str, str]:
+    """`api.urls` for `include`, its 405s in the error shape."""
+    patterns, app_name, namespace = api.urls
+    wrapped = [errors.json_405(p) if isinstance(p, URLPattern) else p for p in patterns]
+    return wrapped, app_name, namespace

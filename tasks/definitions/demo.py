@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from datetime import timedelta
-from pathlib import Path
 
 from django.conf import settings
 from django.utils import timezone
 from pydantic import BaseModel, Field
 
 from tasks import (
+    MediaPath,
     NoInput,
     PermanentError,
     ScheduleRow,
@@ -19,30 +19,53 @@ from tasks import (
     define_task,
     dynamic,
     every,
+    open_folder,
 )
+
+# Bounds of one hash-folder walk besides its input's max_files: how deep it descends and how
+# many directory entries it looks at, so a tree of empty folders or links cannot keep it busy.
+HASH_FOLDER_MAX_DEPTH = 32
+HASH_FOLDER_MAX_ENTRIES = 100_000
 
 
 class HashFolderInput(BaseModel, extra="forbid"):
-    path: str = Field(description="folder whose files are hashed (recursively)")
-    max_files: int = Field(default=10_000, ge=1, le=1_000_000)
+    path: MediaPath = Field(
+        description="folder below a media root (LUMASTRA_MEDIA_ROOTS) whose files are hashed"
+    )
+    max_files: int = Field(default=1_000, ge=1, le=10_000)
 
 
 def hash_folder(ctx: TaskContext, params: HashFolderInput) -> dict[str, object]:
-    root = Path(params.path)
-    if not root.is_dir():
-        raise PermanentError(f"{root} is not a folder")
-    files = sorted(p for p in root.rglob("*") if p.is_file())[: params.max_files]
-    digests: dict[str, str] = {}
-    for index, path in enumerate(files, start=1):
-        ctx.raise_if_cancelled()
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-        digests[str(path.relative_to(root))] = digest.hexdigest()
-        ctx.report_progress(index, len(files))
-    ctx.log(f"hashed {len(digests)} files under {root}")
-    return {"files": len(digests), "sha256": digests}
+    with open_folder(params.path) as folder:
+        files = list(
+            folder.walk(
+                limit=params.max_files,
+                max_depth=HASH_FOLDER_MAX_DEPTH,
+                max_entries=HASH_FOLDER_MAX_ENTRIES,
+            )
+        )
+        digests: dict[str, str] = {}
+        for index, relative in enumerate(files, start=1):
+            ctx.raise_if_cancelled()
+            digest = hashlib.sha256()
+            with folder.open(relative) as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+            digests[str(relative)] = digest.hexdigest()
+            ctx.report_progress(index, len(files))
+        stats = folder.stats
+    ctx.log(
+        f"hashed {len(digests)} files under {params.path}; looked at {stats.visited} entries, "
+        f"skipped {stats.skipped_links} links and {stats.too_deep} folders too deep"
+        + ("; stopped at a limit" if stats.truncated else "")
+    )
+    return {
+        "files": len(digests),
+        "sha256": digests,
+        "skipped_links": stats.skipped_links,
+        "too_deep": stats.too_deep,
+        "truncated": stats.truncated,
+    }
 
 
 hash_folder_task = define_task(
@@ -50,14 +73,17 @@ hash_folder_task = define_task(
     resource_class="cpu",
     execute=hash_folder,
     input_model=HashFolderInput,
-    identity_for=lambda params: params.path,
+    identity_for=lambda params: str(params.path),
+    # 2: confined to the media roots; a worker still on 1 must not take a run started now.
+    processing_version=2,
     description="SHA-256 of every file under a folder",
 )
 
 
 class SlowProgressInput(BaseModel, extra="forbid"):
-    steps: int = Field(default=10, ge=1, le=10_000)
-    step_seconds: float = Field(default=0.5, ge=0, le=60)
+    # A demo's bounds: at most 100 steps of 5 s, so no start can hold a worker for long.
+    steps: int = Field(default=10, ge=1, le=100)
+    step_seconds: float = Field(default=0.5, ge=0, le=5)
 
 
 def slow_progress(ctx: TaskContext, params: SlowProgressInput) -> dict[str, int]:
@@ -73,7 +99,7 @@ slow_progress_task = define_task(
     resource_class="io",
     execute=slow_progress,
     input_model=SlowProgressInput,
-    timeout=Timeout(soft=timedelta(hours=1), hard=timedelta(hours=1, minutes=5)),
+    timeout=Timeout(soft=timedelta(minutes=10), hard=timedelta(minutes=11)),
     description="sleeps in steps and reports progress after each",
 )
 

@@ -30,6 +30,7 @@ from orchestrator.models import ApiToken, TaskHistory
 from orchestrator.start import new_run_id
 from tasks import registry
 from tests.support.fixtures import wait_for
+from tests.support.users import operator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,7 +84,7 @@ def writes() -> Iterator[Writes]:
 
 @pytest.fixture
 def staff() -> User:
-    return User.objects.create_user("ops", password="unused-pw", is_staff=True)
+    return operator("ops")
 
 
 @pytest.fixture

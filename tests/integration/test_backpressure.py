@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from django.conf import LazySettings
-from django.contrib.auth.models import User
 from django.test import Client
 
 from orchestrator import broker, keys, live, valkey
@@ -16,6 +15,7 @@ from orchestrator.backpressure import QueueFull
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.start import start_run
 from orchestrator.triggers import TriggerKind
+from tests.support.users import operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -110,8 +110,7 @@ def test_shed_oldest_never_sheds_more_urgent_work(settings: LazySettings) -> Non
 
 
 def _api() -> Client:
-    user = User.objects.create_user("ops", is_staff=True)
-    return Client(headers={"Authorization": f"Bearer {tokens.issue(user, 'tests')[1]}"})
+    return Client(headers={"Authorization": f"Bearer {tokens.issue(operator(), 'tests')[1]}"})
 
 
 def _post(client: Client, task: str) -> Any:

@@ -34,6 +34,7 @@ from orchestrator.states import RunState
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.errors import ErrorKind
+from tests.support.users import operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -76,7 +77,7 @@ def clock() -> FrozenClock:
 
 @pytest.fixture
 def staff() -> User:
-    return User.objects.create_user("ops", password="unused-pw", is_staff=True)
+    return operator("ops")
 
 
 @pytest.fixture
@@ -303,7 +304,7 @@ def test_admin_tasks_page_shows_every_tasks_status(
     client = Client()
     client.force_login(staff)
 
-    # The runs list needs the view permission; the status page only staff.
+    # The runs list links to the status page.
     changelist = admin_client.get("/admin/orchestrator/taskhistory/").content.decode()
     response = client.get(ADMIN_TASKS)
 

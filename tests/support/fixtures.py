@@ -115,10 +115,10 @@ def _clean_redis() -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_counters() -> None:
-    """Circuits and refusal counts outlive a test's database; each test starts without them,
-    so failures one test provokes never refuse another test's starts."""
+    """Circuits, refusal counts and failed sign-ins outlive a test's database; each test starts
+    without them, so failures one test provokes never refuse another test's starts or tokens."""
     client = valkey.client()
-    for pattern in (keys.circuit("*"), keys.refusals("*", "*")):
+    for pattern in (keys.circuit("*"), keys.refusals("*", "*"), keys.auth_failures("*")):
         stale = list(client.scan_iter(match=pattern, count=500))
         if stale:
             client.delete(*stale)

@@ -8,12 +8,14 @@ Once the previous batch has finished, a new invocation starts a fresh one to wat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from lumastra import config
 from orchestrator.start import start_run
 from orchestrator.triggers import TriggerKind
 
@@ -34,9 +36,33 @@ class DemoRun:
     input: dict[str, Any]
 
 
+# What the default media root holds for `hash-folder` to read: a few small files, two deep.
+SAMPLE_MEDIA = {
+    "README.txt": b"Sample media for the Lumastra demo; hash-folder reads below this folder.\n",
+    "shows/pilot/episode-01.ts": bytes(range(256)) * 512,
+    "music/theme.flac": bytes(reversed(range(256))) * 256,
+}
+
+
+def demo_media() -> Path:
+    """The folder the demo's `hash-folder` run reads: the first media root. The default root,
+    under the project, is created with sample files; an operator's root is only read."""
+    roots = settings.CONFIG.media_roots
+    if not roots:
+        raise CommandError("LUMASTRA_MEDIA_ROOTS is empty: hash-folder has nothing it may read")
+    folder: Path = roots[0]
+    if folder in config.load({}).media_roots:
+        for name, content in SAMPLE_MEDIA.items():
+            sample = folder / name
+            if not sample.exists():
+                sample.parent.mkdir(parents=True, exist_ok=True)
+                sample.write_bytes(content)
+    return folder
+
+
 def demo_runs() -> tuple[DemoRun, ...]:
     return (
-        DemoRun("hash-folder", {"path": str(settings.BASE_DIR / "tasks")}),
+        DemoRun("hash-folder", {"path": str(demo_media())}),
         DemoRun("slow-progress", {"steps": 20, "step_seconds": 0.5}),
         DemoRun("history-retention", {}),
     )

@@ -1,0 +1,98 @@
+"""Schema-driven fuzzing of the HTTP API: the OpenAPI schema the API serves is the contract.
+
+schemathesis generates requests for every operation from `/api/v1/openapi.json`, both ones
+that fit the schema and ones that break it, and sends them to the real Django app in-process
+(WSGI) with a valid token. Any 5xx fails, and so does any answer the schema does not
+declare: an undeclared status, a body that does not match its schema, a wrong content type.
+Examples are bounded and derandomised, so the test is quick and the same on every run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import schemathesis
+from django.contrib.auth.models import User
+from django.test import Client
+from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from lumastra.wsgi import application
+from orchestrator.api import tokens
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def token() -> str:
+    # A superuser: whatever permissions the API comes to require, this token holds them.
+    user = User.objects.create_user("fuzz", is_staff=True, is_superuser=True)
+    return tokens.issue(user, "fuzz")[1]
+
+
+# Loaded when the module is collected: the schema endpoint reads no database.
+schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", application)
+
+
+@schema.parametrize()
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+def test_every_operation_answers_as_its_schema_says(case: Any, token: str) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    response = case.call(headers=headers)
+
+    excluded = []
+    if _refused_only_the_cursor(response):
+        # A cursor is opaque: the schema can only call it a string, so a schema-valid one
+        # that no page ever handed out is rightly refused.
+        excluded.append(positive_data_acceptance)
+    case.validate_response(response, headers=headers, excluded_checks=excluded)
+
+
+def _refused_only_the_cursor(response: Any) -> bool:
+    if response.status_code != 422:
+        return False
+    return {tuple(e["loc"]) for e in response.json().get("errors", [])} == {("query", "cursor")}
+
+
+# Beyond what every operation can answer (EVERY_OPERATION: 400, 401, 403, 413, 429).
+OWN_ERRORS = {
+    ("get", "/api/v1/runs"): {422},
+    ("post", "/api/v1/runs"): {404, 409, 422, 503},
+    ("get", "/api/v1/runs/{run_id}"): {404},
+    ("post", "/api/v1/runs/{run_id}/cancel"): {404, 409},
+    ("post", "/api/v1/runs/{run_id}/retry"): {404, 409, 422, 503},
+    ("get", "/api/v1/tasks"): set(),
+    ("get", "/api/v1/tasks/{task_id}"): {404},
+    ("post", "/api/v1/tasks/{task_id}/circuit/force-enable"): {404},
+}
+
+
+def test_every_operation_declares_its_errors_with_the_error_schema() -> None:
+    spec = Client().get("/api/v1/openapi.json").json()
+    operations = {(m, path): op for path, ops in spec["paths"].items() for m, op in ops.items()}
+
+    assert set(operations) == set(OWN_ERRORS)
+    for key, operation in operations.items():
+        errors = {int(s): r for s, r in operation["responses"].items() if int(s) >= 400}
+        assert set(errors) == {400, 401, 403, 413, 429} | OWN_ERRORS[key], key
+        for response in errors.values():
+            schema = response["content"]["application/json"]["schema"]
+            assert schema == {"$ref": "#/components/schemas/ErrorOut"}
+    error = spec["components"]["schemas"]["ErrorOut"]
+    assert error["required"] == ["detail"]
+    assert set(error["properties"]) == {"detail", "code", "errors"}
+
+
+def test_the_schema_says_what_is_refused_at_the_edge() -> None:
+    spec = Client().get("/api/v1/openapi.json").json()
+    start = spec["components"]["schemas"]["StartRunIn"]["properties"]
+
+    assert start["task"]["pattern"] == "^[^\\u0000]*$"
+    assert start["priority"]["anyOf"][0] == {"enum": [1, 2, 3, 5, 7], "type": "integer"}
