@@ -28,12 +28,14 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from orchestrator import circuit, drain, leader, node, overview
-from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
-from orchestrator.hooks import Refused
+from orchestrator.cluster import leaders, roster
+from orchestrator.hooks import circuit, overview
+from orchestrator.hooks.base import Refused
 from orchestrator.models import ApiToken, TaskHistory
-from orchestrator.retry import retry_run
-from orchestrator.start import InvalidInput, StartRefused, start_run
+from orchestrator.runs import drain
+from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.rerun import retry_run
+from orchestrator.runs.start import InvalidInput, StartRefused, start_run
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.definition import Priority, TaskDefinition
@@ -150,7 +152,7 @@ def _span(span: timedelta) -> str:
 
 @dataclass(frozen=True)
 class _NodeRow:
-    node: node.Node
+    node: roster.Node
     age: str
     leads: tuple[str, ...]  # the seats this node holds
 
@@ -316,8 +318,8 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
     def nodes_view(self, request: HttpRequest) -> HttpResponse:
         """Staff only (admin_view): the node roster and the leader of each seat, read-only."""
         now = datetime.now(UTC)
-        nodes = sorted(node.roster(), key=lambda n: (n.role, n.host, n.pid))
-        leading = leader.leaders()
+        nodes = sorted(roster.roster(), key=lambda n: (n.role, n.host, n.pid))
+        leading = leaders.leaders()
         by_instance: dict[str, list[str]] = {}
         for seat, instance in leading.items():
             by_instance.setdefault(instance, []).append(seat)
@@ -332,7 +334,7 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             ],
             "seats": [
                 _SeatRow(seat, leading.get(seat), leading.get(seat) in live)
-                for seat in leader.all_seats()
+                for seat in leaders.all_seats()
             ],
         }
         return TemplateResponse(request, "admin/orchestrator/nodes.html", context)

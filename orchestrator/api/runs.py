@@ -18,16 +18,16 @@ from ninja import Field, Query, Router, Schema
 from ninja.responses import Status
 from pydantic import BeforeValidator, ConfigDict, WithJsonSchema, field_validator
 
-from orchestrator import live
 from orchestrator.api.auth import current_user
 from orchestrator.api.errors import ApiError
 from orchestrator.api.pagination import Position, page
-from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
-from orchestrator.hooks import Refused
+from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
-from orchestrator.retry import NotRetryable, retry_run
-from orchestrator.start import InvalidInput, RunHandle, StartRefused, start_run
+from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.rerun import NotRetryable, retry_run
+from orchestrator.runs.start import InvalidInput, RunHandle, StartRefused, start_run
 from orchestrator.states import RunState
+from orchestrator.stores import live
 from orchestrator.triggers import TriggerKind
 from tasks.registry import UnknownTaskError
 

@@ -32,8 +32,8 @@ from typing import Any
 
 from django.db import connection
 
-from orchestrator import live
 from orchestrator.states import RUN_TRANSITIONS, TERMINAL_RUN_STATES, RunState
+from orchestrator.stores import live
 
 # What a row may be born as: pending, or cancelled for a start backpressure dropped.
 BORN = {RunState.PENDING.value, RunState.CANCELLED.value}

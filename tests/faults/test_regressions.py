@@ -14,13 +14,13 @@ import pytest
 from django.db import OperationalError, connection
 from django.db.models.functions import Now
 
-from orchestrator import broker, durable, keys, live, valkey
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.pending import PendingReport
-from orchestrator.reconciler import Reconciler
-from orchestrator.runner import run_message
-from orchestrator.start import start_run
+from orchestrator.recovery.pending import PendingReport
+from orchestrator.recovery.reconciler import Reconciler
+from orchestrator.runs.runner import run_message
+from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
+from orchestrator.stores import broker, durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]

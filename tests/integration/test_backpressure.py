@@ -10,11 +10,11 @@ from django.conf import LazySettings
 from django.contrib.auth.models import User
 from django.test import Client
 
-from orchestrator import broker, keys, live, valkey
 from orchestrator.api import tokens
-from orchestrator.backpressure import QueueFull
+from orchestrator.hooks.backpressure import QueueFull
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.start import start_run
+from orchestrator.runs.start import start_run
+from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -15,8 +15,9 @@ from threading import Barrier
 import pytest
 from django.db import connection, transaction
 
-from orchestrator import keys, valkey
-from orchestrator.circuit import (
+from orchestrator.clock import SYSTEM, FrozenClock, to_ms
+from orchestrator.hooks.base import Admission, Outcome, Pickup
+from orchestrator.hooks.circuit import (
     PROBE_PROVISIONAL_TTL,
     CircuitBreaker,
     CircuitOpen,
@@ -24,11 +25,10 @@ from orchestrator.circuit import (
     status,
     statuses,
 )
-from orchestrator.clock import SYSTEM, FrozenClock, to_ms
-from orchestrator.hooks import Admission, Outcome, Pickup
 from orchestrator.models import CircuitState, TaskCircuitState, TaskHistory, TaskQuotaUsage
-from orchestrator.start import new_run_id, start_run
+from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
+from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.errors import ErrorKind

@@ -12,10 +12,10 @@ import pytest
 from celery import current_app
 from django.conf import settings
 
-from orchestrator import live, valkey
 from orchestrator.models import TaskHistory
-from orchestrator.publish import job_id
-from orchestrator.start import new_run_id
+from orchestrator.runs.publish import job_id
+from orchestrator.runs.start import new_run_id
+from orchestrator.stores import live, valkey
 from tasks import registry
 from tests.support.fixtures import PRIVATE_QUEUES, wait_for, worker_process
 from tests.support.task_defs import ORDER_KEY

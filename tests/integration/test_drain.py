@@ -18,13 +18,14 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
-from orchestrator import drain, durable, keys, live, valkey
-from orchestrator.drain import MAX_ATTEMPTS, MAX_ENTRIES
-from orchestrator.leader import CLUSTER
-from orchestrator.locks import LoopLock
+from orchestrator.cluster.leaders import CLUSTER
+from orchestrator.cluster.locks import LoopLock
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.start import new_run_id
+from orchestrator.runs import drain
+from orchestrator.runs.drain import MAX_ATTEMPTS, MAX_ENTRIES
+from orchestrator.runs.start import new_run_id
 from orchestrator.states import RunState
+from orchestrator.stores import durable, keys, live, valkey
 from tests.support.fixtures import database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -16,8 +16,8 @@ from django.conf import settings
 from django.db import connection
 
 from lumastra.workers import worker_argv
-from orchestrator import keys, valkey
 from orchestrator.routing import queue_name
+from orchestrator.stores import keys, valkey
 from tasks import registry
 
 ROOT = Path(__file__).resolve().parents[2]

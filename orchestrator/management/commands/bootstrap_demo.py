@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from orchestrator.start import start_run
+from orchestrator.runs.start import start_run
 from orchestrator.triggers import TriggerKind
 
 DEMO_USERNAME = "demo"
