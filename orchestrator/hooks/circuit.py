@@ -44,20 +44,20 @@ admin and the API.
 Storage: one Valkey hash per task (`keys.circuit`), changed only by `lua/circuit_*.lua`, is
 authoritative for admission. After each change the whole hash is upserted into
 `task_circuit_state` (ordered by the hash's version, so racing upserts never go backwards); a
-probe's admission is mirrored when its start commits. A missing hash (Valkey restarted or
+probe's admission is copied to Postgres when its start commits. A missing hash (Valkey restarted or
 flushed) is rebuilt from that row, or created closed when there is none, by the first call
 that needs it. Admitting to a closed circuit and recording a success that changes nothing
 write nothing.
 
 Not guaranteed:
-- The probe slot is not mirrored: after Valkey lost the hash, a probe in flight may be joined
+- The probe slot is not copied to Postgres: after Valkey lost the hash, a probe in flight may be joined
   by a second one, and its outcome then counts like any other run's. So does the outcome of a
   probe whose slot expired before it reported (a start stuck in a caller's transaction for
   more than 30 s, or a queue wait longer than the hard timeout).
 - Runs admitted before the circuit opened still run; their outcomes update the counts, but
   only the probe closes or reopens the circuit.
-- A change whose mirror upsert failed (Postgres unreachable), or whose start rolled back, is
-  missing from the mirror until the next change; if Valkey is lost meanwhile, so is the change.
+- A change whose Postgres upsert failed (Postgres unreachable), or whose start rolled back, is
+  missing from the Postgres copy until the next change; if Valkey is lost meanwhile, so is the change.
 - A failure reported twice for one run (`finished` is retried) counts once only while it is
   among the newest 10 counted failures of the window.
 - Time is each process's clock: hosts whose clocks disagree shift backoffs and the window.
@@ -122,7 +122,7 @@ class Verdict(Enum):
 
 
 class CircuitHash(TypedDict, total=False):
-    version: str  # incremented by every change; orders the mirror's upserts
+    version: str  # incremented by every change; orders the Postgres copy's upserts
     state: str  # closed | open | half_open (stored as open until a probe is admitted)
     consecutive: str
     reopen_count: str  # times it opened in a row without closing
@@ -192,7 +192,7 @@ class CircuitBreaker(RunHook):
         try:
             expiry = self.clock.now() + admission.definition.timeout.hard
             _set_probe_expiry(admission.definition.id, admission.run_id, to_ms(expiry))
-            _mirror(admission.definition.id, circuit)
+            _persist(admission.definition.id, circuit)
         except Exception:
             log.exception("run %s: could not confirm its circuit probe slot", admission.run_id)
 
@@ -223,7 +223,7 @@ class CircuitBreaker(RunHook):
         if event == "unchanged":
             return
         circuit = _hash(reply[1:])
-        _mirror(task_id, circuit)
+        _persist(task_id, circuit)
         if event in ("opened", "reopened"):
             log.warning(
                 "task %s: circuit %s by run %s (%s consecutive failures, %s times in a row); "
@@ -248,7 +248,7 @@ def force_enable(task_id: str, *, actor: str, clock: Clock = SYSTEM) -> CircuitS
     now = clock.now()
     until = now + timedelta(milliseconds=settings.CONFIG.circuit_force_enable_ttl_ms)
     circuit = _hash(_call("circuit_force", task_id, [to_ms(now), to_ms(until), actor], clock))
-    _mirror(task_id, circuit)
+    _persist(task_id, circuit)
     log.warning("task %s: circuit force-enabled by %s until %s", task_id, actor, until)
     return _status(task_id, circuit, now)
 
@@ -261,7 +261,7 @@ def status(task_id: str, *, clock: Clock = SYSTEM) -> CircuitStatus:
 def statuses(task_ids: Iterable[str], *, clock: Clock = SYSTEM) -> dict[str, CircuitStatus]:
     """Circuits of several tasks in one Valkey round trip (and one query for lost hashes).
 
-    Read-only: a task whose hash is missing is shown from its mirror row, or as closed.
+    Read-only: a task whose hash is missing is shown from its Postgres row, or as closed.
     """
     ids = list(dict.fromkeys(task_ids))
     pipe = valkey.client().pipeline(transaction=False)
@@ -322,7 +322,7 @@ def _hash(flat: Sequence[str]) -> CircuitHash:
     return cast(CircuitHash, dict(zip(flat[::2], flat[1::2], strict=True)))
 
 
-# --- Postgres mirror ------------------------------------------------------------------------
+# --- Postgres copy --------------------------------------------------------------------------
 
 _UPSERT = """
 INSERT INTO task_circuit_state AS c
@@ -341,7 +341,7 @@ ON CONFLICT (task_id) DO UPDATE
 """
 
 
-def _mirror(task_id: str, circuit: CircuitHash) -> None:
+def _persist(task_id: str, circuit: CircuitHash) -> None:
     recent = [{"at": at, "run": run} for at, run in _recent(circuit.get("recent", ""))]
     with connection.cursor() as cursor:
         cursor.execute(

@@ -23,14 +23,14 @@ cancelled (cancelling → failed is not a legal move: the cancel request wins), 
 gives the heartbeat's age, the threshold, the owner and what the live hash said. The UPDATE
 repeats the heartbeat condition, so a heartbeat landing between the check and the write
 keeps the run alive; that condition is why this is not a plain `durable.transition`. Then the
-live hash follows (no owner fence, since its owner is gone; a missing hash is fine), then the
-`finished` hooks, which give back the run's concurrency slot and identity. An orphan can be
-retried like any failed run.
+run is settled (`runs.settle`): the live hash follows (no owner fence, since its owner is
+gone; a missing hash is fine), then the `finished` hooks give back the run's concurrency slot
+and identity. An orphan can be retried like any failed run.
 
 Options: the threshold (the reconciler passes LUMASTRA_ORPHAN_THRESHOLD_S, or
 LUMASTRA_ORPHAN_BOOT_THRESHOLD_S at boot recovery) and the batch size. `candidates()` is the
-one query a reconciler tick makes; it also returns the pending runs that `orchestrator.recovery.pending`
-checks against the broker.
+one query a reconciler tick makes; it also returns the pending runs that
+`orchestrator.recovery.pending` checks against the broker.
 
 Not guaranteed:
 - A run whose heartbeats stop reaching both stores for longer than the threshold, though its
@@ -55,11 +55,9 @@ from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import LockLost
-from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Outcome
+from orchestrator.runs.settle import settle
 from orchestrator.states import IllegalTransition, RunState, run_sources
-from orchestrator.stores import keys, live, valkey
-from tasks import registry
+from orchestrator.stores import keys, valkey
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
@@ -238,7 +236,7 @@ def end_orphans(
             continue
         try:
             fence.check()
-            ended = _end(candidate, threshold_s, reason, clock, report)
+            ended = _end(candidate, threshold_s, reason, clock)
         except LockLost:
             raise
         except Exception:
@@ -256,9 +254,7 @@ def end_orphans(
     return report
 
 
-def _end(
-    candidate: Candidate, threshold_s: int, reason: str, clock: Clock, report: OrphanReport
-) -> RunState | None:
+def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> RunState | None:
     target = RunState.FAILED if candidate.state == RunState.ACTIVE else RunState.CANCELLED
     if candidate.state not in run_sources(target):
         raise IllegalTransition(candidate.run_id, candidate.state, target, "postgres")
@@ -290,35 +286,14 @@ def _end(
             log.info("run %s: changed since it was judged an orphan; left alone", candidate.run_id)
             return None
     log.warning("run %s: orphan %s: %s", candidate.run_id, target.value, message)
-    # Postgres has the end: neither a Valkey failure here nor a hook's can undo it, and the
-    # hooks must still hear of it.
-    try:
-        mirror(candidate.run_id, target, clock)
-    except Exception:
-        report.errors += 1
-        log.exception("run %s: ended in Postgres; live hash not updated", candidate.run_id)
-    definition = registry.get().get(candidate.task_id)
-    if definition is None:
-        log.warning(
-            "run %s: task %r is not registered; hooks not told", candidate.run_id, candidate.task_id
-        )
-        return target
-    hooks.finished(
-        Outcome(definition, candidate.run_id, candidate.owner, target, ErrorKind.ORPHANED)
+    # Postgres has the end; its owner is gone, so the live hash follows without a fence.
+    settle(
+        candidate.run_id,
+        candidate.task_id,
+        target,
+        owner=candidate.owner,
+        fenced=False,
+        error_kind=ErrorKind.ORPHANED,
+        clock=clock,
     )
     return target
-
-
-def mirror(run_id: str, target: RunState, clock: Clock = SYSTEM) -> None:
-    """Valkey follows a Postgres write made for a run whose owner is gone: no owner fence; a
-    missing hash or one that already ended is logged, not raised (Postgres has the truth)."""
-    try:
-        live.transition(run_id, target, clock=clock)
-    except IllegalTransition as exc:
-        if exc.current == RunState.ACTIVE and target == RunState.CANCELLED:
-            live.transition(run_id, RunState.CANCELLING, clock=clock)
-            live.transition(run_id, RunState.CANCELLED, clock=clock)
-        elif exc.current is None:
-            log.info("run %s: no live hash to mark %s", run_id, target.value)
-        else:
-            log.warning("run %s: %s in Postgres, live hash disagreed: %s", run_id, target, exc)

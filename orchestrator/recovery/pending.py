@@ -57,13 +57,12 @@ from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import LockLost
-from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Outcome
 from orchestrator.models import TaskHistory
-from orchestrator.recovery.orphans import Candidate, Fence, mirror
+from orchestrator.recovery.orphans import Candidate, Fence
 from orchestrator.routing import queue_name
 from orchestrator.runs.publish import job_id, publish
 from orchestrator.runs.runner import MAX_BROKER_DELAY
+from orchestrator.runs.settle import settle
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys, live, scripts, valkey
 from tasks import registry
@@ -100,7 +99,6 @@ class PendingReport:
 @dataclass(frozen=True)
 class _Failure:
     candidate: Candidate
-    definition: TaskDefinition | None
     kind: ErrorKind
     message: str
     older_than_s: int
@@ -125,9 +123,7 @@ def check(
                 f"pending for {candidate.age_s:.0f}s, past the pending deadline of "
                 f"{deadline_s}s: no worker took it"
             )
-            failures.append(
-                _Failure(candidate, definition, ErrorKind.ORPHANED, message, deadline_s)
-            )
+            failures.append(_Failure(candidate, ErrorKind.ORPHANED, message, deadline_s))
         elif definition is None:
             report.skipped += 1
             log.warning(
@@ -148,14 +144,14 @@ def check(
                 f"enqueued for processing_version {candidate.processing_version}, "
                 f"current is {definition.processing_version}"
             )
-            failures.append(_Failure(candidate, definition, ErrorKind.STALE_VERSION, message, 0))
+            failures.append(_Failure(candidate, ErrorKind.STALE_VERSION, message, 0))
         else:
             to_look_for.append((candidate, definition))
 
     for failure in failures:
         try:
             fence.check()
-            ended = _fail(failure, clock, report)
+            ended = _fail(failure, clock)
         except LockLost:
             raise
         except Exception:
@@ -293,7 +289,7 @@ def _reseed(candidate: Candidate, definition: TaskDefinition, clock: Clock) -> b
     return seeded
 
 
-def _fail(failure: _Failure, clock: Clock, report: PendingReport) -> bool:
+def _fail(failure: _Failure, clock: Clock) -> bool:
     """pending → failed by compare-and-set, Postgres first; False when the run moved on."""
     candidate = failure.candidate
     error = {"kind": failure.kind.value, "message": failure.message}
@@ -310,15 +306,7 @@ def _fail(failure: _Failure, clock: Clock, report: PendingReport) -> bool:
             log.info("run %s: no longer pending as judged; left alone", candidate.run_id)
             return False
     log.warning("run %s: failed (%s): %s", candidate.run_id, failure.kind.value, failure.message)
-    try:
-        mirror(candidate.run_id, RunState.FAILED, clock)
-    except Exception:
-        report.errors += 1
-        log.exception("run %s: failed in Postgres; live hash not updated", candidate.run_id)
-    if failure.definition is None:
-        log.warning(
-            "run %s: task %r is not registered; hooks not told", candidate.run_id, candidate.task_id
-        )
-        return True
-    hooks.finished(Outcome(failure.definition, candidate.run_id, "", RunState.FAILED, failure.kind))
+    settle(
+        candidate.run_id, candidate.task_id, RunState.FAILED, error_kind=failure.kind, clock=clock
+    )
     return True

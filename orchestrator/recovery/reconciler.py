@@ -17,7 +17,7 @@ A tick, on one process of the cluster at a time:
    the state-hash guard must agree);
 5. re-publishes the pending runs whose message the broker lost, and fails those past
    LUMASTRA_PENDING_DEADLINE_S (`orchestrator.recovery.pending`);
-6. mirrors into Valkey the runs Postgres has ended but whose live hash still says live (their
+6. repairs the live hashes of runs Postgres has ended but whose live hash still says live (their
    writer died between the two writes), and runs their `finished` hooks
    (`orchestrator.recovery.repair`);
 7. runs the extra `steps` it was given, under the same lock. This is where the reconciliation
@@ -74,7 +74,7 @@ from orchestrator.cluster.locks import FencedLock, LockLost, LoopLock
 from orchestrator.recovery import orphans, pending
 from orchestrator.recovery.orphans import SCAN_START, Fence, OrphanReport
 from orchestrator.recovery.pending import PendingReport
-from orchestrator.recovery.repair import MirrorEnded
+from orchestrator.recovery.repair import RepairHashes
 from orchestrator.runs import drain
 from orchestrator.runs.drain import ReplayReport
 
@@ -144,8 +144,8 @@ class Reconciler:
         lock: FencedLock | None = None,
     ) -> None:
         config = settings.CONFIG
-        # The mirror of ended runs is always a step; callers add theirs (coverage, later).
-        self.steps = (MirrorEnded(), *steps)
+        # The repair of left-behind hashes is always a step; callers add theirs (coverage, later).
+        self.steps = (RepairHashes(), *steps)
         self.clock = clock
         self.batch = batch
         # The cluster seat: a leader's (never acquired here), or the same lock taken directly.

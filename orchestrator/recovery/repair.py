@@ -1,14 +1,15 @@
-"""Mirror: brings a live hash back in line with a run Postgres has already ended.
+"""Hash repair: brings a live hash back in line with a run Postgres has already ended.
 
 The terminal write is Postgres first, then Valkey, then the `finished` hooks. A writer that
 dies (or loses Valkey) between the first two leaves the hash saying `active` until its TTL,
 and the hooks never run: the identity stays claimed, the concurrency slot held until its
 lease ends, the circuit and quota uncounted. Each reconciler tick this step looks at the runs
-that ended since the last tick (minus GRACE, so a writer still mirroring is not overtaken),
-finds those whose live hash is still live, moves the hash to the Postgres state (one Lua
-transition, so only one repairer wins) and then runs the hooks.
+that ended since the last tick (minus GRACE, so a writer still settling is not overtaken),
+finds those whose live hash is still live and settles them (`runs.settle`: one Lua transition
+moves the hash to the Postgres state, so only one repairer wins, and the winner runs the
+hooks).
 
-Not guaranteed: a writer whose mirror failed after retries but whose hooks ran anyway (Valkey
+Not guaranteed: a writer whose Valkey write failed after retries but whose hooks ran anyway (Valkey
 unreachable for seconds) gets its hooks run a second time here; hooks are idempotent except
 the daily quota's completed/failed counters, which can count that run twice. A process
 starts looking LUMASTRA_RUN_ACTIVE_TTL_S back, the longest a left-behind hash can live.
@@ -23,18 +24,17 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Outcome
 from orchestrator.models import TaskHistory
 from orchestrator.recovery.orphans import Fence
-from orchestrator.states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, IllegalTransition, RunState
-from orchestrator.stores import keys, live, valkey
+from orchestrator.runs.settle import settle
+from orchestrator.states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, RunState
+from orchestrator.stores import keys, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
-# A writer is normally between its Postgres and Valkey writes for milliseconds; its mirror
+# A writer is normally between its Postgres and Valkey writes for milliseconds; its settle
 # retries for about three seconds.
 GRACE = timedelta(seconds=10)
 BATCH = 2_000
@@ -42,8 +42,8 @@ LIVE_STATES = frozenset(s.value for s in LIVE_RUN_STATES)
 
 
 @dataclass
-class MirrorEnded:
-    name: str = "mirror"
+class RepairHashes:
+    name: str = "repair"
     _since: datetime | None = field(default=None, repr=False)
 
     def __call__(self, fence: Fence) -> int:
@@ -84,14 +84,11 @@ class MirrorEnded:
     def _repair(
         run_id: str, task_id: str, state: RunState, owner: str, error: dict[str, str] | None
     ) -> bool:
-        try:
-            if state == RunState.CANCELLED and live.read(run_id).get("state") != "cancelling":
-                live.transition(run_id, RunState.CANCELLING)
-            live.transition(run_id, state)
-        except IllegalTransition as exc:
-            log.info("run %s: live hash moved on meanwhile (%s); left alone", run_id, exc)
-            return False
         kind = ErrorKind(error["kind"]) if error else None
-        hooks.finished(Outcome(registry.get()[task_id], run_id, owner, state, kind))
-        log.warning("run %s: live hash was left behind its %s end; repaired", run_id, state)
-        return True
+        # Only the process whose transition moves the hash runs the hooks: one repairer wins.
+        repaired = settle(
+            run_id, task_id, state, owner=owner, fenced=False, error_kind=kind, only_if_moved=True
+        )
+        if repaired:
+            log.warning("run %s: live hash was left behind its %s end; repaired", run_id, state)
+        return repaired

@@ -8,17 +8,17 @@ at most MAX_ENTRIES). `replay()` applies entries oldest first with `durable.tran
 same guarded UPDATE the writer used, so a replay can never make a move DESIGN §4 forbids.
 
 Valkey after Postgres. Valkey must never be ahead of the truth, so a writer whose Postgres
-write failed does not write the live hash; the replay does, once Postgres has the write
-(`live.transition` fenced by the claim's owner), and then calls the `finished` hooks
-(concurrency slot, identity, quota counts, circuit). So after `push` returns True the writer
-returns without its Valkey write and without `hooks.finished`: the drain does both, once
+write failed does not write the live hash; the replay settles the run once Postgres has the
+write (`runs.settle`: the live hash follows, fenced by the claim's owner, then the `finished`
+hooks: concurrency slot, identity, quota counts, circuit). So after `push` returns True the writer
+returns without settling the run (Valkey write, `finished` hooks): the drain settles it, once
 per applied entry. Until then the run reads `active` in both stores and keeps its slot.
 
 What a replay does with an entry:
-- applied: Postgres took the write; mirror and hooks follow.
+- applied: Postgres took the write; the run is settled.
 - already: Postgres refused it because the run already holds this very write (the UPDATE
   committed but its reply was lost, so the writer pushed a write that had landed; told apart
-  by its `finished_at`, `error` and `result`). Done; the mirror and hooks still run, since
+  by its `finished_at`, `error` and `result`). Done; the run is still settled, since
   the writer skipped them.
 - cancelled: the run is `cancelling` (a cancel raced the handler's end): it ends `cancelled`,
   as in the runner.
@@ -77,13 +77,10 @@ from django.utils import timezone
 from orchestrator.backoff import exponential
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import FencedLock, LockLost, LoopLock
-from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Outcome
 from orchestrator.models import TaskHistory
+from orchestrator.runs.settle import settle
 from orchestrator.states import IllegalTransition, RunState
-from orchestrator.stores import durable, keys, live, scripts, valkey
-from orchestrator.stores.live import FencedWrite
-from tasks import registry
+from orchestrator.stores import durable, keys, scripts, valkey
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
@@ -183,10 +180,10 @@ def push(run_id: str, target: RunState, fields: Mapping[str, Any], owner: str) -
     """Queue a terminal write Postgres refused on a transient error; False when the drain is
     full. `fields` are TaskHistory fields with plain JSON values or datetimes (e.g. `result`,
     `error`, `finished_at`); the write is replayed with `durable.transition(run_id, target,
-    **fields)`, then mirrored to the live hash (fenced by `owner`) and reported to the hooks.
+    **fields)`, then the run is settled (`runs.settle`, fenced by `owner`).
 
-    For the writer: after True, skip the Valkey write and `hooks.finished` (the replay
-    does both once Postgres has the write). After False, or a redis error (Valkey is
+    For the writer: after True, skip settling the run (the replay does it once Postgres has
+    the write). After False, or a redis error (Valkey is
     unreachable too), the write is lost: log it; the reconciler ends the run as an orphan.
     Raises ValueError for a field a terminal write may not set (a bug, not an outage).
     """
@@ -408,21 +405,7 @@ def _task_id(run_id: str) -> str | None:
 
 
 def _finish(entry: Entry, ended: RunState, task_id: str | None) -> None:
-    """What the writer skipped: the live hash follows Postgres, then the hooks hear of it."""
-    try:
-        live.transition(entry.run_id, ended, owner=entry.owner)
-    except FencedWrite as exc:
-        log.warning("run %s: %s; live hash left to its owner", entry.run_id, exc)
-    except IllegalTransition as exc:
-        if exc.current == RunState.ACTIVE and ended == RunState.CANCELLED:
-            live.transition(entry.run_id, RunState.CANCELLING, owner=entry.owner)
-            live.transition(entry.run_id, RunState.CANCELLED, owner=entry.owner)
-        else:
-            log.warning("run %s: %s in Postgres, live hash disagreed: %s", entry.run_id, ended, exc)
-    definition = registry.get().get(task_id) if task_id else None
-    if definition is None:
-        log.warning("run %s: task %r is not registered; hooks not told", entry.run_id, task_id)
-        return
+    """What the writer skipped: the run is settled (the live hash follows, hooks hear of it)."""
     kind = None
     error = entry.fields.get("error")
     if ended != RunState.CANCELLED and isinstance(error, dict):
@@ -430,7 +413,7 @@ def _finish(entry: Entry, ended: RunState, task_id: str | None) -> None:
             kind = ErrorKind(error.get("kind"))
         except ValueError:
             kind = None
-    hooks.finished(Outcome(definition, entry.run_id, entry.owner, ended, kind))
+    settle(entry.run_id, task_id or "", ended, owner=entry.owner, error_kind=kind)
 
 
 def _retry(raw: str, entry: Entry) -> None:

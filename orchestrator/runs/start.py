@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -23,6 +24,7 @@ from ulid import ULID
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped
 from orchestrator.models import TaskHistory
+from orchestrator.runs import cancel
 from orchestrator.runs.publish import job_id, publish
 from orchestrator.states import LIVE_RUN_STATES, RunState, StageState
 from orchestrator.stores import live
@@ -157,6 +159,10 @@ def start_run(
                 finished_at=timezone.now(),
             )
             return dataclasses.replace(handle, dropped=True)
+        for shed in admission.shed:
+            transaction.on_commit(
+                partial(cancel.cancel_waiting, shed.run_ids, ErrorKind.SHED, shed.reason)
+            )
         try:
             # Only an idempotency key can collide (the live-key unique index); the savepoint
             # that lets this transaction go on after the collision is paid only then.

@@ -2,38 +2,26 @@
 
 Whoever ends a run — the runner when the handler returns, the watchdog on a stall or hard
 timeout, the cancel escalation — goes through here, and only the writer whose guarded
-Postgres UPDATE succeeded runs the `finished` hooks. A writer that finds the run already
-ended (someone else won) writes nothing more.
+Postgres UPDATE succeeded settles the run (`runs.settle`: Valkey follows, the `finished`
+hooks run). A writer that finds the run already ended (someone else won) writes nothing more.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
-from redis.exceptions import ConnectionError as ValkeyConnectionError
-from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
-from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Outcome
 from orchestrator.runs import drain
+from orchestrator.runs.settle import settle
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
-from orchestrator.stores import durable, live
-from orchestrator.stores.live import FencedWrite
+from orchestrator.stores import durable
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
-
-# Valkey unreachable when the live hash should follow a Postgres terminal write (a restart, a
-# failover): the mirror is tried again for about three seconds (0.1 s doubling) before the
-# hash is left behind, so a blip does not leave a live hash saying `active` for a run Postgres
-# has ended. Repeating it is safe: a transition that did land is refused the second time.
-MIRROR_ATTEMPTS = 6
-MIRROR_FIRST_PAUSE_S = 0.1
 
 
 def error_doc(kind: ErrorKind, message: str, **extra: Any) -> dict[str, Any]:
@@ -56,7 +44,7 @@ def finish(
     try:
         durable.transition(run_id, target, **fields)
     except (OperationalError, InterfaceError):
-        # Postgres is away: the drain replays the write, then mirrors Valkey and runs the
+        # Postgres is away: the drain replays the write, then settles the run
         # hooks itself, so Valkey is never ahead of Postgres.
         log.warning("run %s: terminal write %s deferred to the drain", run_id, target)
         if not drain.push(run_id, target, fields, owner):
@@ -70,8 +58,7 @@ def finish(
             log.info("run %s: already ended %s; %s not recorded", run_id, exc.current, target)
             return RunState(exc.current)
         raise
-    _mirror(run_id, target, owner)
-    hooks.finished(Outcome(definition, run_id, owner, target, kind))
+    settle(run_id, definition.id, target, owner=owner, error_kind=kind)
     return target
 
 
@@ -91,9 +78,8 @@ def cancel(
     except IllegalTransition as exc:
         log.info("run %s: not cancelled, Postgres says %s", run_id, exc.current)
         return
-    _mirror(run_id, RunState.CANCELLED, owner)
     kind = ErrorKind(error["kind"]) if error else None
-    hooks.finished(Outcome(definition, run_id, owner, RunState.CANCELLED, kind))
+    settle(run_id, definition.id, RunState.CANCELLED, owner=owner, error_kind=kind)
 
 
 def fail_unstarted(definition: TaskDefinition, run_id: str, kind: ErrorKind, message: str) -> None:
@@ -101,38 +87,4 @@ def fail_unstarted(definition: TaskDefinition, run_id: str, kind: ErrorKind, mes
     durable.transition(
         run_id, RunState.FAILED, error=error_doc(kind, message), finished_at=timezone.now()
     )
-    _mirror(run_id, RunState.FAILED, "")
-    hooks.finished(Outcome(definition, run_id, "", RunState.FAILED, kind))
-
-
-def _mirror(run_id: str, target: RunState, owner: str) -> None:
-    """Valkey follows Postgres. A hash that disagrees (lost in a restart, moved on by an
-    operator) cannot undo the Postgres write, so it is logged, not raised; neither can Valkey
-    being unreachable, which is retried for a while, then logged."""
-    for attempt in range(MIRROR_ATTEMPTS):
-        try:
-            _mirror_once(run_id, target, owner)
-            return
-        except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
-            if attempt == MIRROR_ATTEMPTS - 1:
-                log.error(
-                    "run %s: %s in Postgres; live hash not updated, Valkey unreachable: %s",
-                    run_id,
-                    target,
-                    exc,
-                )
-                return
-            time.sleep(MIRROR_FIRST_PAUSE_S * 2**attempt)
-
-
-def _mirror_once(run_id: str, target: RunState, owner: str) -> None:
-    try:
-        live.transition(run_id, target, owner=owner)
-    except FencedWrite as exc:
-        log.warning("run %s: %s; live hash left to its owner", run_id, exc)
-    except IllegalTransition as exc:
-        if exc.current == RunState.ACTIVE and target == RunState.CANCELLED:
-            live.transition(run_id, RunState.CANCELLING)
-            live.transition(run_id, RunState.CANCELLED)
-            return
-        log.warning("run %s: %s in Postgres, live hash disagreed: %s", run_id, target, exc)
+    settle(run_id, definition.id, RunState.FAILED, error_kind=kind)
