@@ -260,7 +260,7 @@ def test_an_idle_tick_makes_two_indexed_queries() -> None:
         report = reconciler.tick()
 
     assert report.acted == 0 and not report.skipped
-    # The stale/pending candidates, and the runs ended since the last tick (the mirror step,
+    # The stale/pending candidates, and the runs ended since the last tick (the hash repair step,
     # on the finished_at index).
     assert len(queries.captured_queries) == 2
 
@@ -436,7 +436,7 @@ def test_a_pending_run_past_the_deadline_is_failed() -> None:
 
 
 def test_two_reconcilers_only_one_acts_per_tick() -> None:
-    orphans = [_seed(Row(f"o{i}", "active", 400, 500, "gone", "failed")) for i in range(4)]
+    seeded = [_seed(Row(f"o{i}", "active", 400, 500, "gone", "failed")) for i in range(4)]
     reconcilers = [Reconciler(), Reconciler()]
     barrier = threading.Barrier(2)
     reports = []
@@ -457,7 +457,7 @@ def test_two_reconcilers_only_one_acts_per_tick() -> None:
     assert sorted(r.skipped for r in reports) == [False, True]
     acted = next(r for r in reports if not r.skipped)
     assert acted.orphans.orphaned == 4
-    assert all(TaskHistory.objects.get(id=o).state == "failed" for o in orphans)
+    assert all(TaskHistory.objects.get(id=o).state == "failed" for o in seeded)
     assert _failed_count("test-noop") == 4
 
 
@@ -491,7 +491,7 @@ def test_a_reconciler_that_lost_its_lock_writes_nothing() -> None:
 
 
 def test_a_tick_that_loses_its_lock_midway_stops_writing() -> None:
-    orphans = [_seed(Row(f"o{i}", "active", 400 + i, 500, "gone", "failed")) for i in range(3)]
+    seeded = [_seed(Row(f"o{i}", "active", 400 + i, 500, "gone", "failed")) for i in range(3)]
     thief = LoopLock(CLUSTER, timedelta(seconds=30))
 
     @dataclass
@@ -514,7 +514,7 @@ def test_a_tick_that_loses_its_lock_midway_stops_writing() -> None:
     with pytest.raises(LockLost):
         orphans.end_orphans(stale, THRESHOLD, fence=StealAfterFirst(reconciler.lock))
 
-    states = sorted(TaskHistory.objects.get(id=o).state for o in orphans)
+    states = sorted(TaskHistory.objects.get(id=o).state for o in seeded)
     assert states == ["active", "active", "failed"]
     thief.release()
 
@@ -545,6 +545,6 @@ def test_extra_steps_run_under_the_lock_each_alone() -> None:
     report = reconciler.tick()
 
     assert probe.calls == 1
-    assert report.steps == {"mirror": 0, "probe": 2}
+    assert report.steps == {"repair": 0, "probe": 2}
     assert report.errors == 1
     reconciler.release()
