@@ -34,7 +34,14 @@ class LockLost(Exception):
     """The loop no longer holds its lock: it must stop writing at once."""
 
 
-class FencedLock(Protocol):
+class Fence(Protocol):
+    """The one fence protocol: checked before each write; raises LockLost when the caller
+    may no longer write."""
+
+    def check(self) -> None: ...
+
+
+class FencedLock(Fence, Protocol):
     """What a once-per-cluster loop writes under: a `LoopLock`, or a leader's seat
     (`orchestrator.cluster.leaders.Leadership`), which never acquires, only confirms."""
 

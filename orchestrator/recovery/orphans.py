@@ -49,12 +49,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.cluster.locks import LockLost
+from orchestrator.cluster.locks import Fence, LockLost
 from orchestrator.runs.settle import settle
 from orchestrator.states import IllegalTransition, RunState, run_sources
 from orchestrator.stores import keys, valkey
@@ -101,12 +101,6 @@ UPDATE task_history
    AND COALESCE(heartbeat_at, started_at, updated_at)
        < now() - %(threshold_s)s * interval '1 second'
 """
-
-
-class Fence(Protocol):
-    """Checked before each run's writes; raises LockLost when the caller may not write."""
-
-    def check(self) -> None: ...
 
 
 @dataclass(frozen=True)

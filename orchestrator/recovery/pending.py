@@ -56,9 +56,9 @@ from django.conf import settings
 from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.cluster.locks import LockLost
+from orchestrator.cluster.locks import Fence, LockLost
 from orchestrator.models import TaskHistory
-from orchestrator.recovery.orphans import Candidate, Fence
+from orchestrator.recovery.orphans import Candidate
 from orchestrator.routing import queue_name
 from orchestrator.runs.publish import job_id, publish
 from orchestrator.runs.runner import MAX_BROKER_DELAY

@@ -70,9 +70,9 @@ from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.leaders import CLUSTER
-from orchestrator.cluster.locks import FencedLock, LockLost, LoopLock
+from orchestrator.cluster.locks import Fence, FencedLock, LockLost, LoopLock
 from orchestrator.recovery import orphans, pending
-from orchestrator.recovery.orphans import SCAN_START, Fence, OrphanReport
+from orchestrator.recovery.orphans import SCAN_START, OrphanReport
 from orchestrator.recovery.pending import PendingReport
 from orchestrator.recovery.repair import RepairHashes
 from orchestrator.runs import drain

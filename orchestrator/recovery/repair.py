@@ -24,8 +24,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from orchestrator.cluster.locks import Fence
 from orchestrator.models import TaskHistory
-from orchestrator.recovery.orphans import Fence
 from orchestrator.runs.settle import settle
 from orchestrator.states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, RunState
 from orchestrator.stores import keys, valkey

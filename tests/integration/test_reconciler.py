@@ -18,10 +18,9 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from orchestrator.cluster.leaders import CLUSTER
-from orchestrator.cluster.locks import LockLost, LoopLock
+from orchestrator.cluster.locks import Fence, LockLost, LoopLock
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.recovery import orphans
-from orchestrator.recovery.orphans import Fence
 from orchestrator.recovery.reconciler import Reconciler
 from orchestrator.runs import drain
 from orchestrator.runs.start import new_run_id, start_run
