@@ -4,7 +4,7 @@ One process per worker host (`lumastra.workers` starts it beside the Celery pool
 each loop in its own named thread, beside the `leader` thread (`orchestrator.cluster.leaders`) that
 races for `lock:orch:<class>` for each class this host serves and for `lock:orch:cluster`:
 
-- `reconciler` (`orchestrator.recovery.reconciler`), on the cluster leader only: its first tick is boot
+- `reconciler` (`recovery.reconciler`), on the cluster leader only: its first tick is boot
   recovery, with the boot threshold, as soon as this process leads (at once when it wins the
   race at start); then one tick every LUMASTRA_RECONCILE_INTERVAL_S (30 s).
 - `drain` (`orchestrator.runs.drain.replay`), on the cluster leader only: one pass every
@@ -67,7 +67,7 @@ class Loop:
     tick: Callable[[], object]
     # The first tick, if it differs (the reconciler's boot recovery).
     first: Callable[[], object] | None = None
-    # The seat (`orchestrator.cluster.leaders`) this process must lead for the loop to tick; None: always.
+    # The seat (`cluster.leaders`) this process must lead for the loop to tick; None: always.
     leader: str | None = None
 
 

@@ -77,7 +77,7 @@ def all_seats() -> list[str]:
 
 
 def instance_of(token: str) -> str:
-    """The instance id in a lock token (`<instanceId>:<suffix>`, see `orchestrator.cluster.locks`)."""
+    """The instance id in a lock token (`<instanceId>:<suffix>`, see `cluster.locks`)."""
     return token.rpartition(":")[0] or token
 
 
@@ -101,8 +101,8 @@ class _Seat:
 
 
 class Leadership:
-    """One seat as a loop writes under it (`orchestrator.cluster.locks.FencedLock`). It never takes the
-    seat (the elector does); it only confirms, atomically, that this process still holds it."""
+    """One seat as a loop writes under it (`cluster.locks.FencedLock`). It never takes the seat
+    (the elector does); it only confirms, atomically, that this process still holds it."""
 
     def __init__(self, elector: Elector, seat: str) -> None:
         self._elector = elector

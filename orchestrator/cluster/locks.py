@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
+from orchestrator.clock import span_ms
 from orchestrator.cluster.instance import instance_id
 from orchestrator.stores import keys, scripts, valkey
 
@@ -76,7 +77,7 @@ class LoopLock:
         return keys.orchestrator_lock(self.name)
 
     def _lease_ms(self) -> int:
-        return max(1, int(self.lease.total_seconds() * 1000))
+        return max(1, span_ms(self.lease))
 
     def hold(self) -> bool:
         """Acquire the lock, or renew it if it is ours; False while another process holds it."""
@@ -91,7 +92,7 @@ class LoopLock:
         pipe = valkey.client().pipeline(transaction=True)
         pipe.set(self.key, self.token, nx=True, px=self._lease_ms())
         pipe.pttl(self.key)
-        taken, ttl_ms = pipe.execute()  # type: ignore[no-untyped-call]
+        taken, ttl_ms = valkey.execute(pipe)
         return bool(taken), int(ttl_ms)
 
     def renew(self) -> bool:

@@ -1,6 +1,6 @@
 """Per-task circuit breaker: stops starting a task that keeps failing, then tests it with one run.
 
-A `RunHook`, registered in `the chain of `orchestrator.apps.hook_chain`` before the quota so that a refused
+A `RunHook`, in the chain of `orchestrator.apps.hook_chain` before the quota so that a refused
 start takes no quota unit.
 
 - **closed**: every start is admitted. A counted failure adds one to the task's consecutive
@@ -50,14 +50,15 @@ that needs it. Admitting to a closed circuit and recording a success that change
 write nothing.
 
 Not guaranteed:
-- The probe slot is not copied to Postgres: after Valkey lost the hash, a probe in flight may be joined
-  by a second one, and its outcome then counts like any other run's. So does the outcome of a
+- The probe slot is not copied to Postgres: after Valkey lost the hash, a probe in flight may
+  be joined by a second one, and its outcome then counts like any other run's. So does the outcome of a
   probe whose slot expired before it reported (a start stuck in a caller's transaction for
   more than 30 s, or a queue wait longer than the hard timeout).
 - Runs admitted before the circuit opened still run; their outcomes update the counts, but
   only the probe closes or reopens the circuit.
 - A change whose Postgres upsert failed (Postgres unreachable), or whose start rolled back, is
-  missing from the Postgres copy until the next change; if Valkey is lost meanwhile, so is the change.
+  missing from the Postgres copy until the next change; if Valkey is lost meanwhile, so is the
+  change.
 - A failure reported twice for one run (`finished` is retried) counts once only while it is
   among the newest 10 counted failures of the window.
 - Time is each process's clock: hosts whose clocks disagree shift backoffs and the window.
@@ -67,10 +68,9 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import Enum
 from functools import partial
 from typing import Any, TypedDict, cast
@@ -79,7 +79,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from redis.exceptions import ResponseError
 
-from orchestrator.clock import SYSTEM, Clock, to_ms
+from orchestrator.clock import SYSTEM, Clock, describe, from_ms, span_ms, to_ms
 from orchestrator.hooks.base import Admission, Outcome, Pickup, Refused, RunHook
 from orchestrator.models import CircuitState, TaskCircuitState
 from orchestrator.states import RunState
@@ -172,7 +172,7 @@ class CircuitBreaker(RunHook):
     def admit(self, admission: Admission) -> None:
         task_id = admission.definition.id
         now = self.clock.now()
-        args = [to_ms(now), admission.run_id, _ms(PROBE_PROVISIONAL_TTL)]
+        args = [to_ms(now), admission.run_id, span_ms(PROBE_PROVISIONAL_TTL)]
         reply = _call("circuit_admit", task_id, args, self.clock)
         answer = reply[0]
         if answer == "closed":
@@ -214,9 +214,9 @@ class CircuitBreaker(RunHook):
             outcome.run_id,
             verdict(outcome).value,
             settings.CONFIG.circuit_failure_threshold,
-            _ms(WINDOW),
+            span_ms(WINDOW),
             WINDOW_FAILURES,
-            *(_ms(step) for step in BACKOFF),
+            *(span_ms(step) for step in BACKOFF),
         ]
         reply = _call("circuit_record", task_id, args, self.clock)
         event = reply[0]
@@ -233,7 +233,7 @@ class CircuitBreaker(RunHook):
                 outcome.run_id,
                 circuit.get("consecutive"),
                 circuit.get("reopen_count"),
-                _moment(circuit.get("half_open_at")),
+                _moment_of(circuit.get("half_open_at")),
             )
         elif event == "closed":
             log.info("task %s: circuit closed by its probe run %s", task_id, outcome.run_id)
@@ -267,9 +267,7 @@ def statuses(task_ids: Iterable[str], *, clock: Clock = SYSTEM) -> dict[str, Cir
     pipe = valkey.client().pipeline(transaction=False)
     for task_id in ids:
         pipe.hgetall(keys.circuit(task_id))
-    found: dict[str, CircuitHash] = dict(
-        zip(ids, pipe.execute(), strict=True)  # type: ignore[no-untyped-call]
-    )
+    found: dict[str, CircuitHash] = dict(zip(ids, valkey.execute(pipe), strict=True))
     missing = [task_id for task_id, circuit in found.items() if not circuit]
     if missing:
         for row in TaskCircuitState.objects.filter(task_id__in=missing):
@@ -351,13 +349,13 @@ def _persist(task_id: str, circuit: CircuitHash) -> None:
                 "state": circuit.get("state", CircuitState.CLOSED.value),
                 "consecutive": int(circuit.get("consecutive") or 0),
                 "reopen_count": int(circuit.get("reopen_count") or 0),
-                "opened_at": _moment(circuit.get("opened_at")),
-                "half_open_at": _moment(circuit.get("half_open_at")),
-                "forced_until": _moment(circuit.get("forced_until")),
+                "opened_at": _moment_of(circuit.get("opened_at")),
+                "half_open_at": _moment_of(circuit.get("half_open_at")),
+                "forced_until": _moment_of(circuit.get("forced_until")),
                 "forced_by": circuit.get("forced_by", ""),
                 "recent": json.dumps(recent),
                 "version": int(circuit.get("version") or 0),
-                "updated_at": _moment(circuit.get("updated_at")),
+                "updated_at": _moment_of(circuit.get("updated_at")),
             },
         )
 
@@ -386,19 +384,19 @@ def _from_row(row: TaskCircuitState) -> CircuitHash:
 
 def _status(task_id: str, circuit: CircuitHash, now: datetime) -> CircuitStatus:
     state = CircuitState(circuit.get("state") or CircuitState.CLOSED)
-    half_open_at = _moment(circuit.get("half_open_at"))
+    half_open_at = _moment_of(circuit.get("half_open_at"))
     if state == CircuitState.OPEN and half_open_at is not None and half_open_at <= now:
         state = CircuitState.HALF_OPEN
-    forced_until = _moment(circuit.get("forced_until"))
+    forced_until = _moment_of(circuit.get("forced_until"))
     forced = forced_until is not None and forced_until > now
-    probe_until = _moment(circuit.get("probe_until"))
+    probe_until = _moment_of(circuit.get("probe_until"))
     probing = state == CircuitState.HALF_OPEN and probe_until is not None and probe_until > now
     return CircuitStatus(
         task_id=task_id,
         state=state,
         consecutive_failures=int(circuit.get("consecutive") or 0),
         reopen_count=int(circuit.get("reopen_count") or 0),
-        opened_at=_moment(circuit.get("opened_at")),
+        opened_at=_moment_of(circuit.get("opened_at")),
         half_open_at=half_open_at,
         time_to_half_open=(
             half_open_at - now if state == CircuitState.OPEN and half_open_at else None
@@ -411,21 +409,21 @@ def _status(task_id: str, circuit: CircuitHash, now: datetime) -> CircuitStatus:
 
 def _refusal(task_id: str, answer: str, circuit: CircuitHash, now: datetime) -> CircuitOpen:
     if answer == "busy":
-        probe_until = _moment(circuit.get("probe_until")) or now
+        probe_until = _moment_of(circuit.get("probe_until")) or now
         return CircuitOpen(
             f"task {task_id!r} refused: its circuit is half-open and probe run "
             f"{circuit.get('probe_run')} is testing it; starts are admitted again once that "
             f"run succeeds (its probe slot expires at {probe_until.isoformat()})",
             retry_after=min(probe_until - now, BUSY_RETRY_AFTER),
         )
-    half_open_at = _moment(circuit.get("half_open_at")) or now
-    opened_at = _moment(circuit.get("opened_at"))
+    half_open_at = _moment_of(circuit.get("half_open_at")) or now
+    opened_at = _moment_of(circuit.get("opened_at"))
     return CircuitOpen(
         f"task {task_id!r} refused: its circuit opened at "
         f"{opened_at.isoformat() if opened_at else '?'} after repeated failures "
         f"({circuit.get('consecutive', '0')} in a row, "
-        f"{len(_recent(circuit.get('recent', '')))} in the last {_span(WINDOW)}); "
-        f"it half-opens at {half_open_at.isoformat()} (in {_span(half_open_at - now)})",
+        f"{len(_recent(circuit.get('recent', '')))} in the last {describe(WINDOW)}); "
+        f"it half-opens at {half_open_at.isoformat()} (in {describe(half_open_at - now)})",
         retry_after=half_open_at - now,
     )
 
@@ -439,14 +437,5 @@ def _recent(raw: str) -> list[tuple[int, str]]:
     return entries
 
 
-def _moment(ms: str | None) -> datetime | None:
-    return datetime.fromtimestamp(0, UTC) + timedelta(milliseconds=int(ms)) if ms else None
-
-
-def _ms(span: timedelta) -> int:
-    return span // timedelta(milliseconds=1)
-
-
-def _span(span: timedelta) -> str:
-    seconds = math.ceil(span.total_seconds())
-    return f"{seconds} s" if seconds < 120 else f"{math.ceil(seconds / 60)} min"
+def _moment_of(ms: str | None) -> datetime | None:
+    return from_ms(ms) if ms else None

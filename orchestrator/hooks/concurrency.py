@@ -1,7 +1,7 @@
 """Per-task concurrency limit across every worker and host: a lease semaphore in Valkey.
 
-A `RunHook`, registered in `the chain of `orchestrator.apps.hook_chain`` after the admission hooks and before
-the rate limit. At pickup (`before_claim`) one Lua script (`lua/concurrency_take.lua`) drops
+A `RunHook`, in the chain of `orchestrator.apps.hook_chain` after the admission hooks and
+before the rate limit. At pickup (`before_claim`) one Lua script (`lua/concurrency_take.lua`) drops
 expired leases and takes a slot, or records that the run must wait; the slot is given back
 when the claim is refused or a later hook postpones (`release`), and after the terminal write
 (`finished`). A holder that crashed holds its slot until its lease runs out.
@@ -61,6 +61,7 @@ from typing import cast
 from django.conf import settings
 
 from orchestrator.backoff import exponential
+from orchestrator.clock import span_ms
 from orchestrator.hooks.base import Outcome, Pickup, Postpone, RunHook
 from orchestrator.routing import pool_of
 from orchestrator.stores import keys, scripts, valkey
@@ -78,10 +79,6 @@ LEASE_MARGIN = timedelta(seconds=10)
 # waiting for a free worker process.
 STALE_GRACE = timedelta(seconds=10)
 STALE_AFTER = MAX_DELAY * (1 + JITTER) + STALE_GRACE
-
-
-def _ms(duration: timedelta) -> int:
-    return int(duration / timedelta(milliseconds=1))
 
 
 @cache
@@ -148,7 +145,7 @@ def refresh(run_id: str) -> bool:
     renewed = scripts.call(
         "concurrency_refresh",
         [keys.concurrency_holders(definition.id)],
-        [holder(run_id, owner), _ms(lease_of(definition))],
+        [holder(run_id, owner), span_ms(lease_of(definition))],
     )
     return bool(renewed)
 
@@ -164,8 +161,8 @@ def running(task_ids: Iterable[str]) -> dict[str, int]:
     pipe.time()
     for task_id in ids:
         pipe.zrange(keys.concurrency_holders(task_id), 0, -1, withscores=True)
-    (seconds, micros), *held = pipe.execute()  # type: ignore[no-untyped-call]
-    now_ms = seconds * 1000 + micros // 1000
+    server_time, *held = valkey.execute(pipe)
+    now_ms = valkey.time_ms(server_time)
     return {
         task_id: sum(1 for _, expiry_ms in holders if expiry_ms > now_ms)
         for task_id, holders in zip(ids, held, strict=True)
@@ -194,8 +191,8 @@ class ConcurrencyLimit(RunHook):
                 holder(pickup.run_id, pickup.owner),
                 pickup.run_id,
                 limit,
-                _ms(lease_of(definition)),
-                _ms(STALE_AFTER),
+                span_ms(lease_of(definition)),
+                span_ms(STALE_AFTER),
             ],
         )
         if taken:

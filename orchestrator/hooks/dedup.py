@@ -21,11 +21,13 @@ with the provisional holder's run id, whose row becomes visible when its transac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 
 from django.conf import settings
 from django.db import transaction
 
+from orchestrator.clock import span_ms
 from orchestrator.hooks.base import Admission, Deduplicated, Outcome, Refused, RunHook
 from orchestrator.models import TaskHistory
 from orchestrator.states import LIVE_RUN_STATES
@@ -66,10 +68,6 @@ def scope(definition: TaskDefinition) -> str | None:
     return definition.id if definition.identity_for is not None else None
 
 
-def _ms(seconds: int) -> int:
-    return seconds * 1000
-
-
 def _hold(key: str, run_id: str, ttl_ms: int) -> None:
     scripts.call("identity_hold", [key], [run_id, ttl_ms])
 
@@ -83,14 +81,19 @@ class IdentityDedup(RunHook):
         if namespace is None:
             return
         key = keys.identity(namespace, admission.identity)
-        provisional_ms = _ms(settings.CONFIG.identity_provisional_ttl_s)
+        provisional_ms = span_ms(timedelta(seconds=settings.CONFIG.identity_provisional_ttl_s))
         replaceable = ""
         for _ in range(MAX_REPLACEMENTS):
             answer = scripts.call(
                 "identity_claim", [key], [admission.run_id, provisional_ms, replaceable]
             )
             if answer == "":
-                confirm = partial(_hold, key, admission.run_id, _ms(settings.CONFIG.identity_ttl_s))
+                confirm = partial(
+                    _hold,
+                    key,
+                    admission.run_id,
+                    span_ms(timedelta(seconds=settings.CONFIG.identity_ttl_s)),
+                )
                 transaction.on_commit(confirm)
                 return
             holder, pttl = answer.split(" ")

@@ -53,7 +53,7 @@ def admit(admission: Admission) -> None:
         pipe = valkey.client().pipeline(transaction=False)
         pipe.hincrby(key, refused.code, 1)
         pipe.expire(key, REFUSAL_COUNT_TTL)
-        pipe.execute()  # type: ignore[no-untyped-call]
+        valkey.execute(pipe)
         raise
     except Deduplicated:
         _abandon(passed, admission)

@@ -107,7 +107,7 @@ def _refusals(task_ids: Sequence[str], day: str) -> dict[str, dict[str, int]]:
     pipe = valkey.client().pipeline(transaction=False)
     for task_id in task_ids:
         pipe.hgetall(keys.refusals(task_id, day))
-    counts: list[dict[str, str]] = pipe.execute()  # type: ignore[no-untyped-call]
+    counts: list[dict[str, str]] = valkey.execute(pipe)
     return {
         task_id: {code: int(count) for code, count in sorted(found.items())}
         for task_id, found in zip(task_ids, counts, strict=True)

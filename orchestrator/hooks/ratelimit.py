@@ -1,6 +1,6 @@
 """Per-task rate limit (`quotas.rate`, e.g. "60/m") across every worker and host, in Valkey.
 
-A `RunHook`, registered in `the chain of `orchestrator.apps.hook_chain`` after the concurrency limit, for
+A `RunHook`, in the chain of `orchestrator.apps.hook_chain` after the concurrency limit, for
 tasks that call rate-limited external APIs. Unlike Celery's per-worker `rate_limit`, it holds
 for the whole cluster and never blocks a worker process.
 

@@ -183,8 +183,8 @@ def live_views(run_ids: Sequence[str]) -> dict[str, LiveView | Exception]:
     for run_id in run_ids:
         pipe.hmget(keys.run_active(run_id), ["state", "owner", "heartbeat_at", "updated_at"])
     pipe.time()
-    *hashes, (seconds, micros) = pipe.execute(raise_on_error=False)  # type: ignore[no-untyped-call]
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    *hashes, server_time = valkey.execute(pipe, raise_on_error=False)
+    now_ms = valkey.time_ms(server_time)
     views: dict[str, LiveView | Exception] = {}
     for run_id, found in zip(run_ids, hashes, strict=True):
         if isinstance(found, Exception):

@@ -269,10 +269,7 @@ def _have_live_hash(run_ids: list[str]) -> dict[str, bool]:
     pipe = valkey.client().pipeline(transaction=False)
     for run_id in run_ids:
         pipe.exists(keys.run_active(run_id))
-    return {
-        run_id: bool(n)
-        for run_id, n in zip(run_ids, pipe.execute(), strict=True)  # type: ignore[no-untyped-call]
-    }
+    return {run_id: bool(n) for run_id, n in zip(run_ids, valkey.execute(pipe), strict=True)}
 
 
 def _reseed(candidate: Candidate, definition: TaskDefinition, clock: Clock) -> bool:

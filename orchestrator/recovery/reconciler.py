@@ -1,7 +1,7 @@
 """The reconciler: brings Postgres, Valkey and the broker back into agreement, one tick at a time.
 
 A tick, on one process of the cluster at a time:
-1. confirms the cluster leadership (`lock:orch:cluster`, `orchestrator.cluster.leaders`): in the loops
+1. confirms the cluster leadership (`lock:orch:cluster`, `cluster.leaders`): in the loops
    process the tick runs only on the cluster leader, whose seat it is given as its lock; a
    reconciler built without one (an operator's `--once`, tests) takes that same lock itself
    (`orchestrator.cluster.locks.LoopLock`). A process that does not hold it does nothing this tick;
@@ -13,7 +13,7 @@ A tick, on one process of the cluster at a time:
    LUMASTRA_PENDING_CHECK_AFTER_S; an idle tick stops here. Candidates whose terminal write
    still waits in the drain (Postgres down, the drain backing off) are left alone: their end
    is decided, Postgres just does not have it yet;
-4. ends the orphans among the stale runs (`orchestrator.recovery.orphans`: the Postgres heartbeat and
+4. ends the orphans among the stale runs (`recovery.orphans`: the Postgres heartbeat and
    the state-hash guard must agree);
 5. re-publishes the pending runs whose message the broker lost, and fails those past
    LUMASTRA_PENDING_DEADLINE_S (`orchestrator.recovery.pending`);
@@ -54,7 +54,7 @@ Not guaranteed:
   comes back short, so a big backlog is checked over several ticks.
 - Nothing advances parent runs waiting on dependencies: there are none today (a pipeline's
   stages run inside its one run). When runs can wait on other runs, that is another step.
-- See `orchestrator.recovery.orphans`, `orchestrator.recovery.pending` and `orchestrator.runs.drain` for theirs.
+- See `recovery.orphans`, `recovery.pending` and `runs.drain` for theirs.
 """
 
 from __future__ import annotations

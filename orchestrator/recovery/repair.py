@@ -68,7 +68,7 @@ class RepairHashes:
         pipe = valkey.client().pipeline(transaction=False)
         for run_id, *_ in ended:
             pipe.hget(keys.run_active(run_id), "state")
-        states = pipe.execute()  # type: ignore[no-untyped-call]
+        states = valkey.execute(pipe)
         repaired = 0
         for (run_id, task_id, state, owner, error, _), live_state in zip(
             ended, states, strict=True

@@ -48,7 +48,7 @@ class RunContext:
         pipe.rpush(key, line)
         pipe.ltrim(key, -settings.CONFIG.log_cap, -1)
         pipe.expire(key, LOG_TTL)
-        pipe.execute()  # type: ignore[no-untyped-call]
+        valkey.execute(pipe)
 
     def report_progress(self, done: float, total: float | None = None, note: str = "") -> None:
         self.progressed_at = time.monotonic()

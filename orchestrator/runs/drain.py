@@ -75,6 +75,7 @@ from django.db.models import DateTimeField
 from django.utils import timezone
 
 from orchestrator.backoff import exponential
+from orchestrator.clock import span_ms
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import FencedLock, LockLost, LoopLock
 from orchestrator.models import TaskHistory
@@ -212,7 +213,7 @@ def depth() -> tuple[int, int]:
     pipe.llen(keys.drain_pending())
     pipe.llen(keys.drain_inflight())
     pipe.llen(keys.drain_poison())
-    waiting, inflight, poison = pipe.execute()  # type: ignore[no-untyped-call]
+    waiting, inflight, poison = valkey.execute(pipe)
     return int(waiting) + int(inflight), int(poison)
 
 
@@ -267,7 +268,7 @@ def replay(
     pipe.llen(keys.drain_pending())
     pipe.llen(keys.drain_inflight())
     pipe.exists(keys.drain_backoff())
-    waiting, inflight, backing_off = pipe.execute()  # type: ignore[no-untyped-call]
+    waiting, inflight, backing_off = valkey.execute(pipe)
     if not waiting and not inflight:
         return report
     if backing_off and not force:
@@ -366,7 +367,7 @@ def _apply(entry: Entry, lock_timeout: timedelta) -> tuple[str, str | None]:
     """The Postgres write, in one transaction; returns (outcome, the run's task id)."""
     target = RunState(entry.target)
     fields = entry.model_fields()
-    timeout_ms = max(1, int(lock_timeout.total_seconds() * 1000))
+    timeout_ms = max(1, span_ms(lock_timeout))
     try:
         with transaction.atomic():
             with connection.cursor() as cursor:
@@ -421,7 +422,7 @@ def _retry(raw: str, entry: Entry) -> None:
     pipe = valkey.client().pipeline(transaction=True)
     pipe.lrem(keys.drain_inflight(), 1, raw)
     pipe.lpush(keys.drain_pending(), entry.to_json())
-    pipe.execute()  # type: ignore[no-untyped-call]
+    valkey.execute(pipe)
 
 
 def _poison(raw: str, entry: Entry | None, error: str) -> None:
@@ -436,7 +437,7 @@ def _poison(raw: str, entry: Entry | None, error: str) -> None:
     pipe.lrem(keys.drain_inflight(), 1, raw)
     pipe.lpush(keys.drain_poison(), json.dumps(record))
     pipe.ltrim(keys.drain_poison(), 0, POISON_CAP - 1)
-    pipe.execute()  # type: ignore[no-untyped-call]
+    valkey.execute(pipe)
 
 
 def _record_pass(*, failed: bool) -> None:
@@ -450,4 +451,4 @@ def _record_pass(*, failed: bool) -> None:
     client.expire(keys.drain_failures(), FAILURES_TTL)
     interval = timedelta(seconds=settings.CONFIG.drain_interval_s)
     delay = exponential(interval, 2, failures, BACKOFF_CAP)
-    client.set(keys.drain_backoff(), failures, px=int(delay.total_seconds() * 1000))
+    client.set(keys.drain_backoff(), failures, px=span_ms(delay))

@@ -268,8 +268,7 @@ def _abandoned_claim(run_id: str) -> bool:
     claimed_ms = snapshot.get("started_at")
     if snapshot.get("heartbeat_at") or not claimed_ms:
         return False
-    seconds, micros = cast(tuple[int, int], valkey.client().time())
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    now_ms = valkey.time_ms(cast(tuple[int, int], valkey.client().time()))
     if now_ms - int(claimed_ms) < settings.CONFIG.heartbeat_interval_s * 1000:
         return False
     try:

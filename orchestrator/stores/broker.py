@@ -12,7 +12,7 @@ from functools import cache
 import redis
 from django.conf import settings
 
-from orchestrator.stores import keys, scripts
+from orchestrator.stores import keys, scripts, valkey
 
 
 @cache
@@ -26,7 +26,7 @@ def depth(queues: Sequence[str]) -> int:
     for queue in queues:
         for step in keys.BROKER_PRIORITY_STEPS:
             pipe.llen(keys.broker_queue(queue, step))
-    return sum(pipe.execute())  # type: ignore[no-untyped-call]
+    return sum(valkey.execute(pipe))
 
 
 def shed_oldest(queues: Sequence[str], count: int, least_urgent_kept: int) -> list[str]:
