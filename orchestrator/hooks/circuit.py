@@ -52,8 +52,8 @@ write nothing.
 Not guaranteed:
 - The probe slot is not copied to Postgres: after Valkey lost the hash, a probe in flight may
   be joined by a second one, and its outcome then counts like any other run's. So does the
-  outcome of a probe whose slot expired before it reported (a start stuck in a caller's transaction for
-  more than 30 s, or a queue wait longer than the hard timeout).
+  outcome of a probe whose slot expired before it reported (a start stuck in a caller's
+  transaction for more than 30 s, or a queue wait longer than the hard timeout).
 - Runs admitted before the circuit opened still run; their outcomes update the counts, but
   only the probe closes or reopens the circuit.
 - A change whose Postgres upsert failed (Postgres unreachable), or whose start rolled back, is
