@@ -42,22 +42,22 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    from orchestrator import lifecycle
-    from orchestrator.start import start_run
+    from orchestrator.hooks import dispatch
+    from orchestrator.runs.start import start_run
     from orchestrator.triggers import TriggerKind
 
     fresh_redis()
     fresh_tables()
-    every_hook = lifecycle.HOOKS
+    every_hook = dispatch.installed()
     timings: dict[str, list[float]] = {"with admission": [], "without admission": []}
     for _ in range(args.runs // args.block):
         for name, hooks in (("with admission", every_hook), ("without admission", ())):
-            lifecycle.HOOKS = hooks
+            dispatch.install(hooks)
             for _ in range(args.block):
                 began = time.perf_counter()
                 start_run(TASK_ID, {}, trigger=TriggerKind.MANUAL)
                 timings[name].append((time.perf_counter() - began) * 1000)
-    lifecycle.HOOKS = every_hook
+    dispatch.install(every_hook)
     print(f"start_run latency, N={args.runs} per variant, blocks of {args.block}")
     print(f"load {load_average()}")
     for name, values in timings.items():

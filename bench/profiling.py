@@ -31,14 +31,14 @@ TASK_ID = "bench-noop"
 
 
 def _start_runs(count: int) -> list[str]:
-    from orchestrator import start
+    from orchestrator.runs import start
     from orchestrator.triggers import TriggerKind
 
     return [start.start_run(TASK_ID, None, trigger=TriggerKind.MANUAL).run_id for _ in range(count)]
 
 
 def _run_all(run_ids: list[str]) -> None:
-    from orchestrator import runner
+    from orchestrator.runs import runner
     from tasks import registry
 
     version = registry.get()[TASK_ID].processing_version
@@ -52,11 +52,9 @@ def _target(_run_id: str, target: Any, *args: Any, **kwargs: Any) -> str:
 
 def _hook_steps(timer: StepTimer, methods: tuple[str, ...]) -> None:
     """Every lifecycle hook's methods, one row each (quotas, circuit, dedup, ...)."""
-    try:
-        from orchestrator import lifecycle
-    except ImportError:
-        return
-    for hook in getattr(lifecycle, "HOOKS", ()):
+    from orchestrator.hooks import dispatch
+
+    for hook in dispatch.installed():
         for method in methods:
             # Only methods a hook overrides: the base class's are documented no-ops.
             if method in vars(type(hook)):
@@ -67,7 +65,8 @@ def _start_run_steps(timer: StepTimer) -> None:
     from celery import current_app
     from django.db.models.query import QuerySet
 
-    from orchestrator import live, start
+    from orchestrator.runs import start
+    from orchestrator.stores import live
 
     timer.wrap(start, "start_run", "start_run (total)")
     timer.wrap_if_present(start, "validate_input", "validate_input (pydantic)")
@@ -81,7 +80,8 @@ def _start_run_steps(timer: StepTimer) -> None:
 def _runner_steps(timer: StepTimer) -> None:
     from django.db.models.query import QuerySet
 
-    from orchestrator import durable, live, runner
+    from orchestrator.runs import runner
+    from orchestrator.stores import durable, live
 
     timer.wrap(runner, "run_message", "run_message (total)")
     timer.wrap_if_present(runner, "close_old_connections", "close_old_connections")
@@ -91,7 +91,7 @@ def _runner_steps(timer: StepTimer) -> None:
     timer.wrap(durable, "transition", lambda *a, **k: f"Postgres update -> {_target(*a, **k)}")
     timer.wrap(live, "transition", lambda *a, **k: f"Lua transition -> {_target(*a, **k)}")
     try:
-        from orchestrator import terminal
+        from orchestrator.runs import terminal
     except ImportError:
         return
     timer.wrap_if_present(terminal, "finish", "terminal write (terminal.finish)")

@@ -221,9 +221,9 @@ def lumastra_side(runs: int, args: argparse.Namespace, profile_to: Path | None =
     from django.db.models import Max, Min
 
     from bench import workers
-    from orchestrator import start
     from orchestrator.models import TaskHistory
     from orchestrator.routing import queue_name
+    from orchestrator.runs import start
     from orchestrator.triggers import TriggerKind
     from tasks import registry
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import dj_database_url
 
 from lumastra import config
-from orchestrator import keys
+from orchestrator.stores import keys
 
 CONFIG = config.current()
 BASE_DIR = Path(__file__).resolve().parent.parent

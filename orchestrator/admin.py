@@ -2,10 +2,10 @@
 (with a force-enable button per circuit), the "Nodes" page (live nodes and leaders, read-only)
 and API tokens.
 
-Every run page and action checks `orchestrator.access` like the API does: reading (the runs
+Every run page and action checks `orchestrator.api.access` like the API does: reading (the runs
 list and detail, Tasks, Nodes) needs view, acting (start, cancel, retry, force-enable) needs
 operate; staff without the permission get a 403. The site's login counts failed sign-ins per
-client address with the API's bearer tokens (`orchestrator.auth_throttle`).
+client address with the API's bearer tokens (`orchestrator.api.throttle`).
 
 Only the orchestrator writes run state: the start form calls `start_run` and nothing else,
 the force-enable button `circuit.force_enable` and nothing else, and no admin page can add,
@@ -35,13 +35,16 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from orchestrator import access, auth_throttle, circuit, drain, leader, node, overview
-from orchestrator.access import Access
-from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
-from orchestrator.hooks import Refused
+from orchestrator.api import access, throttle
+from orchestrator.api.access import Access
+from orchestrator.cluster import leaders, roster
+from orchestrator.hooks import circuit, overview
+from orchestrator.hooks.base import Refused
 from orchestrator.models import ApiToken, TaskHistory
-from orchestrator.retry import retry_run
-from orchestrator.start import InvalidInput, StartRefused, start_run
+from orchestrator.runs import drain
+from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.rerun import retry_run
+from orchestrator.runs.start import InvalidInput, StartRefused, start_run
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.definition import Priority, TaskDefinition
@@ -64,13 +67,13 @@ def _throttled_login(login: Callable[..., HttpResponse]) -> Callable[..., HttpRe
     def view(request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if request.method != "POST":
             return login(request, extra_context)
-        address = auth_throttle.client_address(request)
-        wait = auth_throttle.blocked_for(address)
+        address = throttle.client_address(request)
+        wait = throttle.blocked_for(address)
         if wait is not None:
             context = {
                 **admin.site.each_context(request),
                 "title": "Log in",
-                "detail": auth_throttle.refusal(wait),
+                "detail": throttle.refusal(wait),
             }
             refused = TemplateResponse(
                 request, "admin/orchestrator/login_throttled.html", context, status=429
@@ -81,7 +84,7 @@ def _throttled_login(login: Callable[..., HttpResponse]) -> Callable[..., HttpRe
         # Django's LoginView redirects after a sign-in and shows the form again after a
         # failed one (wrong credentials, or an account that may not use the admin).
         if response.status_code == 200:
-            auth_throttle.record_failure(address)
+            throttle.record_failure(address)
         return response
 
     return view
@@ -214,7 +217,7 @@ def _span(span: timedelta) -> str:
 
 @dataclass(frozen=True)
 class _NodeRow:
-    node: node.Node
+    node: roster.Node
     age: str
     leads: tuple[str, ...]  # the seats this node holds
 
@@ -416,8 +419,8 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
     def nodes_view(self, request: HttpRequest) -> HttpResponse:
         """View permission: the node roster and the leader of each seat, read-only."""
         now = datetime.now(UTC)
-        nodes = sorted(node.roster(), key=lambda n: (n.role, n.host, n.pid))
-        leading = leader.leaders()
+        nodes = sorted(roster.roster(), key=lambda n: (n.role, n.host, n.pid))
+        leading = leaders.leaders()
         by_instance: dict[str, list[str]] = {}
         for seat, instance in leading.items():
             by_instance.setdefault(instance, []).append(seat)
@@ -432,7 +435,7 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             ],
             "seats": [
                 _SeatRow(seat, leading.get(seat), leading.get(seat) in live)
-                for seat in leader.all_seats()
+                for seat in leaders.all_seats()
             ],
         }
         return TemplateResponse(request, "admin/orchestrator/nodes.html", context)

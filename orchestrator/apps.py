@@ -1,4 +1,41 @@
+"""The composition root: wires the engine together once Django is ready.
+
+It installs the hook chain every run goes through, loads the task registry, registers one
+Celery task per task and, in the worker role, announces the node. Nothing below this module
+chooses which hooks run or in which order.
+"""
+
+from __future__ import annotations
+
 from django.apps import AppConfig
+
+from orchestrator.hooks.base import RunHook
+
+
+def hook_chain() -> tuple[RunHook, ...]:
+    """The hooks of every run, in the order they run.
+
+    At admission: dedup answers before anything is counted, the circuit before the quota
+    takes a unit, backpressure last, so a refused start consumes nothing and nothing is shed
+    for a start the quota would refuse. At pickup: the concurrency slot first, then the rate
+    limit, so a run the rate limit postpones gives its slot back (the dispatcher releases the
+    hooks that passed).
+    """
+    from orchestrator.hooks.backpressure import QueueCap
+    from orchestrator.hooks.circuit import CircuitBreaker
+    from orchestrator.hooks.concurrency import ConcurrencyLimit
+    from orchestrator.hooks.dedup import IdentityDedup
+    from orchestrator.hooks.quotas import DailyQuota
+    from orchestrator.hooks.ratelimit import RateLimit
+
+    return (
+        IdentityDedup(),
+        CircuitBreaker(),
+        DailyQuota(),
+        QueueCap(),
+        ConcurrencyLimit(),
+        RateLimit(),
+    )
 
 
 class OrchestratorConfig(AppConfig):
@@ -7,19 +44,22 @@ class OrchestratorConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported here, not at the top: they use models, which Django loads after this module.
         from django.conf import settings
 
-        from orchestrator import celery_tasks
+        from orchestrator.hooks import dispatch
+        from orchestrator.runs import celery_tasks
         from tasks import registry
 
+        dispatch.install(hook_chain())
         registry.install(registry.load(settings.CONFIG.task_modules))
         celery_tasks.register_all(registry.get())
         # Registers `lumastra.schedule.dispatch`, the task celery beat's synced rows call.
-        from orchestrator.scheduler import dispatch  # noqa: F401
+        from orchestrator.scheduler import dispatch as schedule_dispatch  # noqa: F401
 
         if settings.CONFIG.worker_mode.value == "enabled":
             from celery.signals import worker_ready
 
-            from orchestrator import node
+            from orchestrator.cluster import roster
 
-            worker_ready.connect(node.on_worker_ready, weak=False)
+            worker_ready.connect(roster.on_worker_ready, weak=False)

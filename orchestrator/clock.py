@@ -1,7 +1,10 @@
-"""Time as a dependency, so time-driven logic is testable without sleeping."""
+"""Time as a dependency, so time-driven logic is testable without sleeping, and the few
+conversions every store and page shares (milliseconds since the epoch, spans in ms, a span
+as people read it)."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -29,7 +32,29 @@ class FrozenClock:
 
 
 def to_ms(moment: datetime) -> int:
+    """Milliseconds since the epoch: how Valkey hashes and Lua scripts hold moments."""
     return int(moment.timestamp() * 1000)
+
+
+def from_ms(ms: int | str) -> datetime:
+    return EPOCH + timedelta(milliseconds=int(ms))
+
+
+def span_ms(span: timedelta) -> int:
+    """A span in whole milliseconds (PX, PEXPIRE and script arguments)."""
+    return span // timedelta(milliseconds=1)
+
+
+def describe(span: timedelta) -> str:
+    """A span as operators read it: "45 s", "12 min", "3.5 h" (rounded up)."""
+    seconds = math.ceil(span.total_seconds())
+    if seconds < 120:
+        return f"{seconds} s"
+    minutes = math.ceil(seconds / 60)
+    return f"{minutes} min" if minutes < 120 else f"{minutes / 60:.1f} h"
+
+
+EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 SYSTEM = SystemClock()

@@ -1,13 +1,13 @@
 """The worker role's orchestrator loops: `python -m orchestrator.loops`.
 
 One process per worker host (`lumastra.workers` starts it beside the Celery pools), running
-each loop in its own named thread, beside the `leader` thread (`orchestrator.leader`) that
+each loop in its own named thread, beside the `leader` thread (`orchestrator.cluster.leaders`) that
 races for `lock:orch:<class>` for each class this host serves and for `lock:orch:cluster`:
 
-- `reconciler` (`orchestrator.reconciler`), on the cluster leader only: its first tick is boot
+- `reconciler` (`recovery.reconciler`), on the cluster leader only: its first tick is boot
   recovery, with the boot threshold, as soon as this process leads (at once when it wins the
   race at start); then one tick every LUMASTRA_RECONCILE_INTERVAL_S (30 s).
-- `drain` (`orchestrator.drain.replay`), on the cluster leader only: one pass every
+- `drain` (`orchestrator.runs.drain.replay`), on the cluster leader only: one pass every
   LUMASTRA_DRAIN_INTERVAL_S (5 s), backing off while passes fail. An empty drain costs one
   Valkey round trip.
 - `scheduler` (`orchestrator.scheduler.dynamic`), on every worker host (its bucket locks make
@@ -67,7 +67,7 @@ class Loop:
     tick: Callable[[], object]
     # The first tick, if it differs (the reconciler's boot recovery).
     first: Callable[[], object] | None = None
-    # The seat (`orchestrator.leader`) this process must lead for the loop to tick; None: always.
+    # The seat (`cluster.leaders`) this process must lead for the loop to tick; None: always.
     leader: str | None = None
 
 
@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from django.conf import settings
 
-    from orchestrator import drain, leader, node
-    from orchestrator.reconciler import Reconciler
+    from orchestrator.cluster import leaders, roster
+    from orchestrator.recovery.reconciler import Reconciler
+    from orchestrator.runs import drain
     from orchestrator.scheduler.dynamic import Scheduler
 
     config = settings.CONFIG
@@ -131,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     try:
-        elector = leader.Elector([leader.CLUSTER, *leader.served_classes()])
+        elector = leaders.Elector([leaders.CLUSTER, *leaders.served_classes()])
     except ValueError as exc:
         print(f"leader settings: {exc}", file=sys.stderr)
         return 2
-    cluster = elector.fence(leader.CLUSTER)
+    cluster = elector.fence(leaders.CLUSTER)
     reconciler = Reconciler(lock=cluster)
     scheduler = Scheduler()
     stop = threading.Event()
@@ -145,17 +146,17 @@ def main(argv: list[str] | None = None) -> int:
             config.reconcile_interval_s,
             reconciler.tick,
             first=lambda: reconciler.tick(boot=True),
-            leader=leader.CLUSTER,
+            leader=leaders.CLUSTER,
         ),
         Loop(
             "drain",
             config.drain_interval_s,
             lambda: drain.replay(fence=cluster),
-            leader=leader.CLUSTER,
+            leader=leaders.CLUSTER,
         ),
         Loop("scheduler", config.scheduler_tick_s, scheduler.tick, first=scheduler.boot),
     ]
-    node.keep_announcing(node.this_node("loops", [], pools=node.host_pools()), stop)
+    roster.keep_announcing(roster.this_node("loops", [], pools=roster.host_pools()), stop)
     if args.once:
         elector.step()
         for loop in loops:

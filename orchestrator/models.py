@@ -41,7 +41,7 @@ class TaskHistory(models.Model):
         db_table = "task_history"
         verbose_name = "run"
         ordering = ["-created_at"]
-        # Beside Django's view permission, which covers reading (orchestrator/access.py).
+        # Beside Django's view permission, which covers reading (orchestrator/api/access.py).
         permissions = [
             ("operate_taskhistory", "Can start, cancel and retry runs and force-enable circuits")
         ]
@@ -50,7 +50,7 @@ class TaskHistory(models.Model):
             models.Index(fields=["task_id", "-created_at"], name="task_history_task_created"),
             models.Index(fields=["state", "-created_at"], name="task_history_state_created"),
             models.Index(KT("trigger__kind"), "created_at", name="task_history_trigger_kind"),
-            # The reconciler's mirror step reads the runs that ended since its last tick.
+            # The reconciler's hash repair reads the runs that ended since its last tick.
             models.Index(fields=["finished_at"], name="task_history_finished"),
         ]
         constraints = [
@@ -182,7 +182,7 @@ class TaskCircuitState(models.Model):
     forced_by = models.CharField(max_length=150, blank=True, default="")
     # The newest counted failures inside the window: [{"at": ms, "run": runId}, ...].
     recent_failures = models.JSONField(default=list, blank=True)
-    # The hash's change counter: an upsert never replaces a newer mirror with an older one.
+    # The hash's change counter: an upsert never replaces a newer copy with an older one.
     version = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField()
 

@@ -5,9 +5,9 @@ A request that presents an `Authorization` header is judged by that header alone
 is a 401 even when a session cookie rides along, so a client never silently acts under a
 different identity than the one it sent. Without the header the session is used, with
 Django's CSRF check. No credentials or a bad token → 401 (`WWW-Authenticate: Bearer`); a known
-user who is not active staff, or lacks the operation's permission (`orchestrator.access`),
+user who is not active staff, or lacks the operation's permission (`orchestrator.api.access`),
 → 403. Bad tokens count against the client address's sign-in budget
-(`orchestrator.auth_throttle`); past it every token from that address is a 429 until the
+(`orchestrator.api.throttle`); past it every token from that address is a 429 until the
 window ends.
 
 Each operation names what it needs: `auth=VIEW` for reads, `auth=OPERATE` for the rest. The
@@ -21,21 +21,14 @@ from typing import cast
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.http import HttpRequest
-from ninja.errors import AuthenticationError, AuthorizationError, HttpError
+from ninja.errors import AuthorizationError, HttpError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.security.base import AuthBase
 from ninja.utils import check_csrf
 
-from orchestrator import access, auth_throttle
-from orchestrator.access import Access
-from orchestrator.api import tokens
-
-
-class InvalidToken(AuthenticationError):
-    """Credentials were presented and are wrong (RFC 6750 `invalid_token`)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message=message)
+from orchestrator.api import access, throttle, tokens
+from orchestrator.api.access import Access
+from orchestrator.api.errors import ApiError, InvalidToken
 
 
 def _admit(user: User, needed: Access) -> User:
@@ -55,25 +48,22 @@ class BearerToken(HttpBearer):
         header = request.headers.get(self.header)
         if header is None:
             return None
-        address = auth_throttle.client_address(request)
-        wait = auth_throttle.blocked_for(address)
+        address = throttle.client_address(request)
+        wait = throttle.blocked_for(address)
         if wait is not None:
-            # errors.py imports this module (for InvalidToken): imported here, not at the top.
-            from orchestrator.api.errors import ApiError
-
             raise ApiError(
-                429, auth_throttle.refusal(wait), code="too_many_failed_sign_ins", retry_after=wait
+                429, throttle.refusal(wait), code="too_many_failed_sign_ins", retry_after=wait
             )
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            auth_throttle.record_failure(address)
+            throttle.record_failure(address)
             raise InvalidToken("Authorization must be 'Bearer <token>'")
         return self.authenticate(request, token.strip())
 
     def authenticate(self, request: HttpRequest, token: str) -> User:
         record = tokens.find(token)
         if record is None:
-            auth_throttle.record_failure(auth_throttle.client_address(request))
+            throttle.record_failure(throttle.client_address(request))
             raise InvalidToken("unknown API token")
         user = _admit(record.user, self.needed)
         tokens.mark_used(record)

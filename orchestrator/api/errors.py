@@ -21,7 +21,12 @@ from django.views.decorators.csrf import csrf_exempt
 from ninja import Field, NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from orchestrator.api.auth import InvalidToken
+
+class InvalidToken(AuthenticationError):
+    """Credentials were presented and are wrong (RFC 6750 `invalid_token`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message=message)
 
 
 class ApiError(Exception):

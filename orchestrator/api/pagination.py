@@ -16,7 +16,7 @@ from datetime import datetime
 from django.db.models import Q, QuerySet
 
 from orchestrator.models import TaskHistory
-from orchestrator.start import is_run_id
+from orchestrator.runs.start import is_run_id
 
 
 @dataclass(frozen=True)

@@ -18,16 +18,15 @@ from ninja import Field, Query, Router, Schema
 from ninja.responses import Status
 from pydantic import BeforeValidator, ConfigDict, StringConstraints, WithJsonSchema, field_validator
 
-from orchestrator import live
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
 from orchestrator.api.fields import PriorityIn, Storable, StorableStr
 from orchestrator.api.pagination import Position, page
-from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
-from orchestrator.hooks import Refused
+from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
-from orchestrator.retry import NotRetryable, retry_run
-from orchestrator.start import (
+from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.rerun import NotRetryable, retry_run
+from orchestrator.runs.start import (
     InvalidInput,
     KeyContended,
     RunHandle,
@@ -36,6 +35,7 @@ from orchestrator.start import (
     start_run,
 )
 from orchestrator.states import RunState
+from orchestrator.stores import live
 from orchestrator.triggers import TriggerKind
 from tasks.registry import UnknownTaskError
 

@@ -1,5 +1,5 @@
 """`/tasks`: the registry as clients need it to start runs (ids, queues, input schemas), with
-each task's admission status (`orchestrator.overview`), and the operator's force-enable.
+each task's admission status (`orchestrator.hooks.overview`), and the operator's force-enable.
 
 Views never write state: force-enable is `circuit.force_enable`, under the caller's name.
 """
@@ -13,12 +13,12 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
-from orchestrator import circuit, overview
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
-from orchestrator.circuit import CircuitStatus
+from orchestrator.hooks import circuit, overview
+from orchestrator.hooks.circuit import CircuitStatus
+from orchestrator.hooks.overview import TaskStatus
 from orchestrator.models import CircuitState
-from orchestrator.overview import TaskStatus
 from orchestrator.routing import queue_name
 from tasks import registry
 from tasks.definition import TaskDefinition

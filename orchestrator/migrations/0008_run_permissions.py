@@ -1,5 +1,5 @@
 """The operate permission on runs, and the two groups that hand out view and operate
-(orchestrator/access.py).
+(orchestrator/api/access.py).
 
 The permissions are created here rather than left to the post-migrate signal, which runs
 only after every migration: the groups need them now. Running it again changes nothing.
@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import migrations
 
-# As the migration saw them; orchestrator/access.py names the same groups for the code.
+# As the migration saw them; orchestrator/api/access.py names the same groups for the code.
 PERMISSIONS = {
     "view_taskhistory": "Can view run",
     "operate_taskhistory": "Can start, cancel and retry runs and force-enable circuits",

@@ -30,12 +30,12 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from orchestrator import keys, valkey
-from orchestrator.hooks import Refused
-from orchestrator.instance import instance_id
+from orchestrator.cluster.instance import instance_id
+from orchestrator.hooks.base import Refused
 from orchestrator.models import SchedulerState
+from orchestrator.runs.start import StartRefused, start_run
 from orchestrator.scheduler.names import BUCKET_LOCK_TTL_S, bucket_label, state_key
-from orchestrator.start import StartRefused, start_run
+from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks.registry import UnknownTaskError
 

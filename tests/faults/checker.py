@@ -17,7 +17,7 @@ It also reports what it saw (runs, states, error kinds, recovery time), which th
 prints and `docs/reliability.md` records, and the runs whose Valkey snapshot disagrees with
 Postgres. Those are reported, not failed: Postgres is the truth and Valkey is rebuilt from it,
 but today nothing rebuilds a live hash left behind a terminal write (a worker killed between
-its Postgres write and its Valkey mirror); `tests/faults/test_regressions.py` pins that gap.
+its Postgres write and its Valkey write); `tests/faults/test_regressions.py` pins that gap.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 from django.db import connection
 
-from orchestrator import live
 from orchestrator.states import RUN_TRANSITIONS, TERMINAL_RUN_STATES, RunState
+from orchestrator.stores import live
 
 # What a row may be born as: pending, or cancelled for a start backpressure dropped.
 BORN = {RunState.PENDING.value, RunState.CANCELLED.value}

@@ -2,11 +2,12 @@
 
 Why a process of its own: the battery needs its own Valkey (it crashes and restarts it), and
 the engine reads its Valkey and broker URLs once, when Django's settings load
-(`settings.CONFIG`, the cached clients in `orchestrator.valkey` and `orchestrator.broker`,
-the Celery app's broker URL). So the driver starts a `redis-server` on a free port first,
-puts its URLs (VALKEY_URL, VALKEY_CACHE_URL, CELERY_BROKER_URL) and the compressed thresholds
-(THRESHOLDS) into its environment, and only then sets Django up; every worker and the loops
-process it starts inherit the same environment. Nothing is reconfigured after the fact, and
+(`settings.CONFIG`, the cached clients in `orchestrator.stores.valkey` and
+`orchestrator.stores.broker`, the Celery app's broker URL). So the driver starts a
+`redis-server` on a free port first, puts its URLs (VALKEY_URL, VALKEY_CACHE_URL,
+CELERY_BROKER_URL) and the compressed thresholds (THRESHOLDS) into its environment, and only
+then sets Django up; every worker and the loops process it starts inherit the same
+environment. Nothing is reconfigured after the fact, and
 the shared Redis on 6379 is never touched.
 
 It uses the database DATABASE_URL names (already migrated: the pytest battery passes its test

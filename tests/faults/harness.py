@@ -23,8 +23,8 @@ from typing import Any
 
 from django.db import close_old_connections, connection, connections
 
-from orchestrator.hooks import Refused
-from orchestrator.start import start_run
+from orchestrator.hooks.base import Refused
+from orchestrator.runs.start import start_run
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.triggers import TriggerKind
 from tests.faults.servers import ValkeyServer, descendants
@@ -261,7 +261,7 @@ class Harness:
         with connection.cursor() as cursor:
             cursor.execute("SELECT id, owner_instance_id FROM task_history WHERE state = 'active'")
             rows = cursor.fetchall()
-        # An owner is "<host>:<pid>:<suffix>" (orchestrator.instance).
+        # An owner is "<host>:<pid>:<suffix>" (orchestrator.cluster.instance).
         return [run_id for run_id, owner in rows if owner.partition(":")[2].split(":")[0] in pids]
 
     def settle(self, bound_s: float) -> float | None:

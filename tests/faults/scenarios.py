@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
-from orchestrator import broker, keys, valkey
-from orchestrator.cancel import NotCancellable, request_cancel
 from orchestrator.models import TaskHistory
-from orchestrator.publish import job_id, publish
+from orchestrator.runs.cancel import NotCancellable, request_cancel
+from orchestrator.runs.publish import job_id, publish
 from orchestrator.states import TERMINAL_RUN_STATES
+from orchestrator.stores import broker, keys, valkey
 from tasks import registry
 from tests.faults.harness import QUEUES, Harness, _kill
 from tests.faults.servers import PgProxy

@@ -9,10 +9,10 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
-from orchestrator import durable
 from orchestrator.models import TaskHistory, TaskHistoryAudit
-from orchestrator.start import new_run_id, start_run
+from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RUN_TRANSITIONS, IllegalTransition, RunState
+from orchestrator.stores import durable
 from orchestrator.triggers import TriggerKind
 from tests.faults import checker
 from tests.faults.checker import illegal_pairs

@@ -14,13 +14,13 @@ import pytest
 from django.db import OperationalError, connection
 from django.db.models.functions import Now
 
-from orchestrator import broker, durable, keys, live, valkey
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.pending import PendingReport
-from orchestrator.reconciler import Reconciler
-from orchestrator.runner import run_message
-from orchestrator.start import start_run
+from orchestrator.recovery.pending import PendingReport
+from orchestrator.recovery.reconciler import Reconciler
+from orchestrator.runs.runner import run_message
+from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
+from orchestrator.stores import broker, durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
@@ -117,8 +117,8 @@ def test_a_live_hash_left_behind_a_terminal_write_is_repaired() -> None:
     run_id = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
     owner = "elsewhere:1:DEADBEEF"
     live.claim(run_id, owner)
-    # The worker wrote Postgres (claim, then the end) and was SIGKILLed before its mirror,
-    # longer ago than the mirror's grace for writers still at work.
+    # The worker wrote Postgres (claim, then the end) and was SIGKILLed before it settled the run,
+    # longer ago than the repair's grace for writers still at work.
     durable.transition(run_id, RunState.ACTIVE, owner_instance_id=owner, started_at=Now())
     ended_at = Now() - timedelta(seconds=30)
     durable.transition(run_id, RunState.COMPLETED, finished_at=ended_at)

@@ -24,10 +24,10 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
-from orchestrator import keys, valkey
 from orchestrator.api import tokens
 from orchestrator.models import ApiToken, TaskHistory
-from orchestrator.start import new_run_id
+from orchestrator.runs.start import new_run_id
+from orchestrator.stores import keys, valkey
 from tasks import registry
 from tests.support.fixtures import wait_for
 from tests.support.users import operator

@@ -21,9 +21,9 @@ from django.db import connection
 from django.test import Client
 
 from orchestrator.api import tokens
-from orchestrator.cancel import NotCancellable, request_cancel
 from orchestrator.models import TaskHistory
-from orchestrator.start import InvalidInput, StartRefused, start_run
+from orchestrator.runs.cancel import NotCancellable, request_cancel
+from orchestrator.runs.start import InvalidInput, StartRefused, start_run
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.triggers import TriggerKind
 

@@ -1,4 +1,4 @@
-"""Abuse limits on signing in (orchestrator/auth_throttle.py) and on what a token's use writes
+"""Abuse limits on signing in (orchestrator/api/throttle.py) and on what a token's use writes
 (orchestrator/api/tokens.py).
 
 Failed sign-ins, by bad bearer token or failed admin login, share one budget per client
@@ -20,8 +20,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from orchestrator.access import Access
 from orchestrator.api import tokens
+from orchestrator.api.access import Access
 from orchestrator.models import ApiToken
 from tests.support.users import PASSWORD, account, operator
 

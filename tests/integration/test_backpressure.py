@@ -9,11 +9,11 @@ import pytest
 from django.conf import LazySettings
 from django.test import Client
 
-from orchestrator import broker, keys, live, valkey
 from orchestrator.api import tokens
-from orchestrator.backpressure import QueueFull
+from orchestrator.hooks.backpressure import QueueFull
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.start import start_run
+from orchestrator.runs.start import start_run
+from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.users import operator
 

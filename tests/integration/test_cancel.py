@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from orchestrator import broker, keys, live, valkey
-from orchestrator.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.models import TaskHistory
-from orchestrator.retry import NotRetryable, retry_run
-from orchestrator.start import start_run
+from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.rerun import NotRetryable, retry_run
+from orchestrator.runs.start import start_run
+from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process
 from tests.support.task_defs import SLEEPY_PIDS_KEY

@@ -15,8 +15,9 @@ from threading import Barrier
 import pytest
 from django.db import connection, transaction
 
-from orchestrator import keys, valkey
-from orchestrator.circuit import (
+from orchestrator.clock import SYSTEM, FrozenClock, to_ms
+from orchestrator.hooks.base import Admission, Outcome, Pickup
+from orchestrator.hooks.circuit import (
     PROBE_PROVISIONAL_TTL,
     CircuitBreaker,
     CircuitOpen,
@@ -24,11 +25,10 @@ from orchestrator.circuit import (
     status,
     statuses,
 )
-from orchestrator.clock import SYSTEM, FrozenClock, to_ms
-from orchestrator.hooks import Admission, Outcome, Pickup
 from orchestrator.models import CircuitState, TaskCircuitState, TaskHistory, TaskQuotaUsage
-from orchestrator.start import new_run_id, start_run
+from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
+from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.errors import ErrorKind
@@ -369,14 +369,14 @@ def test_force_enable_refuses_unknown_tasks_and_anonymous_operators(clock: Froze
         force_enable(TASK, actor=" ", clock=clock)
 
 
-def test_the_mirror_row_matches_the_valkey_hash(
+def test_the_postgres_row_matches_the_valkey_hash(
     breaker: CircuitBreaker, clock: FrozenClock
 ) -> None:
     _fail(breaker, 3)
     _succeed(breaker)
     _fail(breaker, 5)
     clock.advance(MINUTE)
-    _admit(breaker)  # the probe: half-open is mirrored once its start commits
+    _admit(breaker)  # the probe: half-open is copied to Postgres once its start commits
 
     held = _hash()
     row = TaskCircuitState.objects.get(task_id=TASK)
@@ -402,7 +402,7 @@ def test_a_lost_hash_is_rebuilt_from_postgres(breaker: CircuitBreaker, clock: Fr
     before = _hash()
     valkey.client().delete(keys.circuit(TASK))
 
-    shown = status(TASK, clock=clock)  # read-only: shown from the mirror, not written back
+    shown = status(TASK, clock=clock)  # read-only: shown from the Postgres row, not written back
     assert shown.state == CircuitState.OPEN and shown.time_to_half_open == MINUTE
     assert not valkey.client().exists(keys.circuit(TASK))
     assert _refusal(breaker).retry_after == MINUTE
@@ -418,7 +418,7 @@ def test_a_lost_hash_is_rebuilt_from_postgres(breaker: CircuitBreaker, clock: Fr
     assert TaskCircuitState.objects.get(task_id=TASK).state == CircuitState.CLOSED
 
 
-def test_a_task_without_a_mirror_row_starts_closed(
+def test_a_task_without_a_postgres_row_starts_closed(
     breaker: CircuitBreaker, clock: FrozenClock
 ) -> None:
     assert statuses([TASK, "test-noop"], clock=clock)[TASK].state == CircuitState.CLOSED
@@ -442,7 +442,7 @@ def test_fatal_failures_on_a_worker_open_the_circuit(celery_worker: object) -> N
     rows = TaskHistory.objects.filter(task_id=TASK)
     assert {row.id for row in rows} == {run.run_id for run in runs}
     assert {(row.state, row.error["kind"]) for row in rows} == {("failed", "fatal")}
-    mirrored = TaskCircuitState.objects.get(task_id=TASK)
-    assert (mirrored.state, mirrored.consecutive_failures) == (CircuitState.OPEN, 5)
-    assert mirrored.half_open_at is not None
-    assert mirrored.half_open_at - mirrored.opened_at == MINUTE
+    stored = TaskCircuitState.objects.get(task_id=TASK)
+    assert (stored.state, stored.consecutive_failures) == (CircuitState.OPEN, 5)
+    assert stored.half_open_at is not None
+    assert stored.half_open_at - stored.opened_at == MINUTE

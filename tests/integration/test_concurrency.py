@@ -10,12 +10,13 @@ import signal
 import pytest
 from django.conf import settings
 
-from orchestrator import concurrency, keys, live, valkey
-from orchestrator.hooks import Pickup, Postpone
+from orchestrator.hooks import concurrency
+from orchestrator.hooks.base import Pickup, Postpone
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
-from orchestrator.start import start_run
+from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
+from orchestrator.stores import keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.resources import budgets

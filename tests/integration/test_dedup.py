@@ -13,11 +13,11 @@ import pytest
 from django.conf import LazySettings
 from django.db import transaction
 
-from orchestrator import keys, scripts, valkey
-from orchestrator.dedup import ExclusiveRunning
+from orchestrator.hooks.dedup import ExclusiveRunning
+from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.models import TaskHistory
-from orchestrator.quotas import QuotaExceeded
-from orchestrator.start import StartRefused, start_run
+from orchestrator.runs.start import StartRefused, start_run
+from orchestrator.stores import keys, scripts, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
 

@@ -12,12 +12,12 @@ import pytest
 from celery import current_app
 from django.conf import settings
 
-from orchestrator import live, valkey
 from orchestrator.models import TaskHistory
-from orchestrator.publish import job_id
-from orchestrator.start import new_run_id
+from orchestrator.runs.publish import job_id
+from orchestrator.runs.start import new_run_id
+from orchestrator.stores import live, valkey
 from tasks import registry
-from tests.support.fixtures import PRIVATE_QUEUES, wait_for, worker_process
+from tests.support.fixtures import SHARED_TASKS, wait_for, worker_process
 from tests.support.task_defs import ORDER_KEY
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -53,7 +53,7 @@ def _publish(label: str, priority: int | None) -> None:
 
 
 def test_the_settings_this_test_relies_on() -> None:
-    assert QUEUE in PRIVATE_QUEUES
+    assert TASK_ID not in SHARED_TASKS
     assert settings.CELERY_TASK_DEFAULT_PRIORITY == 5
     assert settings.CELERY_BROKER_TRANSPORT_OPTIONS["priority_steps"] == [1, 2, 3, 5, 7]
 

@@ -18,13 +18,14 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
-from orchestrator import drain, durable, keys, live, valkey
-from orchestrator.drain import MAX_ATTEMPTS, MAX_ENTRIES
-from orchestrator.leader import CLUSTER
-from orchestrator.locks import LoopLock
+from orchestrator.cluster.leaders import CLUSTER
+from orchestrator.cluster.locks import LoopLock
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.start import new_run_id
+from orchestrator.runs import drain
+from orchestrator.runs.drain import MAX_ATTEMPTS, MAX_ENTRIES
+from orchestrator.runs.start import new_run_id
 from orchestrator.states import RunState
+from orchestrator.stores import durable, keys, live, valkey
 from tests.support.fixtures import database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -87,7 +88,7 @@ def _other_connection() -> Iterator[Any]:
         other.close()
 
 
-def test_a_pushed_write_is_applied_then_mirrored_then_reported() -> None:
+def test_a_pushed_write_is_applied_then_settled() -> None:
     run_id = _active_run()
 
     assert drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
@@ -118,7 +119,7 @@ def test_a_failed_write_keeps_its_error_kind() -> None:
     assert _counts("failed") == 1
 
 
-def test_a_write_that_had_landed_is_done_and_still_mirrored() -> None:
+def test_a_write_that_had_landed_is_done_and_still_settled() -> None:
     # The UPDATE committed but its reply was lost: the writer pushed a write Postgres has.
     run_id = _active_run()
     durable.transition(run_id, RunState.COMPLETED, **_completed_fields())

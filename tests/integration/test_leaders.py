@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from orchestrator import keys, node, valkey
-from orchestrator.leader import CLUSTER, Elector, all_seats, leaders, served_classes
-from orchestrator.locks import LockLost
+from orchestrator.cluster import roster
+from orchestrator.cluster.leaders import CLUSTER, Elector, all_seats, leaders, served_classes
+from orchestrator.cluster.locks import LockLost
 from orchestrator.models import TaskHistory
+from orchestrator.stores import keys, valkey
 from tests.support.fixtures import ROOT, database_url, wait_for
 from tests.support.runs import seed_orphan
 
@@ -261,10 +262,10 @@ def test_the_nodes_page_lists_live_nodes_and_leaders(tmp_path: Path, admin_clien
     with cluster(tmp_path) as running:
         a, b = running.start(), running.start()
         held = wait_for(lambda: _held_by([a, b]), timeout=30)
-        roster = wait_for(
+        announced = wait_for(
             lambda: (
-                [n for n in node.roster() if n.pid in (a.pid, b.pid) and n.role == "loops"]
-                if len([n for n in node.roster() if n.pid in (a.pid, b.pid)]) == 2
+                [n for n in roster.roster() if n.pid in (a.pid, b.pid) and n.role == "loops"]
+                if len([n for n in roster.roster() if n.pid in (a.pid, b.pid)]) == 2
                 else None
             )
         )
@@ -274,12 +275,12 @@ def test_the_nodes_page_lists_live_nodes_and_leaders(tmp_path: Path, admin_clien
 
     assert page.status_code == 200
     html = page.content.decode()
-    for entry in roster:
+    for entry in announced:
         assert entry.instance_id in html
         assert entry.version and entry.version != "unknown"
         assert entry.pools  # the loops process announces its host's pools
     for seat, owner in held.items():
-        instance = next(n.instance_id for n in roster if n.pid == owner.pid)
+        instance = next(n.instance_id for n in announced if n.pid == owner.pid)
         assert f'id="seat-{seat}"' in html
         row = html.split(f'id="seat-{seat}"', 1)[1].split("</tr>", 1)[0]
         assert instance in row

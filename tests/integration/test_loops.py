@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from orchestrator import keys, valkey
-from orchestrator.leader import CLUSTER, all_seats
+from orchestrator.cluster.leaders import CLUSTER, all_seats
 from orchestrator.models import TaskHistory
+from orchestrator.stores import keys, valkey
 from tests.support.fixtures import ROOT, database_url, wait_for
 from tests.support.runs import seed_orphan
 

@@ -21,7 +21,7 @@ from django.test import Client
 
 from orchestrator.api import tokens
 from orchestrator.models import TaskHistory
-from orchestrator.start import InvalidInput, start_run
+from orchestrator.runs.start import InvalidInput, start_run
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for
 

@@ -20,17 +20,18 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from orchestrator import broker, concurrency, keys, overview, valkey
 from orchestrator.api import tokens
-from orchestrator.circuit import CircuitBreaker, status
 from orchestrator.clock import SYSTEM, FrozenClock
-from orchestrator.concurrency import ConcurrencyLimit
-from orchestrator.hooks import Admission, Outcome, Pickup
+from orchestrator.hooks import concurrency, overview
+from orchestrator.hooks.base import Admission, Outcome, Pickup
+from orchestrator.hooks.circuit import CircuitBreaker, status
+from orchestrator.hooks.concurrency import ConcurrencyLimit
+from orchestrator.hooks.quotas import DailyQuota, QuotaExceeded
 from orchestrator.models import CircuitState, TaskCircuitState, TaskQuotaUsage
-from orchestrator.quotas import DailyQuota, QuotaExceeded
 from orchestrator.routing import queue_name
-from orchestrator.start import new_run_id, start_run
+from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
+from orchestrator.stores import broker, keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.errors import ErrorKind

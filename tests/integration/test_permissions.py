@@ -1,4 +1,4 @@
-"""Who may do what (orchestrator/access.py), checked the same way on every API operation and
+"""Who may do what (orchestrator/api/access.py), checked the same way on every API operation and
 every admin page and action: each role against each, the answer it gets, and, for a refused
 write, that nothing changed.
 
@@ -21,12 +21,12 @@ from django.contrib.auth.models import Group, User
 from django.http import HttpResponse
 from django.test import Client
 
-from orchestrator import access, circuit
-from orchestrator.access import Access
-from orchestrator.api import tokens
-from orchestrator.cancel import request_cancel
+from orchestrator.api import access, tokens
+from orchestrator.api.access import Access
+from orchestrator.hooks import circuit
 from orchestrator.models import TaskHistory
-from orchestrator.start import start_run
+from orchestrator.runs.cancel import request_cancel
+from orchestrator.runs.start import start_run
 from orchestrator.triggers import TriggerKind
 from tests.support.users import account
 

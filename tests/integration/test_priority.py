@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import valkey
-from orchestrator.start import start_run
+from orchestrator.runs.start import start_run
+from orchestrator.stores import valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process
 from tests.support.task_defs import ORDER_KEY

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from orchestrator import keys, valkey
+from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.quotas import QuotaExceeded
-from orchestrator.start import start_run
+from orchestrator.runs.start import start_run
+from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for
 

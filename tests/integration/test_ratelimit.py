@@ -8,12 +8,13 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 
-from orchestrator import keys, ratelimit, scripts, valkey
-from orchestrator.hooks import Pickup, Postpone
+from orchestrator.hooks import ratelimit
+from orchestrator.hooks.base import Pickup, Postpone
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
-from orchestrator.start import start_run
+from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
+from orchestrator.stores import keys, scripts, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.support.fixtures import wait_for, worker_process

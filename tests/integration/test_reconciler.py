@@ -17,14 +17,15 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from orchestrator import broker, drain, keys, live, liveness, valkey
-from orchestrator.leader import CLUSTER
-from orchestrator.liveness import Fence
-from orchestrator.locks import LockLost, LoopLock
+from orchestrator.cluster.leaders import CLUSTER
+from orchestrator.cluster.locks import Fence, LockLost, LoopLock
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.reconciler import Reconciler
-from orchestrator.start import new_run_id, start_run
+from orchestrator.recovery import orphans
+from orchestrator.recovery.reconciler import Reconciler
+from orchestrator.runs import drain
+from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
+from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -183,10 +184,10 @@ def test_one_tick_ends_exactly_the_orphans() -> None:
             assert snapshot == {}, row.label
         else:
             assert snapshot["state"] == row.expected, row.label
-    assert report.liveness.orphaned == 5
-    assert report.liveness.cancelled == 2
-    assert report.liveness.kept_alive == 2
-    assert report.liveness.errors == report.pending.errors == 0
+    assert report.orphans.orphaned == 5
+    assert report.orphans.cancelled == 2
+    assert report.orphans.kept_alive == 2
+    assert report.orphans.errors == report.pending.errors == 0
     assert report.pending.republished == 0
     # The hooks heard of each orphan once: the daily quota counts five failures.
     assert _failed_count("test-noop") == 5
@@ -209,7 +210,7 @@ def test_a_stray_live_heartbeat_keeps_a_run_alive_tick_after_tick() -> None:
     reconciler = Reconciler()
 
     for _ in range(3):
-        assert reconciler.tick().liveness.kept_alive == 1
+        assert reconciler.tick().orphans.kept_alive == 1
 
     assert TaskHistory.objects.get(id=run_id).state == "active"
     assert live.read(run_id)["state"] == "active"
@@ -242,7 +243,7 @@ def test_boot_recovery_uses_the_boot_threshold() -> None:
 
     boot = reconciler.tick(boot=True)
 
-    assert boot.boot and boot.liveness.orphaned == 1
+    assert boot.boot and boot.orphans.orphaned == 1
     assert TaskHistory.objects.get(id=between).state == "failed"
     assert "threshold 120s" in TaskHistory.objects.get(id=between).error["message"]
     assert TaskHistory.objects.get(id=young).state == "active"
@@ -258,7 +259,7 @@ def test_an_idle_tick_makes_two_indexed_queries() -> None:
         report = reconciler.tick()
 
     assert report.acted == 0 and not report.skipped
-    # The stale/pending candidates, and the runs ended since the last tick (the mirror step,
+    # The stale/pending candidates, and the runs ended since the last tick (the hash repair step,
     # on the finished_at index).
     assert len(queries.captured_queries) == 2
 
@@ -271,8 +272,8 @@ def test_one_bad_row_does_not_stop_the_batch() -> None:
 
     report = Reconciler().tick()
 
-    assert report.liveness.errors == 1
-    assert report.liveness.orphaned == 3
+    assert report.orphans.errors == 1
+    assert report.orphans.orphaned == 3
     assert TaskHistory.objects.get(id=bad).state == "active"
     assert all(TaskHistory.objects.get(id=g).state == "failed" for g in good)
     valkey.client().delete(keys.run_active(bad))
@@ -284,14 +285,14 @@ def test_a_row_deleted_or_refreshed_after_the_query_is_left_alone() -> None:
     ended = _seed(Row("ended", "active", 400, 500, "gone", "failed"))
     lock = LoopLock("reconciler-test", timedelta(seconds=30))
     assert lock.hold()
-    stale, _ = liveness.candidates(stale_after_s=THRESHOLD, pending_after_s=60, limit=100)
+    stale, _ = orphans.candidates(stale_after_s=THRESHOLD, pending_after_s=60, limit=100)
     assert {c.run_id for c in stale} == {deleted, refreshed, ended}
 
     TaskHistory.objects.filter(id=deleted).delete()
     _age(refreshed, heartbeat_at=1)  # its worker beat meanwhile
     TaskHistory.objects.filter(id=ended).update(state="completed")
 
-    report = liveness.end_orphans(stale, THRESHOLD, fence=lock)
+    report = orphans.end_orphans(stale, THRESHOLD, fence=lock)
 
     assert report.raced == 3 and report.errors == 0 and report.orphaned == 0
     assert TaskHistory.objects.get(id=refreshed).state == "active"
@@ -310,7 +311,7 @@ def test_a_run_whose_terminal_write_waits_in_the_drain_is_not_an_orphan() -> Non
     report = reconciler.tick()
 
     assert report.drain.backing_off
-    assert report.in_drain == 1 and report.liveness.orphaned == 0
+    assert report.in_drain == 1 and report.orphans.orphaned == 0
     assert TaskHistory.objects.get(id=run_id).state == "active"
     # The drain runs under the same cluster lock: the holder replays it.
     assert drain.replay(force=True, fence=reconciler.lock).applied == 1
@@ -434,7 +435,7 @@ def test_a_pending_run_past_the_deadline_is_failed() -> None:
 
 
 def test_two_reconcilers_only_one_acts_per_tick() -> None:
-    orphans = [_seed(Row(f"o{i}", "active", 400, 500, "gone", "failed")) for i in range(4)]
+    seeded = [_seed(Row(f"o{i}", "active", 400, 500, "gone", "failed")) for i in range(4)]
     reconcilers = [Reconciler(), Reconciler()]
     barrier = threading.Barrier(2)
     reports = []
@@ -454,8 +455,8 @@ def test_two_reconcilers_only_one_acts_per_tick() -> None:
 
     assert sorted(r.skipped for r in reports) == [False, True]
     acted = next(r for r in reports if not r.skipped)
-    assert acted.liveness.orphaned == 4
-    assert all(TaskHistory.objects.get(id=o).state == "failed" for o in orphans)
+    assert acted.orphans.orphaned == 4
+    assert all(TaskHistory.objects.get(id=o).state == "failed" for o in seeded)
     assert _failed_count("test-noop") == 4
 
 
@@ -475,12 +476,12 @@ def test_a_reconciler_that_lost_its_lock_writes_nothing() -> None:
     orphan = _seed(Row("o", "active", 400, 500, "gone", "failed"))
     reconciler = Reconciler()
     assert reconciler.lock.hold()
-    stale, _ = liveness.candidates(stale_after_s=THRESHOLD, pending_after_s=60, limit=100)
+    stale, _ = orphans.candidates(stale_after_s=THRESHOLD, pending_after_s=60, limit=100)
     # Its lease ran out and another process took the lock.
     valkey.client().set(reconciler.lock.key, "another-process")
 
     with pytest.raises(LockLost):
-        liveness.end_orphans(stale, THRESHOLD, fence=reconciler.lock)
+        orphans.end_orphans(stale, THRESHOLD, fence=reconciler.lock)
     report = reconciler.tick()
 
     assert report.skipped
@@ -489,7 +490,7 @@ def test_a_reconciler_that_lost_its_lock_writes_nothing() -> None:
 
 
 def test_a_tick_that_loses_its_lock_midway_stops_writing() -> None:
-    orphans = [_seed(Row(f"o{i}", "active", 400 + i, 500, "gone", "failed")) for i in range(3)]
+    seeded = [_seed(Row(f"o{i}", "active", 400 + i, 500, "gone", "failed")) for i in range(3)]
     thief = LoopLock(CLUSTER, timedelta(seconds=30))
 
     @dataclass
@@ -507,12 +508,12 @@ def test_a_tick_that_loses_its_lock_midway_stops_writing() -> None:
 
     reconciler = Reconciler()
     assert reconciler.lock.hold()
-    stale, _ = liveness.candidates(stale_after_s=THRESHOLD, pending_after_s=60, limit=100)
+    stale, _ = orphans.candidates(stale_after_s=THRESHOLD, pending_after_s=60, limit=100)
 
     with pytest.raises(LockLost):
-        liveness.end_orphans(stale, THRESHOLD, fence=StealAfterFirst(reconciler.lock))
+        orphans.end_orphans(stale, THRESHOLD, fence=StealAfterFirst(reconciler.lock))
 
-    states = sorted(TaskHistory.objects.get(id=o).state for o in orphans)
+    states = sorted(TaskHistory.objects.get(id=o).state for o in seeded)
     assert states == ["active", "active", "failed"]
     thief.release()
 
@@ -543,6 +544,6 @@ def test_extra_steps_run_under_the_lock_each_alone() -> None:
     report = reconciler.tick()
 
     assert probe.calls == 1
-    assert report.steps == {"mirror": 0, "probe": 2}
+    assert report.steps == {"repair": 0, "probe": 2}
     assert report.errors == 1
     reconciler.release()

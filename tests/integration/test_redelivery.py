@@ -13,11 +13,11 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
-from orchestrator import live
-from orchestrator.instance import instance_id
+from orchestrator.cluster.instance import instance_id
 from orchestrator.models import TaskHistory
-from orchestrator.runner import run_message
-from orchestrator.start import start_run
+from orchestrator.runs.runner import run_message
+from orchestrator.runs.start import start_run
+from orchestrator.stores import live
 from orchestrator.triggers import TriggerKind
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -32,8 +32,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from orchestrator import keys, node, valkey
+from orchestrator.cluster import roster
 from orchestrator.models import TaskHistory
+from orchestrator.stores import keys, valkey
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
 
 # Commands a consuming connection sits in; a publisher's connection never does.
@@ -319,9 +320,9 @@ def test_admin_runs_list_filters_and_finds_a_run_by_id(admin_client: Any) -> Non
 def test_a_worker_announces_itself_in_the_node_roster() -> None:
     with worker_process(["task.t.test-noop"], concurrency=1, name="roster") as process:
         found = wait_for(
-            lambda: [n for n in node.roster() if n.pid == process.pid and n.role == "worker"]
+            lambda: [n for n in roster.roster() if n.pid == process.pid and n.role == "worker"]
         )
         (me,) = found
         assert me.queues == ("task.t.test-noop",)
         ttl = valkey.client().ttl(keys.cluster_node(me.instance_id))
-        assert 0 < ttl <= node.NODE_TTL_S  # a dead worker's entry expires, never lingers
+        assert 0 < ttl <= roster.NODE_TTL_S  # a dead worker's entry expires, never lingers

@@ -6,9 +6,9 @@ import pytest
 from celery import current_app
 from django.db import transaction
 
-from orchestrator import live
 from orchestrator.models import TaskHistory
-from orchestrator.start import start_run
+from orchestrator.runs.start import start_run
+from orchestrator.stores import live
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for
 

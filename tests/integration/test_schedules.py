@@ -22,7 +22,6 @@ from django.test.utils import CaptureQueriesContext
 from django_celery_beat.models import PeriodicTask
 
 from coverage.models import EpgSource
-from orchestrator import keys, valkey
 from orchestrator.clock import FrozenClock
 from orchestrator.models import SchedulerState, TaskHistory
 from orchestrator.scheduler.catchup import catch_up
@@ -32,6 +31,7 @@ from orchestrator.scheduler.fire import FireRequest, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK, SCHEDULER_QUEUE
 from orchestrator.scheduler.slots import IntervalSlots
 from orchestrator.scheduler.sync import ScheduleConfigError, sync
+from orchestrator.stores import keys, valkey
 from tasks import ScheduleRow, dynamic, every, registry
 from tasks.definition import TaskDefinition
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process

@@ -14,10 +14,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from orchestrator import durable, keys, live, valkey
-from orchestrator.live import FencedWrite
 from orchestrator.models import TaskHistory
-from orchestrator.start import new_run_id
+from orchestrator.runs.start import new_run_id
 from orchestrator.states import (
     RUN_TRANSITIONS,
     STAGE_TRANSITIONS,
@@ -28,6 +26,8 @@ from orchestrator.states import (
     run_sources,
     stage_sources,
 )
+from orchestrator.stores import durable, keys, live, valkey
+from orchestrator.stores.live import FencedWrite
 
 pytestmark = pytest.mark.django_db
 

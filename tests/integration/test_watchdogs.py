@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import keys, live, valkey
 from orchestrator.models import TaskHistory
-from orchestrator.start import start_run
+from orchestrator.runs.start import start_run
+from orchestrator.stores import keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process
 from tests.support.task_defs import SLEEPY_PIDS_KEY

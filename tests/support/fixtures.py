@@ -16,37 +16,24 @@ from django.conf import settings
 from django.db import connection
 
 from lumastra.workers import worker_argv
-from orchestrator import keys, valkey
 from orchestrator.routing import queue_name
+from orchestrator.stores import keys, valkey
 from tasks import registry
 
 ROOT = Path(__file__).resolve().parents[2]
-# Queues only a test's own worker consumes, so it controls when their messages are taken.
-PRIVATE_QUEUES = {
-    # Fired by schedule tests that end while the shared worker would still be running them:
-    # its writes would race the test database flush (a deadlock was seen in CI).
-    "task.t.epg-refresh",
-    "task.t.test-record-order",
-    "task.t.test-unique",
-    "task.t.test-excl-a",
-    "task.t.test-excl-b",
-    "task.t.test-unique-quota",
-    "task.t.test-limited",
-    "task.t.test-lease",
-    "task.t.test-rated",
-    "task.t.test-bp-drop",
-    "task.t.test-bp-fail",
-    "task.t.test-bp-shed",
-    "task.t.test-quota-drop",
-    "task.t.test-sleepy",
-    "task.t.test-hard-timeout",
-    "task.t.test-flaky",
-    # The fault battery's (tests/faults): only its own workers take them.
-    "task.t.test-fault-work",
-    "task.t.test-fault-poison",
-    "task.t.test-fault-crash",
-    "task.t.test-fault-limited",
-}
+# The tasks the shared worker runs. Every other task's queue is taken only by a test's own
+# worker, which then controls when its messages are taken (a new task stays private until it
+# is listed here: a shared worker racing a test's own is how flaky tests start).
+SHARED_TASKS = (
+    "hash-folder",
+    "history-retention",
+    "slow-progress",
+    "test-circuit",
+    "test-fail",
+    "test-noop",
+    "test-quota",
+    "test-versioned",
+)
 
 
 def database_url() -> str:
@@ -128,11 +115,9 @@ def _fresh_counters() -> None:
 def celery_worker(
     django_db_setup: None, django_db_blocker: Any
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """One shared worker for every public test queue."""
-    queues = sorted(
-        {queue_name(d, settings.CONFIG.per_task_queues) for d in registry.get().values()}
-        - PRIVATE_QUEUES
-    )
+    """One shared worker for the queues of SHARED_TASKS."""
+    tasks = registry.get()
+    queues = sorted({queue_name(tasks[t], settings.CONFIG.per_task_queues) for t in SHARED_TASKS})
     with django_db_blocker.unblock():
         connection.ensure_connection()
     with worker_process(queues, concurrency=2, name="shared") as process:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import connection
 
 from orchestrator.models import TaskHistory
-from orchestrator.start import new_run_id
+from orchestrator.runs.start import new_run_id
 
 
 def seed_orphan(heartbeat_age_s: int) -> str:

@@ -16,7 +16,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lumastra.settings")
 django.setup()
 
-from orchestrator.start import start_run  # noqa: E402
+from orchestrator.runs.start import start_run  # noqa: E402
 from orchestrator.triggers import TriggerKind  # noqa: E402
 
 

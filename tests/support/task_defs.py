@@ -10,8 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from orchestrator import keys, ratelimit, valkey
-from orchestrator.instance import instance_id
+from orchestrator.cluster.instance import instance_id
+from orchestrator.hooks import ratelimit
+from orchestrator.stores import keys, valkey
 from tasks import (
     FatalError,
     NoInput,

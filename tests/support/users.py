@@ -1,12 +1,12 @@
 """Accounts for permission tests: staff or not, with the view and operate permissions
-(orchestrator/access.py) granted directly, so no test depends on the groups a data migration
+(orchestrator/api/access.py) granted directly, so no test depends on the groups a data migration
 made (a transactional test's flush removes them)."""
 
 from __future__ import annotations
 
 from django.contrib.auth.models import Permission, User
 
-from orchestrator.access import Access
+from orchestrator.api.access import Access
 
 PASSWORD = "pw-for-tests"
 

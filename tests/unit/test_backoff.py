@@ -7,8 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from orchestrator import concurrency, runner
 from orchestrator.backoff import exponential
+from orchestrator.hooks import concurrency
+from orchestrator.runs import runner
 from tasks import Retry, define_task
 
 SECOND = timedelta(seconds=1)

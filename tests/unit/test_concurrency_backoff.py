@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from orchestrator.concurrency import backoff
+from orchestrator.hooks.concurrency import backoff
 
 
 class _Extreme(random.Random):

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator.drain import Entry
-from orchestrator.liveness import LiveView
+from orchestrator.recovery.orphans import LiveView
+from orchestrator.runs.drain import Entry
 
 NOW = 1_800_000_000_000  # ms, Valkey's clock
 

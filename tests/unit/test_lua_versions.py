@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import ResponseError
 
-from orchestrator import keys, scripts, valkey
+from orchestrator.stores import keys, scripts, valkey
 
 LUA_FILES = sorted(path.stem for path in scripts.LUA_DIR.glob("*.lua"))
 

@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from lumastra import config
-from orchestrator.start import start_run
+from orchestrator.runs.start import start_run
 from orchestrator.triggers import TriggerKind
 
 DEMO_USERNAME = "demo"

@@ -1,0 +1,70 @@
+"""Backpressure: a resource class's waiting messages are capped, and a task's policy says
+what a start does at the cap.
+
+- `drop`: the start is recorded as a run cancelled with kind `dropped` and never enqueued;
+  `start_run` returns it with `dropped=True`.
+- `fail-fast`: the start is refused with `QueueFull` (HTTP 503 with Retry-After).
+- `shed-oldest`: the least urgent, oldest waiting messages of the class (never one more
+  urgent than the new run) are removed from the broker and their runs cancelled with kind
+  `shed`; if nothing can be shed, the start is refused like fail-fast.
+
+Depth is read from the broker (LLEN of each queue's priority lists) against
+`LUMASTRA_QUEUE_DEPTH_CAP_<CLASS>`. Not guaranteed: the check and the enqueue are not one
+atomic step, so concurrent starts can overshoot the cap by at most the number of starters.
+The hook only takes the shed messages out of the broker and records their runs in
+`Admission.shed`; `start_run` cancels them when its transaction commits. If it rolls back
+instead, their runs stay pending without a message, for the reconciler to re-publish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+
+from orchestrator.hooks.base import Admission, Dropped, Refused, RunHook, Shed
+from orchestrator.routing import class_queues
+from orchestrator.stores import broker
+from tasks import registry
+from tasks.definition import Backpressure
+from tasks.resources import budgets
+
+# A full queue drains at the pool's pace; a few seconds is a polite first retry.
+RETRY_AFTER = timedelta(seconds=5)
+
+
+class QueueFull(Refused):
+    code = "queue_full"
+    http_status = 503
+
+
+@dataclass
+class QueueCap(RunHook):
+    name: str = "backpressure"
+
+    def admit(self, admission: Admission) -> None:
+        definition = admission.definition
+        config = settings.CONFIG
+        cap = budgets(config.concurrency_overrides, config.queue_depth_cap_overrides)[
+            definition.resource_class
+        ].queue_depth_cap
+        queues = class_queues(
+            registry.get().values(), definition.resource_class, config.per_task_queues
+        )
+        waiting = broker.depth(queues)
+        if waiting < cap:
+            return
+        full = (
+            f"the {definition.resource_class!r} queue holds {waiting} waiting runs, "
+            f"at its cap of {cap}"
+        )
+        if definition.backpressure is Backpressure.DROP:
+            raise Dropped(f"{full}; task {definition.id!r} drops new starts")
+        if definition.backpressure is Backpressure.SHED_OLDEST:
+            shed = broker.shed_oldest(queues, waiting - cap + 1, admission.priority)
+            if shed:
+                reason = f"shed to make room for run {admission.run_id} ({full})"
+                admission.shed.append(Shed(shed, reason))
+                return
+        raise QueueFull(f"{full}; retry later", retry_after=RETRY_AFTER)

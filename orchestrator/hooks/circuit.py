@@ -1,0 +1,441 @@
+"""Per-task circuit breaker: stops starting a task that keeps failing, then tests it with one run.
+
+A `RunHook`, in the chain of `orchestrator.apps.hook_chain` before the quota so that a refused
+start takes no quota unit.
+
+- **closed**: every start is admitted. A counted failure adds one to the task's consecutive
+  count and to its failure window; a success resets the consecutive count (not the window).
+  The circuit opens at LUMASTRA_CIRCUIT_FAILURE_THRESHOLD consecutive counted failures
+  (default 5), or at 10 counted failures within 30 minutes, successes in between or not.
+- **open**: starts are refused with `CircuitOpen` (code `circuit_open`, HTTP 503, `retry_after`
+  = the time to half-open; the message names the task and when it half-opens). It stays open
+  1 min the first time, then 5 min, 30 min and 2 h for each reopening in a row (saturating).
+- **half-open**, once that time has passed: the next start is admitted as the probe; the slot
+  is taken in one Lua script, so across processes exactly one start gets it, and the others
+  are refused while it is held. The probe's success closes the circuit and resets everything
+  (counts, window, backoff); its counted failure reopens it for the next backoff step; an
+  outcome that counts neither way frees the slot for another probe.
+
+Which outcomes count, once per run (`Outcome.final` is False for an attempt that will be
+retried; such attempts are ignored, so retries of one run count once):
+
+- failure: `fatal`, `internal` (an unexpected exception), `timeout`, `stalled`, `worker_lost`
+  (the process running it died: `os._exit`, the OOM killer — poison payloads), and
+  `transient` once the run's attempts are exhausted — each says the task, or something it
+  depends on, is broken. An operator's kill of a worker also ends its runs as `worker_lost`;
+  it takes LUMASTRA_CIRCUIT_FAILURE_THRESHOLD such ends of one task in a row to open it.
+  `orphaned` (a whole worker host went silent) does not count: it says nothing of the task.
+- neither: `permanent` and `validation` (this input is bad, not the task), `cancelled`
+  (someone asked), `stale_version` (a deploy artefact). They do not reset the count either.
+- success: `completed`.
+
+Probe slot: taken at admission for PROBE_PROVISIONAL_TTL (30 s), long enough for start_run's
+transaction to commit; on commit, and again when a worker claims the probe, it is extended to
+the task's hard timeout. A start refused by a later hook gives the slot back (`abandoned`); a
+probe that never reports (its worker died, its caller's transaction rolled back) holds it
+until it expires, and then another start becomes the probe.
+
+Operators: `force_enable(task_id, actor=...)` closes the circuit, resets counts and backoff,
+and keeps it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS (default 24 h). Failures in
+that time are counted but do not open it; after it, the next counted failure is judged by the
+normal rules on the counts gathered meanwhile. `status` and `statuses` read the state for the
+admin and the API.
+
+Storage: one Valkey hash per task (`keys.circuit`), changed only by `lua/circuit_*.lua`, is
+authoritative for admission. After each change the whole hash is upserted into
+`task_circuit_state` (ordered by the hash's version, so racing upserts never go backwards); a
+probe's admission is copied to Postgres when its start commits. A missing hash (Valkey restarted or
+flushed) is rebuilt from that row, or created closed when there is none, by the first call
+that needs it. Admitting to a closed circuit and recording a success that changes nothing
+write nothing.
+
+Not guaranteed:
+- The probe slot is not copied to Postgres: after Valkey lost the hash, a probe in flight may
+  be joined by a second one, and its outcome then counts like any other run's. So does the
+  outcome of a probe whose slot expired before it reported (a start stuck in a caller's
+  transaction for more than 30 s, or a queue wait longer than the hard timeout).
+- Runs admitted before the circuit opened still run; their outcomes update the counts, but
+  only the probe closes or reopens the circuit.
+- A change whose Postgres upsert failed (Postgres unreachable), or whose start rolled back, is
+  missing from the Postgres copy until the next change; if Valkey is lost meanwhile, so is the
+  change.
+- A failure reported twice for one run (`finished` is retried) counts once only while it is
+  among the newest 10 counted failures of the window.
+- Time is each process's clock: hosts whose clocks disagree shift backoffs and the window.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+from functools import partial
+from typing import Any, TypedDict, cast
+
+from django.conf import settings
+from django.db import connection, transaction
+from redis.exceptions import ResponseError
+
+from orchestrator.clock import SYSTEM, Clock, describe, from_ms, span_ms, to_ms
+from orchestrator.hooks.base import Admission, Outcome, Pickup, Refused, RunHook
+from orchestrator.models import CircuitState, TaskCircuitState
+from orchestrator.states import RunState
+from orchestrator.stores import keys, scripts, valkey
+from tasks import registry
+from tasks.errors import ErrorKind
+from tasks.registry import UnknownTaskError
+
+log = logging.getLogger(__name__)
+
+WINDOW = timedelta(minutes=30)
+WINDOW_FAILURES = 10
+# How long it stays open the 1st, 2nd, 3rd, 4th and every later time it opens in a row.
+BACKOFF = (
+    timedelta(minutes=1),
+    timedelta(minutes=5),
+    timedelta(minutes=30),
+    timedelta(hours=2),
+)
+PROBE_PROVISIONAL_TTL = timedelta(seconds=30)
+# A probe usually ends long before its slot expires; callers refused meanwhile come back sooner.
+BUSY_RETRY_AFTER = timedelta(minutes=1)
+
+COUNTED_FAILURES = frozenset(
+    {
+        ErrorKind.FATAL,
+        ErrorKind.INTERNAL,
+        ErrorKind.TIMEOUT,
+        ErrorKind.TRANSIENT,
+        ErrorKind.STALLED,
+        ErrorKind.WORKER_LOST,
+    }
+)
+
+
+class Verdict(Enum):
+    SUCCESS = "success"  # resets the consecutive count; a probe's closes the circuit
+    FAILURE = "failure"  # counts toward opening; a probe's reopens the circuit
+    NEUTRAL = "neutral"  # says nothing about the task; a probe's frees its slot
+
+
+class CircuitHash(TypedDict, total=False):
+    version: str  # incremented by every change; orders the Postgres copy's upserts
+    state: str  # closed | open | half_open (stored as open until a probe is admitted)
+    consecutive: str
+    reopen_count: str  # times it opened in a row without closing
+    opened_at: str  # ms since the epoch, "" when closed (as every time field)
+    half_open_at: str
+    forced_until: str
+    forced_by: str
+    recent: str  # "<ms>:<runId>,..." the newest counted failures inside the window
+    probe_run: str
+    probe_until: str
+    updated_at: str
+
+
+class CircuitOpen(Refused):
+    code = "circuit_open"
+    http_status = 503
+
+
+@dataclass(frozen=True)
+class CircuitStatus:
+    task_id: str
+    state: CircuitState  # an open circuit whose backoff has passed reads as half-open
+    consecutive_failures: int
+    reopen_count: int
+    opened_at: datetime | None
+    half_open_at: datetime | None
+    time_to_half_open: timedelta | None  # only while open
+    forced_until: datetime | None  # only while a force-enable is in effect
+    forced_by: str | None  # only while a force-enable is in effect
+    probe_run_id: str | None  # the half-open probe holding the slot, if any
+
+
+def verdict(outcome: Outcome) -> Verdict:
+    """What one run's final outcome says about its task (see the module docstring)."""
+    if outcome.state == RunState.COMPLETED:
+        return Verdict.SUCCESS
+    if outcome.state == RunState.FAILED and outcome.error_kind in COUNTED_FAILURES:
+        return Verdict.FAILURE
+    return Verdict.NEUTRAL
+
+
+@dataclass
+class CircuitBreaker(RunHook):
+    name: str = "circuit"
+    clock: Clock = SYSTEM
+
+    def admit(self, admission: Admission) -> None:
+        task_id = admission.definition.id
+        now = self.clock.now()
+        args = [to_ms(now), admission.run_id, span_ms(PROBE_PROVISIONAL_TTL)]
+        reply = _call("circuit_admit", task_id, args, self.clock)
+        answer = reply[0]
+        if answer == "closed":
+            return
+        circuit = _hash(reply[1:])
+        if answer == "probe":
+            log.info(
+                "run %s: admitted as the probe of task %s's circuit", admission.run_id, task_id
+            )
+            transaction.on_commit(partial(self._probe_committed, admission, circuit))
+            return
+        raise _refusal(task_id, answer, circuit, now)
+
+    def _probe_committed(self, admission: Admission, circuit: CircuitHash) -> None:
+        # Runs after start_run returned its run: a failure here is logged, not raised, and
+        # the provisional slot expiry still bounds its effect.
+        try:
+            expiry = self.clock.now() + admission.definition.timeout.hard
+            _set_probe_expiry(admission.definition.id, admission.run_id, to_ms(expiry))
+            _persist(admission.definition.id, circuit)
+        except Exception:
+            log.exception("run %s: could not confirm its circuit probe slot", admission.run_id)
+
+    def abandoned(self, admission: Admission) -> None:
+        _set_probe_expiry(admission.definition.id, admission.run_id, 0)
+
+    def before_claim(self, pickup: Pickup) -> None:
+        # A probe that waited in its queue still gets its whole hard timeout to run.
+        expiry = self.clock.now() + pickup.definition.timeout.hard
+        _set_probe_expiry(pickup.definition.id, pickup.run_id, to_ms(expiry))
+
+    def finished(self, outcome: Outcome) -> None:
+        if not outcome.final:
+            return
+        task_id = outcome.definition.id
+        now = self.clock.now()
+        args: list[object] = [
+            to_ms(now),
+            outcome.run_id,
+            verdict(outcome).value,
+            settings.CONFIG.circuit_failure_threshold,
+            span_ms(WINDOW),
+            WINDOW_FAILURES,
+            *(span_ms(step) for step in BACKOFF),
+        ]
+        reply = _call("circuit_record", task_id, args, self.clock)
+        event = reply[0]
+        if event == "unchanged":
+            return
+        circuit = _hash(reply[1:])
+        _persist(task_id, circuit)
+        if event in ("opened", "reopened"):
+            log.warning(
+                "task %s: circuit %s by run %s (%s consecutive failures, %s times in a row); "
+                "half-opens at %s",
+                task_id,
+                event,
+                outcome.run_id,
+                circuit.get("consecutive"),
+                circuit.get("reopen_count"),
+                _moment_of(circuit.get("half_open_at")),
+            )
+        elif event == "closed":
+            log.info("task %s: circuit closed by its probe run %s", task_id, outcome.run_id)
+
+
+def force_enable(task_id: str, *, actor: str, clock: Clock = SYSTEM) -> CircuitStatus:
+    """Close `task_id`'s circuit and keep it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS."""
+    if task_id not in registry.get():
+        raise UnknownTaskError(task_id)
+    if not actor.strip():
+        raise ValueError("force_enable needs the name of the operator forcing it")
+    now = clock.now()
+    until = now + timedelta(milliseconds=settings.CONFIG.circuit_force_enable_ttl_ms)
+    circuit = _hash(_call("circuit_force", task_id, [to_ms(now), to_ms(until), actor], clock))
+    _persist(task_id, circuit)
+    log.warning("task %s: circuit force-enabled by %s until %s", task_id, actor, until)
+    return _status(task_id, circuit, now)
+
+
+def status(task_id: str, *, clock: Clock = SYSTEM) -> CircuitStatus:
+    """The circuit of one task as the admin and the API show it."""
+    return statuses([task_id], clock=clock)[task_id]
+
+
+def statuses(task_ids: Iterable[str], *, clock: Clock = SYSTEM) -> dict[str, CircuitStatus]:
+    """Circuits of several tasks in one Valkey round trip (and one query for lost hashes).
+
+    Read-only: a task whose hash is missing is shown from its Postgres row, or as closed.
+    """
+    ids = list(dict.fromkeys(task_ids))
+    pipe = valkey.client().pipeline(transaction=False)
+    for task_id in ids:
+        pipe.hgetall(keys.circuit(task_id))
+    found: dict[str, CircuitHash] = dict(zip(ids, valkey.execute(pipe), strict=True))
+    missing = [task_id for task_id, circuit in found.items() if not circuit]
+    if missing:
+        for row in TaskCircuitState.objects.filter(task_id__in=missing):
+            found[row.task_id] = _from_row(row)
+    now = clock.now()
+    return {task_id: _status(task_id, found[task_id], now) for task_id in ids}
+
+
+# --- Valkey ---------------------------------------------------------------------------------
+
+
+def _call(name: str, task_id: str, args: Sequence[object], clock: Clock) -> list[str]:
+    """Run a circuit script; a missing hash is rebuilt from Postgres and the script rerun."""
+    key = keys.circuit(task_id)
+    try:
+        return cast(list[str], scripts.call(name, [key], list(args)))
+    except ResponseError as exc:
+        if str(exc) != "NO_CIRCUIT":
+            raise
+    _restore(task_id, clock)
+    return cast(list[str], scripts.call(name, [key], list(args)))
+
+
+def _restore(task_id: str, clock: Clock) -> None:
+    row = TaskCircuitState.objects.filter(task_id=task_id).first()
+    # No row: the task has never changed its circuit; an unsaved row holds the closed defaults.
+    c = _from_row(row or TaskCircuitState(task_id=task_id, updated_at=clock.now()))
+    args = [
+        c["version"],
+        c["state"],
+        c["consecutive"],
+        c["reopen_count"],
+        c["opened_at"],
+        c["half_open_at"],
+        c["forced_until"],
+        c["forced_by"],
+        c["recent"],
+        c["updated_at"],
+    ]
+    if scripts.call("circuit_restore", [keys.circuit(task_id)], args) and row is not None:
+        log.warning("task %s: circuit hash rebuilt from Postgres (%s)", task_id, row.state)
+
+
+def _set_probe_expiry(task_id: str, run_id: str, expiry_ms: int) -> None:
+    """Move the expiry of `run_id`'s probe slot (0 frees it); a no-op for any other run."""
+    scripts.call("circuit_probe", [keys.circuit(task_id)], [run_id, expiry_ms])
+
+
+def _hash(flat: Sequence[str]) -> CircuitHash:
+    return cast(CircuitHash, dict(zip(flat[::2], flat[1::2], strict=True)))
+
+
+# --- Postgres copy --------------------------------------------------------------------------
+
+_UPSERT = """
+INSERT INTO task_circuit_state AS c
+       (task_id, state, consecutive_failures, reopen_count, opened_at, half_open_at,
+        forced_until, forced_by, recent_failures, version, updated_at)
+VALUES (%(task_id)s, %(state)s, %(consecutive)s, %(reopen_count)s, %(opened_at)s,
+        %(half_open_at)s, %(forced_until)s, %(forced_by)s, %(recent)s::jsonb, %(version)s,
+        %(updated_at)s)
+ON CONFLICT (task_id) DO UPDATE
+   SET state = EXCLUDED.state, consecutive_failures = EXCLUDED.consecutive_failures,
+       reopen_count = EXCLUDED.reopen_count, opened_at = EXCLUDED.opened_at,
+       half_open_at = EXCLUDED.half_open_at, forced_until = EXCLUDED.forced_until,
+       forced_by = EXCLUDED.forced_by, recent_failures = EXCLUDED.recent_failures,
+       version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
+ WHERE c.version < EXCLUDED.version
+"""
+
+
+def _persist(task_id: str, circuit: CircuitHash) -> None:
+    recent = [{"at": at, "run": run} for at, run in _recent(circuit.get("recent", ""))]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _UPSERT,
+            {
+                "task_id": task_id,
+                "state": circuit.get("state", CircuitState.CLOSED.value),
+                "consecutive": int(circuit.get("consecutive") or 0),
+                "reopen_count": int(circuit.get("reopen_count") or 0),
+                "opened_at": _moment_of(circuit.get("opened_at")),
+                "half_open_at": _moment_of(circuit.get("half_open_at")),
+                "forced_until": _moment_of(circuit.get("forced_until")),
+                "forced_by": circuit.get("forced_by", ""),
+                "recent": json.dumps(recent),
+                "version": int(circuit.get("version") or 0),
+                "updated_at": _moment_of(circuit.get("updated_at")),
+            },
+        )
+
+
+def _from_row(row: TaskCircuitState) -> CircuitHash:
+    def ms(moment: datetime | None) -> str:
+        return "" if moment is None else str(to_ms(moment))
+
+    recent: list[dict[str, Any]] = row.recent_failures
+    return {
+        "version": str(row.version),
+        "state": row.state,
+        "consecutive": str(row.consecutive_failures),
+        "reopen_count": str(row.reopen_count),
+        "opened_at": ms(row.opened_at),
+        "half_open_at": ms(row.half_open_at),
+        "forced_until": ms(row.forced_until),
+        "forced_by": row.forced_by,
+        "recent": ",".join(f"{entry['at']}:{entry['run']}" for entry in recent),
+        "updated_at": ms(row.updated_at),
+    }
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+def _status(task_id: str, circuit: CircuitHash, now: datetime) -> CircuitStatus:
+    state = CircuitState(circuit.get("state") or CircuitState.CLOSED)
+    half_open_at = _moment_of(circuit.get("half_open_at"))
+    if state == CircuitState.OPEN and half_open_at is not None and half_open_at <= now:
+        state = CircuitState.HALF_OPEN
+    forced_until = _moment_of(circuit.get("forced_until"))
+    forced = forced_until is not None and forced_until > now
+    probe_until = _moment_of(circuit.get("probe_until"))
+    probing = state == CircuitState.HALF_OPEN and probe_until is not None and probe_until > now
+    return CircuitStatus(
+        task_id=task_id,
+        state=state,
+        consecutive_failures=int(circuit.get("consecutive") or 0),
+        reopen_count=int(circuit.get("reopen_count") or 0),
+        opened_at=_moment_of(circuit.get("opened_at")),
+        half_open_at=half_open_at,
+        time_to_half_open=(
+            half_open_at - now if state == CircuitState.OPEN and half_open_at else None
+        ),
+        forced_until=forced_until if forced else None,
+        forced_by=circuit.get("forced_by") if forced else None,
+        probe_run_id=(circuit.get("probe_run") or None) if probing else None,
+    )
+
+
+def _refusal(task_id: str, answer: str, circuit: CircuitHash, now: datetime) -> CircuitOpen:
+    if answer == "busy":
+        probe_until = _moment_of(circuit.get("probe_until")) or now
+        return CircuitOpen(
+            f"task {task_id!r} refused: its circuit is half-open and probe run "
+            f"{circuit.get('probe_run')} is testing it; starts are admitted again once that "
+            f"run succeeds (its probe slot expires at {probe_until.isoformat()})",
+            retry_after=min(probe_until - now, BUSY_RETRY_AFTER),
+        )
+    half_open_at = _moment_of(circuit.get("half_open_at")) or now
+    opened_at = _moment_of(circuit.get("opened_at"))
+    return CircuitOpen(
+        f"task {task_id!r} refused: its circuit opened at "
+        f"{opened_at.isoformat() if opened_at else '?'} after repeated failures "
+        f"({circuit.get('consecutive', '0')} in a row, "
+        f"{len(_recent(circuit.get('recent', '')))} in the last {describe(WINDOW)}); "
+        f"it half-opens at {half_open_at.isoformat()} (in {describe(half_open_at - now)})",
+        retry_after=half_open_at - now,
+    )
+
+
+def _recent(raw: str) -> list[tuple[int, str]]:
+    entries = []
+    for entry in raw.split(","):
+        if entry:
+            at, _, run = entry.partition(":")
+            entries.append((int(at), run))
+    return entries
+
+
+def _moment_of(ms: str | None) -> datetime | None:
+    return from_ms(ms) if ms else None

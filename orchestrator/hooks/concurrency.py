@@ -1,0 +1,210 @@
+"""Per-task concurrency limit across every worker and host: a lease semaphore in Valkey.
+
+A `RunHook`, in the chain of `orchestrator.apps.hook_chain` after the admission hooks and
+before the rate limit. At pickup (`before_claim`) one Lua script (`lua/concurrency_take.lua`) drops
+expired leases and takes a slot, or records that the run must wait; the slot is given back
+when the claim is refused or a later hook postpones (`release`), and after the terminal write
+(`finished`). A holder that crashed holds its slot until its lease runs out.
+
+Options:
+- The limit is `quotas.max_concurrent`, or by default the run's pool budget minus one (at least
+  one), so one task cannot take every process of its pool: the pool is
+  `routing.pool_of(resource_class, per_task_queues)` and its budget the summed budgets of the
+  classes folded into it (`routing.plan_pools`), from `LUMASTRA_CONCURRENCY_<CLASS>` or
+  `RESOURCE_CLASSES`. The pool budget still caps the total per host: it is the number of
+  processes.
+- Lease: the task's hard timeout plus LEASE_MARGIN. The hard timeout is counted from the
+  start of the Celery task, before the lease is taken, so a holder still running when its
+  lease ends has been killed. `refresh(run_id)` renews a live lease for the heartbeat of a
+  longer run; a lease that has run out is never revived. Expiry uses Valkey's clock (TIME).
+- A run that finds no slot raises `Postpone`: the runner re-publishes its message with that
+  countdown and nothing blocks. The delay starts at BASE_DELAY and grows by GROWTH with each
+  postponement of the run (counted in Valkey, so the count carries across workers and hosts)
+  up to MAX_DELAY, or up to FRONT_MAX_DELAY for the runs at the front of the line (below),
+  each with ±JITTER so that waiters do not return in step.
+
+The place a waiting run keeps: the first time it finds no slot, it joins the task's waiting
+line (`keys.concurrency_waiters`) at that moment, and keeps that position through every later
+postponement until it takes a slot. The first `limit` runs of the line, the ones due for the
+next slots, ask again at least every FRONT_MAX_DELAY; the runs behind them back off to
+MAX_DELAY. So the oldest waiters come back most often and take most freed slots, and a newer
+run is postponed into the line behind them. The runner re-publishes with the run's
+priority, so the message keeps its priority too.
+
+Not guaranteed:
+- Strict order. A freed slot goes to whichever run asks first: a run newly taken from the
+  queue, or a waiter further back, can beat the head of the line to it. Blocking them would
+  leave freed slots idle until the head returns (up to FRONT_MAX_DELAY per hand-over), which
+  would cut the throughput of short tasks to a few runs per second.
+- A waiter that is not back within its longest delay plus STALE_GRACE (its message delayed
+  behind busy workers, or its run cancelled) leaves the line; if it comes back later, it
+  joins at the end.
+- A crashed holder's slot stays taken until its lease ends (at most the hard timeout plus
+  LEASE_MARGIN). A holder that outlives its lease (a worker frozen past it, with no heartbeat
+  refreshing it) runs beside the run that took its slot.
+- The default limit is computed on each host from its own budgets; hosts with different core
+  counts (or overrides) enforce different defaults on the same semaphore. Set
+  `max_concurrent` or `LUMASTRA_CONCURRENCY_<CLASS>` for one cluster-wide number.
+- Every postponement is a new broker message; a deep backlog of one limited task turns into
+  many delayed messages that come back every MAX_DELAY or so.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import cache
+from typing import cast
+
+from django.conf import settings
+
+from orchestrator.backoff import exponential
+from orchestrator.clock import span_ms
+from orchestrator.hooks.base import Outcome, Pickup, Postpone, RunHook
+from orchestrator.routing import pool_of
+from orchestrator.stores import keys, scripts, valkey
+from tasks import registry
+from tasks.definition import TaskDefinition
+from tasks.resources import budgets
+
+BASE_DELAY = timedelta(milliseconds=500)
+GROWTH = 1.5
+MAX_DELAY = timedelta(seconds=3)
+FRONT_MAX_DELAY = timedelta(seconds=1)  # for the runs due for the next slots
+JITTER = 0.2  # each delay is multiplied by a factor in [1 - JITTER, 1 + JITTER]
+LEASE_MARGIN = timedelta(seconds=10)
+# A waiter is expected back within MAX_DELAY (with jitter); the grace covers a delayed message
+# waiting for a free worker process.
+STALE_GRACE = timedelta(seconds=10)
+STALE_AFTER = MAX_DELAY * (1 + JITTER) + STALE_GRACE
+
+
+@cache
+def _pool_budget(resource_class: str) -> int:
+    # Summed as routing.plan_pools sums them: every class folded into the same pool.
+    config = settings.CONFIG
+    pool = pool_of(resource_class, config.per_task_queues)
+    return sum(
+        budget.concurrency
+        for name, budget in budgets(
+            config.concurrency_overrides, config.queue_depth_cap_overrides
+        ).items()
+        if pool_of(name, config.per_task_queues) == pool
+    )
+
+
+def limit_of(definition: TaskDefinition) -> int:
+    """How many runs of the task may hold a slot at once, across the cluster."""
+    if definition.quotas.max_concurrent is not None:
+        return definition.quotas.max_concurrent
+    return max(1, _pool_budget(definition.resource_class) - 1)
+
+
+def lease_of(definition: TaskDefinition) -> timedelta:
+    return definition.timeout.hard + LEASE_MARGIN
+
+
+def holder(run_id: str, owner: str) -> str:
+    """The semaphore member of a run taken by one worker process.
+
+    The owner is part of it so that a second delivery of the same run, picked up by another
+    process at the same moment, takes and gives back its own slot, never the slot of the
+    delivery that claimed the run.
+    """
+    return f"{run_id}|{owner}"
+
+
+def backoff(
+    postponements: int, rank: int, limit: int, rng: random.Random | None = None
+) -> timedelta:
+    """The delay before a postponed run asks again (see the module docstring).
+
+    `rng` is for tests; by default the `random` module's generator, which Python reseeds in
+    every forked worker process, so that processes forked from one parent do not share their
+    jitter.
+    """
+    cap = FRONT_MAX_DELAY if rank < limit else MAX_DELAY
+    delay = exponential(BASE_DELAY, GROWTH, postponements - 1, cap)
+    return delay * (rng or random).uniform(1 - JITTER, 1 + JITTER)
+
+
+def refresh(run_id: str) -> bool:
+    """Renew the lease of a run that holds a slot, from its live hash (task and owner).
+
+    False when the run holds no live lease: it has ended, it was never given one, or its
+    lease ran out (the slot may be another run's by now).
+    """
+    task_id, owner = cast(
+        list[str | None], valkey.client().hmget(keys.run_active(run_id), ["task_id", "owner"])
+    )
+    definition = registry.get().get(task_id) if task_id else None
+    if definition is None or not owner:
+        return False
+    renewed = scripts.call(
+        "concurrency_refresh",
+        [keys.concurrency_holders(definition.id)],
+        [holder(run_id, owner), span_ms(lease_of(definition))],
+    )
+    return bool(renewed)
+
+
+def running(task_ids: Iterable[str]) -> dict[str, int]:
+    """How many runs of each task hold a live slot now, in one Valkey round trip.
+
+    Read-only: a lease that has run out is left for the next take to drop, and is not
+    counted. Leases are judged by Valkey's clock, read in the same pipeline, as they are set.
+    """
+    ids = list(dict.fromkeys(task_ids))
+    pipe = valkey.client().pipeline(transaction=False)
+    pipe.time()
+    for task_id in ids:
+        pipe.zrange(keys.concurrency_holders(task_id), 0, -1, withscores=True)
+    server_time, *held = valkey.execute(pipe)
+    now_ms = valkey.time_ms(server_time)
+    return {
+        task_id: sum(1 for _, expiry_ms in holders if expiry_ms > now_ms)
+        for task_id, holders in zip(ids, held, strict=True)
+    }
+
+
+def _give_back(task_id: str, run_id: str, owner: str) -> None:
+    valkey.client().zrem(keys.concurrency_holders(task_id), holder(run_id, owner))
+
+
+@dataclass
+class ConcurrencyLimit(RunHook):
+    name: str = "concurrency"
+
+    def before_claim(self, pickup: Pickup) -> None:
+        definition = pickup.definition
+        limit = limit_of(definition)
+        taken, postponements, rank = scripts.call(
+            "concurrency_take",
+            [
+                keys.concurrency_holders(definition.id),
+                keys.concurrency_waiters(definition.id),
+                keys.concurrency_postponed(definition.id),
+            ],
+            [
+                holder(pickup.run_id, pickup.owner),
+                pickup.run_id,
+                limit,
+                span_ms(lease_of(definition)),
+                span_ms(STALE_AFTER),
+            ],
+        )
+        if taken:
+            return
+        raise Postpone(
+            backoff(postponements, rank, limit),
+            f"task {definition.id!r} is running its limit of {limit} at once; "
+            f"{rank} waiting ahead, postponed {postponements} time(s)",
+        )
+
+    def release(self, pickup: Pickup) -> None:
+        _give_back(pickup.definition.id, pickup.run_id, pickup.owner)
+
+    def finished(self, outcome: Outcome) -> None:
+        _give_back(outcome.definition.id, outcome.run_id, outcome.owner)

@@ -1,0 +1,128 @@
+"""Identity dedup: at most one live run per identity, across processes and across time.
+
+Applies to tasks that declare `identity_for` (their identity names the work) and to tasks in
+an `exclusive_with` group (the group shares one identity space: a run of one task blocks the
+same identity for every task of the group). Other tasks are never deduplicated by identity;
+their callers can still pass an idempotency key (a partial unique index, see models).
+
+How: `SET task:identity:<scope>:<identity> <runId>` is claimed in Valkey before the Postgres
+insert with a short provisional TTL (LUMASTRA_IDENTITY_PROVISIONAL_TTL_S), extended to
+LUMASTRA_IDENTITY_TTL_S once the insert commits, and released when the run ends. A start that
+finds the identity held by a live run of the same task gets that run back (deduplicated);
+held by another task of its group, it is refused. A holder that has ended, or whose row is
+gone after its key was confirmed, is replaced.
+
+Not guaranteed: if the process dies (or the caller's transaction rolls back) between the
+claim and the commit, the identity stays blocked until the provisional TTL runs out — at most
+LUMASTRA_IDENTITY_PROVISIONAL_TTL_S seconds. Within that window a concurrent start is answered
+with the provisional holder's run id, whose row becomes visible when its transaction commits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+
+from django.conf import settings
+from django.db import transaction
+
+from orchestrator.clock import span_ms
+from orchestrator.hooks.base import Admission, Deduplicated, Outcome, Refused, RunHook
+from orchestrator.models import TaskHistory
+from orchestrator.states import LIVE_RUN_STATES
+from orchestrator.stores import keys, scripts
+from tasks import registry
+from tasks.definition import TaskDefinition
+
+# Holders replaced in one admission before giving up: each replacement means a run ended or
+# vanished while we looked, so more than a few in a row is a fight worth reporting.
+MAX_REPLACEMENTS = 3
+
+
+class ExclusiveRunning(Refused):
+    code = "exclusive_running"
+    http_status = 409
+
+
+class IdentityBusy(Refused):
+    code = "identity_busy"
+    http_status = 409
+
+
+def scope(definition: TaskDefinition) -> str | None:
+    """The identity namespace of a task: its exclusive group, itself, or None (no dedup)."""
+    tasks = registry.get()
+    group = {definition.id}
+    frontier = [definition.id]
+    while frontier:
+        current = tasks[frontier.pop()]
+        linked = set(current.exclusive_with) | {
+            other.id for other in tasks.values() if current.id in other.exclusive_with
+        }
+        for task_id in linked - group:
+            group.add(task_id)
+            frontier.append(task_id)
+    if len(group) > 1:
+        return "+".join(sorted(group))
+    return definition.id if definition.identity_for is not None else None
+
+
+def _hold(key: str, run_id: str, ttl_ms: int) -> None:
+    scripts.call("identity_hold", [key], [run_id, ttl_ms])
+
+
+@dataclass
+class IdentityDedup(RunHook):
+    name: str = "dedup"
+
+    def admit(self, admission: Admission) -> None:
+        namespace = scope(admission.definition)
+        if namespace is None:
+            return
+        key = keys.identity(namespace, admission.identity)
+        provisional_ms = span_ms(timedelta(seconds=settings.CONFIG.identity_provisional_ttl_s))
+        replaceable = ""
+        for _ in range(MAX_REPLACEMENTS):
+            answer = scripts.call(
+                "identity_claim", [key], [admission.run_id, provisional_ms, replaceable]
+            )
+            if answer == "":
+                confirm = partial(
+                    _hold,
+                    key,
+                    admission.run_id,
+                    span_ms(timedelta(seconds=settings.CONFIG.identity_ttl_s)),
+                )
+                transaction.on_commit(confirm)
+                return
+            holder, pttl = answer.split(" ")
+            row = TaskHistory.objects.filter(id=holder).values_list("task_id", "state").first()
+            if row is None and 0 <= int(pttl) <= provisional_ms:
+                # Its insert has not committed yet: the holder is the run doing this work.
+                raise Deduplicated(holder)
+            if row is not None and row[1] in LIVE_RUN_STATES:
+                if row[0] == admission.definition.id:
+                    raise Deduplicated(holder)
+                raise ExclusiveRunning(
+                    f"task {admission.definition.id!r} is exclusive with {row[0]!r}, whose run "
+                    f"{holder} holds identity {admission.identity!r}; retry when it ends"
+                )
+            replaceable = holder
+        raise IdentityBusy(
+            f"identity {admission.identity!r} of task {admission.definition.id!r} changed "
+            f"hands {MAX_REPLACEMENTS} times while starting; retry"
+        )
+
+    def abandoned(self, admission: Admission) -> None:
+        namespace = scope(admission.definition)
+        if namespace is not None:
+            _hold(keys.identity(namespace, admission.identity), admission.run_id, 0)
+
+    def finished(self, outcome: Outcome) -> None:
+        namespace = scope(outcome.definition)
+        if namespace is None:
+            return
+        identity = TaskHistory.objects.filter(id=outcome.run_id).values_list("identity", flat=True)
+        for value in identity:
+            _hold(keys.identity(namespace, value), outcome.run_id, 0)

@@ -1,0 +1,293 @@
+"""Liveness authority: which active or cancelling runs are orphans, and ending them.
+
+A run is an orphan when both stores say that nobody runs it any more:
+
+1. Postgres: its heartbeat is older than the threshold, judged in SQL against the Postgres
+   server's `now()`, so no host's clock takes part. The heartbeat is `task_history.heartbeat_at`
+   (stamped by the run's watch thread with the Postgres clock); until the first one lands,
+   `started_at`; for a run cancelled before it ever started, the moment of the cancel
+   request (`updated_at`).
+2. The state-hash guard: the live hash `task:run:active:<runId>` is gone (expired, lost with
+   Valkey, or holding no live state), or its own `heartbeat_at` (Valkey's clock) is at least
+   as old as the threshold, judged against Valkey's TIME. Until heartbeats reach the hash,
+   its `updated_at` stands in.
+
+A run that passes 1 but not 2, whose live hash still beats (say its Postgres heartbeat writes
+fail), is kept and counted as `kept_alive`: one store alone never ends a run. And nothing here
+moves a run out of an ended state, so a heartbeat that lands late cannot bring back a run
+already failed.
+
+An orphan is ended Postgres first, by compare-and-set: active → failed, cancelling →
+cancelled (cancelling → failed is not a legal move: the cancel request wins), with error
+`{"kind": "orphaned", "message": ..., "owner": ..., "heartbeat_age_s": ...}`; the message
+gives the heartbeat's age, the threshold, the owner and what the live hash said. The UPDATE
+repeats the heartbeat condition, so a heartbeat landing between the check and the write
+keeps the run alive; that condition is why this is not a plain `durable.transition`. Then the
+run is settled (`runs.settle`): the live hash follows (no owner fence, since its owner is
+gone; a missing hash is fine), then the `finished` hooks give back the run's concurrency slot
+and identity. An orphan can be retried like any failed run.
+
+Options: the threshold (the reconciler passes LUMASTRA_ORPHAN_THRESHOLD_S, or
+LUMASTRA_ORPHAN_BOOT_THRESHOLD_S at boot recovery) and the batch size. `candidates()` is the
+one query a reconciler tick makes; it also returns the pending runs that
+`orchestrator.recovery.pending` checks against the broker.
+
+Not guaranteed:
+- A run whose heartbeats stop reaching both stores for longer than the threshold, though its
+  process lives (SIGSTOP, a network partition), is failed. When it resumes, its late writes are
+  refused by the claim's owner fence and the guarded UPDATEs; stopping that process is the
+  watchdog's business, not this module's.
+- While the hash's `updated_at` stands in for its heartbeat, it is the writing host's clock,
+  and clock skew shifts the guard by the skew.
+- Each batch is bounded; a backlog of orphans larger than the batch takes several ticks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection
+
+from orchestrator.clock import SYSTEM, Clock
+from orchestrator.cluster.locks import Fence, LockLost
+from orchestrator.runs.settle import settle
+from orchestrator.states import IllegalTransition, RunState, run_sources
+from orchestrator.stores import keys, valkey
+from tasks.errors import ErrorKind
+
+log = logging.getLogger(__name__)
+
+# Where a pending-run scan starts over: before any run.
+SCAN_START = (datetime(1970, 1, 1, tzinfo=UTC), "")
+
+# The one query of a reconciler tick. Stale: active or cancelling runs whose heartbeat is older
+# than the threshold, oldest heartbeat first. Pending: runs pending (since created or put back
+# for a retry, and past any retry time) for longer than the check delay, one page in
+# (created_at, id) order after the caller's cursor, so a big backlog is covered page by page.
+_CANDIDATES = """
+(SELECT id, task_id, state, owner_instance_id, identity, priority, processing_version,
+        created_at,
+        EXTRACT(EPOCH FROM now() - COALESCE(heartbeat_at, started_at, updated_at))::float8
+   FROM task_history
+  WHERE state = ANY(%(stale_states)s)
+    AND COALESCE(heartbeat_at, started_at, updated_at)
+        < now() - %(stale_after_s)s * interval '1 second'
+  ORDER BY COALESCE(heartbeat_at, started_at, updated_at)
+  LIMIT %(limit)s)
+UNION ALL
+(SELECT id, task_id, state, owner_instance_id, identity, priority, processing_version,
+        created_at,
+        EXTRACT(EPOCH FROM now() - GREATEST(updated_at, not_before))::float8
+   FROM task_history
+  WHERE state = 'pending'
+    AND GREATEST(updated_at, not_before) < now() - %(pending_after_s)s * interval '1 second'
+    AND (created_at, id) > (%(after_created)s, %(after_id)s)
+  ORDER BY created_at, id
+  LIMIT %(limit)s)
+"""
+
+# Compare-and-set: the run is still in the state it was judged in, and its Postgres heartbeat
+# is still older than the threshold (a heartbeat that landed since keeps it alive).
+_END_ORPHAN = """
+UPDATE task_history
+   SET state = %(target)s, error = %(error)s::jsonb, finished_at = now(), updated_at = now()
+ WHERE id = %(run_id)s
+   AND state = %(source)s
+   AND COALESCE(heartbeat_at, started_at, updated_at)
+       < now() - %(threshold_s)s * interval '1 second'
+"""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    run_id: str
+    task_id: str
+    state: RunState
+    owner: str
+    identity: str
+    priority: int
+    processing_version: int
+    created_at: datetime
+    # Seconds, by the Postgres clock: since the last heartbeat (active, cancelling), or since
+    # the run became pending (pending).
+    age_s: float
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """What the live hash says about a run, and Valkey's clock when it was read."""
+
+    state: str | None
+    owner: str
+    heartbeat_ms: int | None  # heartbeat_at, else updated_at; None when neither is there
+    now_ms: int
+
+    def stale_reason(self, threshold_s: int) -> str | None:
+        """Why the guard confirms the run is gone, or None when the hash says it lives."""
+        if self.state not in (RunState.ACTIVE, RunState.CANCELLING, RunState.PENDING):
+            return "live hash gone"
+        if self.heartbeat_ms is None:
+            return "live hash without a heartbeat"
+        age_s = (self.now_ms - self.heartbeat_ms) / 1000
+        if age_s >= threshold_s:
+            return f"live hash heartbeat {age_s:.0f}s old"
+        return None
+
+
+@dataclass
+class OrphanReport:
+    orphaned: int = 0  # active → failed
+    cancelled: int = 0  # cancelling → cancelled
+    kept_alive: int = 0  # stale in Postgres, but the live hash still beats
+    raced: int = 0  # changed (or deleted) between the check and the write: left alone
+    errors: int = 0  # logged with the run id
+
+
+def candidates(
+    *,
+    stale_after_s: int,
+    pending_after_s: int,
+    limit: int,
+    pending_after: tuple[datetime, str] = SCAN_START,
+) -> tuple[list[Candidate], list[Candidate]]:
+    """(stale active/cancelling runs, pending runs to check), in one query."""
+    params: dict[str, Any] = {
+        "stale_states": [RunState.ACTIVE.value, RunState.CANCELLING.value],
+        "stale_after_s": stale_after_s,
+        "pending_after_s": pending_after_s,
+        "limit": limit,
+        "after_created": pending_after[0],
+        "after_id": pending_after[1],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_CANDIDATES, params)
+        rows = cursor.fetchall()
+    found = [
+        Candidate(r[0], r[1], RunState(r[2]), r[3], r[4], r[5], r[6], r[7], float(r[8]))
+        for r in rows
+    ]
+    stale = [c for c in found if c.state != RunState.PENDING]
+    pending = [c for c in found if c.state == RunState.PENDING]
+    return stale, pending
+
+
+def live_views(run_ids: Sequence[str]) -> dict[str, LiveView | Exception]:
+    """The live hashes of `run_ids`, read in one round trip with Valkey's clock. A key that
+    cannot be read (not a hash) gives its error, for that run alone."""
+    pipe = valkey.client().pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.hmget(keys.run_active(run_id), ["state", "owner", "heartbeat_at", "updated_at"])
+    pipe.time()
+    *hashes, server_time = valkey.execute(pipe, raise_on_error=False)
+    now_ms = valkey.time_ms(server_time)
+    views: dict[str, LiveView | Exception] = {}
+    for run_id, found in zip(run_ids, hashes, strict=True):
+        if isinstance(found, Exception):
+            views[run_id] = found
+            continue
+        state, owner, heartbeat_at, updated_at = found
+        beat = heartbeat_at or updated_at
+        try:
+            views[run_id] = LiveView(state, owner or "", int(beat) if beat else None, now_ms)
+        except ValueError as exc:
+            views[run_id] = exc
+    return views
+
+
+def end_orphans(
+    stale: Sequence[Candidate],
+    threshold_s: int,
+    *,
+    fence: Fence,
+    clock: Clock = SYSTEM,
+) -> OrphanReport:
+    """Judge each stale run with the state-hash guard and end the orphans; each run alone."""
+    report = OrphanReport()
+    if not stale:
+        return report
+    views = live_views([c.run_id for c in stale])
+    for candidate in stale:
+        view = views[candidate.run_id]
+        if isinstance(view, Exception):
+            report.errors += 1
+            log.error("run %s: live hash unreadable (%s); not judged", candidate.run_id, view)
+            continue
+        reason = view.stale_reason(threshold_s)
+        if reason is None:
+            report.kept_alive += 1
+            log.warning(
+                "run %s: Postgres heartbeat %.0fs old but the live hash still beats "
+                "(%.0fs ago); kept",
+                candidate.run_id,
+                candidate.age_s,
+                (view.now_ms - (view.heartbeat_ms or view.now_ms)) / 1000,
+            )
+            continue
+        try:
+            fence.check()
+            ended = _end(candidate, threshold_s, reason, clock)
+        except LockLost:
+            raise
+        except Exception:
+            report.errors += 1
+            log.exception(
+                "run %s: could not end the orphan; next tick tries again", candidate.run_id
+            )
+            continue
+        if ended is None:
+            report.raced += 1
+        elif ended == RunState.FAILED:
+            report.orphaned += 1
+        else:
+            report.cancelled += 1
+    return report
+
+
+def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> RunState | None:
+    target = RunState.FAILED if candidate.state == RunState.ACTIVE else RunState.CANCELLED
+    if candidate.state not in run_sources(target):
+        raise IllegalTransition(candidate.run_id, candidate.state, target, "postgres")
+    owner = candidate.owner or "no worker (never started)"
+    message = (
+        f"its worker stopped heartbeating: last heartbeat {candidate.age_s:.0f}s ago "
+        f"(threshold {threshold_s}s), owner {owner}, {reason}"
+    )
+    if target == RunState.CANCELLED:
+        message = f"cancel requested, and {message}"
+    error = {
+        "kind": ErrorKind.ORPHANED.value,
+        "message": message,
+        "owner": candidate.owner,
+        "heartbeat_age_s": round(candidate.age_s),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _END_ORPHAN,
+            {
+                "target": target.value,
+                "error": json.dumps(error),
+                "run_id": candidate.run_id,
+                "source": candidate.state.value,
+                "threshold_s": threshold_s,
+            },
+        )
+        if cursor.rowcount != 1:
+            log.info("run %s: changed since it was judged an orphan; left alone", candidate.run_id)
+            return None
+    log.warning("run %s: orphan %s: %s", candidate.run_id, target.value, message)
+    # Postgres has the end; its owner is gone, so the live hash follows without a fence.
+    settle(
+        candidate.run_id,
+        candidate.task_id,
+        target,
+        owner=candidate.owner,
+        fenced=False,
+        error_kind=ErrorKind.ORPHANED,
+        clock=clock,
+    )
+    return target

@@ -1,0 +1,309 @@
+"""Pending runs whose message the broker may have lost: published again, or failed at a deadline.
+
+A run is `pending` from its INSERT until a worker claims it, and its message can go missing:
+a crash between the commit and the publish (`start_run` publishes on commit), a broker that
+restarted without persistence, a message purged by hand. For each run pending for longer than
+LUMASTRA_PENDING_CHECK_AFTER_S (counted from its creation or from being put back for a retry,
+and from its retry time if that is later), by the Postgres clock:
+
+- Past LUMASTRA_PENDING_DEADLINE_S it is failed (pending → failed, kind `orphaned`) whether
+  or not a message still waits: a run that has waited that long is stuck, not queued.
+- Otherwise its message is looked for: waiting in one of its queue's priority lists (read in
+  slices on the broker by `lua/broker_run_ids.lua`, which returns run ids only), or held by a
+  worker (kombu's `unacked` hash: taken and not acknowledged, which is also where a delayed
+  retry or a postponed run waits). Found: nothing to do. Missing: the run is published again
+  with `orchestrator.runs.publish.publish`, with its priority and job id. A duplicate is harmless:
+  only one delivery can claim the run.
+- A message a worker took more than `stranded_after_s()` ago (the pending-check delay, at
+  least twice the longest broker delay) for a run that is still pending counts as missing:
+  its worker died between taking it and claiming the run, or its acknowledgement was lost
+  with a Valkey restart. kombu would give it back only after the visibility timeout (an hour
+  by default) and its own restore cadence (about every 100 s); the run is published again
+  instead, and the stranded copy is dropped by the claim when kombu restores it.
+- If Valkey lost its live hash, the hash is seeded again (`live.seed`) before any publish, in
+  DESIGN §1's order.
+
+A run recorded for an older processing_version is failed as `stale_version`, which is what the
+runner would do with its message; one recorded for a newer version is left to a newer deploy.
+
+Options: LUMASTRA_PENDING_CHECK_AFTER_S and LUMASTRA_PENDING_DEADLINE_S (the reconciler passes
+them); SLICE below.
+
+Not guaranteed:
+- When a message was taken is the taking worker's clock (kombu's `unacked_index`), compared
+  with this host's: clock skew between hosts shifts `stranded_after_s()` by the skew.
+- The lists are read before the unacked hash, so a message a worker takes during the check is
+  still found. A message caught between a worker's BRPOP and its unacked write, or restored
+  from unacked to a list at that instant, is missed, and the run is published twice
+  (harmless, see above).
+- The scan's cost on the broker grows with the depth of the queues it reads (in slices of
+  SLICE messages, so no single call blocks the broker for long); the unacked hash is read in
+  full.
+- A run of a task no longer registered cannot be published; it waits for the deadline.
+- Only kombu's Redis transport is inspected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from django.conf import settings
+from django.db import connection
+
+from orchestrator.clock import SYSTEM, Clock
+from orchestrator.cluster.locks import Fence, LockLost
+from orchestrator.models import TaskHistory
+from orchestrator.recovery.orphans import Candidate
+from orchestrator.routing import queue_name
+from orchestrator.runs.publish import job_id, publish
+from orchestrator.runs.runner import MAX_BROKER_DELAY
+from orchestrator.runs.settle import settle
+from orchestrator.states import RunState
+from orchestrator.stores import broker, keys, live, scripts, valkey
+from tasks import registry
+from tasks.definition import TaskDefinition
+from tasks.errors import ErrorKind
+
+log = logging.getLogger(__name__)
+
+SLICE = 1000
+
+# Compare-and-set: still pending, and still pending for at least `older_than_s` (a run put back
+# for a retry since it was read has a new `updated_at` and is left alone).
+_FAIL_PENDING = """
+UPDATE task_history
+   SET state = 'failed', error = %(error)s::jsonb, finished_at = now(), updated_at = now()
+ WHERE id = %(run_id)s
+   AND state = 'pending'
+   AND GREATEST(updated_at, not_before) < now() - %(older_than_s)s * interval '1 second'
+"""
+
+
+@dataclass
+class PendingReport:
+    waiting: int = 0  # its message is in the broker
+    republished: int = 0
+    reseeded: int = 0  # live hash seeded again
+    failed: int = 0  # past the deadline
+    stale_version: int = 0
+    skipped: int = 0  # task not registered, or recorded for a newer version
+    raced: int = 0  # changed between the query and the write: left alone
+    errors: int = 0  # logged with the run id
+
+
+@dataclass(frozen=True)
+class _Failure:
+    candidate: Candidate
+    kind: ErrorKind
+    message: str
+    older_than_s: int
+
+
+def check(
+    pending: Sequence[Candidate],
+    *,
+    deadline_s: int,
+    fence: Fence,
+    clock: Clock = SYSTEM,
+) -> PendingReport:
+    """Fail the expired runs, re-publish those whose message is missing; each run alone."""
+    report = PendingReport()
+    definitions = registry.get()
+    failures: list[_Failure] = []
+    to_look_for: list[tuple[Candidate, TaskDefinition]] = []
+    for candidate in pending:
+        definition = definitions.get(candidate.task_id)
+        if candidate.age_s >= deadline_s:
+            message = (
+                f"pending for {candidate.age_s:.0f}s, past the pending deadline of "
+                f"{deadline_s}s: no worker took it"
+            )
+            failures.append(_Failure(candidate, ErrorKind.ORPHANED, message, deadline_s))
+        elif definition is None:
+            report.skipped += 1
+            log.warning(
+                "run %s: task %r is not registered; not published",
+                candidate.run_id,
+                candidate.task_id,
+            )
+        elif candidate.processing_version > definition.processing_version:
+            report.skipped += 1
+            log.info(
+                "run %s: recorded for processing_version %s, this deploy has %s; left alone",
+                candidate.run_id,
+                candidate.processing_version,
+                definition.processing_version,
+            )
+        elif candidate.processing_version < definition.processing_version:
+            message = (
+                f"enqueued for processing_version {candidate.processing_version}, "
+                f"current is {definition.processing_version}"
+            )
+            failures.append(_Failure(candidate, ErrorKind.STALE_VERSION, message, 0))
+        else:
+            to_look_for.append((candidate, definition))
+
+    for failure in failures:
+        try:
+            fence.check()
+            ended = _fail(failure, clock)
+        except LockLost:
+            raise
+        except Exception:
+            report.errors += 1
+            log.exception("run %s: could not fail the pending run", failure.candidate.run_id)
+            continue
+        if not ended:
+            report.raced += 1
+        elif failure.kind is ErrorKind.STALE_VERSION:
+            report.stale_version += 1
+        else:
+            report.failed += 1
+
+    if to_look_for:
+        _look_for_messages(to_look_for, report, fence, clock)
+    return report
+
+
+def _look_for_messages(
+    to_look_for: list[tuple[Candidate, TaskDefinition]],
+    report: PendingReport,
+    fence: Fence,
+    clock: Clock,
+) -> None:
+    queues = {queue_name(d, settings.CONFIG.per_task_queues) for _, d in to_look_for}
+    # Lists first, then the unacked hash: a message taken meanwhile is found in the second.
+    in_broker = in_broker_lists(queues)
+    in_broker |= held_by_workers(taken_within_s=stranded_after_s())
+    hashes = _have_live_hash([c.run_id for c, _ in to_look_for])
+    for candidate, definition in to_look_for:
+        run_id = candidate.run_id
+        if hashes[run_id] and run_id in in_broker:
+            report.waiting += 1
+            continue
+        try:
+            fence.check()
+            if not hashes[run_id] and _reseed(candidate, definition, clock):
+                report.reseeded += 1
+            if run_id in in_broker:
+                report.waiting += 1
+                continue
+            publish(
+                definition,
+                run_id,
+                job_id(candidate.task_id, candidate.identity, run_id),
+                candidate.priority,
+            )
+        except LockLost:
+            raise
+        except Exception:
+            report.errors += 1
+            log.exception("run %s: pending check failed; the next tick tries again", run_id)
+            continue
+        report.republished += 1
+        log.warning(
+            "run %s: pending for %.0fs and its message is not in the broker; published again",
+            run_id,
+            candidate.age_s,
+        )
+
+
+def in_broker_lists(queues: Iterable[str]) -> set[str]:
+    """Run ids of the messages waiting in `queues` (every priority list of each)."""
+    client = broker.client()
+    found: set[str] = set()
+    for queue in queues:
+        for step in keys.BROKER_PRIORITY_STEPS:
+            name = keys.broker_queue(queue, step)
+            start = 0
+            while True:
+                ids = scripts.call(
+                    "broker_run_ids", [name], [start, start + SLICE - 1], client=client
+                )
+                found.update(str(run_id) for run_id in ids if run_id)
+                if len(ids) < SLICE:
+                    break
+                start += SLICE
+    return found
+
+
+def stranded_after_s() -> float:
+    """How long a worker may hold the message of a run that stays pending: the pending-check
+    delay, and at least twice the longest delay a message waits in a worker (a retry's or a
+    postponement's countdown)."""
+    return max(float(settings.CONFIG.pending_check_after_s), 2 * MAX_BROKER_DELAY.total_seconds())
+
+
+def held_by_workers(taken_within_s: float | None = None) -> set[str]:
+    """Run ids of the messages workers have taken and not acknowledged (kombu's unacked hash:
+    delivery tag → JSON [message, exchange, routing key]); with `taken_within_s`, only those
+    taken that recently (kombu's unacked_index; an entry missing there counts as recent)."""
+    client = broker.client()
+    stranded: set[str] = set()
+    if taken_within_s is not None:
+        before = time.time() - taken_within_s
+        tags = client.zrangebyscore(keys.BROKER_UNACKED_INDEX, "-inf", before)
+        stranded = set(cast(list[str], tags))
+    found: set[str] = set()
+    for tag, value in client.hscan_iter(keys.BROKER_UNACKED, count=500):
+        if tag in stranded:
+            continue
+        try:
+            message = json.loads(value)[0]
+            if isinstance(message, str):
+                message = json.loads(message)
+            task_id = message["headers"]["id"]
+        except (ValueError, KeyError, TypeError, IndexError):
+            continue
+        if isinstance(task_id, str) and "#" in task_id:
+            found.add(task_id.rpartition("#")[2])
+    return found
+
+
+def _have_live_hash(run_ids: list[str]) -> dict[str, bool]:
+    pipe = valkey.client().pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.exists(keys.run_active(run_id))
+    return {run_id: bool(n) for run_id, n in zip(run_ids, valkey.execute(pipe), strict=True)}
+
+
+def _reseed(candidate: Candidate, definition: TaskDefinition, clock: Clock) -> bool:
+    """Seed the lost live hash of a run Postgres still calls pending (read again just before:
+    a run that ended meanwhile must not get a pending hash back)."""
+    state = TaskHistory.objects.filter(id=candidate.run_id).values_list("state", flat=True).first()
+    if state != RunState.PENDING or valkey.client().exists(keys.run_terminal(candidate.run_id)):
+        return False
+    seeded = live.seed(
+        candidate.run_id, candidate.task_id, candidate.priority, definition.stage_order, clock
+    )
+    if seeded:
+        log.warning("run %s: live hash was missing; seeded again from Postgres", candidate.run_id)
+    return seeded
+
+
+def _fail(failure: _Failure, clock: Clock) -> bool:
+    """pending → failed by compare-and-set, Postgres first; False when the run moved on."""
+    candidate = failure.candidate
+    error = {"kind": failure.kind.value, "message": failure.message}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _FAIL_PENDING,
+            {
+                "error": json.dumps(error),
+                "run_id": candidate.run_id,
+                "older_than_s": failure.older_than_s,
+            },
+        )
+        if cursor.rowcount != 1:
+            log.info("run %s: no longer pending as judged; left alone", candidate.run_id)
+            return False
+    log.warning("run %s: failed (%s): %s", candidate.run_id, failure.kind.value, failure.message)
+    settle(
+        candidate.run_id, candidate.task_id, RunState.FAILED, error_kind=failure.kind, clock=clock
+    )
+    return True

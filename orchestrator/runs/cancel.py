@@ -1,0 +1,99 @@
+"""Cancelling runs: an operator's request, and backpressure shedding waiting runs.
+
+A run not yet picked up ends at once: Postgres pending → cancelling → cancelled, its queued
+message removed if it still waits (if a worker already reserved it, the claim refuses it).
+A running run goes to `cancelling` in both stores and its handler is told on
+`task:cancel:<runId>`; the context's flag trips, `raise_if_cancelled()` and `ctx.sleep()`
+stop the handler. A handler that does not stop within LUMASTRA_CANCEL_ESCALATE_S is ended by
+its watch thread (Postgres `cancelled` first, then its process is killed); if its worker is
+already dead, the reconciler ends it when the heartbeat goes stale.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from django.conf import settings
+from redis.exceptions import ResponseError
+
+from orchestrator.models import TaskHistory
+from orchestrator.routing import queue_name
+from orchestrator.runs import terminal
+from orchestrator.states import IllegalTransition, RunState
+from orchestrator.stores import broker, durable, keys, scripts
+from tasks import registry
+from tasks.errors import ErrorKind
+
+log = logging.getLogger(__name__)
+
+
+class UnknownRun(LookupError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r}")
+
+
+class NotCancellable(ValueError):
+    def __init__(self, run_id: str, state: str | None) -> None:
+        super().__init__(f"run {run_id} has already ended ({state}); nothing to cancel")
+        self.state = state
+
+
+def request_cancel(run_id: str, *, actor: str) -> RunState:
+    """Ask a run to stop; returns its state afterwards (cancelled or cancelling)."""
+    row = TaskHistory.objects.filter(id=run_id).values_list("task_id", "state").first()
+    if row is None:
+        raise UnknownRun(run_id)
+    definition = registry.get()[row[0]]
+    try:
+        durable.transition(run_id, RunState.CANCELLING, only_from=RunState.PENDING)
+        was_pending = True
+    except IllegalTransition:
+        try:
+            durable.transition(run_id, RunState.CANCELLING, only_from=RunState.ACTIVE)
+            was_pending = False
+        except IllegalTransition as exc:
+            if exc.current == RunState.CANCELLING:
+                return RunState.CANCELLING
+            raise NotCancellable(run_id, exc.current) from None
+    _signal(run_id, actor)
+    if not was_pending:
+        return RunState.CANCELLING
+    broker.remove_waiting(queue_name(definition, settings.CONFIG.per_task_queues), run_id)
+    terminal.cancel(
+        definition, run_id, error=terminal.error_doc(ErrorKind.CANCELLED, f"cancelled by {actor}")
+    )
+    return RunState.CANCELLED
+
+
+def _signal(run_id: str, actor: str) -> None:
+    """Valkey follows Postgres: the hash goes cancelling and the handler is told."""
+    try:
+        scripts.call(
+            "request_cancel",
+            [keys.run_active(run_id), keys.run_terminal(run_id), keys.cancel_channel(run_id)],
+            [actor, settings.CONFIG.run_active_ttl_s],
+        )
+    except ResponseError as exc:
+        # A lost hash cannot stop the cancel Postgres has recorded; the heartbeat re-reads it.
+        log.warning("run %s: cancel recorded in Postgres, live hash refused: %s", run_id, exc)
+
+
+def cancel_waiting(run_ids: Iterable[str], kind: ErrorKind, message: str) -> int:
+    """Cancel runs whose messages were taken out of the broker (shed); returns how many.
+
+    A run that is no longer pending (a worker took it meanwhile) is left alone."""
+    cancelled = 0
+    for run_id in run_ids:
+        task_id = TaskHistory.objects.filter(id=run_id).values_list("task_id", flat=True).first()
+        if task_id is None:
+            continue
+        try:
+            durable.transition(run_id, RunState.CANCELLING, only_from=RunState.PENDING)
+        except IllegalTransition as exc:
+            log.info("run %s: not cancelled (%s): %s", run_id, kind.value, exc)
+            continue
+        _signal(run_id, kind.value)
+        terminal.cancel(registry.get()[task_id], run_id, error=terminal.error_doc(kind, message))
+        cancelled += 1
+    return cancelled

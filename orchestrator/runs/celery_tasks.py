@@ -1,0 +1,39 @@
+"""Registers one Celery task per task definition, named by its id; every body is the runner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task, shared_task
+
+from orchestrator.runs import runner
+from tasks.registry import Registry
+
+# shared_task registers with every app; registering twice would replace the task class.
+_registered: set[str] = set()
+# Celery's own hard limit is only the backstop: the run's watchdog (orchestrator.runs.watch) ends
+# the run in both stores at the hard timeout first, which Celery's kill cannot do.
+HARD_LIMIT_GRACE_S = 30
+
+
+def register_all(registry: Registry) -> None:
+    for definition in registry.values():
+        if definition.id in _registered:
+            continue
+
+        def body(task: Task[Any, Any], run_id: str, processing_version: int) -> None:
+            # kombu marks a message it restored after a lost worker or an expired
+            # visibility timeout; new messages (retries, postponements) are not counted.
+            redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
+            runner.run_message(task.name, run_id, processing_version, redelivered)
+
+        shared_task(
+            name=definition.id,
+            bind=True,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            soft_time_limit=int(definition.timeout.soft.total_seconds()),
+            time_limit=int(definition.timeout.hard.total_seconds()) + HARD_LIMIT_GRACE_S,
+            ignore_result=True,
+        )(body)
+        _registered.add(definition.id)

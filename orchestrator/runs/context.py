@@ -1,0 +1,77 @@
+"""The engine's implementation of the SDK's `TaskContext`."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+
+from orchestrator.clock import SYSTEM, Clock, to_ms
+from orchestrator.states import RunState
+from orchestrator.stores import keys, scripts, valkey
+from tasks.errors import RunCancelled
+
+LOG_TTL = timedelta(hours=24)
+
+
+class RunContext:
+    def __init__(self, run_id: str, input: Any, clock: Clock = SYSTEM) -> None:
+        self._run_id = run_id
+        self._input = input
+        self._clock = clock
+        # Set by the run's watch thread when a cancel is published or seen in the hash.
+        self._cancel = threading.Event()
+        # monotonic time of the last sign of progress, read by the stall watchdog.
+        self.progressed_at = time.monotonic()
+        self._state_read_at = 0.0
+
+    def trip_cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    @property
+    def input(self) -> Any:
+        return self._input
+
+    def log(self, message: str) -> None:
+        self.progressed_at = time.monotonic()
+        key = keys.run_log(self._run_id)
+        line = f"{self._clock.now().isoformat()} {message}"
+        pipe = valkey.client().pipeline(transaction=True)
+        pipe.rpush(key, line)
+        pipe.ltrim(key, -settings.CONFIG.log_cap, -1)
+        pipe.expire(key, LOG_TTL)
+        valkey.execute(pipe)
+
+    def report_progress(self, done: float, total: float | None = None, note: str = "") -> None:
+        self.progressed_at = time.monotonic()
+        payload = json.dumps({"done": done, "total": total, "note": note})
+        scripts.call(
+            "set_progress", [keys.run_active(self._run_id)], [payload, to_ms(self._clock.now())]
+        )
+
+    @property
+    def cancelled(self) -> bool:
+        # The watch thread trips the flag from the cancel channel; a message published before
+        # it subscribed is caught by reading the hash, at most once a second.
+        if not self._cancel.is_set() and time.monotonic() - self._state_read_at > 1.0:
+            self._state_read_at = time.monotonic()
+            if valkey.client().hget(keys.run_active(self._run_id), "state") == RunState.CANCELLING:
+                self._cancel.set()
+        return self._cancel.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled:
+            raise RunCancelled(f"run {self._run_id} was cancelled")
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, but wake and raise RunCancelled as soon as the run is cancelled."""
+        if self.cancelled or self._cancel.wait(seconds):
+            raise RunCancelled(f"run {self._run_id} was cancelled")

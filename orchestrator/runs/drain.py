@@ -1,0 +1,454 @@
+"""The pending-write drain: terminal writes Postgres refused on a transient error, replayed.
+
+When a run's terminal UPDATE fails with a transient database error (`TRANSIENT_ERRORS`:
+Postgres restarting or unreachable, a dropped connection, a lock timeout), the writer calls
+`push(run_id, target, fields, owner)`. The write goes, as JSON
+`{run_id, target, fields, owner, attempts}`, onto a bounded Valkey list (`task:drain:pending`,
+at most MAX_ENTRIES). `replay()` applies entries oldest first with `durable.transition`, the
+same guarded UPDATE the writer used, so a replay can never make a move DESIGN §4 forbids.
+
+Valkey after Postgres. Valkey must never be ahead of the truth, so a writer whose Postgres
+write failed does not write the live hash; the replay settles the run once Postgres has the
+write (`runs.settle`: the live hash follows, fenced by the claim's owner, then the `finished`
+hooks: concurrency slot, identity, quota counts, circuit). So after `push` returns True the writer
+returns without settling the run (Valkey write, `finished` hooks): the drain settles it, once
+per applied entry. Until then the run reads `active` in both stores and keeps its slot.
+
+What a replay does with an entry:
+- applied: Postgres took the write; the run is settled.
+- already: Postgres refused it because the run already holds this very write (the UPDATE
+  committed but its reply was lost, so the writer pushed a write that had landed; told apart
+  by its `finished_at`, `error` and `result`). Done; the run is still settled, since
+  the writer skipped them.
+- cancelled: the run is `cancelling` (a cancel raced the handler's end): it ends `cancelled`,
+  as in the runner.
+- superseded: the run ended otherwise meanwhile (failed as an orphan, cancelled, or the same
+  state written by someone else, who ran the hooks) or is gone; the entry is dropped with a
+  warning.
+- retried: a transient error. The entry goes to the back of the list with attempts + 1 and
+  the pass ends (Postgres is most likely down for every entry). The next pass is delayed,
+  cluster-wide, doubling from LUMASTRA_DRAIN_INTERVAL_S up to BACKOFF_CAP.
+- poisoned: MAX_ATTEMPTS transient failures, any other error, or an entry that cannot be read.
+  It moves to `task:drain:poison` (newest first, at most POISON_CAP) for an operator;
+  `poisoned()` lists them for the admin.
+
+One process applies entries at a time: a pass runs under the cluster leadership
+(`lock:orch:cluster`, orchestrator/leader.py): in the loops process only the cluster leader
+replays, checking its seat (`FencedLock.check`, an atomic compare in Lua) before each entry;
+called without a fence (an operator, a test), a pass takes that same lock for itself, and
+finds it busy while a leader holds it. It moves each entry to `task:drain:inflight` while
+applying it (LMOVE, atomic), so an entry whose replayer died mid-way is put back by the next
+pass instead of being lost.
+
+Options: LUMASTRA_DRAIN_INTERVAL_S (the loop in orchestrator/loops.py, and the first backoff
+step); MAX_ENTRIES, MAX_ATTEMPTS, POISON_CAP, BACKOFF_CAP, BATCH and APPLY_LOCK_TIMEOUT below.
+
+Not guaranteed:
+- A full list refuses a new entry (`push` returns False). That run stays `active` until the
+  reconciler fails it as an orphan: it ends, but without the handler's result. Valkey being
+  unreachable at push time has the same effect.
+- Hooks exactly once across a replayer crash: an entry applied by a replayer that died before
+  removing it is applied again, found already ended that way, and its hooks run again (the
+  daily quota then counts the run twice).
+- Order across runs (a failed entry goes to the back). A run has one terminal write, so
+  order within a run does not arise.
+- With MAX_ATTEMPTS 10 and the backoff, an entry is poisoned only after several minutes of
+  continuous failure (about seven with one entry); a one-minute outage poisons nothing.
+  A poisoned entry's run is still `active` in Postgres: the reconciler then ends it as an
+  orphan (it ends once, but failed), and the poison list keeps what the handler produced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import DateTimeField
+from django.utils import timezone
+
+from orchestrator.backoff import exponential
+from orchestrator.clock import span_ms
+from orchestrator.cluster.leaders import CLUSTER
+from orchestrator.cluster.locks import FencedLock, LockLost, LoopLock
+from orchestrator.models import TaskHistory
+from orchestrator.runs.settle import settle
+from orchestrator.states import IllegalTransition, RunState
+from orchestrator.stores import durable, keys, scripts, valkey
+from tasks.errors import ErrorKind
+
+log = logging.getLogger(__name__)
+
+MAX_ENTRIES = 10_000
+MAX_ATTEMPTS = 10
+POISON_CAP = 10_000
+BACKOFF_CAP = timedelta(seconds=60)
+# Entries applied per pass at most, so one pass of a long backlog does not hold the lock forever.
+BATCH = 500
+# A terminal write waits this long for a row lock before counting as a transient failure.
+APPLY_LOCK_TIMEOUT = timedelta(seconds=5)
+# Failed passes in a row, remembered across backoffs (reset by a pass without failure).
+FAILURES_TTL = timedelta(hours=1)
+
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
+
+_FIELDS = {f.name for f in TaskHistory._meta.concrete_fields}
+_DATETIME_FIELDS = {
+    f.name for f in TaskHistory._meta.concrete_fields if isinstance(f, DateTimeField)
+}
+_PROTECTED_FIELDS = {"id", "state", "updated_at"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    run_id: str
+    target: str
+    fields: dict[str, Any]  # JSON: datetimes as ISO 8601 strings
+    owner: str
+    attempts: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "run_id": self.run_id,
+                "target": self.target,
+                "fields": self.fields,
+                "owner": self.owner,
+                "attempts": self.attempts,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: str) -> Entry:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not isinstance(data.get("fields"), dict):
+            raise ValueError("not a drain entry")
+        return cls(
+            run_id=str(data["run_id"]),
+            target=str(data["target"]),
+            fields=data["fields"],
+            owner=str(data.get("owner", "")),
+            attempts=int(data.get("attempts", 0)),
+        )
+
+    def model_fields(self) -> dict[str, Any]:
+        """The fields as `durable.transition` takes them (datetimes parsed back)."""
+        decoded = dict(self.fields)
+        for name in _DATETIME_FIELDS & decoded.keys():
+            if isinstance(decoded[name], str):
+                decoded[name] = datetime.fromisoformat(decoded[name])
+        return decoded
+
+
+@dataclass(frozen=True)
+class PoisonedEntry:
+    """One entry an operator must look at; `raw` is what was pushed, as it was pushed."""
+
+    raw: str
+    run_id: str
+    target: str
+    attempts: int
+    error: str
+    poisoned_at: str
+
+
+@dataclass
+class ReplayReport:
+    applied: int = 0
+    already: int = 0
+    cancelled: int = 0
+    superseded: int = 0
+    retried: int = 0
+    poisoned: int = 0
+    recovered: int = 0  # entries found in flight (a replayer died) and put back
+    busy: bool = False  # another process holds the drain lock
+    backing_off: bool = False  # recent passes failed; this one was not due
+    lost_lock: bool = False
+
+    @property
+    def done(self) -> int:
+        return self.applied + self.already + self.cancelled + self.superseded
+
+
+def push(run_id: str, target: RunState, fields: Mapping[str, Any], owner: str) -> bool:
+    """Queue a terminal write Postgres refused on a transient error; False when the drain is
+    full. `fields` are TaskHistory fields with plain JSON values or datetimes (e.g. `result`,
+    `error`, `finished_at`); the write is replayed with `durable.transition(run_id, target,
+    **fields)`, then the run is settled (`runs.settle`, fenced by `owner`).
+
+    For the writer: after True, skip settling the run (the replay does it once Postgres has
+    the write). After False, or a redis error (Valkey is
+    unreachable too), the write is lost: log it; the reconciler ends the run as an orphan.
+    Raises ValueError for a field a terminal write may not set (a bug, not an outage).
+    """
+    unknown = set(fields) - (_FIELDS - _PROTECTED_FIELDS)
+    if unknown:
+        raise ValueError(f"run {run_id}: not fields a terminal write may set: {sorted(unknown)}")
+    encoded = json.loads(json.dumps(dict(fields), cls=DjangoJSONEncoder))
+    entry = Entry(run_id, RunState(target).value, encoded, owner)
+    length = scripts.call("drain_push", [keys.drain_pending()], [entry.to_json(), MAX_ENTRIES])
+    if not length:
+        log.error(
+            "run %s: drain full (%s entries); terminal write %s lost, the reconciler will "
+            "end the run as an orphan",
+            run_id,
+            MAX_ENTRIES,
+            entry.target,
+        )
+        return False
+    log.warning("run %s: terminal write %s queued in the drain", run_id, entry.target)
+    return True
+
+
+def depth() -> tuple[int, int]:
+    """(entries waiting or in flight, poisoned entries)."""
+    pipe = valkey.client().pipeline(transaction=False)
+    pipe.llen(keys.drain_pending())
+    pipe.llen(keys.drain_inflight())
+    pipe.llen(keys.drain_poison())
+    waiting, inflight, poison = valkey.execute(pipe)
+    return int(waiting) + int(inflight), int(poison)
+
+
+def waiting_run_ids() -> set[str]:
+    """Runs whose terminal write waits in the drain (pending or in flight): the reconciler
+    must not judge them orphans, their end is already decided. One round trip when empty."""
+    client = valkey.client()
+    found: set[str] = set()
+    for name in (keys.drain_pending(), keys.drain_inflight()):
+        for raw in cast(list[str], client.lrange(name, 0, -1)):
+            try:
+                found.add(Entry.from_json(raw).run_id)
+            except (ValueError, KeyError, TypeError):
+                continue
+    return found
+
+
+def poisoned(limit: int = 100) -> list[PoisonedEntry]:
+    """The newest poisoned entries first, for the admin's triage page."""
+    found = []
+    records = cast(list[str], valkey.client().lrange(keys.drain_poison(), 0, limit - 1))
+    for record in records:
+        data = json.loads(record)
+        entry = data.get("entry") or {}
+        found.append(
+            PoisonedEntry(
+                raw=str(data.get("raw", "")),
+                run_id=str(entry.get("run_id", "")),
+                target=str(entry.get("target", "")),
+                attempts=int(entry.get("attempts", 0)),
+                error=str(data.get("error", "")),
+                poisoned_at=str(data.get("poisoned_at", "")),
+            )
+        )
+    return found
+
+
+def replay(
+    *,
+    limit: int = BATCH,
+    lock_timeout: timedelta = APPLY_LOCK_TIMEOUT,
+    force: bool = False,
+    fence: FencedLock | None = None,
+) -> ReplayReport:
+    """One pass: apply up to `limit` entries. An empty drain costs one Valkey round trip.
+    `force` ignores the backoff (an operator's flush, tests). `fence` is the cluster seat the
+    caller writes under (the leader's, or the reconciler's lock); without one the pass takes
+    `lock:orch:cluster` itself and releases it at the end."""
+    report = ReplayReport()
+    client = valkey.client()
+    pipe = client.pipeline(transaction=False)
+    pipe.llen(keys.drain_pending())
+    pipe.llen(keys.drain_inflight())
+    pipe.exists(keys.drain_backoff())
+    waiting, inflight, backing_off = valkey.execute(pipe)
+    if not waiting and not inflight:
+        return report
+    if backing_off and not force:
+        report.backing_off = True
+        return report
+    lease = timedelta(seconds=settings.CONFIG.leader_ttl_s)
+    lock: FencedLock = fence or LoopLock(CLUSTER, lease)
+    if not lock.hold():
+        report.busy = True
+        return report
+    failed = False
+    try:
+        report.recovered = _recover_inflight()
+        for _ in range(limit):
+            lock.check()
+            raw = client.lmove(keys.drain_pending(), keys.drain_inflight(), "RIGHT", "LEFT")
+            if raw is None:
+                break
+            if not _replay_one(str(raw), lock_timeout, report):
+                failed = True
+                break
+    except LockLost:
+        report.lost_lock = True
+        log.warning("drain: lost %s mid-pass; the next pass carries on", lock.key)
+    finally:
+        if fence is None:
+            lock.release()
+    _record_pass(failed=failed)
+    if report.done or report.poisoned or report.retried:
+        log.info("drain: %s", report)
+    return report
+
+
+def _recover_inflight() -> int:
+    """Entries left in flight by a replayer that died go back to the front of the line."""
+    client = valkey.client()
+    moved = 0
+    while client.lmove(keys.drain_inflight(), keys.drain_pending(), "RIGHT", "RIGHT"):
+        moved += 1
+    if moved:
+        log.warning("drain: %s entries left in flight by a stopped replayer put back", moved)
+    return moved
+
+
+def _replay_one(raw: str, lock_timeout: timedelta, report: ReplayReport) -> bool:
+    """Apply one in-flight entry and settle it; False ends the pass (a transient failure)."""
+    try:
+        entry = Entry.from_json(raw)
+        RunState(entry.target)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.error("drain: unreadable entry poisoned: %r (%s)", raw[:200], exc)
+        _poison(raw, None, f"unreadable: {exc}")
+        report.poisoned += 1
+        return True
+    try:
+        outcome, task_id = _apply(entry, lock_timeout)
+    except TRANSIENT_ERRORS as exc:
+        failed = dataclasses.replace(entry, attempts=entry.attempts + 1)
+        if failed.attempts >= MAX_ATTEMPTS:
+            log.error(
+                "run %s: drain entry poisoned after %s failures: %s",
+                entry.run_id,
+                failed.attempts,
+                exc,
+            )
+            _poison(raw, failed, f"{type(exc).__name__}: {exc}")
+            report.poisoned += 1
+        else:
+            log.warning(
+                "run %s: drain replay failed (attempt %s): %s", entry.run_id, failed.attempts, exc
+            )
+            _retry(raw, failed)
+            report.retried += 1
+        return False
+    except Exception as exc:
+        log.exception("run %s: drain entry poisoned: not a transient error", entry.run_id)
+        _poison(raw, entry, f"{type(exc).__name__}: {exc}")
+        report.poisoned += 1
+        return True
+    if outcome == "applied":
+        report.applied += 1
+    elif outcome == "already":
+        report.already += 1
+    elif outcome == "cancelled":
+        report.cancelled += 1
+    else:
+        report.superseded += 1
+    if outcome != "superseded":
+        ended = RunState.CANCELLED if outcome == "cancelled" else RunState(entry.target)
+        _finish(entry, ended, task_id)
+    valkey.client().lrem(keys.drain_inflight(), 1, raw)
+    return True
+
+
+def _apply(entry: Entry, lock_timeout: timedelta) -> tuple[str, str | None]:
+    """The Postgres write, in one transaction; returns (outcome, the run's task id)."""
+    target = RunState(entry.target)
+    fields = entry.model_fields()
+    timeout_ms = max(1, span_ms(lock_timeout))
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"])
+            outcome = "applied"
+            try:
+                durable.transition(entry.run_id, target, **fields)
+            except IllegalTransition as exc:
+                if exc.current != RunState.CANCELLING:
+                    raise
+                # A cancel raced the handler's end: the run ends once, as cancelled.
+                finished_at = fields.get("finished_at") or timezone.now()
+                durable.transition(entry.run_id, RunState.CANCELLED, finished_at=finished_at)
+                outcome = "cancelled"
+            task_id = _task_id(entry.run_id)
+    except IllegalTransition as exc:
+        if exc.current == target.value and _landed(entry.run_id, fields):
+            return "already", _task_id(entry.run_id)
+        log.warning(
+            "run %s: drained write %s dropped: the run is %s now", entry.run_id, target, exc.current
+        )
+        return "superseded", None
+    return outcome, task_id
+
+
+def _landed(run_id: str, fields: dict[str, Any]) -> bool:
+    """Whether the row holds this very write (its reply was lost), not the same end written
+    by someone else (a watchdog, say), whose hooks have run already."""
+    compared = [name for name in ("finished_at", "error", "result") if name in fields]
+    found = TaskHistory.objects.filter(id=run_id).values(*compared).first()
+    return found is not None and all(found[name] == fields[name] for name in compared)
+
+
+def _task_id(run_id: str) -> str | None:
+    return TaskHistory.objects.filter(id=run_id).values_list("task_id", flat=True).first()
+
+
+def _finish(entry: Entry, ended: RunState, task_id: str | None) -> None:
+    """What the writer skipped: the run is settled (the live hash follows, hooks hear of it)."""
+    kind = None
+    error = entry.fields.get("error")
+    if ended != RunState.CANCELLED and isinstance(error, dict):
+        try:
+            kind = ErrorKind(error.get("kind"))
+        except ValueError:
+            kind = None
+    settle(entry.run_id, task_id or "", ended, owner=entry.owner, error_kind=kind)
+
+
+def _retry(raw: str, entry: Entry) -> None:
+    # The cap applies to new entries: one going back may overshoot it by the entries in flight.
+    pipe = valkey.client().pipeline(transaction=True)
+    pipe.lrem(keys.drain_inflight(), 1, raw)
+    pipe.lpush(keys.drain_pending(), entry.to_json())
+    valkey.execute(pipe)
+
+
+def _poison(raw: str, entry: Entry | None, error: str) -> None:
+    record: dict[str, Any] = {
+        "error": error[:2000],
+        "poisoned_at": timezone.now().isoformat(),
+        "raw": raw,
+    }
+    if entry is not None:
+        record["entry"] = json.loads(entry.to_json())
+    pipe = valkey.client().pipeline(transaction=True)
+    pipe.lrem(keys.drain_inflight(), 1, raw)
+    pipe.lpush(keys.drain_poison(), json.dumps(record))
+    pipe.ltrim(keys.drain_poison(), 0, POISON_CAP - 1)
+    valkey.execute(pipe)
+
+
+def _record_pass(*, failed: bool) -> None:
+    """Backoff shared by every replayer in the cluster: after `n` failed passes in a row the
+    next pass waits interval * 2**n, at most BACKOFF_CAP; a clean pass resets it."""
+    client = valkey.client()
+    if not failed:
+        client.delete(keys.drain_failures(), keys.drain_backoff())
+        return
+    failures = cast(int, client.incr(keys.drain_failures()))
+    client.expire(keys.drain_failures(), FAILURES_TTL)
+    interval = timedelta(seconds=settings.CONFIG.drain_interval_s)
+    delay = exponential(interval, 2, failures, BACKOFF_CAP)
+    client.set(keys.drain_backoff(), failures, px=span_ms(delay))

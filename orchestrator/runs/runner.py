@@ -1,0 +1,327 @@
+"""The runner: the body of every Celery task.
+
+On pickup: processing_version guard → the run's row (a redelivered message of a live run is
+judged by its heartbeat) → not before its retry time → pre-claim hooks (concurrency, rate) →
+claim in Valkey (owner, pending → active) → Postgres pending → active → execute with a watch
+thread beside it (heartbeats, cancel listener, watchdogs) → terminal write through
+`orchestrator.runs.terminal`, Postgres first. A TransientError puts the run back to pending for its
+next attempt, with backoff, until the task's retry policy is spent.
+
+Database connections are checked before and after each run, so a connection dropped between
+runs is replaced rather than failing a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from datetime import timedelta
+from typing import Any, cast
+
+from billiard.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject
+from django.conf import settings
+from django.db import close_old_connections
+from django.db.models import F
+from django.db.models.functions import Now
+from django.utils import timezone
+from pydantic import BaseModel, ValidationError
+
+from orchestrator.backoff import exponential
+from orchestrator.cluster.instance import instance_id, is_dead_here
+from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks.base import Pickup, Postpone
+from orchestrator.models import TaskHistory
+from orchestrator.runs import terminal
+from orchestrator.runs.context import RunContext
+from orchestrator.runs.publish import job_id, publish
+from orchestrator.runs.watch import watching
+from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
+from orchestrator.stores import durable, live, valkey
+from orchestrator.stores.live import FencedWrite
+from tasks import registry
+from tasks.definition import TaskDefinition
+from tasks.errors import ErrorKind, TaskError
+
+log = logging.getLogger(__name__)
+
+# A message from a newer deploy goes back to the queue for a newer worker; the pause keeps
+# an all-old pool from spinning on it during a rolling deploy.
+REQUEUE_PAUSE_S = 1.0
+# The longest a message waits in the broker for a retry; a longer backoff takes several hops,
+# so a worker that dies holding a delayed message strands it for seconds, not an hour.
+MAX_BROKER_DELAY = timedelta(seconds=10)
+
+
+def run_message(
+    task_id: str, run_id: str, processing_version: int, redelivered: bool = False
+) -> None:
+    close_old_connections()
+    try:
+        _run(registry.get()[task_id], run_id, processing_version, redelivered)
+    finally:
+        close_old_connections()
+
+
+def _run(
+    definition: TaskDefinition, run_id: str, processing_version: int, redelivered: bool
+) -> None:
+    if processing_version > definition.processing_version:
+        time.sleep(REQUEUE_PAUSE_S)
+        raise Reject(
+            f"run {run_id} needs processing_version {processing_version}, "
+            f"this worker has {definition.processing_version}",
+            requeue=True,
+        )
+    row = TaskHistory.objects.filter(id=run_id).first()
+    if row is None:
+        log.error("run %s: message for a run Postgres does not have; dropped", run_id)
+        return
+    deliveries = live.count_delivery(row.id) if redelivered else 0
+    if deliveries >= settings.CONFIG.max_deliveries and row.state not in TERMINAL_RUN_STATES:
+        # A message that keeps coming back (its worker dies every time, or a visibility
+        # timeout shorter than the run) ends here instead of looping forever.
+        _give_up(definition, row, deliveries)
+        return
+    if row.state != RunState.PENDING:
+        _not_pending(definition, row)
+        return
+    if processing_version < definition.processing_version:
+        terminal.fail_unstarted(
+            definition,
+            row.id,
+            ErrorKind.STALE_VERSION,
+            f"enqueued for processing_version {processing_version}, "
+            f"current is {definition.processing_version}",
+        )
+        return
+    if row.not_before is not None and row.not_before > timezone.now():
+        _republish(definition, row, row.not_before - timezone.now())
+        return
+
+    pickup = Pickup(definition, row.id, instance_id())
+    try:
+        hooks.before_claim(pickup)
+    except Postpone as wait:
+        log.info("run %s: postponed %ss (%s)", row.id, wait.delay.total_seconds(), wait.reason)
+        _republish(definition, row, wait.delay)
+        return
+    claimed = False
+    try:
+        claimed = _claim(definition, row, pickup.owner)
+    finally:
+        # A refused or failed claim gives back what the pre-claim hooks took.
+        if not claimed:
+            hooks.release(pickup)
+    if claimed:
+        try:
+            _execute(definition, row, pickup)
+        except Exception:
+            # The terminal write itself failed (the reconciler will end the run): the slot
+            # is not held for the rest of its lease meanwhile.
+            hooks.release(pickup)
+            raise
+
+
+def _republish(definition: TaskDefinition, row: TaskHistory, delay: timedelta) -> None:
+    publish(
+        definition,
+        row.id,
+        job_id(definition.id, row.identity, row.id),
+        row.priority,
+        delay=min(delay, MAX_BROKER_DELAY),
+    )
+
+
+def _execute(definition: TaskDefinition, row: TaskHistory, pickup: Pickup) -> None:
+    owner = pickup.owner
+
+    def end(target: RunState, kind: ErrorKind | None = None, message: str = "") -> None:
+        error = None if kind is None else terminal.error_doc(kind, message)
+        terminal.finish(definition, row.id, owner, target, result=result, error=error)
+
+    result: Any = None
+    try:
+        model = definition.input_model.model_validate(row.input)
+    except ValidationError as exc:
+        end(RunState.FAILED, ErrorKind.VALIDATION, str(exc))
+        return
+    context = RunContext(row.id, model)
+    try:
+        with watching(definition, row.id, owner, context):
+            result = _jsonable(definition.execute(context, model))
+    except TaskError as exc:
+        if exc.kind is ErrorKind.TRANSIENT and row.attempts + 1 < definition.retry.max_attempts:
+            _retry_later(definition, row, pickup, str(exc))
+        elif exc.kind is ErrorKind.TRANSIENT:
+            # A dead letter: the admin's "outcome" filter lists runs marked exhausted.
+            attempts = definition.retry.max_attempts
+            message = f"{exc} (attempts exhausted: {attempts} of {attempts})"
+            error = terminal.error_doc(exc.kind, message, exhausted=True)
+            terminal.finish(definition, row.id, owner, RunState.FAILED, error=error)
+        else:
+            end(RunState.FAILED, exc.kind, str(exc))
+    except SoftTimeLimitExceeded:
+        end(
+            RunState.FAILED,
+            ErrorKind.TIMEOUT,
+            f"passed its soft timeout of {definition.timeout.soft}",
+        )
+    except Exception as exc:
+        log.exception("run %s: handler raised", row.id)
+        end(RunState.FAILED, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")
+    else:
+        end(RunState.COMPLETED)
+
+
+def backoff(definition: TaskDefinition, attempt: int) -> timedelta:
+    """Jitter over the upper half of an exponential ceiling: retries of many runs spread out
+    instead of returning together, and none comes back much sooner than its backoff."""
+    ceiling = exponential(definition.retry.base, 2, attempt - 1, definition.retry.cap)
+    return ceiling * random.uniform(0.5, 1.0)
+
+
+def _retry_later(
+    definition: TaskDefinition, row: TaskHistory, pickup: Pickup, message: str
+) -> None:
+    attempt = row.attempts + 1
+    delay = backoff(definition, attempt)
+    error = terminal.error_doc(
+        ErrorKind.TRANSIENT,
+        f"{message} (attempt {attempt} of {definition.retry.max_attempts}; "
+        f"retrying in {delay.total_seconds():.1f}s)",
+    )
+    try:
+        durable.transition(
+            row.id,
+            RunState.PENDING,
+            error=error,
+            not_before=timezone.now() + delay,
+            owner_instance_id="",
+        )
+    except IllegalTransition as exc:
+        if exc.current == RunState.CANCELLING:
+            terminal.cancel(definition, row.id, pickup.owner)
+            return
+        raise
+    live.transition(row.id, RunState.PENDING, owner=pickup.owner)
+    hooks.release(pickup)
+    log.info("run %s: transient failure, attempt %s; retry in %s", row.id, attempt, delay)
+    _republish(definition, row, delay)
+
+
+def _jsonable(result: object) -> Any:
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    return result
+
+
+def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> bool:
+    """pending → active in Valkey, then Postgres. False when the run is not ours to run."""
+    try:
+        live.claim(row.id, owner)
+    except IllegalTransition as exc:
+        if exc.current is None:
+            # The live hash is gone (Valkey restarted or flushed): Postgres says pending, so
+            # seed it again from the row and claim.
+            live.seed(row.id, row.task_id, row.priority, tuple(row.stages))
+            live.claim(row.id, owner)
+        elif exc.current == RunState.ACTIVE and _abandoned_claim(row.id):
+            live.claim(row.id, owner)
+        else:
+            log.info("run %s: not claimed, live state is %s", row.id, exc.current)
+            return False
+    try:
+        durable.transition(
+            row.id,
+            RunState.ACTIVE,
+            owner_instance_id=owner,
+            started_at=timezone.now(),
+            heartbeat_at=Now(),
+            attempts=F("attempts") + 1,
+        )
+    except IllegalTransition as exc:
+        # Postgres moved on (e.g. cancelled) between our read and the claim; it wins.
+        log.info("run %s: claim lost to Postgres state %s", row.id, exc.current)
+        if exc.current == RunState.CANCELLING:
+            terminal.cancel(definition, row.id, owner)
+        return False
+    except Exception:
+        # Postgres did not take the claim (its connection dropped, Postgres away): the Valkey
+        # claim goes back to pending, or every later delivery would find the run claimed by
+        # this process and refuse it while Postgres still says pending (found by the fault
+        # battery, tests/faults). The message is acknowledged as failed; the reconciler
+        # publishes the pending run again.
+        _give_back_claim(row.id, owner)
+        raise
+    return True
+
+
+def _abandoned_claim(run_id: str) -> bool:
+    """Valkey says a worker claimed this run, Postgres (which we just read) says pending, and
+    that claim never heartbeat and is older than a heartbeat interval: its claimer, which
+    takes milliseconds from its Lua claim to its Postgres update, died in between (or never
+    got the Lua reply). The claim is handed back (compare-and-set on its owner) so this
+    delivery can take the run."""
+    snapshot = live.read(run_id)
+    claimed_ms = snapshot.get("started_at")
+    if snapshot.get("heartbeat_at") or not claimed_ms:
+        return False
+    now_ms = valkey.time_ms(cast(tuple[int, int], valkey.client().time()))
+    if now_ms - int(claimed_ms) < settings.CONFIG.heartbeat_interval_s * 1000:
+        return False
+    try:
+        live.transition(run_id, RunState.PENDING, owner=snapshot.get("owner", ""))
+    except (IllegalTransition, FencedWrite):
+        return False  # another delivery handled it first
+    log.warning(
+        "run %s: claim by %s abandoned before Postgres; taken over", run_id, snapshot.get("owner")
+    )
+    return True
+
+
+def _give_back_claim(run_id: str, owner: str) -> None:
+    try:
+        live.transition(run_id, RunState.PENDING, owner=owner)
+    except Exception:
+        log.exception("run %s: Postgres refused the claim and Valkey kept it", run_id)
+
+
+def _not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
+    if row.state == RunState.CANCELLING and row.owner_instance_id == "":
+        # Cancelled before pickup: the claim refuses it and the cancel completes here.
+        terminal.cancel(definition, row.id)
+    elif row.state in TERMINAL_RUN_STATES:
+        log.info("run %s: already %s; duplicate message dropped", row.id, row.state)
+    elif is_dead_here(row.owner_instance_id) or _heartbeat_is_stale(row):
+        # Redelivered because its worker died mid-run (reject on worker lost), and nobody
+        # is beating for it: end it here rather than wait for the reconciler.
+        # Written as the dead owner, so its fence matches and its concurrency slot is freed.
+        owner = row.owner_instance_id
+        error = terminal.error_doc(ErrorKind.WORKER_LOST, f"worker {owner} stopped mid-run")
+        if row.state == RunState.CANCELLING:
+            terminal.cancel(definition, row.id, owner, error=error)
+        else:
+            terminal.finish(definition, row.id, owner, RunState.FAILED, error=error)
+    else:
+        log.info("run %s: redelivered while %s with a live owner; dropped", row.id, row.state)
+
+
+def _give_up(definition: TaskDefinition, row: TaskHistory, deliveries: int) -> None:
+    error = terminal.error_doc(
+        ErrorKind.WORKER_LOST,
+        f"message redelivered {deliveries} times (LUMASTRA_MAX_DELIVERIES); giving up",
+    )
+    if row.state == RunState.PENDING:
+        terminal.fail_unstarted(definition, row.id, ErrorKind.WORKER_LOST, error["message"])
+    elif row.state == RunState.CANCELLING:
+        terminal.cancel(definition, row.id, row.owner_instance_id, error=error)
+    else:
+        terminal.finish(definition, row.id, row.owner_instance_id, RunState.FAILED, error=error)
+
+
+def _heartbeat_is_stale(row: TaskHistory) -> bool:
+    """Older than three heartbeat intervals, by the Postgres clock."""
+    stale_after = timedelta(seconds=3 * settings.CONFIG.heartbeat_interval_s)
+    return TaskHistory.objects.filter(id=row.id, heartbeat_at__lt=Now() - stale_after).exists()

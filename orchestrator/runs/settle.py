@@ -1,0 +1,125 @@
+"""Settling a run Postgres has ended: Valkey follows, then the `finished` hooks hear of it.
+
+Every path that ends a run writes Postgres first — the runner and the watchdogs
+(`runs.terminal`), the drain replaying a deferred write (`runs.drain`), the reconciler ending
+an orphan or a pending run past its deadline (`recovery.orphans`, `recovery.pending`), and
+the repair of a live hash left behind (`recovery.repair`) — and then calls `settle`, the one
+place that brings the live hash to the Postgres state and runs the end-of-run hooks.
+
+- The live hash follows by one Lua transition, fenced by the claim's owner where that owner
+  is the caller (a process that lost the run cannot move it; an orphan's or a repaired run's
+  owner is gone, so those are not fenced); a pending or active hash of a run Postgres
+  cancelled goes cancelling → cancelled, fenced the same way.
+- Valkey unreachable (a restart, a failover) is retried for about three seconds, then the
+  hash is left for `recovery.repair`. A hash that disagrees (lost, moved on by someone else)
+  cannot undo the Postgres write: it is logged, never raised.
+- The hooks run once per end: the caller is the writer whose guarded Postgres UPDATE won, or,
+  for a repair (`only_if_moved`), the process whose transition moved the hash.
+
+Not guaranteed: a writer whose Valkey stayed unreachable past the retries runs its hooks
+anyway, and the repair that later moves the hash runs them again; hooks are idempotent except
+the daily quota's completed/failed counters, which can count that run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from redis.exceptions import ConnectionError as ValkeyConnectionError
+from redis.exceptions import TimeoutError as ValkeyTimeoutError
+
+from orchestrator.backoff import exponential
+from orchestrator.clock import SYSTEM, Clock
+from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks.base import Outcome
+from orchestrator.states import IllegalTransition, RunState
+from orchestrator.stores import live
+from orchestrator.stores.live import FencedWrite
+from tasks import registry
+from tasks.errors import ErrorKind
+
+log = logging.getLogger(__name__)
+
+# 0.1 s doubling: about three seconds in all before the hash is left to the repair.
+FOLLOW_ATTEMPTS = 6
+FOLLOW_FIRST_PAUSE = timedelta(seconds=0.1)
+FOLLOW_MAX_PAUSE = timedelta(seconds=2)
+
+
+def settle(
+    run_id: str,
+    task_id: str,
+    target: RunState,
+    *,
+    owner: str = "",
+    fenced: bool = True,
+    error_kind: ErrorKind | None = None,
+    only_if_moved: bool = False,
+    clock: Clock = SYSTEM,
+) -> bool:
+    """Postgres holds `target` for the run: move its live hash there and run the `finished`
+    hooks. `owner` is the claim's owner (the hooks give back what that claim took); the move
+    is fenced by it unless `fenced` is False (the owner is gone: an orphan, a repair). With
+    `only_if_moved`, the hooks run only when this call moved the hash. Returns whether it did."""
+    moved = _follow(run_id, target, owner if fenced else "", clock)
+    if only_if_moved and not moved:
+        return False
+    definition = registry.get().get(task_id)
+    if definition is None:
+        log.warning("run %s: task %r is not registered; hooks not told", run_id, task_id)
+        return moved
+    hooks.finished(Outcome(definition, run_id, owner, target, error_kind))
+    return moved
+
+
+def _follow(run_id: str, target: RunState, owner: str, clock: Clock) -> bool:
+    for attempt in range(FOLLOW_ATTEMPTS):
+        try:
+            return _follow_once(run_id, target, owner, clock)
+        except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
+            if attempt == FOLLOW_ATTEMPTS - 1:
+                log.error(
+                    "run %s: %s in Postgres; live hash not updated, Valkey unreachable: %s",
+                    run_id,
+                    target,
+                    exc,
+                )
+                return False
+            pause = exponential(FOLLOW_FIRST_PAUSE, 2, attempt, FOLLOW_MAX_PAUSE)
+            time.sleep(pause.total_seconds())
+        except Exception:
+            # Postgres has the end: a hash Valkey cannot read (a bug, a key of the wrong type)
+            # must not keep the hooks from hearing of it; the repair looks at it again.
+            log.exception("run %s: %s in Postgres; live hash not updated", run_id, target)
+            return False
+    return False
+
+
+def _follow_once(run_id: str, target: RunState, owner: str, clock: Clock) -> bool:
+    try:
+        live.transition(run_id, target, owner=owner, clock=clock)
+        return True
+    except FencedWrite as exc:
+        log.warning("run %s: %s; live hash left to its owner", run_id, exc)
+    except IllegalTransition as exc:
+        if target == RunState.CANCELLED and exc.current in (RunState.PENDING, RunState.ACTIVE):
+            return _cancel_in_two_steps(run_id, owner, clock)
+        if exc.current is None:
+            log.info("run %s: no live hash to mark %s", run_id, target.value)
+        else:
+            log.warning("run %s: %s in Postgres, live hash disagreed: %s", run_id, target, exc)
+    return False
+
+
+def _cancel_in_two_steps(run_id: str, owner: str, clock: Clock) -> bool:
+    """pending|active → cancelling → cancelled: the hash of a run Postgres cancelled, whose
+    hash never heard of the cancel request (its signal failed, or the writer died)."""
+    try:
+        live.transition(run_id, RunState.CANCELLING, owner=owner, clock=clock)
+        live.transition(run_id, RunState.CANCELLED, owner=owner, clock=clock)
+    except (FencedWrite, IllegalTransition) as exc:
+        log.warning("run %s: cancelled in Postgres, live hash moved on: %s", run_id, exc)
+        return False
+    return True

@@ -1,0 +1,292 @@
+"""`start_run`: the one entry point that creates runs.
+
+Write order (DESIGN §1): INSERT task_history → seed the live hash (Lua) → enqueue. The insert
+joins the caller's transaction; seeding and publishing happen on commit, so the run exists
+if and only if the caller's transaction commits, and no message ever names a run that
+Postgres does not have. A crash after commit and before publish leaves a `pending` row for
+the reconciler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from pydantic import BaseModel, ValidationError
+from ulid import ULID
+
+from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks.base import Admission, Deduplicated, Dropped
+from orchestrator.models import TaskHistory
+from orchestrator.runs import cancel
+from orchestrator.runs.publish import job_id, publish
+from orchestrator.states import LIVE_RUN_STATES, RunState, StageState
+from orchestrator.stores import live
+from orchestrator.triggers import PRIORITY_BY_TRIGGER, TriggerKind
+from tasks import registry
+from tasks.definition import Priority, TaskDefinition
+from tasks.errors import ErrorKind
+
+log = logging.getLogger(__name__)
+
+# Crockford base32, as python-ulid prints it.
+_RUN_ID = re.compile(r"run_[0-9A-HJKMNP-TV-Z]{26}")
+# How often a start retries its insert when the run that held its idempotency key ended
+# before it could be read; each retry needs a whole other run to start and end meanwhile.
+_KEY_RACE_ATTEMPTS = 5
+
+
+class StartRefused(ValueError):
+    """`start_run` refused its arguments; nothing was written."""
+
+
+class KeyContended(StartRefused):
+    """Runs with this idempotency key kept starting and ending while this start tried to
+    insert its own; trying again later will either join a live run or start one."""
+
+
+class InvalidInput(StartRefused):
+    def __init__(self, task_id: str, errors: list[dict[str, Any]]) -> None:
+        super().__init__(f"input invalid for task {task_id!r}: {errors}")
+        self.task_id = task_id
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    run_id: str
+    task_id: str
+    job_id: str
+    priority: int
+    # True when a live run already does this work and that run is returned instead.
+    deduplicated: bool = False
+    # True when backpressure dropped the start: the run is recorded cancelled, never enqueued.
+    dropped: bool = False
+
+
+def new_run_id() -> str:
+    return f"run_{ULID()}"
+
+
+def is_run_id(value: str) -> bool:
+    """Whether `value` has the form of a run id; anything else names no run."""
+    return _RUN_ID.fullmatch(value) is not None
+
+
+def unstorable(text: str) -> str | None:
+    """Why Postgres cannot store `text`, or None when it can: text and JSONB refuse NUL, and
+    a lone surrogate (a JSON escape can produce one) has no UTF-8 encoding."""
+    if "\x00" in text:
+        return "must not contain NUL (U+0000)"
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return "must not contain a lone surrogate (U+D800-U+DFFF)"
+    return None
+
+
+def first_unstorable(document: object) -> tuple[list[str | int], str] | None:
+    """Where in a JSON-like document an unstorable string (value or key) is, and why."""
+    # A loop, not recursion: a document as deep as the JSON parser allows must not overflow.
+    pending: list[tuple[list[str | int], object]] = [([], document)]
+    while pending:
+        loc, value = pending.pop()
+        if isinstance(value, str):
+            if reason := unstorable(value):
+                return loc, reason
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                if isinstance(key, str) and (reason := unstorable(key)):
+                    return [*loc, key], f"key {reason}"
+                pending.append(([*loc, key], item))
+        elif isinstance(value, list | tuple):
+            pending.extend(([*loc, index], item) for index, item in enumerate(value))
+    return None
+
+
+def validate_input(definition: TaskDefinition, data: object) -> BaseModel:
+    """The input as the task's model normalises it, or InvalidInput with field errors."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise InvalidInput(definition.id, [{"loc": [], "msg": "input must be a JSON object"}])
+    # Before the task's model: its validators need not meet text no store will take.
+    if found := first_unstorable(data):
+        loc, reason = found
+        raise InvalidInput(definition.id, [{"loc": loc, "msg": reason, "type": "unstorable_text"}])
+    try:
+        return definition.input_model.model_validate(data)
+    except ValidationError as exc:
+        errors = [
+            {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False)
+        ]
+        raise InvalidInput(definition.id, errors) from None
+
+
+def _trigger_document(
+    trigger: TriggerKind | Mapping[str, Any],
+) -> tuple[TriggerKind, dict[str, Any]]:
+    document = {"kind": trigger.value} if isinstance(trigger, TriggerKind) else dict(trigger)
+    try:
+        kind = TriggerKind(document.get("kind"))
+    except ValueError:
+        known = ", ".join(k.value for k in TriggerKind)
+        raise StartRefused(f"trigger kind {document.get('kind')!r} is not one of {known}") from None
+    if found := first_unstorable(document):
+        loc, reason = found
+        raise StartRefused(f"trigger field {loc}: {reason}")
+    return kind, document
+
+
+def resolve_priority(
+    explicit: int | None, definition: TaskDefinition, kind: TriggerKind
+) -> Priority:
+    if explicit is not None:
+        try:
+            return Priority(explicit)
+        except ValueError:
+            raise StartRefused(f"priority {explicit!r} is not one of 1, 2, 3, 5, 7") from None
+    return definition.task_priority or PRIORITY_BY_TRIGGER[kind]
+
+
+def start_run(
+    task_id: str,
+    input: Mapping[str, Any] | None,
+    *,
+    trigger: TriggerKind | Mapping[str, Any],
+    priority: int | None = None,
+    idempotency_key: str | None = None,
+) -> RunHandle:
+    """Record a run and enqueue it once the surrounding transaction commits."""
+    definition = registry.get()[task_id]
+    model = validate_input(definition, input)
+    normalised = model.model_dump(mode="json")
+    kind, trigger_doc = _trigger_document(trigger)
+    if idempotency_key is not None:
+        if not idempotency_key.strip():
+            raise StartRefused("idempotency key must not be empty")
+        if reason := unstorable(idempotency_key):
+            raise StartRefused(f"idempotency key {reason}")
+        trigger_doc["idempotencyKey"] = idempotency_key
+    resolved = resolve_priority(priority, definition, kind)
+    identity = definition.identity(model)
+    run_id = new_run_id()
+    handle = RunHandle(run_id, task_id, job_id(task_id, identity, run_id), int(resolved))
+
+    duplicate = _live_run_with_key(task_id, idempotency_key)
+    if duplicate is not None:
+        # Answered before admission, so a duplicate consumes no quota and counts nothing.
+        return _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
+
+    admission = Admission(definition, run_id, identity, int(resolved), trigger_doc)
+
+    def insert(**terminal: Any) -> None:
+        TaskHistory.objects.create(
+            id=run_id,
+            task_id=task_id,
+            trigger=trigger_doc,
+            input=normalised,
+            priority=int(resolved),
+            identity=identity,
+            processing_version=definition.processing_version,
+            stages={name: StageState.WAITING.value for name in definition.stage_order},
+            **terminal,
+        )
+
+    with transaction.atomic():
+        try:
+            # No savepoint: a hook that refuses, drops or deduplicates has the hooks before it
+            # give back what they took (`abandoned`).
+            hooks.admit(admission)
+        except Deduplicated as dup:
+            return _deduplicated(task_id, dup.run_id, identity, int(resolved))
+        except Dropped as drop:
+            # Recorded, never enqueued: the row is born terminal, no transition involved.
+            insert(
+                state=RunState.CANCELLED,
+                error={"kind": ErrorKind.DROPPED.value, "message": drop.reason},
+                finished_at=timezone.now(),
+            )
+            return dataclasses.replace(handle, dropped=True)
+        for shed in admission.shed:
+            transaction.on_commit(
+                partial(cancel.cancel_waiting, shed.run_ids, ErrorKind.SHED, shed.reason)
+            )
+        try:
+            duplicate = _insert_unless_keyed_run(insert, task_id, idempotency_key)
+        except Exception:
+            hooks.abandon(admission)
+            raise
+        if duplicate is not None:
+            hooks.abandon(admission)
+            answer = _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
+            transaction.set_rollback(True)  # give back what admission took
+            return answer
+        transaction.on_commit(lambda: _publish(definition, handle))
+    return handle
+
+
+def _insert_unless_keyed_run(
+    insert: Callable[[], None], task_id: str, key: str | None
+) -> TaskHistory | None:
+    """Insert the run, or return the live run that holds its idempotency key."""
+    if key is None:
+        insert()
+        return None
+    for _ in range(_KEY_RACE_ATTEMPTS):
+        try:
+            # Only an idempotency key can collide (the live-key unique index); the savepoint
+            # that lets this transaction go on after the collision is paid only then.
+            with transaction.atomic(savepoint=True):
+                insert()
+            return None
+        except IntegrityError:
+            # A concurrent start with the same key won the unique index...
+            duplicate = _live_run_with_key(task_id, key)
+            if duplicate is not None:
+                return duplicate
+            # ...and its run has already ended, which frees the key: try again.
+    raise KeyContended(
+        f"idempotency key {key!r}: runs with it kept starting and ending while this start "
+        "tried to record its own; try again"
+    )
+
+
+def _deduplicated(task_id: str, run_id: str, identity: str, fallback_priority: int) -> RunHandle:
+    # The holder's row may not be visible yet (its insert not committed): then the handle is
+    # built from what this start computed, which names the same work.
+    priority = (
+        TaskHistory.objects.filter(id=run_id).values_list("priority", flat=True).first()
+        or fallback_priority
+    )
+    return RunHandle(
+        run_id, task_id, job_id(task_id, identity, run_id), priority, deduplicated=True
+    )
+
+
+def _live_run_with_key(task_id: str, key: str | None) -> TaskHistory | None:
+    if key is None:
+        return None
+    return TaskHistory.objects.filter(
+        task_id=task_id,
+        trigger__idempotencyKey=key,
+        state__in=[s.value for s in LIVE_RUN_STATES],
+    ).first()
+
+
+def _publish(definition: TaskDefinition, handle: RunHandle) -> None:
+    try:
+        live.seed(handle.run_id, definition.id, handle.priority, definition.stage_order)
+        publish(definition, handle.run_id, handle.job_id, handle.priority)
+    except Exception:
+        # The run is committed and pending; the reconciler re-publishes runs whose message
+        # is missing. The caller still gets its run id.
+        log.exception("run %s recorded but not published", handle.run_id)

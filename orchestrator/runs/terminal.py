@@ -1,0 +1,90 @@
+"""Ending a run: the terminal write in both stores, Postgres first, exactly once.
+
+Whoever ends a run — the runner when the handler returns, the watchdog on a stall or hard
+timeout, the cancel escalation — goes through here, and only the writer whose guarded
+Postgres UPDATE succeeded settles the run (`runs.settle`: Valkey follows, the `finished`
+hooks run). A writer that finds the run already ended (someone else won) writes nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import InterfaceError, OperationalError
+from django.utils import timezone
+
+from orchestrator.runs import drain
+from orchestrator.runs.settle import settle
+from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
+from orchestrator.stores import durable
+from tasks.definition import TaskDefinition
+from tasks.errors import ErrorKind
+
+log = logging.getLogger(__name__)
+
+
+def error_doc(kind: ErrorKind, message: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": kind.value, "message": message[:4000], **extra}
+
+
+def finish(
+    definition: TaskDefinition,
+    run_id: str,
+    owner: str,
+    target: RunState,
+    *,
+    result: Any = None,
+    error: dict[str, Any] | None = None,
+) -> RunState:
+    """End a claimed run in `target`; returns the state it really ended in (a cancel that
+    raced the handler wins: cancelled; a watchdog that ended it first: its state)."""
+    kind = ErrorKind(error["kind"]) if error else None
+    fields = {"result": result, "error": error, "finished_at": timezone.now()}
+    try:
+        durable.transition(run_id, target, **fields)
+    except (OperationalError, InterfaceError):
+        # Postgres is away: the drain replays the write, then settles the run
+        # hooks itself, so Valkey is never ahead of Postgres.
+        log.warning("run %s: terminal write %s deferred to the drain", run_id, target)
+        if not drain.push(run_id, target, fields, owner):
+            log.error("run %s: terminal write %s lost; the reconciler will end it", run_id, target)
+        return target
+    except IllegalTransition as exc:
+        if exc.current == RunState.CANCELLING:
+            cancel(definition, run_id, owner)
+            return RunState.CANCELLED
+        if exc.current in TERMINAL_RUN_STATES:
+            log.info("run %s: already ended %s; %s not recorded", run_id, exc.current, target)
+            return RunState(exc.current)
+        raise
+    settle(run_id, definition.id, target, owner=owner, error_kind=kind)
+    return target
+
+
+def cancel(
+    definition: TaskDefinition,
+    run_id: str,
+    owner: str = "",
+    *,
+    error: dict[str, Any] | None = None,
+) -> None:
+    """cancelling → cancelled, Postgres first; a no-op if the run has already ended."""
+    fields: dict[str, Any] = {"finished_at": timezone.now()}
+    if error is not None:
+        fields["error"] = error
+    try:
+        durable.transition(run_id, RunState.CANCELLED, **fields)
+    except IllegalTransition as exc:
+        log.info("run %s: not cancelled, Postgres says %s", run_id, exc.current)
+        return
+    kind = ErrorKind(error["kind"]) if error else None
+    settle(run_id, definition.id, RunState.CANCELLED, owner=owner, error_kind=kind)
+
+
+def fail_unstarted(definition: TaskDefinition, run_id: str, kind: ErrorKind, message: str) -> None:
+    """pending → failed for a run refused before it ever started."""
+    durable.transition(
+        run_id, RunState.FAILED, error=error_doc(kind, message), finished_at=timezone.now()
+    )
+    settle(run_id, definition.id, RunState.FAILED, error_kind=kind)

@@ -1,0 +1,210 @@
+"""The watch beside every running handler: heartbeats, the cancel listener and watchdogs.
+
+One thread per worker process (a prefork child runs one run at a time), started on first use
+and kept for the process's life, so a run pays no thread start or join. While a run is
+watched, the thread:
+- listens on `task:cancel:<runId>` and trips the context's cancel flag at once (the context
+  also re-reads the hash now and then, in case the message came before the subscription);
+- every LUMASTRA_HEARTBEAT_INTERVAL_S stamps `task_history.heartbeat_at` (Postgres clock),
+  the live hash's `heartbeat_at` and TTL (Valkey clock) and the run's concurrency lease;
+- runs the watchdogs about every second: a stall warning after LUMASTRA_RUN_STALL_WARN_MS
+  without progress (`report_progress` or `log`), a stall failure after
+  LUMASTRA_RUN_STALL_FAIL_MS, the task's hard timeout by the wall clock (a handler that keeps
+  yielding but never ends is still stopped), and a cancel not honoured within
+  LUMASTRA_CANCEL_ESCALATE_S.
+
+A watchdog ends the run through `orchestrator.runs.terminal` (Postgres first), then kills the
+process running the handler: the only way to stop a wedged thread. Celery's prefork pool
+replaces the child; the message comes back (reject on worker lost) and is dropped because the
+run has ended. A heartbeat that finds the run owned by someone else, or gone, kills the
+handler too: its late writes would be refused anyway, and it must not run beside a successor.
+
+Not guaranteed: needs the prefork pool (a kill in a thread pool would take every run of the
+worker with it); watchdogs look about once a second and heartbeats once an interval; a
+handler blocked in C code dies only by the kill.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import close_old_connections
+from redis.client import PubSub
+
+from orchestrator.hooks import concurrency
+from orchestrator.runs import terminal
+from orchestrator.runs.context import RunContext
+from orchestrator.states import RunState
+from orchestrator.stores import durable, keys, scripts, valkey
+from tasks.definition import TaskDefinition
+from tasks.errors import ErrorKind
+
+log = logging.getLogger(__name__)
+
+# How often the watchdogs look, whatever the heartbeat interval.
+CHECK_EVERY_S = 1.0
+
+
+def _kill_this_process() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(eq=False)
+class Watched:
+    definition: TaskDefinition
+    run_id: str
+    owner: str
+    context: RunContext
+    started: float = field(default_factory=time.monotonic)
+    next_beat: float = 0.0
+    cancel_seen: float | None = None
+    stall_warned: bool = False
+
+    def __post_init__(self) -> None:
+        # The claim stamped the first heartbeat.
+        self.next_beat = self.started + settings.CONFIG.heartbeat_interval_s
+
+
+class Watcher:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: Watched | None = None
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="run-watch", daemon=True)
+        self._thread.start()
+
+    def watch(self, watched: Watched) -> None:
+        with self._lock:
+            self._current = watched
+        self._wake.set()
+
+    def unwatch(self, watched: Watched) -> None:
+        with self._lock:
+            if self._current is watched:
+                self._current = None
+
+    def _loop(self) -> None:
+        pubsub: PubSub = valkey.client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        channel: str | None = None
+        while True:
+            try:
+                channel = self._tick(pubsub, channel)
+            except Exception:
+                # The thread must outlive any one failure; the reconciler judges the run if
+                # its heartbeats stop.
+                log.exception("run watch: tick failed")
+                time.sleep(CHECK_EVERY_S)
+
+    def _tick(self, pubsub: PubSub, channel: str | None) -> str | None:
+        with self._lock:
+            watched = self._current
+        wanted = keys.cancel_channel(watched.run_id) if watched else None
+        if wanted != channel:
+            if channel:
+                pubsub.unsubscribe(channel)  # type: ignore[no-untyped-call]
+            if wanted:
+                pubsub.subscribe(wanted)  # type: ignore[no-untyped-call]
+            channel = wanted
+        if channel is None:
+            self._wake.wait(CHECK_EVERY_S)
+            self._wake.clear()
+            return channel
+        message = pubsub.get_message(timeout=CHECK_EVERY_S)
+        with self._lock:
+            # Only act for the run still being watched: the one we read may have ended.
+            if watched is None or self._current is not watched:
+                return channel
+            if message is not None:
+                self._cancel_requested(watched)
+            if time.monotonic() >= watched.next_beat:
+                self._beat(watched)
+            self._watchdogs(watched)
+        return channel
+
+    def _beat(self, watched: Watched) -> None:
+        watched.next_beat = time.monotonic() + settings.CONFIG.heartbeat_interval_s
+        close_old_connections()
+        try:
+            durable.heartbeat(watched.run_id, watched.owner)
+            state, _, _ = scripts.call(
+                "heartbeat_run",
+                [keys.run_active(watched.run_id)],
+                [watched.owner, settings.CONFIG.run_active_ttl_s],
+            )
+            concurrency.refresh(watched.run_id)
+        except Exception:
+            # A missed beat is survivable: the thresholds span several.
+            log.exception("run %s: heartbeat failed", watched.run_id)
+            return
+        if state in ("", "fenced"):
+            log.error("run %s: no longer ours (live state %r); stopping it", watched.run_id, state)
+            _kill_this_process()
+        elif state == RunState.CANCELLING:
+            self._cancel_requested(watched)
+
+    @staticmethod
+    def _cancel_requested(watched: Watched) -> None:
+        if watched.cancel_seen is None:
+            watched.cancel_seen = time.monotonic()
+            watched.context.trip_cancel()
+
+    def _watchdogs(self, watched: Watched) -> None:
+        config = settings.CONFIG
+        now = time.monotonic()
+        hard = watched.definition.timeout.hard
+        if now - watched.started > hard.total_seconds():
+            self._end(watched, ErrorKind.TIMEOUT, f"passed its hard timeout of {hard}")
+        quiet_s = now - watched.context.progressed_at
+        if quiet_s * 1000 > config.run_stall_fail_ms:
+            self._end(watched, ErrorKind.STALLED, f"no progress for {quiet_s:.0f}s")
+        elif quiet_s * 1000 > config.run_stall_warn_ms and not watched.stall_warned:
+            watched.stall_warned = True
+            log.warning("run %s: no progress for %.0fs", watched.run_id, quiet_s)
+        if watched.cancel_seen is not None and now - watched.cancel_seen > config.cancel_escalate_s:
+            log.warning("run %s: cancel not honoured; killing its process", watched.run_id)
+            terminal.cancel(watched.definition, watched.run_id, watched.owner)
+            _kill_this_process()
+
+    @staticmethod
+    def _end(watched: Watched, kind: ErrorKind, message: str) -> None:
+        log.error("run %s: %s; failing it and killing its process", watched.run_id, message)
+        terminal.finish(
+            watched.definition,
+            watched.run_id,
+            watched.owner,
+            RunState.FAILED,
+            error=terminal.error_doc(kind, message),
+        )
+        _kill_this_process()
+
+
+_watchers: dict[int, Watcher] = {}
+
+
+def _watcher() -> Watcher:
+    # Keyed by pid: a thread does not survive fork, so each pool child starts its own.
+    pid = os.getpid()
+    if pid not in _watchers:
+        _watchers[pid] = Watcher()
+    return _watchers[pid]
+
+
+@contextmanager
+def watching(
+    definition: TaskDefinition, run_id: str, owner: str, context: RunContext
+) -> Iterator[None]:
+    watched = Watched(definition, run_id, owner, context)
+    watcher = _watcher()
+    watcher.watch(watched)
+    try:
+        yield
+    finally:
+        watcher.unwatch(watched)

@@ -1,0 +1,119 @@
+"""Every Valkey key name the system uses (DESIGN §5). No key literal lives anywhere else.
+
+The broker's list names are kombu's, reproduced here so depth checks and shedding can read
+them: kombu's Redis transport keeps each priority of a queue in its own list.
+"""
+
+from __future__ import annotations
+
+# kombu's Redis transport: the separator of priority sub-queues, and our priority steps.
+BROKER_PRIORITY_SEPARATOR = "\x06\x16"
+BROKER_PRIORITY_STEPS = (1, 2, 3, 5, 7)
+
+
+# kombu's Redis transport (Channel.unacked_key): the hash of messages workers have taken and
+# not yet acknowledged, delivery tag → JSON [message, exchange, routing key]. With acks_late a
+# running run's message waits here, and so does a delayed (countdown) message a worker holds.
+BROKER_UNACKED = "unacked"
+# kombu's Redis transport (Channel.unacked_index_key): sorted set, delivery tag → when the
+# worker took the message (the worker's clock, seconds since the epoch).
+BROKER_UNACKED_INDEX = "unacked_index"
+
+
+def broker_queue(queue: str, priority: int) -> str:
+    """The broker list holding `queue`'s messages of one priority step."""
+    return f"{queue}{BROKER_PRIORITY_SEPARATOR}{priority}"
+
+
+def run_active(run_id: str) -> str:
+    return f"task:run:active:{run_id}"
+
+
+def run_terminal(run_id: str) -> str:
+    return f"task:run:terminal:{run_id}"
+
+
+def identity(task_id: str, formula: str) -> str:
+    return f"task:identity:{task_id}:{formula}"
+
+
+def run_log(run_id: str) -> str:
+    return f"task:log:{run_id}"
+
+
+def cancel_channel(run_id: str) -> str:
+    return f"task:cancel:{run_id}"
+
+
+def orchestrator_lock(resource_class: str) -> str:
+    return f"lock:orch:{resource_class}"
+
+
+def scheduler_lock(task_id: str, bucket: str) -> str:
+    return f"lock:scheduler:{task_id}:{bucket}"
+
+
+def cluster_node(instance_id: str) -> str:
+    return f"cluster:node:{instance_id}"
+
+
+def refusals(task_id: str, day: str) -> str:
+    """Hash of refusal code → count for one task and UTC day (YYYY-MM-DD)."""
+    return f"task:refusals:{task_id}:{day}"
+
+
+def circuit(task_id: str) -> str:
+    """Hash of one task's circuit breaker state (orchestrator/circuit.py); no TTL."""
+    return f"task:circuit:{task_id}"
+
+
+def concurrency_holders(task_id: str) -> str:
+    """Sorted set of `<runId>|<owner>` → lease expiry (ms, Valkey's clock): runs holding a slot."""
+    return f"task:concurrency:{task_id}:holders"
+
+
+def concurrency_waiters(task_id: str) -> str:
+    """Sorted set of run id → when it first found no slot (ms): the waiting line, oldest first."""
+    return f"task:concurrency:{task_id}:waiters"
+
+
+def concurrency_postponed(task_id: str) -> str:
+    """Hash of run id → `<postponements>:<last seen ms>` for the runs in the waiting line."""
+    return f"task:concurrency:{task_id}:postponed"
+
+
+def rate_window(task_id: str) -> str:
+    """Sorted set of `<runId>|<owner>` → admission time (ms, Valkey's clock) within the window."""
+    return f"task:ratelimit:{task_id}"
+
+
+def drain_pending() -> str:
+    """List of terminal writes Postgres refused on a transient error, waiting for replay
+    (orchestrator/drain.py): pushed on the left, replayed from the right; bounded."""
+    return "task:drain:pending"
+
+
+def drain_inflight() -> str:
+    """List of the drain entries the replayer holding the drain lock is applying right now."""
+    return "task:drain:inflight"
+
+
+def drain_poison() -> str:
+    """List of drain entries that failed too often, newest first, kept for an operator."""
+    return "task:drain:poison"
+
+
+def drain_failures() -> str:
+    """Counter of drain replay passes that failed in a row (resets after a clean pass)."""
+    return "task:drain:failures"
+
+
+def drain_backoff() -> str:
+    """Present (with a PX lease) while drain replays back off after failed passes."""
+    return "task:drain:backoff"
+
+
+def auth_failures(address: str) -> str:
+    """Counter of failed sign-ins (API tokens and the admin login) from one client address in
+    the current window (orchestrator/api/throttle.py); expires when the window ends."""
+    return f"auth:failures:{address}"

@@ -1,0 +1,111 @@
+"""Live run state in Valkey: every change is one Lua script on the run hash."""
+
+from __future__ import annotations
+
+from typing import TypedDict, cast
+
+from django.conf import settings
+from redis.exceptions import ResponseError
+
+from orchestrator.clock import SYSTEM, Clock, to_ms
+from orchestrator.states import IllegalTransition, RunState, StageState
+from orchestrator.stores import keys, scripts, valkey
+
+
+class RunHash(TypedDict, total=False):
+    state: str
+    run_id: str
+    task_id: str
+    priority: str
+    owner: str
+    created_at: str  # ms since epoch
+    updated_at: str
+    started_at: str
+    finished_at: str
+    progress: str  # JSON {"done": .., "total": .., "note": ..}
+
+
+class FencedWrite(Exception):
+    """A write came from a process that no longer owns the run."""
+
+
+def _translate(exc: ResponseError, run_id: str, target: str) -> Exception:
+    message = str(exc)
+    if message.startswith("ILLEGAL_TRANSITION"):
+        _, current, _ = message.split(" ", 2)
+        return IllegalTransition(run_id, current, target, "valkey")
+    if message == "NO_RUN":
+        return IllegalTransition(run_id, None, target, "valkey")
+    if message.startswith("FENCED"):
+        return FencedWrite(f"run {run_id}: write fenced, owned by {message[7:]!r}")
+    return exc
+
+
+def seed(
+    run_id: str, task_id: str, priority: int, stages: tuple[str, ...], clock: Clock = SYSTEM
+) -> bool:
+    seeded = scripts.call(
+        "seed_run",
+        [keys.run_active(run_id)],
+        [run_id, task_id, priority, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, *stages],
+    )
+    return bool(seeded)
+
+
+def claim(run_id: str, owner: str, clock: Clock = SYSTEM) -> None:
+    try:
+        scripts.call(
+            "claim_run",
+            [keys.run_active(run_id), keys.run_terminal(run_id)],
+            [owner, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s],
+        )
+    except ResponseError as exc:
+        raise _translate(exc, run_id, RunState.ACTIVE) from None
+
+
+def transition(
+    run_id: str, target: RunState, *, owner: str = "", clock: Clock = SYSTEM
+) -> RunState:
+    """Move the live hash to `target`; `owner` fences writes from a process that lost the run."""
+    config = settings.CONFIG
+    try:
+        previous = scripts.call(
+            "transition_run",
+            [keys.run_active(run_id), keys.run_terminal(run_id)],
+            [
+                target.value,
+                to_ms(clock.now()),
+                config.run_active_ttl_s,
+                config.run_terminal_ttl_s,
+                owner,
+            ],
+        )
+    except ResponseError as exc:
+        raise _translate(exc, run_id, target) from None
+    return RunState(previous)
+
+
+def transition_stage(
+    run_id: str, stage: str, target: StageState, clock: Clock = SYSTEM
+) -> StageState:
+    try:
+        previous = scripts.call(
+            "transition_stage", [keys.run_active(run_id)], [stage, target.value, to_ms(clock.now())]
+        )
+    except ResponseError as exc:
+        if str(exc).startswith("NO_STAGE"):
+            raise IllegalTransition(run_id, None, f"{stage}:{target}", "valkey") from None
+        raise _translate(exc, run_id, f"{stage}:{target.value}") from None
+    return StageState(previous)
+
+
+def read(run_id: str) -> RunHash:
+    """The live hash, or the terminal snapshot once the run has ended; {} if neither exists."""
+    client = valkey.client()
+    found = client.hgetall(keys.run_active(run_id)) or client.hgetall(keys.run_terminal(run_id))
+    return cast(RunHash, found)
+
+
+def count_delivery(run_id: str) -> int:
+    """One more delivery of the run's message; 0 when the run has no live hash."""
+    return int(scripts.call("count_delivery", [keys.run_active(run_id)], ["delivery"]))
