@@ -25,7 +25,7 @@ from orchestrator.api.pagination import Position, page
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
-from orchestrator.runs.rerun import NotRetryable, retry_run
+from orchestrator.runs.rerun import NotRetryable, rerun
 from orchestrator.runs.start import (
     InvalidInput,
     KeyContended,
@@ -225,7 +225,7 @@ def retry(request: HttpRequest, run_id: str) -> Status[StartedRun]:
     _require_run_id(run_id)
     with _start_refusals():
         try:
-            handle = retry_run(run_id, actor=current_user(request).username)
+            handle = rerun(run_id, actor=current_user(request).username)
         except UnknownRun as exc:
             raise ApiError(404, str(exc)) from None
     status = 200 if handle.deduplicated else 202

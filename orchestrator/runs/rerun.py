@@ -20,7 +20,7 @@ class NotRetryable(StartRefused):
     """The run is live or completed."""
 
 
-def retry_run(run_id: str, *, actor: str) -> RunHandle:
+def rerun(run_id: str, *, actor: str) -> RunHandle:
     row = TaskHistory.objects.filter(id=run_id).values_list("task_id", "state", "input").first()
     if row is None:
         raise UnknownRun(run_id)

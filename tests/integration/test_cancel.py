@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.models import TaskHistory
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
-from orchestrator.runs.rerun import NotRetryable, retry_run
+from orchestrator.runs.rerun import NotRetryable, rerun
 from orchestrator.runs.start import start_run
 from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
@@ -95,10 +95,10 @@ def _alive(pid: int) -> bool:
 def test_an_operator_retry_is_a_new_urgent_run_linked_to_the_original() -> None:
     original = start_run("test-sleepy", {"seconds": 1}, trigger=TriggerKind.MANUAL)
     with pytest.raises(NotRetryable, match="only failed or cancelled"):
-        retry_run(original.run_id, actor="ops")
+        rerun(original.run_id, actor="ops")
     request_cancel(original.run_id, actor="ops")
 
-    again = retry_run(original.run_id, actor="ops")
+    again = rerun(original.run_id, actor="ops")
 
     row = TaskHistory.objects.get(id=again.run_id)
     assert row.priority == 1

@@ -1,0 +1,23 @@
+"""The Django admin: runs (read-only, with cancel and retry actions), the operator pages
+(Start a run, Tasks with force-enable, Nodes) and API tokens, one module each.
+
+Every run page and action checks `orchestrator.api.access` like the API does: reading (the runs
+list and detail, Tasks, Nodes) needs view, acting (start, cancel, retry, force-enable) needs
+operate; staff without the permission get a 403. The site's login counts failed sign-ins per
+client address with the API's bearer tokens (`orchestrator.api.throttle`).
+
+Only the orchestrator writes run state: the start form calls `start_run` and nothing else,
+the force-enable button `circuit.force_enable` and nothing else, and no admin page can add,
+change or delete a run row.
+"""
+
+import django_stubs_ext
+
+# ModelAdmin[Model] in this package is for the type checker; this makes it valid at run time,
+# before the modules below subscript it.
+django_stubs_ext.monkeypatch()
+
+# Importing the modules registers their model admins and the site's login wrapper.
+from orchestrator.admin import runs, site, tokens  # noqa: E402
+
+__all__ = ["runs", "site", "tokens"]

@@ -1,0 +1,40 @@
+"""What the operator pages share: the permission guard and the admin's page context."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+
+from orchestrator.api import access
+from orchestrator.api.access import Access
+from orchestrator.models import TaskHistory
+
+Page = Callable[..., HttpResponse]
+
+
+def requires(needed: Access, view: Page) -> Page:
+    """`view` behind the admin's login (active staff, else a redirect to it) and `needed`
+    (else 403)."""
+
+    @functools.wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not access.allows(request.user, needed):
+            raise PermissionDenied(access.refusal(needed))
+        return view(request, *args, **kwargs)
+
+    return admin.site.admin_view(guarded)
+
+
+def context(request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+    """The admin's own context (navigation, user links) for a page filed under Runs."""
+    return {
+        **admin.site.each_context(request),
+        "title": title,
+        "opts": TaskHistory._meta,
+        **extra,
+    }
