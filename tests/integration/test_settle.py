@@ -1,0 +1,107 @@
+"""The one settle path (orchestrator/runs/settle.py): once Postgres holds a run's end, the live
+hash follows (fenced by the claim's owner) and the `finished` hooks hear of it once. Valkey
+unreachable while it follows is the fault battery's business (the valkey-restart scenarios)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from orchestrator.hooks import dispatch
+from orchestrator.hooks.base import Outcome, RunHook
+from orchestrator.runs.settle import settle
+from orchestrator.runs.start import new_run_id
+from orchestrator.states import RunState
+from orchestrator.stores import live
+from tasks.errors import ErrorKind
+
+TASK = "test-noop"
+OWNER = "host:1:OWNER"
+
+
+@dataclass
+class Recorder(RunHook):
+    name: str = "recorder"
+    heard: list[Outcome] = field(default_factory=list)
+
+    def finished(self, outcome: Outcome) -> None:
+        self.heard.append(outcome)
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    """The installed chain plus a hook that records what `finished` hears."""
+    chain = dispatch.installed()
+    hook = Recorder()
+    dispatch.install((*chain, hook))
+    try:
+        yield hook
+    finally:
+        dispatch.install(chain)
+
+
+def _claimed() -> str:
+    run_id = new_run_id()
+    live.seed(run_id, TASK, 5, ())
+    live.claim(run_id, OWNER)
+    return run_id
+
+
+def test_the_hash_follows_and_the_hooks_hear_once(recorder: Recorder) -> None:
+    run_id = _claimed()
+
+    moved = settle(run_id, TASK, RunState.FAILED, owner=OWNER, error_kind=ErrorKind.TRANSIENT)
+
+    assert moved
+    assert live.read(run_id)["state"] == "failed"
+    assert [(o.run_id, o.state, o.owner, o.error_kind) for o in recorder.heard] == [
+        (run_id, RunState.FAILED, OWNER, ErrorKind.TRANSIENT)
+    ]
+
+
+def test_another_owner_cannot_move_the_hash_but_the_hooks_still_hear(recorder: Recorder) -> None:
+    run_id = _claimed()
+
+    moved = settle(run_id, TASK, RunState.COMPLETED, owner="host:2:LATE")
+
+    assert not moved
+    assert live.read(run_id)["state"] == "active"
+    assert len(recorder.heard) == 1  # Postgres has the end: the hooks must hear of it
+
+
+def test_an_owner_that_is_gone_is_not_a_fence(recorder: Recorder) -> None:
+    run_id = _claimed()
+
+    assert settle(run_id, TASK, RunState.FAILED, owner="host:9:GONE", fenced=False)
+    assert live.read(run_id)["state"] == "failed"
+    assert recorder.heard[0].owner == "host:9:GONE"  # the hooks give back what it took
+
+
+@pytest.mark.parametrize("claimed", [True, False], ids=["active", "pending"])
+def test_a_cancel_postgres_recorded_reaches_a_hash_that_never_heard_of_it(
+    recorder: Recorder, claimed: bool
+) -> None:
+    run_id = new_run_id()
+    live.seed(run_id, TASK, 5, ())
+    if claimed:
+        live.claim(run_id, OWNER)
+
+    assert settle(run_id, TASK, RunState.CANCELLED, owner=OWNER if claimed else "")
+    assert live.read(run_id)["state"] == "cancelled"
+
+
+def test_a_repair_runs_the_hooks_only_if_it_moved_the_hash(recorder: Recorder) -> None:
+    run_id = _claimed()
+
+    first = settle(run_id, TASK, RunState.COMPLETED, fenced=False, only_if_moved=True)
+    second = settle(run_id, TASK, RunState.COMPLETED, fenced=False, only_if_moved=True)
+
+    assert (first, second) == (True, False)
+    assert len(recorder.heard) == 1
+
+
+def test_a_missing_hash_is_no_error(recorder: Recorder) -> None:
+    assert not settle(new_run_id(), TASK, RunState.FAILED)
+    assert len(recorder.heard) == 1
