@@ -9,27 +9,20 @@ from __future__ import annotations
 
 import base64
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 
 from tests.support.fixtures import ROOT
+from tests.support.servers import free_port, serving
 
 USER, PASSWORD = "flower-test", "s3cret-for-tests"
 PATHS = ["/", "/metrics", "/healthcheck", "/api/workers", "/static/css/flower.css", "/nope"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _status(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> int:
@@ -46,44 +39,26 @@ def _basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
+def _answers(url: str) -> bool:
+    try:
+        _status(url)
+    except OSError:
+        return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def flower_url() -> Iterator[str]:
-    port = _free_port()
-    log = ROOT / f".pytest_cache/flower-{os.getpid()}.log"
+    port = free_port()
     env = {
         **os.environ,
         "FLOWER_BASIC_AUTH": f"someone:else,{USER}:{PASSWORD}",
         "LUMASTRA_ALLOWED_HOSTS": "127.0.0.1,localhost",
     }
-    log.parent.mkdir(exist_ok=True)
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "lumastra.flower", "--address=127.0.0.1", f"--port={port}"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
+    argv = [sys.executable, "-m", "lumastra.flower", "--address=127.0.0.1", f"--port={port}"]
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                _status(f"{url}/healthcheck")
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Flower did not start; see {log}") from None
-                time.sleep(0.2)
+    with serving(argv, env, "flower", partial(_answers, f"{url}/healthcheck")):
         yield url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -13,8 +13,6 @@ import http.cookiejar
 import io
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from orchestrator.cluster import roster
 from orchestrator.models import TaskHistory
 from orchestrator.stores import keys, valkey
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
+from tests.support.servers import free_port, serving
 
 # Commands a consuming connection sits in; a publisher's connection never does.
 CONSUMING_COMMANDS = {"brpop", "blpop", "brpoplpush", "blmove", "bzpopmin", "bzpopmax"}
@@ -51,11 +51,8 @@ class WebRole:
     log: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def _serves_login(base_url: str) -> bool:
+    return _get_status(f"{base_url}/admin/login/") == 200
 
 
 def _get_status(url: str) -> int | None:
@@ -70,8 +67,7 @@ def _get_status(url: str) -> int | None:
 @pytest.fixture
 def web_role(transactional_db: None) -> Iterator[WebRole]:
     """`deploy/start-web.sh` as a subprocess on a free port, against the test database."""
-    port = _free_port()
-    log = ROOT / f".pytest_cache/web-role-{os.getpid()}.log"
+    port = free_port()
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -80,31 +76,12 @@ def web_role(transactional_db: None) -> Iterator[WebRole]:
         "LUMASTRA_WEB_PORT": str(port),
         "FEATURE_PER_TASK_QUEUES": "false",
     }
-    with log.open("wb") as out:
-        # Its own process group, so teardown also ends anything it may have started.
-        process = subprocess.Popen(
-            [str(ROOT / "deploy/start-web.sh")],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
     base_url = f"http://127.0.0.1:{port}"
+    ready = partial(_serves_login, base_url)
     try:
-        deadline = time.monotonic() + 60
-        while _get_status(f"{base_url}/admin/login/") != 200:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the web role did not serve /admin/login/; see {log}")
-            time.sleep(0.2)
-        yield WebRole(process, base_url, log)
+        with serving([str(ROOT / "deploy/start-web.sh")], env, "web-role", ready) as process:
+            yield WebRole(process, base_url, ROOT / f".pytest_cache/web-role-{os.getpid()}.log")
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
         with current_app.connection_for_write() as conn:
             conn.default_channel.queue_purge(WEB_QUEUE)
 

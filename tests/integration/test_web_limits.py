@@ -12,13 +12,12 @@ import contextlib
 import json
 import os
 import select
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -26,18 +25,13 @@ import pytest
 from lumastra import config
 from orchestrator.api.limits import too_large
 from tests.support.fixtures import ROOT, database_url
+from tests.support.servers import free_port, serving
 
 READ_TIMEOUT_S = 2
 LIMIT_CONCURRENCY = 4
 LIMIT = config.current().api_max_body_bytes
 CHUNK = 16 * 1024
 Address = tuple[str, int]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _serves(url: str) -> bool:
@@ -50,8 +44,7 @@ def _serves(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Address]:
-    port = _free_port()
-    log = ROOT / f".pytest_cache/web-limits-{os.getpid()}.log"
+    port = free_port()
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -61,30 +54,9 @@ def server() -> Iterator[Address]:
         "LUMASTRA_WEB_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
         "LUMASTRA_WEB_LIMIT_CONCURRENCY": str(LIMIT_CONCURRENCY),
     }
-    log.parent.mkdir(exist_ok=True)
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(ROOT / "deploy/start-web.sh")],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while not _serves(f"http://127.0.0.1:{port}/admin/login/"):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the web role did not start; see {log}")
-            time.sleep(0.2)
+    ready = partial(_serves, f"http://127.0.0.1:{port}/admin/login/")
+    with serving([str(ROOT / "deploy/start-web.sh")], env, "web-limits", ready):
         yield ("127.0.0.1", port)
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def _connect(address: Address) -> socket.socket:

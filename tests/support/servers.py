@@ -1,0 +1,53 @@
+"""Test servers as real subprocesses: the web role and Flower, each on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+from tests.support.fixtures import ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def serving(
+    argv: Sequence[str], env: Mapping[str, str], name: str, ready: Callable[[], bool]
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`argv` in its own process group (teardown also ends what it started), its output in
+    .pytest_cache/<name>-<pid>.log; yields once `ready()` holds, within 60 s."""
+    log = ROOT / f".pytest_cache/{name}-{os.getpid()}.log"
+    log.parent.mkdir(exist_ok=True)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            list(argv),
+            cwd=ROOT,
+            env=dict(env),
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start; see {log}")
+            time.sleep(0.2)
+        yield process
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
