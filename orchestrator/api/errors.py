@@ -10,16 +10,22 @@ and so are a path no operation serves (404) and a method the path does not take 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern
 from django.views.decorators.csrf import csrf_exempt
 from ninja import Field, NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from redis.exceptions import ConnectionError as ValkeyConnectionError
+from redis.exceptions import TimeoutError as ValkeyTimeoutError
+
+log = logging.getLogger(__name__)
 
 
 class InvalidToken(AuthenticationError):
@@ -71,8 +77,11 @@ class ErrorOut(Schema):
 
 # What any operation can answer: a malformed request or body (400), no or bad credentials
 # (401), an account, session or CSRF token the API refuses (403), a body over the limit
-# (413), and too many failed authentication attempts from one address (429).
-EVERY_OPERATION = (400, 401, 403, 413, 429)
+# (413), too many failed authentication attempts from one address (429), and a store it
+# needs (Postgres, Valkey, the broker) unreachable (503).
+EVERY_OPERATION = (400, 401, 403, 413, 429, 503)
+# A store that went away (a restart, a failover) is usually back within seconds.
+STORE_RETRY_AFTER = timedelta(seconds=5)
 
 
 def answers(ok: Mapping[int, Any], *errors: int) -> dict[int, Any]:
@@ -134,6 +143,20 @@ def install(api: NinjaAPI) -> None:
             detail = "authentication required: 'Authorization: Bearer <token>' or a staff session"
             response = respond(request, 401, detail)
             response["WWW-Authenticate"] = "Bearer"
+        return response
+
+    # Only outages: a query Postgres refused for its content (IntegrityError, ...) is a bug,
+    # and still a 500.
+    @api.exception_handler(ValkeyConnectionError)
+    @api.exception_handler(ValkeyTimeoutError)
+    @api.exception_handler(OperationalError)
+    @api.exception_handler(InterfaceError)
+    def store_unreachable(request: HttpRequest, exc: Exception) -> HttpResponse:
+        log.error("API %s %s: a store is unreachable: %s", request.method, request.path, exc)
+        response = respond(
+            request, 503, "a store the API needs is unreachable; retry later", code="unavailable"
+        )
+        response["Retry-After"] = str(math.ceil(STORE_RETRY_AFTER.total_seconds()))
         return response
 
     @api.exception_handler(HttpError)
