@@ -40,7 +40,8 @@ class TaskHistory(models.Model):
     class Meta:
         db_table = "task_history"
         verbose_name = "run"
-        ordering = ["-created_at"]
+        # No `ordering`: it would add ORDER BY to every lookup by primary key on the run's
+        # path (issue 9). Lists order themselves (the admin, the API's pages).
         # Beside Django's view permission, which covers reading (orchestrator/api/access.py).
         permissions = [
             ("operate_taskhistory", "Can start, cancel and retry runs and force-enable circuits")

@@ -1,11 +1,19 @@
 """The runner: the body of every Celery task.
 
-On pickup: processing_version guard → the run's row (a redelivered message of a live run is
-judged by its heartbeat) → not before its retry time → pre-claim hooks (concurrency, rate) →
-claim in Valkey (owner, pending → active) → Postgres pending → active → execute with a watch
-thread beside it (heartbeats, cancel listener, watchdogs) → terminal write through
-`orchestrator.runs.terminal`, Postgres first. A TransientError puts the run back to pending for its
-next attempt, with backoff, until the task's retry policy is spent.
+On pickup: processing_version guard → pre-claim hooks (concurrency, rate) → claim in Valkey
+(owner, pending → active) → Postgres pending → active, one guarded UPDATE that also returns
+the run's input → execute with a watch thread beside it (heartbeats, cancel listener,
+watchdogs) → terminal write through `orchestrator.runs.terminal`, Postgres first.
+
+A first delivery reads nothing before its claim. The row is read first only for a redelivered
+message (counted, and judged by its heartbeat when its run is live), a message of an older
+processing_version, or when a claim refused or a hook postponed: then it decides what the
+message is (a duplicate of an ended run, a cancel before pickup, a retry not yet due, a lost
+live hash to seed again). So a duplicate of an ended run takes a concurrency slot and gives it
+back at once, and a retry delivered before its time costs a claim and its give-back.
+
+A TransientError puts the run back to pending for its next attempt, with backoff, until the
+task's retry policy is spent.
 
 Database connections are checked before and after each run, so a connection dropped between
 runs is replaced rather than failing a run.
@@ -17,13 +25,13 @@ import logging
 import random
 import time
 from datetime import timedelta
+from enum import Enum
 from typing import Any, cast
 
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Reject
 from django.conf import settings
 from django.db import close_old_connections
-from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
@@ -39,6 +47,7 @@ from orchestrator.runs.publish import job_id, publish
 from orchestrator.runs.watch import watching
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import durable, live, valkey
+from orchestrator.stores.durable import ClaimedRun
 from orchestrator.stores.live import FencedWrite
 from tasks import registry
 from tasks.definition import TaskDefinition
@@ -74,6 +83,35 @@ def _run(
             f"this worker has {definition.processing_version}",
             requeue=True,
         )
+    if redelivered or processing_version < definition.processing_version:
+        _run_from_row(definition, run_id, processing_version, redelivered)
+        return
+    # A first delivery of a current message: claim without reading the row; the claim's
+    # UPDATE returns what the run needs. Only a refusal reads the row, to learn why.
+    pickup = Pickup(definition, run_id, instance_id())
+    try:
+        hooks.before_claim(pickup)
+    except Postpone as wait:
+        _postponed_unread(definition, run_id, wait)
+        return
+    claimed: ClaimedRun | _Refusal = _Refusal.HANDLED
+    try:
+        claimed = _claim_unread(definition, run_id, pickup.owner)
+    finally:
+        # A refused or failed claim gives back what the pre-claim hooks took.
+        if not isinstance(claimed, ClaimedRun):
+            hooks.release(pickup)
+    if claimed is _Refusal.READ_ROW:
+        _run_from_row(definition, run_id, processing_version, redelivered)
+    elif isinstance(claimed, ClaimedRun):
+        _execute_claimed(definition, claimed, pickup)
+
+
+def _run_from_row(
+    definition: TaskDefinition, run_id: str, processing_version: int, redelivered: bool
+) -> None:
+    """The paths that read the row first: a redelivery, a stale version, and every first
+    delivery whose claim was refused."""
     row = TaskHistory.objects.filter(id=run_id).first()
     if row is None:
         log.error("run %s: message for a run Postgres does not have; dropped", run_id)
@@ -97,7 +135,7 @@ def _run(
         )
         return
     if row.not_before is not None and row.not_before > timezone.now():
-        _republish(definition, row, row.not_before - timezone.now())
+        _republish(definition, row.id, row.identity, row.priority, row.not_before - timezone.now())
         return
 
     pickup = Pickup(definition, row.id, instance_id())
@@ -105,61 +143,84 @@ def _run(
         hooks.before_claim(pickup)
     except Postpone as wait:
         log.info("run %s: postponed %ss (%s)", row.id, wait.delay.total_seconds(), wait.reason)
-        _republish(definition, row, wait.delay)
+        _republish(definition, row.id, row.identity, row.priority, wait.delay)
         return
-    claimed = False
+    claimed = None
     try:
         claimed = _claim(definition, row, pickup.owner)
     finally:
         # A refused or failed claim gives back what the pre-claim hooks took.
-        if not claimed:
+        if claimed is None:
             hooks.release(pickup)
-    if claimed:
-        try:
-            _execute(definition, row, pickup)
-        except Exception:
-            # The terminal write itself failed (the reconciler will end the run): the slot
-            # is not held for the rest of its lease meanwhile.
-            hooks.release(pickup)
-            raise
+    if claimed is not None:
+        _execute_claimed(definition, claimed, pickup)
 
 
-def _republish(definition: TaskDefinition, row: TaskHistory, delay: timedelta) -> None:
+def _postponed_unread(definition: TaskDefinition, run_id: str, wait: Postpone) -> None:
+    """A pre-claim hook postponed a first delivery: the row, read now, says whether the run
+    still waits (and for what), which the paths that read first know before the hooks."""
+    row = TaskHistory.objects.filter(id=run_id).first()
+    if row is None:
+        log.error("run %s: message for a run Postgres does not have; dropped", run_id)
+        return
+    if row.state != RunState.PENDING:
+        _not_pending(definition, row)
+        return
+    delay = wait.delay
+    if row.not_before is not None:
+        delay = max(delay, row.not_before - timezone.now())
+    log.info("run %s: postponed %ss (%s)", run_id, delay.total_seconds(), wait.reason)
+    _republish(definition, row.id, row.identity, row.priority, delay)
+
+
+def _execute_claimed(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> None:
+    try:
+        _execute(definition, run, pickup)
+    except Exception:
+        # The terminal write itself failed (the reconciler will end the run): the slot
+        # is not held for the rest of its lease meanwhile.
+        hooks.release(pickup)
+        raise
+
+
+def _republish(
+    definition: TaskDefinition, run_id: str, identity: str, priority: int, delay: timedelta
+) -> None:
     publish(
         definition,
-        row.id,
-        job_id(definition.id, row.identity, row.id),
-        row.priority,
+        run_id,
+        job_id(definition.id, identity, run_id),
+        priority,
         delay=min(delay, MAX_BROKER_DELAY),
     )
 
 
-def _execute(definition: TaskDefinition, row: TaskHistory, pickup: Pickup) -> None:
+def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> None:
     owner = pickup.owner
 
     def end(target: RunState, kind: ErrorKind | None = None, message: str = "") -> None:
         error = None if kind is None else terminal.error_doc(kind, message)
-        terminal.finish(definition, row.id, owner, target, result=result, error=error)
+        terminal.finish(definition, run.run_id, owner, target, result=result, error=error)
 
     result: Any = None
     try:
-        model = definition.input_model.model_validate(row.input)
+        model = definition.input_model.model_validate(run.input)
     except ValidationError as exc:
         end(RunState.FAILED, ErrorKind.VALIDATION, str(exc))
         return
-    context = RunContext(row.id, model)
+    context = RunContext(run.run_id, model)
     try:
-        with watching(definition, row.id, owner, context):
+        with watching(definition, run.run_id, owner, context):
             result = _jsonable(definition.execute(context, model))
     except TaskError as exc:
-        if exc.kind is ErrorKind.TRANSIENT and row.attempts + 1 < definition.retry.max_attempts:
-            _retry_later(definition, row, pickup, str(exc))
+        if exc.kind is ErrorKind.TRANSIENT and run.attempts < definition.retry.max_attempts:
+            _retry_later(definition, run, pickup, str(exc))
         elif exc.kind is ErrorKind.TRANSIENT:
             # A dead letter: the admin's "outcome" filter lists runs marked exhausted.
             attempts = definition.retry.max_attempts
             message = f"{exc} (attempts exhausted: {attempts} of {attempts})"
             error = terminal.error_doc(exc.kind, message, exhausted=True)
-            terminal.finish(definition, row.id, owner, RunState.FAILED, error=error)
+            terminal.finish(definition, run.run_id, owner, RunState.FAILED, error=error)
         else:
             end(RunState.FAILED, exc.kind, str(exc))
     except SoftTimeLimitExceeded:
@@ -169,7 +230,7 @@ def _execute(definition: TaskDefinition, row: TaskHistory, pickup: Pickup) -> No
             f"passed its soft timeout of {definition.timeout.soft}",
         )
     except Exception as exc:
-        log.exception("run %s: handler raised", row.id)
+        log.exception("run %s: handler raised", run.run_id)
         end(RunState.FAILED, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")
     else:
         end(RunState.COMPLETED)
@@ -182,10 +243,8 @@ def backoff(definition: TaskDefinition, attempt: int) -> timedelta:
     return ceiling * random.uniform(0.5, 1.0)
 
 
-def _retry_later(
-    definition: TaskDefinition, row: TaskHistory, pickup: Pickup, message: str
-) -> None:
-    attempt = row.attempts + 1
+def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, message: str) -> None:
+    attempt = run.attempts
     delay = backoff(definition, attempt)
     error = terminal.error_doc(
         ErrorKind.TRANSIENT,
@@ -194,7 +253,7 @@ def _retry_later(
     )
     try:
         durable.transition(
-            row.id,
+            run.run_id,
             RunState.PENDING,
             error=error,
             not_before=timezone.now() + delay,
@@ -202,13 +261,13 @@ def _retry_later(
         )
     except IllegalTransition as exc:
         if exc.current == RunState.CANCELLING:
-            terminal.cancel(definition, row.id, pickup.owner)
+            terminal.cancel(definition, run.run_id, pickup.owner)
             return
         raise
-    live.transition(row.id, RunState.PENDING, owner=pickup.owner)
+    live.transition(run.run_id, RunState.PENDING, owner=pickup.owner)
     hooks.release(pickup)
-    log.info("run %s: transient failure, attempt %s; retry in %s", row.id, attempt, delay)
-    _republish(definition, row, delay)
+    log.info("run %s: transient failure, attempt %s; retry in %s", run.run_id, attempt, delay)
+    _republish(definition, run.run_id, run.identity, run.priority, delay)
 
 
 def _jsonable(result: object) -> Any:
@@ -217,8 +276,33 @@ def _jsonable(result: object) -> Any:
     return result
 
 
-def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> bool:
-    """pending → active in Valkey, then Postgres. False when the run is not ours to run."""
+class _Refusal(Enum):
+    """Why a claim did not return a run."""
+
+    HANDLED = "handled"  # dealt with here: a cancel that raced the claim, now ended
+    READ_ROW = "read_row"  # the row says why: take the paths that read it first
+
+
+def _claim_unread(definition: TaskDefinition, run_id: str, owner: str) -> ClaimedRun | _Refusal:
+    """A first delivery's claim, before anything was read: Valkey, then Postgres.
+
+    Any refusal leaves both stores as they were (a Valkey claim Postgres refused goes back to
+    pending) and sends the message to the paths that read the row: they re-seed a lost hash,
+    take over an abandoned claim, republish a retry that came early, drop a duplicate."""
+    try:
+        live.claim(run_id, owner)
+    except IllegalTransition as exc:
+        log.debug("run %s: live claim refused (%s); reading the row", run_id, exc.current)
+        return _Refusal.READ_ROW
+    claimed = _claim_durable(definition, run_id, owner)
+    if claimed is _Refusal.READ_ROW:
+        _give_back_claim(run_id, owner)
+    return claimed
+
+
+def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> ClaimedRun | None:
+    """pending → active in Valkey, then Postgres, for a run whose row says pending. None when
+    the run is not ours to run."""
     try:
         live.claim(row.id, owner)
     except IllegalTransition as exc:
@@ -231,31 +315,32 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> bool:
             live.claim(row.id, owner)
         else:
             log.info("run %s: not claimed, live state is %s", row.id, exc.current)
-            return False
+            return None
+    claimed = _claim_durable(definition, row.id, owner)
+    return claimed if isinstance(claimed, ClaimedRun) else None
+
+
+def _claim_durable(definition: TaskDefinition, run_id: str, owner: str) -> ClaimedRun | _Refusal:
+    """Postgres pending → active, after the Valkey claim succeeded."""
     try:
-        durable.transition(
-            row.id,
-            RunState.ACTIVE,
-            owner_instance_id=owner,
-            started_at=timezone.now(),
-            heartbeat_at=Now(),
-            attempts=F("attempts") + 1,
-        )
-    except IllegalTransition as exc:
-        # Postgres moved on (e.g. cancelled) between our read and the claim; it wins.
-        log.info("run %s: claim lost to Postgres state %s", row.id, exc.current)
-        if exc.current == RunState.CANCELLING:
-            terminal.cancel(definition, row.id, owner)
-        return False
+        claimed = durable.claim(run_id, owner)
     except Exception:
         # Postgres did not take the claim (its connection dropped, Postgres away): the Valkey
         # claim goes back to pending, or every later delivery would find the run claimed by
         # this process and refuse it while Postgres still says pending (found by the fault
         # battery, tests/faults). The message is acknowledged as failed; the reconciler
         # publishes the pending run again.
-        _give_back_claim(row.id, owner)
+        _give_back_claim(run_id, owner)
         raise
-    return True
+    if claimed is not None:
+        return claimed
+    # Postgres moved on (e.g. cancelled) or the run is not due yet; Postgres wins.
+    current = durable.state_of(run_id)
+    log.info("run %s: claim lost to Postgres state %s", run_id, current)
+    if current == RunState.CANCELLING:
+        terminal.cancel(definition, run_id, owner)
+        return _Refusal.HANDLED
+    return _Refusal.READ_ROW
 
 
 def _abandoned_claim(run_id: str) -> bool:

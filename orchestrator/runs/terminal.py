@@ -40,13 +40,14 @@ def finish(
     """End a claimed run in `target`; returns the state it really ended in (a cancel that
     raced the handler wins: cancelled; a watchdog that ended it first: its state)."""
     kind = ErrorKind(error["kind"]) if error else None
-    fields = {"result": result, "error": error, "finished_at": timezone.now()}
+    finished_at = timezone.now()
     try:
-        durable.transition(run_id, target, **fields)
+        durable.end(run_id, target, finished_at=finished_at, result=result, error=error)
     except (OperationalError, InterfaceError):
         # Postgres is away: the drain replays the write, then settles the run
         # hooks itself, so Valkey is never ahead of Postgres.
         log.warning("run %s: terminal write %s deferred to the drain", run_id, target)
+        fields = {"result": result, "error": error, "finished_at": finished_at}
         if not drain.push(run_id, target, fields, owner):
             log.error("run %s: terminal write %s lost; the reconciler will end it", run_id, target)
         return target
@@ -70,11 +71,8 @@ def cancel(
     error: dict[str, Any] | None = None,
 ) -> None:
     """cancelling → cancelled, Postgres first; a no-op if the run has already ended."""
-    fields: dict[str, Any] = {"finished_at": timezone.now()}
-    if error is not None:
-        fields["error"] = error
     try:
-        durable.transition(run_id, RunState.CANCELLED, **fields)
+        durable.end_cancelled(run_id, finished_at=timezone.now(), error=error)
     except IllegalTransition as exc:
         log.info("run %s: not cancelled, Postgres says %s", run_id, exc.current)
         return
@@ -84,7 +82,5 @@ def cancel(
 
 def fail_unstarted(definition: TaskDefinition, run_id: str, kind: ErrorKind, message: str) -> None:
     """pending → failed for a run refused before it ever started."""
-    durable.transition(
-        run_id, RunState.FAILED, error=error_doc(kind, message), finished_at=timezone.now()
-    )
+    durable.end(run_id, RunState.FAILED, finished_at=timezone.now(), error=error_doc(kind, message))
     settle(run_id, definition.id, RunState.FAILED, error_kind=kind)

@@ -1,7 +1,15 @@
-"""Run state in Postgres: guarded UPDATEs that refuse what DESIGN §4 does not allow."""
+"""Run state in Postgres: guarded UPDATEs that refuse what DESIGN §4 does not allow.
+
+The run's own path (claim, end) uses the static named queries of `stores.queries`; the other
+moves (cancel requests, retries, the drain's replays) go through `transition`, which takes any
+fields and is not on the path of every run.
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connection
@@ -17,6 +25,88 @@ from orchestrator.states import (
     run_sources,
     stage_sources,
 )
+from orchestrator.stores import queries
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    """What the runner needs of a run it has just claimed, as the claim returned it."""
+
+    run_id: str
+    input: Any
+    identity: str
+    priority: int
+    attempts: int  # counting the attempt this claim starts
+
+
+def _json_in(value: Any) -> Any:
+    # Django's psycopg2 backend leaves jsonb undecoded (JSONField decodes it); a raw cursor
+    # sees the text.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _json_out(value: Any) -> str | None:
+    # None is SQL NULL, as JSONField(null=True) stores it, not the JSON `null`.
+    return None if value is None else json.dumps(value)
+
+
+def state_of(run_id: str) -> str | None:
+    """The run's state in Postgres, or None if it has no row."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries.RUN_STATE, {"run_id": run_id})
+        found = cursor.fetchone()
+    return None if found is None else str(found[0])
+
+
+def claim(run_id: str, owner: str) -> ClaimedRun | None:
+    """pending → active for `owner`, if the run is pending and due; None if it is not."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries.CLAIM_RUN, {"run_id": run_id, "owner": owner})
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    input_, identity, priority, attempts = found
+    return ClaimedRun(run_id, _json_in(input_), identity, priority, attempts)
+
+
+def end(
+    run_id: str,
+    target: RunState,
+    *,
+    finished_at: datetime,
+    result: Any = None,
+    error: dict[str, Any] | None = None,
+) -> None:
+    """The run ends in `target` (completed or failed) with this result and error, replacing
+    what it had; an illegal move raises IllegalTransition with the state that refused it."""
+    if target not in (RunState.COMPLETED, RunState.FAILED):
+        raise ValueError(f"end() writes completed or failed, not {target}")
+    params = {
+        "run_id": run_id,
+        "target": target.value,
+        "sources": run_sources(target),
+        "result": _json_out(result),
+        "error": _json_out(error),
+        "finished_at": finished_at,
+    }
+    _guarded(queries.END_RUN, params, run_id, target)
+
+
+def end_cancelled(
+    run_id: str, *, finished_at: datetime, error: dict[str, Any] | None = None
+) -> None:
+    """cancelling → cancelled; the run keeps its error unless one is given."""
+    params = {"run_id": run_id, "error": _json_out(error), "finished_at": finished_at}
+    _guarded(queries.CANCEL_RUN, params, run_id, RunState.CANCELLED)
+
+
+def _guarded(sql: str, params: dict[str, Any], run_id: str, target: RunState) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        updated = cursor.rowcount
+    if updated != 1:
+        # Only a refusal pays a second statement, to say what refused it.
+        raise IllegalTransition(run_id, state_of(run_id), target, "postgres")
 
 
 def transition(
@@ -33,17 +123,7 @@ def transition(
         state=target, updated_at=timezone.now(), **fields
     )
     if updated != 1:
-        current = TaskHistory.objects.filter(id=run_id).values_list("state", flat=True).first()
-        raise IllegalTransition(run_id, current, target, "postgres")
-
-
-# One guarded UPDATE: the stage moves only from a legal source state, and only while the run
-# is live (an ended run's stages are final, as in Valkey, where its live hash is gone).
-_TRANSITION_STAGE = """
-UPDATE task_history
-   SET stages = jsonb_set(stages, ARRAY[%s], to_jsonb(%s::text)), updated_at = %s
- WHERE id = %s AND state = ANY(%s) AND stages ->> %s = ANY(%s)
-"""
+        raise IllegalTransition(run_id, state_of(run_id), target, "postgres")
 
 
 def transition_stage(run_id: str, stage: str, target: StageState) -> None:
@@ -56,7 +136,7 @@ def transition_stage(run_id: str, stage: str, target: StageState) -> None:
     sources = stage_sources(target)
     with connection.cursor() as cursor:
         cursor.execute(
-            _TRANSITION_STAGE,
+            queries.TRANSITION_STAGE,
             (stage, target.value, timezone.now(), run_id, live_states, stage, sources),
         )
         updated = cursor.rowcount
