@@ -1,14 +1,29 @@
-"""Publishing a run's message to its queue (the last step of DESIGN §1's write order)."""
+"""Publishing a run's message to its queue (the last step of DESIGN §1's write order).
+
+The message is the one `celery.send_task` would send (Celery's task protocol 2: the same
+task name, id, args, retries, eta and priority a worker reads), built directly: `send_task`
+routes, copies options, `saferepr`s the arguments and goes through kombu's producer, which
+opens a new Redis client for every message, all for a message whose queue and contents are
+already known here. Celery's `before_task_publish` and `after_task_publish` signals are sent
+as its producer sends them. `tests/integration/test_publish.py` holds the two side by side.
+"""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import json
+import os
+import socket
+from datetime import UTC, datetime, timedelta
 
-from celery import current_app
+from celery.signals import after_task_publish, before_task_publish
 from django.conf import settings
 
 from orchestrator.routing import queue_name
+from orchestrator.stores import broker
 from tasks.definition import TaskDefinition
+
+# The message body's third part: no callbacks, errbacks, chain or chord (Celery's "embed").
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
 def job_id(task_id: str, identity: str, run_id: str) -> str:
@@ -24,11 +39,50 @@ def publish(
     *,
     delay: timedelta | None = None,
 ) -> None:
-    current_app.send_task(
-        definition.id,
-        args=[run_id, definition.processing_version],
-        task_id=job_id,
-        queue=queue_name(definition, settings.CONFIG.per_task_queues),
-        priority=priority,
-        countdown=delay.total_seconds() if delay else None,
-    )
+    """Enqueue the run; with `delay`, a worker holds the message until then (Celery's eta)."""
+    args = [run_id, definition.processing_version]
+    eta = (datetime.now(UTC) + delay).isoformat() if delay and delay > timedelta(0) else None
+    headers: dict[str, object] = {
+        "lang": "py",
+        "task": definition.id,
+        "id": job_id,
+        "shadow": None,
+        "eta": eta,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": job_id,
+        "parent_id": None,
+        # What Flower and worker logs show; a run id and a version need no `saferepr`.
+        "argsrepr": repr(args),
+        "kwargsrepr": "{}",
+        # Celery's anonymous node name for a publisher that is not a worker.
+        "origin": f"gen{os.getpid()}@{socket.gethostname()}",
+        "ignore_result": False,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+    }
+    properties: dict[str, object] = {"correlation_id": job_id, "reply_to": ""}
+    queue = queue_name(definition, settings.CONFIG.per_task_queues)
+    message: tuple[list[object], dict[str, object], dict[str, None]] = (args, {}, _EMBED)
+    # Celery's publish signals, as its producer sends them, for whoever listens (monitoring,
+    # tracing headers, tests); an unwatched signal costs one check.
+    if before_task_publish.receivers:
+        before_task_publish.send(
+            sender=definition.id,
+            body=message,
+            exchange="",
+            routing_key=queue,
+            declare=[],
+            headers=headers,
+            properties=properties,
+            retry_policy=None,
+        )
+    broker.push(queue, priority, headers, properties, json.dumps(message))
+    if after_task_publish.receivers:
+        after_task_publish.send(
+            sender=definition.id, body=message, headers=headers, exchange="", routing_key=queue
+        )

@@ -10,14 +10,16 @@ the reconciler.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 from ulid import ULID
@@ -28,7 +30,7 @@ from orchestrator.models import TaskHistory
 from orchestrator.runs import cancel
 from orchestrator.runs.publish import job_id, publish
 from orchestrator.states import LIVE_RUN_STATES, RunState, StageState
-from orchestrator.stores import live
+from orchestrator.stores import live, queries
 from orchestrator.triggers import PRIORITY_BY_TRIGGER, TriggerKind
 from tasks import registry
 from tasks.definition import Priority, TaskDefinition
@@ -41,6 +43,7 @@ _RUN_ID = re.compile(r"run_[0-9A-HJKMNP-TV-Z]{26}")
 # How often a start retries its insert when the run that held its idempotency key ended
 # before it could be read; each retry needs a whole other run to start and end meanwhile.
 _KEY_RACE_ATTEMPTS = 5
+_LIVE_STATES = sorted(s.value for s in LIVE_RUN_STATES)
 
 
 class StartRefused(ValueError):
@@ -184,22 +187,34 @@ def start_run(
     duplicate = _live_run_with_key(task_id, idempotency_key)
     if duplicate is not None:
         # Answered before admission, so a duplicate consumes no quota and counts nothing.
-        return _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
+        return _joined(task_id, duplicate)
 
     admission = Admission(definition, run_id, identity, int(resolved), trigger_doc)
 
-    def insert(**terminal: Any) -> None:
-        TaskHistory.objects.create(
-            id=run_id,
-            task_id=task_id,
-            trigger=trigger_doc,
-            input=normalised,
-            priority=int(resolved),
-            identity=identity,
-            processing_version=definition.processing_version,
-            stages={name: StageState.WAITING.value for name in definition.stage_order},
-            **terminal,
-        )
+    def insert(
+        state: RunState = RunState.PENDING,
+        error: Mapping[str, str] | None = None,
+        finished_at: datetime | None = None,
+    ) -> None:
+        stages = {name: StageState.WAITING.value for name in definition.stage_order}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries.INSERT_RUN,
+                {
+                    "id": run_id,
+                    "task_id": task_id,
+                    "state": state.value,
+                    "stages": json.dumps(stages),
+                    "trigger": json.dumps(trigger_doc),
+                    "input": json.dumps(normalised),
+                    "error": None if error is None else json.dumps(error),
+                    "priority": int(resolved),
+                    "identity": identity,
+                    "processing_version": definition.processing_version,
+                    "now": timezone.now(),
+                    "finished_at": finished_at,
+                },
+            )
 
     with transaction.atomic():
         try:
@@ -227,16 +242,22 @@ def start_run(
             raise
         if duplicate is not None:
             hooks.abandon(admission)
-            answer = _deduplicated(task_id, duplicate.id, duplicate.identity, duplicate.priority)
+            answer = _joined(task_id, duplicate)
             transaction.set_rollback(True)  # give back what admission took
             return answer
         transaction.on_commit(lambda: _publish(definition, handle))
     return handle
 
 
+class _LiveRun(NamedTuple):
+    id: str
+    identity: str
+    priority: int
+
+
 def _insert_unless_keyed_run(
     insert: Callable[[], None], task_id: str, key: str | None
-) -> TaskHistory | None:
+) -> _LiveRun | None:
     """Insert the run, or return the live run that holds its idempotency key."""
     if key is None:
         insert()
@@ -260,6 +281,12 @@ def _insert_unless_keyed_run(
     )
 
 
+def _joined(task_id: str, live_run: _LiveRun) -> RunHandle:
+    """The handle of the live run that holds this start's idempotency key, as read."""
+    job = job_id(task_id, live_run.identity, live_run.id)
+    return RunHandle(live_run.id, task_id, job, live_run.priority, deduplicated=True)
+
+
 def _deduplicated(task_id: str, run_id: str, identity: str, fallback_priority: int) -> RunHandle:
     # The holder's row may not be visible yet (its insert not committed): then the handle is
     # built from what this start computed, which names the same work.
@@ -272,14 +299,15 @@ def _deduplicated(task_id: str, run_id: str, identity: str, fallback_priority: i
     )
 
 
-def _live_run_with_key(task_id: str, key: str | None) -> TaskHistory | None:
+def _live_run_with_key(task_id: str, key: str | None) -> _LiveRun | None:
     if key is None:
         return None
-    return TaskHistory.objects.filter(
-        task_id=task_id,
-        trigger__idempotencyKey=key,
-        state__in=[s.value for s in LIVE_RUN_STATES],
-    ).first()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries.LIVE_RUN_WITH_KEY, {"task_id": task_id, "key": key, "live_states": _LIVE_STATES}
+        )
+        row = cursor.fetchone()
+    return None if row is None else _LiveRun(*row)
 
 
 def _publish(definition: TaskDefinition, handle: RunHandle) -> None:

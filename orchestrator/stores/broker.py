@@ -1,4 +1,4 @@
-"""Reading and trimming what waits in the broker (kombu's Redis transport).
+"""Writing, reading and trimming what waits in the broker (kombu's Redis transport).
 
 Depth is the sum of a queue's priority lists; messages already reserved by a worker
 (prefetched, unacknowledged) are not waiting and are not counted or shed.
@@ -6,18 +6,78 @@ Depth is the sum of a queue's priority lists; messages already reserved by a wor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
 from functools import cache
+from typing import Any
 
 import redis
 from django.conf import settings
 
 from orchestrator.stores import keys, scripts, valkey
 
+# Celery's default `task_publish_retry_policy` (3 retries, 0 s then +0.2 s a time): a broker
+# that restarts is waited for as long as `send_task` would have waited.
+_PUBLISH_RETRY_DELAYS_S = (0.0, 0.2, 0.4)
+
 
 @cache
 def client() -> redis.Redis:
     return redis.Redis.from_url(settings.CONFIG.celery_broker_url, decode_responses=True)
+
+
+def push(
+    queue: str,
+    priority: int,
+    headers: Mapping[str, Any],
+    properties: Mapping[str, Any],
+    body: str,
+) -> None:
+    """Put one JSON message on `queue` as kombu's Redis transport stores it (`Channel._put`
+    after `Producer.publish` with the anonymous exchange): one LPUSH on a held connection.
+    `properties` are the publisher's (Celery's correlation id and reply address); the
+    transport's own (delivery mode and info, priority, body encoding, tag) are added here.
+
+    kombu would build a new `redis.Redis` client for every publish (`conn_or_acquire`) and,
+    through Celery's producer, wrap it in routing, declaration and retry layers that a message
+    for a known queue does not need. The pool behind `client()` is thread-safe and fork-safe
+    (redis-py checks the pid), and checks a pooled connection before handing it out, so a
+    restarted broker costs a reconnect, not a failed publish.
+
+    A retry after a lost reply may leave the message twice, as Celery's own publish retry may;
+    the runner's claim lets only one of them run.
+    """
+    if priority not in keys.BROKER_PRIORITY_STEPS:
+        # kombu would round it into another step (DESIGN §9): refuse rather than misfile it.
+        raise ValueError(f"priority {priority} is not one of {keys.BROKER_PRIORITY_STEPS}")
+    envelope = json.dumps(
+        {
+            "body": base64.b64encode(body.encode()).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                **properties,
+                "delivery_mode": 2,  # persistent
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": priority,
+                "body_encoding": "base64",
+                # kombu's key in the unacked hash while a worker holds the message.
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    )
+    name = keys.broker_queue(queue, priority)
+    for delay in _PUBLISH_RETRY_DELAYS_S:
+        try:
+            client().lpush(name, envelope)
+            return
+        except (redis.ConnectionError, redis.TimeoutError):
+            time.sleep(delay)
+    client().lpush(name, envelope)
 
 
 def depth(queues: Sequence[str]) -> int:
