@@ -237,6 +237,12 @@ class Config:
     drain_interval_s: int = _env(
         "LUMASTRA_DRAIN_INTERVAL_S", "5", _positive_int, "seconds between drain replays"
     )
+    quota_rollup_interval_s: int = _env(
+        "LUMASTRA_QUOTA_ROLLUP_INTERVAL_S",
+        "30",
+        _positive_int,
+        "seconds between roll-ups of uncapped tasks' daily counts into task_quota_usage",
+    )
     scheduler_tick_s: int = _env(
         "LUMASTRA_SCHEDULER_TICK_S",
         "10",

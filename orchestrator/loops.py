@@ -10,6 +10,9 @@ races for `lock:orch:<class>` for each class this host serves and for `lock:orch
 - `drain` (`orchestrator.runs.drain.replay`), on the cluster leader only: one pass every
   LUMASTRA_DRAIN_INTERVAL_S (5 s), backing off while passes fail. An empty drain costs one
   Valkey round trip.
+- `quota-rollup` (`orchestrator.hooks.quotas.rollup`), on the cluster leader only: copies the
+  daily run counts of tasks without a cap from Valkey into `task_quota_usage` every
+  LUMASTRA_QUOTA_ROLLUP_INTERVAL_S (30 s); one Valkey pipeline and at most one statement.
 - `scheduler` (`orchestrator.scheduler.dynamic`), on every worker host (its bucket locks make
   one fire per slot, so it needs no seat): its first tick is the static schedules' boot
   catch-up and a tick; then it fires due dynamic-schedule rows every LUMASTRA_SCHEDULER_TICK_S.
@@ -29,8 +32,8 @@ SIGTERM or SIGINT stops the process cleanly: each loop finishes the tick it is i
 leader releases its seats so other hosts take over at once, and the process exits 0.
 A tick still running after STOP_TIMEOUT_S is abandoned (the process exits anyway).
 
-`--once` makes one attempt at the seats, runs the boot tick and one drain pass (if it won the
-cluster seat), releases the seats and exits (for operators and tests).
+`--once` makes one attempt at the seats, runs the boot tick, one drain pass and one quota
+rollup (if it won the cluster seat), releases the seats and exits (for operators and tests).
 
 It refuses to start (exit 2) unless WORKER_MODE=enabled: the web role runs no loops.
 
@@ -111,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m orchestrator.loops", description=(__doc__ or "").splitlines()[0]
     )
     parser.add_argument(
-        "--once", action="store_true", help="run the boot tick and one drain pass, then exit"
+        "--once",
+        action="store_true",
+        help="run the boot tick, one drain pass and one quota rollup, then exit",
     )
     args = parser.parse_args(argv)
 
@@ -120,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.conf import settings
 
     from orchestrator.cluster import leaders, roster
+    from orchestrator.hooks import quotas
     from orchestrator.recovery.reconciler import Reconciler
     from orchestrator.runs import drain
     from orchestrator.scheduler.dynamic import Scheduler
@@ -152,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
             "drain",
             config.drain_interval_s,
             lambda: drain.replay(fence=cluster),
+            leader=leaders.CLUSTER,
+        ),
+        Loop(
+            "quota-rollup",
+            config.quota_rollup_interval_s,
+            lambda: quotas.rollup(fence=cluster),
             leader=leaders.CLUSTER,
         ),
         Loop("scheduler", config.scheduler_tick_s, scheduler.tick, first=scheduler.boot),

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from orchestrator.hooks.base import Admission, Dropped, Refused, RunHook, Shed
+from orchestrator.hooks.base import Admission, Dropped, Refused, RunHook, Shed, Step
 from orchestrator.routing import class_queues
 from orchestrator.stores import broker
 from tasks import registry
@@ -39,19 +39,50 @@ class QueueFull(Refused):
     http_status = 503
 
 
+@dataclass(frozen=True)
+class ClassLimit:
+    cap: int  # LUMASTRA_QUEUE_DEPTH_CAP_<CLASS> or the class's default
+    queues: tuple[str, ...]  # every queue whose messages count toward the class's depth
+
+
+# Computed once per (configuration, registry) rather than on every start: both are replaced,
+# never changed in place (settings at startup or by a test; the registry once at startup).
+_limits: tuple[object, object, dict[str, ClassLimit]] | None = None
+
+
+def class_limit(resource_class: str) -> ClassLimit:
+    """The cap and the queues a start of `resource_class` is judged by."""
+    global _limits
+    config, tasks = settings.CONFIG, registry.get()
+    known = _limits
+    if known is None or known[0] is not config or known[1] is not tasks:
+        caps = budgets(config.concurrency_overrides, config.queue_depth_cap_overrides)
+        known = _limits = (
+            config,
+            tasks,
+            {
+                name: ClassLimit(
+                    budget.queue_depth_cap,
+                    tuple(class_queues(tasks.values(), name, config.per_task_queues)),
+                )
+                for name, budget in caps.items()
+            },
+        )
+    return known[2][resource_class]
+
+
 @dataclass
 class QueueCap(RunHook):
     name: str = "backpressure"
 
-    def admit(self, admission: Admission) -> None:
+    def plan_admit(self, admission: Admission) -> Step:
+        # After the hooks before it answered: nothing is shed for a start they refuse.
+        return Step(lambda replies: self._judge(admission), after_replies=True)
+
+    def _judge(self, admission: Admission) -> None:
         definition = admission.definition
-        config = settings.CONFIG
-        cap = budgets(config.concurrency_overrides, config.queue_depth_cap_overrides)[
-            definition.resource_class
-        ].queue_depth_cap
-        queues = class_queues(
-            registry.get().values(), definition.resource_class, config.per_task_queues
-        )
+        limit = class_limit(definition.resource_class)
+        cap, queues = limit.cap, list(limit.queues)
         waiting = broker.depth(queues)
         if waiting < cap:
             return

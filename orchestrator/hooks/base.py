@@ -18,15 +18,29 @@ Points:
 - `release` — undo `before_claim` (a later hook postponed, or the claim was refused).
 - `finished` — after a run's terminal write in both stores, whether or not it was claimed
   (cancelled before pickup, refused by the version guard); must be idempotent.
+
+Planned points: at `admit`, `before_claim` and `finished` the dispatcher asks each hook for
+its `Step` (`plan_admit`, `plan_before_claim`, `plan_finished`): the Valkey commands it sends
+and what it does with their replies. The steps of all hooks at one point go out in one
+pipeline, so hooks that each need one call cost one round trip together, and a hook with
+nothing to do (no limit configured) plans nothing. A step whose commands must wait for the
+verdicts of the hooks before it says so (`after_replies`). `admit`, `before_claim` and
+`finished` run the hook's own step alone (direct calls, tests); a hook that overrides one of
+those instead of its plan is called at its turn, as before. `abandoned` and `release`, rare
+paths, call Valkey directly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from redis.client import Pipeline
+
 from orchestrator.states import RunState
+from orchestrator.stores import valkey
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
@@ -107,23 +121,82 @@ class Postpone(Exception):
         self.reason = reason
 
 
+def _nothing_to_send(pipe: Pipeline) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One hook's part of a point, sent in one pipeline with the other hooks' parts.
+
+    `send` adds the hook's commands to the coordination Valkey pipeline and reads nothing;
+    `receive` gets the replies of exactly those commands (errors as values) and decides: it
+    may raise the point's exceptions (`Refused`, `Postpone`, ...), read Postgres or the
+    broker. `after_replies`: the commands depend on the verdicts of the hooks before it (the
+    rate limit must take nothing for a run the concurrency limit postpones), so the earlier
+    steps are sent and received first.
+    """
+
+    receive: Callable[[list[Any]], object]
+    send: Callable[[Pipeline], object] = _nothing_to_send
+    after_replies: bool = False
+
+
+def checked(replies: list[Any]) -> list[Any]:
+    """A step's replies, raising the first error among them (sent as a value)."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+def run_alone(step: Step | None) -> None:
+    """One hook's step on its own: its commands (if any) in one round trip, then its verdict."""
+    if step is None:
+        return
+    pipe = valkey.client().pipeline(transaction=False)
+    step.send(pipe)
+    step.receive(valkey.execute(pipe, raise_on_error=False) if len(pipe) else [])
+
+
 @dataclass
 class RunHook:
-    """Base of the lifecycle hooks; every point is a no-op until overridden."""
+    """Base of the lifecycle hooks; every point is a no-op until overridden.
+
+    The dispatcher calls `plan_admit`, `plan_before_claim` and `plan_finished`, `abandoned`
+    and `release`. A hook overrides either a point's plan (to share the round trip) or the
+    point itself (`admit`, ...), which is then called in its turn, after the replies of the
+    hooks before it.
+    """
 
     name: str = field(default="hook")
 
+    def plan_admit(self, admission: Admission) -> Step | None:
+        if type(self).admit is RunHook.admit:
+            return None
+        return Step(lambda replies: self.admit(admission), after_replies=True)
+
+    def plan_before_claim(self, pickup: Pickup) -> Step | None:
+        if type(self).before_claim is RunHook.before_claim:
+            return None
+        return Step(lambda replies: self.before_claim(pickup), after_replies=True)
+
+    def plan_finished(self, outcome: Outcome) -> Step | None:
+        if type(self).finished is RunHook.finished:
+            return None
+        return Step(lambda replies: self.finished(outcome))
+
     def admit(self, admission: Admission) -> None:
-        return None
+        run_alone(self.plan_admit(admission))
 
     def abandoned(self, admission: Admission) -> None:
         return None
 
     def before_claim(self, pickup: Pickup) -> None:
-        return None
+        run_alone(self.plan_before_claim(pickup))
 
     def release(self, pickup: Pickup) -> None:
         return None
 
     def finished(self, outcome: Outcome) -> None:
-        return None
+        run_alone(self.plan_finished(outcome))

@@ -77,10 +77,11 @@ from typing import Any, TypedDict, cast
 
 from django.conf import settings
 from django.db import connection, transaction
-from redis.exceptions import ResponseError
+from redis.client import Pipeline
+from redis.exceptions import NoScriptError, ResponseError
 
 from orchestrator.clock import SYSTEM, Clock, describe, from_ms, span_ms, to_ms
-from orchestrator.hooks.base import Admission, Outcome, Pickup, Refused, RunHook
+from orchestrator.hooks.base import Admission, Outcome, Pickup, Refused, RunHook, Step
 from orchestrator.models import CircuitState, TaskCircuitState
 from orchestrator.states import RunState
 from orchestrator.stores import keys, scripts, valkey
@@ -169,22 +170,26 @@ class CircuitBreaker(RunHook):
     name: str = "circuit"
     clock: Clock = SYSTEM
 
-    def admit(self, admission: Admission) -> None:
+    def plan_admit(self, admission: Admission) -> Step:
         task_id = admission.definition.id
         now = self.clock.now()
-        args = [to_ms(now), admission.run_id, span_ms(PROBE_PROVISIONAL_TTL)]
-        reply = _call("circuit_admit", task_id, args, self.clock)
-        answer = reply[0]
-        if answer == "closed":
-            return
-        circuit = _hash(reply[1:])
-        if answer == "probe":
-            log.info(
-                "run %s: admitted as the probe of task %s's circuit", admission.run_id, task_id
-            )
-            transaction.on_commit(partial(self._probe_committed, admission, circuit))
-            return
-        raise _refusal(task_id, answer, circuit, now)
+        args: list[object] = [to_ms(now), admission.run_id, span_ms(PROBE_PROVISIONAL_TTL)]
+
+        def receive(replies: list[Any]) -> None:
+            reply = _replied("circuit_admit", task_id, args, replies[0], self.clock)
+            answer = reply[0]
+            if answer == "closed":
+                return
+            circuit = _hash(reply[1:])
+            if answer == "probe":
+                log.info(
+                    "run %s: admitted as the probe of task %s's circuit", admission.run_id, task_id
+                )
+                transaction.on_commit(partial(self._probe_committed, admission, circuit))
+                return
+            raise _refusal(task_id, answer, circuit, now)
+
+        return Step(receive, partial(_queue, "circuit_admit", task_id, args))
 
     def _probe_committed(self, admission: Admission, circuit: CircuitHash) -> None:
         # Runs after start_run returned its run: a failure here is logged, not raised, and
@@ -199,14 +204,22 @@ class CircuitBreaker(RunHook):
     def abandoned(self, admission: Admission) -> None:
         _set_probe_expiry(admission.definition.id, admission.run_id, 0)
 
-    def before_claim(self, pickup: Pickup) -> None:
-        # A probe that waited in its queue still gets its whole hard timeout to run.
+    def plan_before_claim(self, pickup: Pickup) -> Step:
+        # A probe that waited in its queue still gets its whole hard timeout to run. Sent in
+        # the pickup's one pipeline: for a run that is not the probe (every run while the
+        # circuit is closed) the script reads one field and writes nothing.
         expiry = self.clock.now() + pickup.definition.timeout.hard
-        _set_probe_expiry(pickup.definition.id, pickup.run_id, to_ms(expiry))
+        args: list[object] = [pickup.run_id, to_ms(expiry)]
+        key = [keys.circuit(pickup.definition.id)]
 
-    def finished(self, outcome: Outcome) -> None:
+        def receive(replies: list[Any]) -> None:
+            scripts.replied("circuit_probe", key, args, replies[0])
+
+        return Step(receive, lambda pipe: scripts.queue(pipe, "circuit_probe", key, args))
+
+    def plan_finished(self, outcome: Outcome) -> Step | None:
         if not outcome.final:
-            return
+            return None
         task_id = outcome.definition.id
         now = self.clock.now()
         args: list[object] = [
@@ -218,7 +231,15 @@ class CircuitBreaker(RunHook):
             WINDOW_FAILURES,
             *(span_ms(step) for step in BACKOFF),
         ]
-        reply = _call("circuit_record", task_id, args, self.clock)
+
+        def receive(replies: list[Any]) -> None:
+            reply = _replied("circuit_record", task_id, args, replies[0], self.clock)
+            self._recorded(outcome, reply)
+
+        return Step(receive, partial(_queue, "circuit_record", task_id, args))
+
+    def _recorded(self, outcome: Outcome, reply: list[str]) -> None:
+        task_id = outcome.definition.id
         event = reply[0]
         if event == "unchanged":
             return
@@ -277,6 +298,24 @@ def statuses(task_ids: Iterable[str], *, clock: Clock = SYSTEM) -> dict[str, Cir
 
 
 # --- Valkey ---------------------------------------------------------------------------------
+
+
+def _queue(name: str, task_id: str, args: Sequence[object], pipe: Pipeline) -> None:
+    scripts.queue(pipe, name, [keys.circuit(task_id)], list(args))
+
+
+def _replied(
+    name: str, task_id: str, args: Sequence[object], reply: Any, clock: Clock
+) -> list[str]:
+    """The reply of a `_queue`d circuit script; a missing hash is rebuilt and the script rerun."""
+    if isinstance(reply, NoScriptError):
+        # Valkey restarted or flushed its scripts: the script did not run. Alone, it is loaded
+        # and may still find no hash (a restart without AOF loses both).
+        return _call(name, task_id, args, clock)
+    if isinstance(reply, ResponseError) and str(reply) == "NO_CIRCUIT":
+        _restore(task_id, clock)
+        reply = scripts.call(name, [keys.circuit(task_id)], list(args))
+    return cast(list[str], scripts.replied(name, [keys.circuit(task_id)], list(args), reply))
 
 
 def _call(name: str, task_id: str, args: Sequence[object], clock: Clock) -> list[str]:

@@ -56,13 +56,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
-from typing import cast
+from typing import Any, cast
 
 from django.conf import settings
 
 from orchestrator.backoff import exponential
 from orchestrator.clock import span_ms
-from orchestrator.hooks.base import Outcome, Pickup, Postpone, RunHook
+from orchestrator.hooks.base import Outcome, Pickup, Postpone, RunHook, Step, checked
 from orchestrator.routing import pool_of
 from orchestrator.stores import keys, scripts, valkey
 from tasks import registry
@@ -177,34 +177,42 @@ def _give_back(task_id: str, run_id: str, owner: str) -> None:
 class ConcurrencyLimit(RunHook):
     name: str = "concurrency"
 
-    def before_claim(self, pickup: Pickup) -> None:
+    def plan_before_claim(self, pickup: Pickup) -> Step:
         definition = pickup.definition
         limit = limit_of(definition)
-        taken, postponements, rank = scripts.call(
-            "concurrency_take",
-            [
-                keys.concurrency_holders(definition.id),
-                keys.concurrency_waiters(definition.id),
-                keys.concurrency_postponed(definition.id),
-            ],
-            [
-                holder(pickup.run_id, pickup.owner),
-                pickup.run_id,
-                limit,
-                span_ms(lease_of(definition)),
-                span_ms(STALE_AFTER),
-            ],
-        )
-        if taken:
-            return
-        raise Postpone(
-            backoff(postponements, rank, limit),
-            f"task {definition.id!r} is running its limit of {limit} at once; "
-            f"{rank} waiting ahead, postponed {postponements} time(s)",
-        )
+        keys_ = [
+            keys.concurrency_holders(definition.id),
+            keys.concurrency_waiters(definition.id),
+            keys.concurrency_postponed(definition.id),
+        ]
+        args: list[object] = [
+            holder(pickup.run_id, pickup.owner),
+            pickup.run_id,
+            limit,
+            span_ms(lease_of(definition)),
+            span_ms(STALE_AFTER),
+        ]
+
+        def receive(replies: list[Any]) -> None:
+            taken, postponements, rank = scripts.replied(
+                "concurrency_take", keys_, args, replies[0]
+            )
+            if taken:
+                return
+            raise Postpone(
+                backoff(postponements, rank, limit),
+                f"task {definition.id!r} is running its limit of {limit} at once; "
+                f"{rank} waiting ahead, postponed {postponements} time(s)",
+            )
+
+        return Step(receive, lambda pipe: scripts.queue(pipe, "concurrency_take", keys_, args))
 
     def release(self, pickup: Pickup) -> None:
         _give_back(pickup.definition.id, pickup.run_id, pickup.owner)
 
-    def finished(self, outcome: Outcome) -> None:
-        _give_back(outcome.definition.id, outcome.run_id, outcome.owner)
+    def plan_finished(self, outcome: Outcome) -> Step:
+        # Sent with the other hooks' end-of-run commands: a run that never took a slot (ended
+        # before pickup) costs a ZREM of nothing in that same round trip.
+        member = holder(outcome.run_id, outcome.owner)
+        key = keys.concurrency_holders(outcome.definition.id)
+        return Step(checked, lambda pipe: pipe.zrem(key, member))

@@ -23,12 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 
 from orchestrator.clock import span_ms
-from orchestrator.hooks.base import Admission, Deduplicated, Outcome, Refused, RunHook
+from orchestrator.hooks.base import Admission, Deduplicated, Outcome, Refused, RunHook, Step
 from orchestrator.models import TaskHistory
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.stores import keys, scripts
@@ -76,17 +77,23 @@ def _hold(key: str, run_id: str, ttl_ms: int) -> None:
 class IdentityDedup(RunHook):
     name: str = "dedup"
 
-    def admit(self, admission: Admission) -> None:
+    def plan_admit(self, admission: Admission) -> Step | None:
         namespace = scope(admission.definition)
         if namespace is None:
-            return
+            return None
         key = keys.identity(namespace, admission.identity)
         provisional_ms = span_ms(timedelta(seconds=settings.CONFIG.identity_provisional_ttl_s))
-        replaceable = ""
-        for _ in range(MAX_REPLACEMENTS):
-            answer = scripts.call(
-                "identity_claim", [key], [admission.run_id, provisional_ms, replaceable]
-            )
+        first: list[object] = [admission.run_id, provisional_ms, ""]
+
+        def receive(replies: list[Any]) -> None:
+            answer = scripts.replied("identity_claim", [key], first, replies[0])
+            self._claim(admission, key, provisional_ms, answer)
+
+        # The first claim goes out with the circuit's check; its verdict is still the first.
+        return Step(receive, lambda pipe: scripts.queue(pipe, "identity_claim", [key], first))
+
+    def _claim(self, admission: Admission, key: str, provisional_ms: int, answer: str) -> None:
+        for attempt in range(1, MAX_REPLACEMENTS + 1):
             if answer == "":
                 confirm = partial(
                     _hold,
@@ -108,7 +115,10 @@ class IdentityDedup(RunHook):
                     f"task {admission.definition.id!r} is exclusive with {row[0]!r}, whose run "
                     f"{holder} holds identity {admission.identity!r}; retry when it ends"
                 )
-            replaceable = holder
+            if attempt < MAX_REPLACEMENTS:
+                answer = scripts.call(
+                    "identity_claim", [key], [admission.run_id, provisional_ms, holder]
+                )
         raise IdentityBusy(
             f"identity {admission.identity!r} of task {admission.definition.id!r} changed "
             f"hands {MAX_REPLACEMENTS} times while starting; retry"
@@ -119,10 +129,14 @@ class IdentityDedup(RunHook):
         if namespace is not None:
             _hold(keys.identity(namespace, admission.identity), admission.run_id, 0)
 
-    def finished(self, outcome: Outcome) -> None:
+    def plan_finished(self, outcome: Outcome) -> Step | None:
         namespace = scope(outcome.definition)
         if namespace is None:
-            return
-        identity = TaskHistory.objects.filter(id=outcome.run_id).values_list("identity", flat=True)
-        for value in identity:
-            _hold(keys.identity(namespace, value), outcome.run_id, 0)
+            return None
+        return Step(lambda replies: _let_go(namespace, outcome.run_id))
+
+
+def _let_go(namespace: str, run_id: str) -> None:
+    identity = TaskHistory.objects.filter(id=run_id).values_list("identity", flat=True)
+    for value in identity:
+        _hold(keys.identity(namespace, value), run_id, 0)

@@ -2,13 +2,23 @@
 
 It knows no hook by name: the composition root (`orchestrator.apps`) installs the ordered
 chain once, when Django is ready, so this module imports no hook and no hook imports it.
+
+At `admit`, `before_claim` and `finished` it collects each hook's `Step` and sends the steps'
+commands in one coordination Valkey pipeline, then hands each hook its replies in chain
+order; a step marked `after_replies` first has the steps before it sent and received. So a
+task with no limits pays one round trip for all hooks at each point, not one per hook.
+A hook whose commands were sent counts as passed (its effect happened) until its own
+verdict raises: then it is left out of the give-back (`abandoned`, `release`), as before.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
+from typing import Any
+
+from redis.client import Pipeline
 
 from orchestrator.clock import SYSTEM
 from orchestrator.hooks.base import (
@@ -19,6 +29,7 @@ from orchestrator.hooks.base import (
     Pickup,
     Refused,
     RunHook,
+    Step,
 )
 from orchestrator.stores import keys, valkey
 
@@ -39,13 +50,54 @@ def installed() -> tuple[RunHook, ...]:
     return _chain
 
 
+class _Round:
+    """The steps of one point: queued into one pipeline, sent when a step needs the replies
+    before it (or at the end), received in chain order."""
+
+    def __init__(self, passed: list[RunHook]) -> None:
+        self.passed = passed
+        self._pipe: Pipeline | None = None
+        # hook, its step, where its replies start in the pipeline, how many
+        self._queued: list[tuple[RunHook, Step, int, int]] = []
+
+    def run(self, planned: Iterable[tuple[RunHook, Step | None]]) -> None:
+        for hook, step in planned:
+            if step is None:
+                self.passed.append(hook)
+                continue
+            if step.after_replies:
+                self.flush()
+            pipe = self._pipe = self._pipe or valkey.client().pipeline(transaction=False)
+            first = len(pipe)
+            step.send(pipe)
+            self._queued.append((hook, step, first, len(pipe) - first))
+        self.flush()
+
+    def flush(self) -> None:
+        queued, self._queued = self._queued, []
+        pipe, self._pipe = self._pipe, None
+        replies: list[Any] = valkey.execute(pipe, raise_on_error=False) if pipe else []
+        # Sent: their effects happened, so they are given back if a later verdict refuses.
+        self.passed.extend(hook for hook, *_ in queued)
+        for hook, step, first, count in queued:
+            try:
+                step.receive(replies[first : first + count])
+            except BaseException:
+                self.passed.remove(hook)
+                raise
+
+
+def _planned(
+    plan: Callable[[RunHook], Step | None],
+) -> Iterable[tuple[RunHook, Step | None]]:
+    return ((hook, plan(hook)) for hook in _chain)
+
+
 def admit(admission: Admission) -> None:
     """Every hook's admission; if one refuses or deduplicates, those that passed abandon."""
     passed: list[RunHook] = []
     try:
-        for hook in _chain:
-            hook.admit(admission)
-            passed.append(hook)
+        _Round(passed).run(_planned(lambda hook: hook.plan_admit(admission)))
     except (Refused, Dropped) as refused:
         _abandon(passed, admission)
         # Counted in Valkey: the caller's transaction rolls back with a refusal.
@@ -74,9 +126,7 @@ def before_claim(pickup: Pickup) -> None:
     """Every hook's pre-claim check; if one postpones (or fails), those that passed are released."""
     passed: list[RunHook] = []
     try:
-        for hook in _chain:
-            hook.before_claim(pickup)
-            passed.append(hook)
+        _Round(passed).run(_planned(lambda hook: hook.plan_before_claim(pickup)))
     except BaseException:
         # Not only on Postpone: a hook that failed (Valkey unreachable, the soft time limit)
         # must not leave an earlier hook's concurrency slot taken until its lease runs out.
@@ -90,10 +140,44 @@ def release(pickup: Pickup) -> None:
         hook.release(pickup)
 
 
-def finished(outcome: Outcome) -> None:
-    # The run has ended in both stores; a hook's failure must not undo or hide that.
+def finished(outcome: Outcome, *, first: Step | None = None) -> None:
+    """Every hook's end-of-run step. `first` (the caller's own command, e.g. the live hash's
+    move) goes first in the same pipeline; its `receive` must not raise."""
+    # The run has ended in Postgres; a hook's failure must not undo or hide that. The
+    # hooks' steps are independent here: each verdict is received, and logged if it fails.
+    planned: list[tuple[RunHook, Step]] = []
     for hook in _chain:
         try:
-            hook.finished(outcome)
+            step = hook.plan_finished(outcome)
         except Exception:
-            log.exception("run %s: hook %s failed after the run ended", outcome.run_id, hook.name)
+            _finish_failed(outcome, hook)
+            continue
+        if step is not None:
+            planned.append((hook, step))
+    replies: list[Any] = []
+    pipe = valkey.client().pipeline(transaction=False)
+    if first is not None:
+        first.send(pipe)
+    lead = len(pipe)
+    spans = []
+    for _, step in planned:
+        start = len(pipe)
+        step.send(pipe)
+        spans.append((start, len(pipe) - start))
+    if len(pipe):
+        try:
+            replies = valkey.execute(pipe, raise_on_error=False)
+        except Exception as exc:
+            # Valkey unreachable: every hook that sent something failed with it.
+            replies = [exc] * len(pipe)
+    if first is not None:
+        first.receive(replies[:lead])
+    for (hook, step), (start, count) in zip(planned, spans, strict=True):
+        try:
+            step.receive(replies[start : start + count])
+        except Exception:
+            _finish_failed(outcome, hook)
+
+
+def _finish_failed(outcome: Outcome, hook: RunHook) -> None:
+    log.exception("run %s: hook %s failed after the run ended", outcome.run_id, hook.name)

@@ -1,11 +1,12 @@
 """Each task's admission state as operators see it, for the API's `/tasks` and the admin.
 
 For every task: its circuit (state, time to half-open, force-enable), today's quota use
-against `max_runs_per_day`, today's refusals by code, the waiting messages of its resource
+against `max_runs_per_day` (with the counts of uncapped tasks not yet rolled up from
+Valkey, so without the rollup's lag), today's refusals by code, the waiting messages of its resource
 class against the class's cap, the runs holding a concurrency slot against its limit, and
 its rate limit. Whatever the number of tasks, one read per source: one Valkey pipeline each
-for circuits, refusals and slot holders, one query for quota use (and one for circuits whose
-hash Valkey lost), and one broker round trip per resource class among the tasks.
+for circuits, refusals, slot holders and uncapped quota counts, one query for quota use (and one
+for circuits whose hash Valkey lost), and one broker round trip per resource class among the tasks.
 
 Read-only: nothing here takes, refreshes or repairs anything; an expired lease or a lost
 circuit hash is shown as the next write will see it.
@@ -21,17 +22,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date
 
-from django.conf import settings
-
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.hooks import circuit, concurrency
+from orchestrator.hooks import backpressure, circuit, concurrency, quotas
 from orchestrator.hooks.circuit import CircuitStatus
-from orchestrator.models import TaskQuotaUsage
-from orchestrator.routing import class_queues
 from orchestrator.stores import broker, keys, valkey
-from tasks import registry
 from tasks.definition import TaskDefinition
-from tasks.resources import budgets
 
 
 @dataclass(frozen=True)
@@ -74,21 +69,21 @@ def task_statuses(
     ids = [definition.id for definition in definitions]
     today = clock.now().date()
     circuits = circuit.statuses(ids, clock=clock)
-    usage = {row.task_id: row for row in TaskQuotaUsage.objects.filter(task_id__in=ids, day=today)}
+    usage = quotas.usage(definitions, today)
     refused = _refusals(ids, today.isoformat())
     running = concurrency.running(ids)
     depths = _depths({definition.resource_class for definition in definitions})
     statuses: dict[str, TaskStatus] = {}
     for definition in definitions:
-        used = usage.get(definition.id)
+        used = usage[definition.id]
         statuses[definition.id] = TaskStatus(
             task_id=definition.id,
             circuit=circuits[definition.id],
             quota_today=QuotaToday(
                 day=today,
-                started=used.started if used else 0,
-                completed=used.completed if used else 0,
-                failed=used.failed if used else 0,
+                started=used.started,
+                completed=used.completed,
+                failed=used.failed,
                 max_runs_per_day=definition.quotas.max_runs_per_day,
             ),
             refusals_today=refused[definition.id],
@@ -117,14 +112,8 @@ def _refusals(task_ids: Sequence[str], day: str) -> dict[str, dict[str, int]]:
 def _depths(resource_classes: Iterable[str]) -> dict[str, QueueDepth]:
     # The same queues and cap as backpressure's admission check, so what is shown here is
     # what the next start of the class is judged by.
-    config = settings.CONFIG
-    caps = budgets(config.concurrency_overrides, config.queue_depth_cap_overrides)
-    definitions = registry.get().values()
-    return {
-        name: QueueDepth(
-            resource_class=name,
-            waiting=broker.depth(class_queues(definitions, name, config.per_task_queues)),
-            cap=caps[name].queue_depth_cap,
-        )
-        for name in sorted(resource_classes)
-    }
+    depths = {}
+    for name in sorted(resource_classes):
+        limit = backpressure.class_limit(name)
+        depths[name] = QueueDepth(name, broker.depth(list(limit.queues)), limit.cap)
+    return depths

@@ -38,10 +38,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 
-from orchestrator.hooks.base import Pickup, Postpone, RunHook
+from orchestrator.hooks.base import Pickup, Postpone, RunHook, Step
 from orchestrator.stores import keys, scripts, valkey
 
 
@@ -59,25 +60,30 @@ def _longest_wait() -> timedelta:
 class RateLimit(RunHook):
     name: str = "rate"
 
-    def before_claim(self, pickup: Pickup) -> None:
+    def plan_before_claim(self, pickup: Pickup) -> Step | None:
         definition = pickup.definition
         rate = definition.quotas.parsed_rate()
         if rate is None:
-            return
-        wait_ms = scripts.call(
-            "rate_take",
-            [keys.rate_window(definition.id)],
-            [
-                member(pickup.run_id, pickup.owner),
-                rate.count,
-                rate.per // timedelta(milliseconds=1),
-            ],
+            return None
+        key = [keys.rate_window(definition.id)]
+        args: list[object] = [
+            member(pickup.run_id, pickup.owner),
+            rate.count,
+            rate.per // timedelta(milliseconds=1),
+        ]
+
+        def receive(replies: list[Any]) -> None:
+            wait_ms = scripts.replied("rate_take", key, args, replies[0])
+            if wait_ms:
+                raise Postpone(
+                    min(timedelta(milliseconds=wait_ms), _longest_wait()),
+                    f"task {definition.id!r} reached its rate of {definition.quotas.rate}",
+                )
+
+        # After the hooks before it answered: a run they postpone takes no admission.
+        return Step(
+            receive, lambda pipe: scripts.queue(pipe, "rate_take", key, args), after_replies=True
         )
-        if wait_ms:
-            raise Postpone(
-                min(timedelta(milliseconds=wait_ms), _longest_wait()),
-                f"task {definition.id!r} reached its rate of {definition.quotas.rate}",
-            )
 
     def release(self, pickup: Pickup) -> None:
         if pickup.definition.quotas.rate is None:

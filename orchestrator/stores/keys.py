@@ -62,6 +62,12 @@ def refusals(task_id: str, day: str) -> str:
     return f"task:refusals:{task_id}:{day}"
 
 
+def quota_counts(task_id: str, day: str) -> str:
+    """Hash of started / completed / failed → count for one task without a daily cap and one
+    UTC day (YYYY-MM-DD), rolled up into task_quota_usage (orchestrator/hooks/quotas.py)."""
+    return f"task:quota:{task_id}:{day}"
+
+
 def circuit(task_id: str) -> str:
     """Hash of one task's circuit breaker state (orchestrator/circuit.py); no TTL."""
     return f"task:circuit:{task_id}"

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from redis import Redis
+from redis.client import Pipeline
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from orchestrator.stores import valkey
 
@@ -67,3 +69,23 @@ def _script(name: str) -> Script:
 def call(name: str, keys: list[str], args: list[Any], client: Redis | None = None) -> Any:
     """Run a script on the coordination Valkey, or on `client` (e.g. the broker)."""
     return _script(name)(keys=keys, args=args, client=client)
+
+
+def queue(pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
+    """Add a script call to `pipe` (EVALSHA) to be sent with the pipeline's other commands.
+
+    Not `register_script(...)(client=pipe)`: redis-py then asks SCRIPT EXISTS before every
+    pipeline, a round trip of its own. A NOSCRIPT reply is answered by `replied` instead.
+    """
+    pipe.evalsha(_script(name).sha, len(keys), *keys, *args)
+
+
+def replied(name: str, keys: list[str], args: list[Any], reply: Any) -> Any:
+    """The reply of a call `queue`d in a pipeline executed with errors as values: NOSCRIPT
+    (Valkey restarted or flushed its scripts: the call did not run) runs it again here,
+    loading the script; any other error is raised."""
+    if isinstance(reply, NoScriptError):
+        return call(name, keys, args)
+    if isinstance(reply, Exception):
+        raise reply
+    return reply

@@ -14,6 +14,7 @@ import pytest
 from django.db import OperationalError, connection
 from django.db.models.functions import Now
 
+from orchestrator.hooks import quotas
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.recovery.pending import PendingReport
 from orchestrator.recovery.reconciler import Reconciler
@@ -127,6 +128,7 @@ def test_a_live_hash_left_behind_a_terminal_write_is_repaired() -> None:
 
     assert live.read(run_id)["state"] == "completed"
     # The finished hooks ran once the hash was repaired (the quota counts the completion).
+    quotas.rollup()
     usage = TaskQuotaUsage.objects.get(task_id="test-fault-work")
     assert usage.completed == 1
 

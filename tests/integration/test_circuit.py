@@ -429,6 +429,18 @@ def test_a_task_without_a_postgres_row_starts_closed(
     assert not TaskCircuitState.objects.exists(), "admitting to a closed circuit writes nothing"
 
 
+def test_a_valkey_that_lost_its_scripts_and_the_hash_still_admits(
+    breaker: CircuitBreaker, clock: FrozenClock
+) -> None:
+    # A restart without AOF: no script loaded (NOSCRIPT in the pipeline), no circuit hash.
+    valkey.client().script_flush()
+    valkey.client().delete(keys.circuit(TASK))
+
+    breaker.admit(_admission())
+
+    assert valkey.client().hget(keys.circuit(TASK), "state") == "closed"
+
+
 @pytest.mark.worker
 def test_fatal_failures_on_a_worker_open_the_circuit(celery_worker: object) -> None:
     runs = [start_run(TASK, {"how": "fatal"}, trigger=TriggerKind.MANUAL) for _ in range(5)]

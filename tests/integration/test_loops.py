@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+from orchestrator.clock import SYSTEM
 from orchestrator.cluster.leaders import CLUSTER, all_seats
-from orchestrator.models import TaskHistory
+from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.stores import keys, valkey
 from tests.support.fixtures import ROOT, database_url, wait_for
 from tests.support.runs import seed_orphan
@@ -86,3 +87,14 @@ def test_sigterm_stops_the_loops_cleanly_and_hands_the_lock_over() -> None:
     assert "loops started: reconciler every 1s, drain every 1s" in output
     assert "loops stopped" in output
     assert not valkey.client().exists(LOCK)
+
+
+def test_once_rolls_the_daily_counts_of_uncapped_tasks_up() -> None:
+    day = SYSTEM.now().date()
+    valkey.client().hset(keys.quota_counts("test-noop", day.isoformat()), "completed", 7)
+
+    process = _loops("--once")
+    output, _ = process.communicate(timeout=60)
+
+    assert process.returncode == 0, output
+    assert TaskQuotaUsage.objects.get(task_id="test-noop", day=day).completed == 7

@@ -1,0 +1,105 @@
+"""The dispatcher sends the hooks' Valkey commands at one point in one pipeline.
+
+Counted at the connection (redis-py's, not ours): one send is one round trip, a pipeline
+included. For a task with no limits every point costs one round trip to the coordination
+Valkey (and admission one broker read for the depth), not one per hook.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection, transaction
+from redis.connection import AbstractConnection
+
+from orchestrator.hooks import dispatch
+from orchestrator.hooks.base import Admission, Outcome, Pickup, Postpone
+from orchestrator.runs.start import new_run_id
+from orchestrator.states import RunState
+from orchestrator.stores import keys, valkey
+from tasks import registry
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+PLAIN = "test-rt-plain"  # no limits; no shared worker takes its queue
+LIMITED = "test-rt-limited"  # max_concurrent=2, rate 1000/s
+
+
+@pytest.fixture
+def sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    counted: Counter[str] = Counter()
+    send = AbstractConnection.send_packed_command
+    coordination = valkey.client().connection_pool.connection_kwargs.get("db", 0)
+
+    def counting(self: AbstractConnection, command: object, check_health: bool = True) -> None:
+        counted["coordination" if self.db == coordination else "other"] += 1
+        send(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    yield counted
+
+
+@pytest.fixture
+def statements() -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield seen
+
+
+def _warm(task_id: str) -> None:
+    """Connections open, scripts loaded and the circuit hash created, as in a process that
+    started runs before."""
+    definition = registry.get()[task_id]
+    run_id = new_run_id()
+    with transaction.atomic():
+        dispatch.admit(Admission(definition, run_id, "", 2, {"kind": "manual"}))
+    dispatch.before_claim(Pickup(definition, run_id, "warm"))
+    dispatch.finished(Outcome(definition, run_id, "warm", RunState.COMPLETED))
+
+
+def test_each_point_is_one_round_trip_for_a_task_without_limits(
+    sends: Counter[str], statements: list[str]
+) -> None:
+    definition = registry.get()[PLAIN]
+    _warm(PLAIN)
+    sends.clear()
+    statements.clear()
+    run_id = new_run_id()
+
+    with transaction.atomic():
+        dispatch.admit(Admission(definition, run_id, "", 2, {"kind": "manual"}))
+    admitted = dict(sends)
+    sends.clear()
+    dispatch.before_claim(Pickup(definition, run_id, "owner"))
+    picked = dict(sends)
+    sends.clear()
+    dispatch.finished(Outcome(definition, run_id, "owner", RunState.COMPLETED))
+    ended = dict(sends)
+
+    # Admission: circuit check and daily count together; the broker depth on its own server.
+    assert admitted == {"coordination": 1, "other": 1}
+    # Pickup: the circuit's probe check rides with the concurrency take.
+    assert picked == {"coordination": 1}
+    # End: circuit record, slot release and daily count together.
+    assert ended == {"coordination": 1}
+    assert statements == []  # no quota row per start or end
+
+
+def test_a_run_the_concurrency_limit_postpones_takes_no_rate_admission() -> None:
+    definition = registry.get()[LIMITED]
+    valkey.client().delete(keys.concurrency_holders(LIMITED), keys.rate_window(LIMITED))
+    for holder in ("run_a", "run_b"):
+        dispatch.before_claim(Pickup(definition, holder, "owner"))
+
+    with pytest.raises(Postpone):
+        dispatch.before_claim(Pickup(definition, "run_c", "owner"))
+
+    admitted = valkey.client().zrange(keys.rate_window(LIMITED), 0, -1)
+    assert sorted(admitted) == ["run_a|owner", "run_b|owner"]
