@@ -10,6 +10,9 @@ place that brings the live hash to the Postgres state and runs the end-of-run ho
   is the caller (a process that lost the run cannot move it; an orphan's or a repaired run's
   owner is gone, so those are not fenced); a pending or active hash of a run Postgres
   cancelled goes cancelling → cancelled, fenced the same way.
+- The move and the hooks' commands go in one pipeline: a run's end costs one Valkey round
+  trip. Only a repair (which must know the move landed before the hooks run), a cancel the
+  hash never heard of, or an outage take the slow path, the move alone and then the hooks.
 - Valkey unreachable (a restart, a failover) is retried for about three seconds, then the
   hash is left for `recovery.repair`. A hash that disagrees (lost, moved on by someone else)
   cannot undo the Postgres write: it is logged, never raised.
@@ -17,23 +20,27 @@ place that brings the live hash to the Postgres state and runs the end-of-run ho
   for a repair (`only_if_moved`), the process whose transition moved the hash.
 
 Not guaranteed: a writer whose Valkey stayed unreachable past the retries runs its hooks
-anyway, and the repair that later moves the hash runs them again; hooks are idempotent except
-the daily quota's completed/failed counters, which can count that run twice.
+anyway, and the repair that later moves the hash runs them again; so does a writer whose
+pipeline was cut after Valkey ran it. Hooks are idempotent except the daily quota's
+completed/failed counters, which can count that run twice.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
+from redis.client import Pipeline
 from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from orchestrator.backoff import exponential
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Outcome
+from orchestrator.hooks.base import Outcome, Step
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import live
 from orchestrator.stores.live import FencedWrite
@@ -63,15 +70,66 @@ def settle(
     hooks. `owner` is the claim's owner (the hooks give back what that claim took); the move
     is fenced by it unless `fenced` is False (the owner is gone: an orphan, a repair). With
     `only_if_moved`, the hooks run only when this call moved the hash. Returns whether it did."""
-    moved = _follow(run_id, target, owner if fenced else "", clock)
-    if only_if_moved and not moved:
-        return False
+    fence = owner if fenced else ""
     definition = registry.get().get(task_id)
     if definition is None:
         log.warning("run %s: task %r is not registered; hooks not told", run_id, task_id)
-        return moved
-    hooks.finished(Outcome(definition, run_id, owner, target, error_kind))
+        return _follow(run_id, target, fence, clock)
+    outcome = Outcome(definition, run_id, owner, target, error_kind)
+    if only_if_moved:
+        if not _follow(run_id, target, fence, clock):
+            return False
+        hooks.finished(outcome)
+        return True
+    # The common end: the hash's move and the hooks' commands go in one round trip.
+    move = _Move(run_id, target, fence, clock)
+    hooks.finished(outcome, first=Step(send=move.send, receive=move.receive))
+    if move.moved is not None:
+        return move.moved
+    # Valkey unreachable, or a cancel to take in two steps: the move alone, with retries;
+    # after an outage the hooks are told again (their commands may not have arrived).
+    moved = _follow(run_id, target, fence, clock)
+    if move.unreachable:
+        hooks.finished(outcome)
     return moved
+
+
+class _Move:
+    """The live hash's move as the first command of the end-of-run pipeline."""
+
+    def __init__(self, run_id: str, target: RunState, owner: str, clock: Clock) -> None:
+        self.run_id, self.target, self.owner, self.clock = run_id, target, owner, clock
+        self.moved: bool | None = None  # None: not decided here (see `settle`)
+        self.unreachable = False
+        self._read: Callable[[Any], RunState] | None = None
+
+    def send(self, pipe: Pipeline) -> None:
+        self._read = live.queue_transition(
+            pipe, self.run_id, self.target, owner=self.owner, clock=self.clock
+        )
+
+    def receive(self, replies: list[Any]) -> None:
+        assert self._read is not None
+        (reply,) = replies
+        if isinstance(reply, ValkeyConnectionError | ValkeyTimeoutError):
+            self.unreachable = True
+            return
+        try:
+            self._read(reply)
+            self.moved = True
+        except IllegalTransition as exc:
+            if self.target == RunState.CANCELLED and exc.current in (
+                RunState.PENDING,
+                RunState.ACTIVE,
+            ):
+                return  # the two steps, by `_follow`
+            self.moved = _disagreed(self.run_id, self.target, exc)
+        except FencedWrite as exc:
+            log.warning("run %s: %s; live hash left to its owner", self.run_id, exc)
+            self.moved = False
+        except Exception:
+            log.exception("run %s: %s in Postgres; live hash not updated", self.run_id, self.target)
+            self.moved = False
 
 
 def _follow(run_id: str, target: RunState, owner: str, clock: Clock) -> bool:
@@ -106,10 +164,15 @@ def _follow_once(run_id: str, target: RunState, owner: str, clock: Clock) -> boo
     except IllegalTransition as exc:
         if target == RunState.CANCELLED and exc.current in (RunState.PENDING, RunState.ACTIVE):
             return _cancel_in_two_steps(run_id, owner, clock)
-        if exc.current is None:
-            log.info("run %s: no live hash to mark %s", run_id, target.value)
-        else:
-            log.warning("run %s: %s in Postgres, live hash disagreed: %s", run_id, target, exc)
+        return _disagreed(run_id, target, exc)
+    return False
+
+
+def _disagreed(run_id: str, target: RunState, exc: IllegalTransition) -> bool:
+    if exc.current is None:
+        log.info("run %s: no live hash to mark %s", run_id, target.value)
+    else:
+        log.warning("run %s: %s in Postgres, live hash disagreed: %s", run_id, target, exc)
     return False
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TypedDict, cast
+from collections.abc import Callable
+from typing import Any, TypedDict, cast
 
 from django.conf import settings
+from redis.client import Pipeline
 from redis.exceptions import ResponseError
 
 from orchestrator.clock import SYSTEM, Clock, to_ms
@@ -63,26 +65,50 @@ def claim(run_id: str, owner: str, clock: Clock = SYSTEM) -> None:
         raise _translate(exc, run_id, RunState.ACTIVE) from None
 
 
+def _transition_call(
+    run_id: str, target: RunState, owner: str, clock: Clock
+) -> tuple[list[str], list[Any]]:
+    config = settings.CONFIG
+    return (
+        [keys.run_active(run_id), keys.run_terminal(run_id)],
+        [
+            target.value,
+            to_ms(clock.now()),
+            config.run_active_ttl_s,
+            config.run_terminal_ttl_s,
+            owner,
+        ],
+    )
+
+
 def transition(
     run_id: str, target: RunState, *, owner: str = "", clock: Clock = SYSTEM
 ) -> RunState:
     """Move the live hash to `target`; `owner` fences writes from a process that lost the run."""
-    config = settings.CONFIG
+    script_keys, args = _transition_call(run_id, target, owner, clock)
     try:
-        previous = scripts.call(
-            "transition_run",
-            [keys.run_active(run_id), keys.run_terminal(run_id)],
-            [
-                target.value,
-                to_ms(clock.now()),
-                config.run_active_ttl_s,
-                config.run_terminal_ttl_s,
-                owner,
-            ],
-        )
+        previous = scripts.call("transition_run", script_keys, args)
     except ResponseError as exc:
         raise _translate(exc, run_id, target) from None
     return RunState(previous)
+
+
+def queue_transition(
+    pipe: Pipeline, run_id: str, target: RunState, *, owner: str = "", clock: Clock = SYSTEM
+) -> Callable[[Any], RunState]:
+    """`transition`, queued in `pipe` to go with other commands; returns what reads its reply
+    (raising as `transition` would)."""
+    script_keys, args = _transition_call(run_id, target, owner, clock)
+    scripts.queue(pipe, "transition_run", script_keys, args)
+
+    def read(reply: Any) -> RunState:
+        try:
+            previous = scripts.replied("transition_run", script_keys, args, reply)
+        except ResponseError as exc:
+            raise _translate(exc, run_id, target) from None
+        return RunState(previous)
+
+    return read
 
 
 def transition_stage(
