@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck check bench
+.PHONY: install run test lint typecheck check bench bench-memory
 
 $(STAMP): requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,4 +40,7 @@ typecheck: install
 check: lint typecheck test
 
 bench: install
-	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/throughput.py --json
+
+bench-memory: install
+	$(BIN)/python bench/memory.py

@@ -1,6 +1,7 @@
 """No-op throughput of Lumastra against bare Celery, measured in one invocation.
 
-    .venv/bin/python bench/throughput.py [-n 2000] [--concurrency 2] [--rounds 1] [--profile]
+    .venv/bin/python bench/throughput.py [-n 2000] [--concurrency 2|io] [--rounds 1] [--json]
+                                         [--profile]
 
 Each side gets a fresh `celery worker` subprocess (prefork, acks_late, prefetch 1, the same
 concurrency, the same broker and transport options) that starts on an idle queue. The benchmark
@@ -22,8 +23,16 @@ by a busy worker on this 2-core machine, and both sides drain the same kind of b
 
 It uses its own stores and never touches the app's or the tests' data: the Postgres database
 `lumastra_bench` (created and migrated here; task_history is truncated each round) and Redis
-DBs 9, 10 and 11 (flushed). It stops only the worker processes it started. docs/benchmarks.md
+DBs 9, 10 and 11 (flushed); BENCH_DATABASE_URL, BENCH_VALKEY_URL, BENCH_VALKEY_CACHE_URL and
+BENCH_CELERY_BROKER_URL move them. It stops only the worker processes it started. docs/benchmarks.md
 records results and explains the CPU columns.
+
+Each round also measures what admission adds to start_run (bench/admission.py: start_run p50
+with every hook minus with none, for the same no-limit task). `--concurrency io` gives both
+workers the io pool's real concurrency (its budget in the worker role's plan, folded classes
+included) instead of a number. `--json` ends the output with one line of medians over the
+rounds: ratio, lumastra_runs_s, bare_tasks_s, start_run_p50_ms, start_run_p99_ms,
+admission_p50_ms.
 
 With --profile it also times every step of start_run and of the runner (bench/steps.py),
 cProfiles both paths in this process, and cProfiles each worker's main process.
@@ -49,11 +58,17 @@ ROOT = Path(__file__).resolve().parent.parent
 # Run as a script: import the project, not whatever sits beside this file.
 sys.path[0] = str(ROOT)
 
-BENCH_ENV = {
+# The stores default to the bench's own; BENCH_<NAME> moves one (e.g. BENCH_CELERY_BROKER_URL)
+# when those Redis DBs are in use by someone else on a shared machine. Never the app's own
+# variables: an inherited DATABASE_URL must not point this at real data.
+_STORES = {
     "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/lumastra_bench",
     "VALKEY_URL": "redis://127.0.0.1:6379/9",
     "VALKEY_CACHE_URL": "redis://127.0.0.1:6379/10",
     "CELERY_BROKER_URL": "redis://127.0.0.1:6379/11",
+}
+BENCH_ENV = {
+    **{name: os.environ.get(f"BENCH_{name}", default) for name, default in _STORES.items()},
     "LUMASTRA_TASK_MODULES": "bench.task_defs",
     "WORKER_MODE": "enabled",
     "DJANGO_SETTINGS_MODULE": "lumastra.settings",
@@ -66,6 +81,8 @@ TASK_ID = "bench-noop"
 # both land in the same priority sub-queue.
 PRIORITY = 2
 TERMINAL = ("completed", "failed", "cancelled")
+# Starts per alternating block of the admission figure (as bench/admission.py's default).
+ADMISSION_BLOCK = 100
 # Delivery settings both apps must share for the comparison to mean anything.
 SHARED_SETTINGS = (
     "broker_url",
@@ -166,6 +183,21 @@ def prepare_stores() -> None:
         sys.exit("manage.py migrate failed on the bench database; its error is above")
     for name in ("VALKEY_URL", "VALKEY_CACHE_URL", "CELERY_BROKER_URL"):
         redis.Redis.from_url(BENCH_ENV[name]).flushdb()
+
+
+def setup() -> None:
+    """What every bench script does first: its stores ready, Django set up on them."""
+    # Without this, a SIGTERM would skip the `finally` that stops the workers started here.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # Celery puts the working directory first on sys.path; from anywhere else, another
+    # checkout's packages could shadow this one's.
+    os.chdir(ROOT)
+    # Forced, not defaulted: an inherited DATABASE_URL must never point this at real data.
+    os.environ.update(BENCH_ENV)
+    prepare_stores()
+    import django
+
+    django.setup()
 
 
 def check_same_delivery(ours: Any, bare: Any) -> None:
@@ -326,6 +358,36 @@ def report(side: Side) -> None:
     print(f"            {busy(cpu)} during the drain")
 
 
+def pool_concurrency(value: str) -> int:
+    """A number as given, or the concurrency the worker role plans for the pool so named."""
+    if value.isdigit():
+        return int(value)
+    from lumastra import workers
+
+    pools = {pool.name: pool.concurrency for pool in workers.plan()}
+    if value not in pools:
+        sys.exit(f"--concurrency {value!r}: not a number nor a planned pool ({', '.join(pools)})")
+    return pools[value]
+
+
+def summary(ours: Side, bare: Side, admission_runs: int) -> dict[str, float]:
+    """One round's figures, as --json reports them; admission is measured here, after both
+    sides, on the emptied stores."""
+    from bench import admission
+
+    ms = [1000 * s for s in ours.enqueue_s]
+    return {
+        "ratio": ours.rate / bare.rate,
+        "lumastra_runs_s": ours.rate,
+        "bare_tasks_s": bare.rate,
+        "start_run_p50_ms": percentile(ms, 0.5),
+        "start_run_p99_ms": percentile(ms, 0.99),
+        "admission_p50_ms": admission.added_p50(
+            admission.measure(admission_runs, min(ADMISSION_BLOCK, admission_runs))
+        ),
+    }
+
+
 def busy(cpu: Any) -> str:
     capacity = cpu.wall * (os.cpu_count() or 1)
     return (
@@ -339,24 +401,22 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("-n", "--runs", type=int, default=2000, help="runs per side")
-    parser.add_argument("--concurrency", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "--concurrency",
+        default=str(os.cpu_count() or 2),
+        help="pool processes per worker: a number, or a pool's name (io) for its real budget",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="alternate sides this many times")
     parser.add_argument("--loglevel", default="WARNING", help="both workers' log level")
+    parser.add_argument(
+        "--admission-runs", type=int, default=1000, help="starts per variant, each round"
+    )
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of medians")
     parser.add_argument("--profile", action="store_true", help="also profile both paths")
     parser.add_argument("--profile-runs", type=int, default=500, help="runs per profile pass")
     args = parser.parse_args(argv)
 
-    # Without this, a SIGTERM would skip the `finally` that stops the workers started here.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    # Celery puts the working directory first on sys.path; from anywhere else, another
-    # checkout's packages could shadow this one's.
-    os.chdir(ROOT)
-    # Forced, not defaulted: an inherited DATABASE_URL must never point this at real data.
-    os.environ.update(BENCH_ENV)
-    prepare_stores()
-    import django
-
-    django.setup()
+    setup()
     from lumastra.celery import app as lumastra_app
 
     # Before bench.bare_app is imported here, and inherited by its worker subprocess.
@@ -366,13 +426,17 @@ def main(argv: list[str] | None = None) -> int:
     from bench import bare_app
 
     check_same_delivery(lumastra_app, bare_app.app)
+    concurrency = args.concurrency
+    args.concurrency = pool_concurrency(concurrency)
+    if str(args.concurrency) != concurrency:
+        concurrency = f"{args.concurrency} (the {concurrency} pool's budget)"
     print(
-        f"N={args.runs} per side, concurrency={args.concurrency}, pool=prefork, prefetch=1,"
+        f"N={args.runs} per side, concurrency={concurrency}, pool=prefork, prefetch=1,"
         f" acks_late, priority {PRIORITY}, broker {BENCH_ENV['CELERY_BROKER_URL']},"
         f" worker loglevel {args.loglevel}, {os.cpu_count()} cores"
     )
     print("enqueue all N first, then open the queue; * = machine-wide (other users included)")
-    ratios = []
+    rounds: list[dict[str, float]] = []
     for round_no in range(args.rounds):
         print(f"round {round_no + 1}  (load {load_average()})")
         # Alternating the order spreads any drift of the machine's load over both sides.
@@ -380,16 +444,20 @@ def main(argv: list[str] | None = None) -> int:
         sides = {side.name: side for side in (run(args.runs, args) for run in order)}
         for name in ("lumastra", "bare"):
             report(sides[name])
-        ratios.append(sides["lumastra"].rate / sides["bare"].rate)
-        print(f"  ratio lumastra/bare = {ratios[-1]:.2f}")
+        rounds.append(summary(sides["lumastra"], sides["bare"], args.admission_runs))
+        print(f"  admission adds {rounds[-1]['admission_p50_ms']:.3f} ms to start_run at p50")
+        print(f"  ratio lumastra/bare = {rounds[-1]['ratio']:.2f}")
+    medians = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
     if args.rounds > 1:
-        print(f"median ratio over {args.rounds} rounds = {statistics.median(ratios):.2f}")
+        print(f"median ratio over {args.rounds} rounds = {medians['ratio']:.2f}")
 
     if args.profile:
         from bench import profiling
 
         profiling.in_process(args.profile_runs)
         profiling.worker_main_processes(args, lumastra_side, bare_side)
+    if args.json:
+        print(json.dumps({key: round(value, 3) for key, value in medians.items()}))
     return 0
 
 

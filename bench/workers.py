@@ -87,10 +87,10 @@ def worker(
                 raise RuntimeError(f"worker {hostname} did not start; see {log_path}")
         yield Worker(process, hostname, idle_queue, log_path)
     finally:
-        _stop(process)
+        stop(process)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: subprocess.Popen[bytes]) -> None:
     # The group is the worker's own (start_new_session), so this reaches its pool children
     # and nothing else; SIGTERM is Celery's warm shutdown.
     try:

@@ -395,3 +395,20 @@ quota_then_drop = define_task(
     backpressure="drop",
     quotas=Quotas(max_runs_per_day=3),
 )
+
+
+# --- the round-trip guard (tests/integration/test_round_trips.py) ----------------------------
+
+# It runs these through the runner in its own process, so their queues stay private: a shared
+# worker taking a message first would change the path it counts. One without limits (the same
+# as test-noop, whose queue the shared worker takes), one with every limit a task can declare.
+round_trips_plain = define_task(id="test-rt-plain", resource_class="io", execute=_noop)
+round_trips_limited = define_task(
+    id="test-rt-limited",
+    resource_class="io",
+    execute=_noop_keyed,
+    input_model=KeyInput,
+    identity_for=_by_key,
+    # Limits high enough never to refuse or postpone: the guard counts the admitted path.
+    quotas=Quotas(max_runs_per_day=1_000_000, max_concurrent=2, rate="1000/s"),
+)

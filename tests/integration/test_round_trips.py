@@ -1,0 +1,114 @@
+"""The round-trip guard (issue 9): what one no-op run costs in Postgres statements, Valkey
+commands and broker writes, counted rather than timed, for a task without limits and for one
+with every limit. A count above its pin fails, so a change that adds a round trip to the hot
+path has to say so here.
+
+`start` is one `start_run` (admission, the insert, the commit and the publish after it);
+`run` is the Celery task body's call into the runner for that run, in this process, from
+pickup to the terminal write. A warm-up run first pays what a process pays once (connections,
+script loads, queue declarations). Run with `-s` to see the per-step table (for
+docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from orchestrator.models import TaskHistory
+from orchestrator.routing import class_queues
+from orchestrator.runs import runner
+from orchestrator.runs.start import start_run
+from orchestrator.stores import keys, valkey
+from orchestrator.triggers import TriggerKind
+from tasks import registry
+from tests.support.round_trips import Counts, Recording, recording
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PLAIN = "test-rt-plain"  # no quota, concurrency, rate or identity
+LIMITED = "test-rt-limited"  # all four
+
+
+def _depth_scan() -> int:
+    """The backpressure check's LLENs: one per priority step of every queue of the io class,
+    so it grows with the test registry's io tasks; pinned as such, not as a number."""
+    queues = class_queues(registry.get().values(), "io", settings.CONFIG.per_task_queues)
+    return len(keys.BROKER_PRIORITY_STEPS) * len(queues)
+
+
+DEPTH_SCAN = _depth_scan()
+# The most each path may cost; lower a pin when a change saves a round trip.
+# fmt: off
+PINS: dict[tuple[str, str], Counts] = {
+    #                   postgres  valkey  valkey_commands  broker  broker_commands
+    ("start", PLAIN):   Counts(3, 2, 4, 2, 1 + DEPTH_SCAN),
+    ("run", PLAIN):     Counts(3, 3, 8, 0, 0),
+    ("start", LIMITED): Counts(4, 3, 4, 2, 1 + DEPTH_SCAN),
+    ("run", LIMITED):   Counts(5, 5, 8, 0, 0),
+}
+# fmt: on
+
+
+def _input(task_id: str) -> dict[str, Any]:
+    # A fresh identity each time: the limited task deduplicates by it.
+    return {"key": uuid.uuid4().hex} if task_id == LIMITED else {}
+
+
+@pytest.fixture(autouse=True)
+def _free_slots() -> None:
+    """Slots or a waiting line of these tasks left by an earlier test would postpone a run
+    here, and a postponed run is not the path being counted."""
+    for task_id in (PLAIN, LIMITED):
+        valkey.client().delete(
+            keys.concurrency_holders(task_id),
+            keys.concurrency_waiters(task_id),
+            keys.concurrency_postponed(task_id),
+            keys.rate_window(task_id),
+        )
+
+
+def _one_run(task_id: str) -> tuple[Recording, Recording]:
+    with recording() as start:
+        handle = start_run(task_id, _input(task_id), trigger=TriggerKind.MANUAL)
+    version = registry.get()[task_id].processing_version
+    with recording() as run:
+        runner.run_message(task_id, handle.run_id, version)
+    assert TaskHistory.objects.get(id=handle.run_id).state == "completed"
+    return start, run
+
+
+def _table(measured: dict[tuple[str, str], Counts]) -> str:
+    lines = [
+        "| path | task | round trips | Postgres | Valkey (commands) | broker (commands) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (path, task_id), c in measured.items():
+        lines.append(
+            f"| {path} | {task_id} | {c.postgres + c.valkey + c.broker} | {c.postgres}"
+            f" | {c.valkey} ({c.valkey_commands})"
+            f" | {c.broker} ({c.broker_commands}) |"
+        )
+    return "\n".join(lines)
+
+
+def test_a_no_op_run_costs_no_more_round_trips_than_pinned() -> None:
+    measured: dict[tuple[str, str], Counts] = {}
+    steps: list[str] = []
+    for task_id in (PLAIN, LIMITED):
+        _one_run(task_id)  # warm-up
+        for path, caught in zip(("start", "run"), _one_run(task_id), strict=True):
+            measured[path, task_id] = caught.counts()
+            steps.append(f"\n{path}, {task_id}:\n\n{caught.steps_table()}")
+    report = _table(measured) + "\n" + "\n".join(steps)
+    print(report)
+
+    grown = {
+        where: (count, PINS[where])
+        for where, count in measured.items()
+        if any(now > pinned for now, pinned in zip(count, PINS[where], strict=True))
+    }
+    assert not grown, f"round trips grew past their pins: {grown}\n\n{report}"
