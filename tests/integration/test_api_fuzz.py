@@ -81,7 +81,7 @@ def test_every_operation_declares_its_errors_with_the_error_schema() -> None:
     assert set(operations) == set(OWN_ERRORS)
     for key, operation in operations.items():
         errors = {int(s): r for s, r in operation["responses"].items() if int(s) >= 400}
-        assert set(errors) == {400, 401, 403, 413, 429} | OWN_ERRORS[key], key
+        assert set(errors) == {400, 401, 403, 413, 429, 503} | OWN_ERRORS[key], key
         for response in errors.values():
             schema = response["content"]["application/json"]["schema"]
             assert schema == {"$ref": "#/components/schemas/ErrorOut"}

@@ -102,10 +102,17 @@ def _clean_redis() -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_counters() -> None:
-    """Circuits, refusal counts and failed sign-ins outlive a test's database; each test starts
-    without them, so failures one test provokes never refuse another test's starts or tokens."""
+    """Circuits, refusal and daily run counts and failed sign-ins outlive a test's database;
+    each test starts without them, so failures one test provokes never refuse another test's
+    starts or tokens, and runs one test counts never show in another's figures."""
     client = valkey.client()
-    for pattern in (keys.circuit("*"), keys.refusals("*", "*"), keys.auth_failures("*")):
+    patterns = (
+        keys.circuit("*"),
+        keys.refusals("*", "*"),
+        keys.quota_counts("*", "*"),
+        keys.auth_failures("*"),
+    )
+    for pattern in patterns:
         stale = list(client.scan_iter(match=pattern, count=500))
         if stale:
             client.delete(*stale)
@@ -116,9 +123,43 @@ def celery_worker(
     django_db_setup: None, django_db_blocker: Any
 ) -> Iterator[subprocess.Popen[bytes]]:
     """One shared worker for the queues of SHARED_TASKS."""
-    tasks = registry.get()
-    queues = sorted({queue_name(tasks[t], settings.CONFIG.per_task_queues) for t in SHARED_TASKS})
     with django_db_blocker.unblock():
         connection.ensure_connection()
-    with worker_process(queues, concurrency=2, name="shared") as process:
+    with worker_process(_shared_queues(), concurrency=2, name="shared") as process:
+        _shared_worker.append(process)
         yield process
+        _shared_worker.clear()
+
+
+_shared_worker: list[subprocess.Popen[bytes]] = []
+# A test's runs of shared tasks that are still in flight at its end finish within this.
+SHARED_IDLE_TIMEOUT_S = 10.0
+
+
+def _shared_queues() -> list[str]:
+    tasks = registry.get()
+    return sorted({queue_name(tasks[t], settings.CONFIG.per_task_queues) for t in SHARED_TASKS})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Before a database test's tables are flushed, let the shared worker finish the runs the
+    test left in flight: its writes racing the flush's TRUNCATE deadlock (seen in CI)."""
+    if _shared_worker and item.get_closest_marker("django_db"):
+        _wait_for_shared_worker_idle()
+    yield
+
+
+def _wait_for_shared_worker_idle() -> None:
+    from orchestrator.models import TaskHistory
+    from orchestrator.stores import broker
+
+    queues = _shared_queues()
+    deadline = time.monotonic() + SHARED_IDLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        busy = TaskHistory.objects.filter(
+            task_id__in=SHARED_TASKS, state__in=["active", "cancelling"]
+        ).exists()
+        if not busy and broker.depth(queues) == 0:
+            return
+        time.sleep(0.05)
