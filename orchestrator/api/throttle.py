@@ -34,7 +34,7 @@ def blocked_for(address: str) -> timedelta | None:
     pipe = valkey.client().pipeline(transaction=True)
     pipe.get(keys.auth_failures(address))
     pipe.pttl(keys.auth_failures(address))
-    count, ttl_ms = pipe.execute()  # type: ignore[no-untyped-call]
+    count, ttl_ms = valkey.execute(pipe)
     if count is None or int(count) < settings.CONFIG.auth_failure_limit:
         return None
     # A counter always has its expiry (set with it, below); at least a second is what
@@ -47,7 +47,7 @@ def record_failure(address: str) -> None:
     pipe = valkey.client().pipeline(transaction=True)
     pipe.incr(keys.auth_failures(address))
     pipe.expire(keys.auth_failures(address), settings.CONFIG.auth_failure_window_s, nx=True)
-    pipe.execute()  # type: ignore[no-untyped-call]
+    valkey.execute(pipe)
 
 
 def refusal(wait: timedelta) -> str:

@@ -10,25 +10,14 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
 
 from tests.support.fixtures import ROOT, database_url
-from tests.support.servers import free_port, serving
+from tests.support.servers import free_port, http_status, serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -43,8 +32,9 @@ def web_without_valkey(transactional_db: None) -> Iterator[str]:
         "LUMASTRA_WEB_PORT": str(port),
     }
     base_url = f"http://127.0.0.1:{port}"
-    ready = partial(_answers, f"{base_url}/admin/login/")
-    with serving([str(ROOT / "deploy/start-web.sh")], env, "web-no-valkey", ready):
+    argv = [str(ROOT / "deploy/start-web.sh")]
+    login = f"{base_url}/admin/login/"
+    with serving(argv, env, "web-no-valkey", lambda: http_status(login) is not None):
         yield base_url
 
 

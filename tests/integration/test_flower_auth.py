@@ -14,12 +14,11 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from functools import partial
 
 import pytest
 
 from tests.support.fixtures import ROOT
-from tests.support.servers import free_port, serving
+from tests.support.servers import free_port, http_status, serving
 
 USER, PASSWORD = "flower-test", "s3cret-for-tests"
 PATHS = ["/", "/metrics", "/healthcheck", "/api/workers", "/static/css/flower.css", "/nope"]
@@ -39,14 +38,6 @@ def _basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-def _answers(url: str) -> bool:
-    try:
-        _status(url)
-    except OSError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def flower_url() -> Iterator[str]:
     port = free_port()
@@ -57,7 +48,7 @@ def flower_url() -> Iterator[str]:
     }
     argv = [sys.executable, "-m", "lumastra.flower", "--address=127.0.0.1", f"--port={port}"]
     url = f"http://127.0.0.1:{port}"
-    with serving(argv, env, "flower", partial(_answers, f"{url}/healthcheck")):
+    with serving(argv, env, "flower", lambda: http_status(f"{url}/healthcheck") is not None):
         yield url
 
 

@@ -20,7 +20,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from orchestrator.cluster import roster
 from orchestrator.models import TaskHistory
 from orchestrator.stores import keys, valkey
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
-from tests.support.servers import free_port, serving
+from tests.support.servers import free_port, http_status, serving
 
 # Commands a consuming connection sits in; a publisher's connection never does.
 CONSUMING_COMMANDS = {"brpop", "blpop", "brpoplpush", "blmove", "bzpopmin", "bzpopmax"}
@@ -51,19 +50,6 @@ class WebRole:
     log: Path
 
 
-def _serves_login(base_url: str) -> bool:
-    return _get_status(f"{base_url}/admin/login/") == 200
-
-
-def _get_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            status: int = response.status
-            return status
-    except OSError:
-        return None
-
-
 @pytest.fixture
 def web_role(transactional_db: None) -> Iterator[WebRole]:
     """`deploy/start-web.sh` as a subprocess on a free port, against the test database."""
@@ -77,9 +63,13 @@ def web_role(transactional_db: None) -> Iterator[WebRole]:
         "FEATURE_PER_TASK_QUEUES": "false",
     }
     base_url = f"http://127.0.0.1:{port}"
-    ready = partial(_serves_login, base_url)
     try:
-        with serving([str(ROOT / "deploy/start-web.sh")], env, "web-role", ready) as process:
+        with serving(
+            [str(ROOT / "deploy/start-web.sh")],
+            env,
+            "web-role",
+            lambda: http_status(f"{base_url}/admin/login/") == 200,
+        ) as process:
             yield WebRole(process, base_url, ROOT / f".pytest_cache/web-role-{os.getpid()}.log")
     finally:
         with current_app.connection_for_write() as conn:
@@ -177,7 +167,7 @@ def test_the_consumer_checks_detect_a_real_worker(django_db_setup: None) -> None
 
 
 def test_web_role_serves_starts_runs_and_consumes_nothing(web_role: WebRole) -> None:
-    assert _get_status(f"{web_role.base_url}/static/admin/css/base.css") == 200
+    assert http_status(f"{web_role.base_url}/static/admin/css/base.css") == 200
     environ = Path(f"/proc/{web_role.process.pid}/environ").read_bytes().split(b"\0")
     assert b"WORKER_MODE=disabled" in environ
     get_user_model().objects.create_superuser("operator", "op@example.invalid", "pw-operator")

@@ -15,9 +15,7 @@ import select
 import socket
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -25,21 +23,13 @@ import pytest
 from lumastra import config
 from orchestrator.api.limits import too_large
 from tests.support.fixtures import ROOT, database_url
-from tests.support.servers import free_port, serving
+from tests.support.servers import free_port, http_status, serving
 
 READ_TIMEOUT_S = 2
 LIMIT_CONCURRENCY = 4
 LIMIT = config.current().api_max_body_bytes
 CHUNK = 16 * 1024
 Address = tuple[str, int]
-
-
-def _serves(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +44,9 @@ def server() -> Iterator[Address]:
         "LUMASTRA_WEB_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
         "LUMASTRA_WEB_LIMIT_CONCURRENCY": str(LIMIT_CONCURRENCY),
     }
-    ready = partial(_serves, f"http://127.0.0.1:{port}/admin/login/")
-    with serving([str(ROOT / "deploy/start-web.sh")], env, "web-limits", ready):
+    login = f"http://127.0.0.1:{port}/admin/login/"
+    argv = [str(ROOT / "deploy/start-web.sh")]
+    with serving(argv, env, "web-limits", lambda: http_status(login) == 200):
         yield ("127.0.0.1", port)
 
 
