@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 
@@ -99,6 +100,9 @@ LOGGING = {
 
 # Celery (namespace CELERY_): the broker and the delivery guarantees of DESIGN §4.
 CELERY_BROKER_URL = CONFIG.celery_broker_url
+if urlsplit(CELERY_BROKER_URL).scheme in ("redis", "rediss"):
+    # kombu's Redis transport minus a new client per command (orchestrator.stores.broker_transport).
+    CELERY_BROKER_TRANSPORT = "orchestrator.stores.broker_transport:Transport"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -15,8 +15,9 @@ back at once, and a retry delivered before its time costs a claim and its give-b
 A TransientError puts the run back to pending for its next attempt, with backoff, until the
 task's retry policy is spent.
 
-Database connections are checked before and after each run, so a connection dropped between
-runs is replaced rather than failing a run.
+Database connections are checked before each run without a round trip
+(`durable.check_connections`) and closed after it if broken or too old, so a connection dropped
+between runs is replaced rather than failing a run.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ MAX_BROKER_DELAY = timedelta(seconds=10)
 def run_message(
     task_id: str, run_id: str, processing_version: int, redelivered: bool = False
 ) -> None:
-    close_old_connections()
+    durable.check_connections()
     try:
         _run(registry.get()[task_id], run_id, processing_version, redelivered)
     finally:

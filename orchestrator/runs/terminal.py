@@ -17,7 +17,7 @@ from django.utils import timezone
 from orchestrator.runs import drain
 from orchestrator.runs.settle import settle
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
-from orchestrator.stores import durable
+from orchestrator.stores import durable, live
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
@@ -42,7 +42,12 @@ def finish(
     kind = ErrorKind(error["kind"]) if error else None
     finished_at = timezone.now()
     try:
-        durable.end(run_id, target, finished_at=finished_at, result=result, error=error)
+        try:
+            durable.end(run_id, target, finished_at=finished_at, result=result, error=error)
+        except IllegalTransition as exc:
+            if exc.current != RunState.PENDING or not retake_lost_claim(run_id, owner):
+                raise
+            durable.end(run_id, target, finished_at=finished_at, result=result, error=error)
     except (OperationalError, InterfaceError):
         # Postgres is away: the drain replays the write, then settles the run
         # hooks itself, so Valkey is never ahead of Postgres.
@@ -61,6 +66,19 @@ def finish(
         raise
     settle(run_id, definition.id, target, owner=owner, error_kind=kind)
     return target
+
+
+def retake_lost_claim(run_id: str, owner: str) -> bool:
+    """Postgres says pending while Valkey says `owner` runs the run: the claim's commit, which
+    does not wait for its flush (`stores/sql/claim_run.sql`), was lost in a crash of Postgres.
+    The owner claims it again. False, and nothing written, when Valkey does not say so."""
+    held = live.read(run_id)
+    if not owner or held.get("state") != RunState.ACTIVE or held.get("owner") != owner:
+        return False
+    if durable.claim(run_id, owner) is None:
+        return False
+    log.warning("run %s: Postgres lost the claim by %s; claimed again", run_id, owner)
+    return True
 
 
 def cancel(

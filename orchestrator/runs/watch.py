@@ -6,7 +6,8 @@ watched, the thread:
 - listens on `task:cancel:<runId>` and trips the context's cancel flag at once (the context
   also re-reads the hash now and then, in case the message came before the subscription);
 - every LUMASTRA_HEARTBEAT_INTERVAL_S stamps `task_history.heartbeat_at` (Postgres clock),
-  the live hash's `heartbeat_at` and TTL (Valkey clock) and the run's concurrency lease;
+  the live hash's `heartbeat_at` and TTL (Valkey clock) and the run's concurrency lease, and
+  claims the run again if a crash of Postgres lost its claim (`terminal.retake_lost_claim`);
 - runs the watchdogs about every second: a stall warning after LUMASTRA_RUN_STALL_WARN_MS
   without progress (`report_progress` or `log`), a stall failure after
   LUMASTRA_RUN_STALL_FAIL_MS, the task's hard timeout by the wall clock (a handler that keeps
@@ -133,7 +134,8 @@ class Watcher:
         watched.next_beat = time.monotonic() + settings.CONFIG.heartbeat_interval_s
         close_old_connections()
         try:
-            durable.heartbeat(watched.run_id, watched.owner)
+            if not durable.heartbeat(watched.run_id, watched.owner):
+                terminal.retake_lost_claim(watched.run_id, watched.owner)
             state, _, _ = scripts.call(
                 "heartbeat_run",
                 [keys.run_active(watched.run_id)],

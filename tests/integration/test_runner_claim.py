@@ -5,8 +5,11 @@ The runner is called in this process, as a worker's pool child would call it."""
 
 from __future__ import annotations
 
+import select
+from contextlib import closing
 from datetime import timedelta
 
+import psycopg2
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -14,10 +17,13 @@ from django.utils import timezone
 
 from orchestrator.hooks.concurrency import running
 from orchestrator.models import TaskHistory
+from orchestrator.runs import terminal
 from orchestrator.runs.runner import run_message
 from orchestrator.runs.start import start_run
-from orchestrator.stores import keys, live, valkey
+from orchestrator.states import IllegalTransition, RunState
+from orchestrator.stores import durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
+from tasks import registry
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -46,7 +52,9 @@ def test_a_first_delivery_claims_and_ends_in_two_statements_without_a_read() -> 
     statements = _statements_on_runs(captured)
     assert len(statements) == 2, statements
     claim, end = statements
-    assert claim.startswith("UPDATE task_history") and "RETURNING" in claim
+    # One round trip: the claim's own transaction does not wait for its WAL flush.
+    assert claim.startswith("SET LOCAL synchronous_commit = off;")
+    assert "UPDATE task_history" in claim and "RETURNING" in claim
     assert end.startswith("UPDATE task_history")
     assert not any("ORDER BY" in sql for sql in statements)
     row = TaskHistory.objects.get(id=run_id)
@@ -101,3 +109,64 @@ def test_a_first_delivery_whose_live_hash_is_gone_seeds_it_again_and_runs() -> N
 
     assert TaskHistory.objects.get(id=run_id).state == "completed"
     assert live.read(run_id)["state"] == "completed"
+
+
+def _claim(run_id: str, owner: str) -> None:
+    live.claim(run_id, owner)
+    assert durable.claim(run_id, owner) is not None
+
+
+def _lose_claim(run_id: str) -> None:
+    """What a crash of Postgres leaves when it loses a claim's commit before its WAL flush
+    (the claim does not wait for it): the row as it was before, while Valkey keeps the claim."""
+    TaskHistory.objects.filter(id=run_id).update(
+        state="pending", owner_instance_id="", started_at=None, heartbeat_at=None, attempts=0
+    )
+
+
+def test_a_claim_postgres_lost_is_taken_again_by_its_owner_at_the_terminal_write() -> None:
+    run_id = _start()
+    _claim(run_id, "host-a:1")
+    _lose_claim(run_id)
+
+    ended = terminal.finish(
+        registry.get()[TASK], run_id, "host-a:1", RunState.COMPLETED, result={"ok": True}
+    )
+
+    assert ended == RunState.COMPLETED
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.owner_instance_id, row.attempts) == ("completed", "host-a:1", 1)
+    assert row.started_at is not None
+    assert live.read(run_id)["state"] == "completed"
+
+
+def test_a_process_valkey_does_not_name_as_owner_cannot_take_a_pending_run_at_its_end() -> None:
+    run_id = _start()
+    _claim(run_id, "host-a:1")
+    _lose_claim(run_id)
+
+    with pytest.raises(IllegalTransition) as refused:
+        terminal.finish(registry.get()[TASK], run_id, "host-b:2", RunState.COMPLETED)
+
+    assert refused.value.current == RunState.PENDING
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.owner_instance_id) == ("pending", "")
+    assert live.read(run_id)["owner"] == "host-a:1"
+
+
+def test_a_connection_its_server_ended_between_runs_is_replaced_before_the_next_run() -> None:
+    run_message(TASK, _start(), 1)
+    run_id = _start()
+    raw = connection.connection
+    assert raw is not None
+    ended_pid = raw.get_backend_pid()
+    with closing(psycopg2.connect(**connection.get_connection_params())) as other:
+        other.autocommit = True
+        other.cursor().execute("SELECT pg_terminate_backend(%s)", [ended_pid])
+    # The server's FATAL reaches the idle socket: what the check before a run looks for.
+    assert select.select([raw.fileno()], [], [], 5)[0]
+
+    run_message(TASK, run_id, 1)
+
+    assert TaskHistory.objects.get(id=run_id).state == "completed"
+    assert connection.connection.get_backend_pid() != ended_pid

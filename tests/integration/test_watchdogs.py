@@ -62,3 +62,21 @@ def test_the_hard_timeout_stops_a_handler_that_keeps_yielding() -> None:
     assert row.error["kind"] == "timeout"
     assert "hard timeout" in row.error["message"]
     assert row.duration_s is not None and 2.5 < row.duration_s < 10
+
+
+def test_a_claim_postgres_lost_is_taken_again_at_the_next_heartbeat() -> None:
+    patient = {**FAST, "LUMASTRA_RUN_STALL_WARN_MS": "10000", "LUMASTRA_RUN_STALL_FAIL_MS": "20000"}
+    with worker_process(QUEUES, concurrency=1, name="retake", env=patient):
+        handle = start_run("test-sleepy", {"seconds": 4}, trigger=TriggerKind.MANUAL)
+        wait_for(lambda: _row(handle.run_id).state == "active")
+        owner = _row(handle.run_id).owner_instance_id
+        # What a crash of Postgres leaves when it loses the claim's commit (the claim does
+        # not wait for its WAL flush): the row as before the claim, Valkey still claimed.
+        TaskHistory.objects.filter(id=handle.run_id).update(
+            state="pending", owner_instance_id="", attempts=0
+        )
+        wait_for(lambda: _row(handle.run_id).state == "active", timeout=5)
+        assert _row(handle.run_id).owner_instance_id == owner
+        wait_for(lambda: _row(handle.run_id).state == "completed", timeout=10)
+
+    assert _row(handle.run_id).attempts == 1
