@@ -177,6 +177,12 @@ class Config:
     db_conn_max_age_s: int = _env(
         "LUMASTRA_DB_CONN_MAX_AGE_S", "600", int, "persistent DB connection lifetime"
     )
+    db_prepare_threshold: int = _env(
+        "LUMASTRA_DB_PREPARE_THRESHOLD",
+        "5",
+        int,
+        "uses on one connection before a run's statements are prepared; 0: never",
+    )
     identity_ttl_s: int = _env(
         "LUMASTRA_IDENTITY_TTL_S", "86400", _positive_int, "how long a run's identity key is held"
     )

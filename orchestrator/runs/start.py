@@ -198,7 +198,8 @@ def start_run(
     ) -> None:
         stages = {name: StageState.WAITING.value for name in definition.stage_order}
         with connection.cursor() as cursor:
-            cursor.execute(
+            queries.send(
+                cursor,
                 queries.INSERT_RUN,
                 {
                     "id": run_id,

@@ -77,6 +77,10 @@ def check_connections() -> None:
             conn.health_check_done = True  # type: ignore[attr-defined]
 
 
+# The claim's commit does not wait for its WAL flush; why it may not: stores/sql/claim_run.sql.
+ASYNC_COMMIT = "SET LOCAL synchronous_commit = off;\n"
+
+
 def state_of(run_id: str) -> str | None:
     """The run's state in Postgres, or None if it has no row."""
     with connection.cursor() as cursor:
@@ -88,7 +92,9 @@ def state_of(run_id: str) -> str | None:
 def claim(run_id: str, owner: str) -> ClaimedRun | None:
     """pending → active for `owner`, if the run is pending and due; None if it is not."""
     with connection.cursor() as cursor:
-        cursor.execute(queries.CLAIM_RUN, {"run_id": run_id, "owner": owner})
+        queries.send(
+            cursor, queries.CLAIM_RUN, {"run_id": run_id, "owner": owner}, before=ASYNC_COMMIT
+        )
         found = cursor.fetchone()
     if found is None:
         return None
@@ -116,7 +122,10 @@ def end(
         "error": _json_out(error),
         "finished_at": finished_at,
     }
-    _guarded(queries.END_RUN, params, run_id, target)
+    with connection.cursor() as cursor:
+        queries.send(cursor, queries.END_RUN, params)
+        updated = cursor.rowcount
+    _refused_unless_one(updated, run_id, target)
 
 
 def end_cancelled(
@@ -124,13 +133,13 @@ def end_cancelled(
 ) -> None:
     """cancelling → cancelled; the run keeps its error unless one is given."""
     params = {"run_id": run_id, "error": _json_out(error), "finished_at": finished_at}
-    _guarded(queries.CANCEL_RUN, params, run_id, RunState.CANCELLED)
-
-
-def _guarded(sql: str, params: dict[str, Any], run_id: str, target: RunState) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(queries.CANCEL_RUN, params)
         updated = cursor.rowcount
+    _refused_unless_one(updated, run_id, RunState.CANCELLED)
+
+
+def _refused_unless_one(updated: int, run_id: str, target: RunState) -> None:
     if updated != 1:
         # Only a refusal pays a second statement, to say what refused it.
         raise IllegalTransition(run_id, state_of(run_id), target, "postgres")

@@ -3,14 +3,13 @@
 -- No row comes back when the run is not pending (cancelled, ended, claimed by someone else)
 -- or not yet due (a retry waiting for `not_before`); the caller then reads the row to see why.
 -- `attempts` comes back already counting this attempt.
--- The commit does not wait for its WAL flush (`SET LOCAL`, this statement's own implicit
--- transaction; both statements go in one round trip): half of a run's flush waits, for a claim
--- only a crash of Postgres itself can lose, and then within wal_writer_delay (about 0.2 s), with
--- the run's next synchronous commit flushing it anyway. A lost claim leaves the row `pending`
--- while Valkey says its owner runs it; the owner claims it again at its next heartbeat or its
--- terminal write (`runs.terminal.retake_lost_claim`).
+-- The commit does not wait for its WAL flush (`durable.ASYNC_COMMIT`: a `SET LOCAL` sent
+-- before this statement in the same round trip, for its own implicit transaction). That is
+-- half of a run's flush waits, for a claim only a crash of Postgres itself can lose, and then
+-- within wal_writer_delay (about 0.2 s); the run's next synchronous commit flushes it anyway.
+-- A lost claim leaves the row `pending` while Valkey says its owner runs it; the owner claims
+-- it again at its next heartbeat or its terminal write (`runs.terminal.retake_lost_claim`).
 -- Parameters: run_id, owner.
-SET LOCAL synchronous_commit = off;
 UPDATE task_history
    SET state = 'active',
        owner_instance_id = %(owner)s,

@@ -1,0 +1,92 @@
+"""A run's three statements as server-side prepared statements (issue 9): text for the first
+uses on a connection, then PREPARE with the first EXECUTE in one round trip, then EXECUTE
+alone; a statement the server forgot is sent again as text; threshold 0 never prepares."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from django.conf import LazySettings
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
+
+from orchestrator.models import TaskHistory
+from orchestrator.runs.runner import run_message
+from orchestrator.runs.start import start_run
+from orchestrator.triggers import TriggerKind
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+TASK = "test-noop"
+
+
+def _runs(count: int) -> list[str]:
+    """`count` runs started and run in this process; the statements they sent, in order."""
+    with CaptureQueriesContext(connection) as captured:
+        for _ in range(count):
+            run_message(TASK, start_run(TASK, {}, trigger=TriggerKind.MANUAL).run_id, 1)
+    return [q["sql"] for q in captured.captured_queries]
+
+
+def _forms(sent: list[str], name: str, table_verb: str) -> list[str]:
+    """How each use of one query went: 'text', 'prepare' (PREPARE and EXECUTE) or 'execute'."""
+    forms = []
+    for sql in sent:
+        if f"PREPARE lumastra_{name} AS" in sql:
+            assert f"EXECUTE lumastra_{name}(" in sql  # in the same round trip
+            forms.append("prepare")
+        elif f"EXECUTE lumastra_{name}(" in sql:
+            forms.append("execute")
+        elif table_verb in sql:
+            forms.append("text")
+    return forms
+
+
+def _threshold(settings: LazySettings, uses: int) -> None:
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, db_prepare_threshold=uses)
+
+
+def test_a_connection_prepares_a_runs_statements_once_they_are_used_often(
+    settings: LazySettings,
+) -> None:
+    _threshold(settings, 3)
+    connection.close()  # a new connection: nothing prepared on it yet
+
+    sent = _runs(5)
+
+    expected = ["text", "text", "prepare", "execute", "execute"]
+    assert _forms(sent, "insert_run", "INSERT INTO task_history") == expected
+    assert _forms(sent, "claim_run", "UPDATE task_history\n   SET state = 'active'") == expected
+    assert _forms(sent, "end_run", "UPDATE task_history\n   SET state = 'completed'") == expected
+    assert not any(sql.strip().startswith("PREPARE") for sql in sent if "SET LOCAL" in sql)
+    assert set(TaskHistory.objects.values_list("state", flat=True)) == {"completed"}
+
+
+def test_a_statement_the_server_forgot_is_sent_again_as_text(settings: LazySettings) -> None:
+    _threshold(settings, 1)
+    connection.close()
+    _runs(1)
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # what a pooler's DISCARD ALL does
+
+    # Inside start_run's transaction the failed EXECUTE spoils it: that start fails, once.
+    with pytest.raises(OperationalError, match="does not exist"):
+        start_run(TASK, {}, trigger=TriggerKind.MANUAL)
+    sent = _runs(2)
+
+    # Outside a transaction (the claim, the end) it is sent again as text at once.
+    claim = "UPDATE task_history\n   SET state = 'active'"
+    assert _forms(sent, "claim_run", claim) == ["execute", "text", "text"]
+    assert _forms(sent, "insert_run", "INSERT INTO task_history") == ["text", "text"]
+    assert TaskHistory.objects.filter(state="completed").count() == 3
+
+
+def test_threshold_zero_never_prepares(settings: LazySettings) -> None:
+    _threshold(settings, 0)
+    connection.close()
+
+    sent = _runs(3)
+
+    assert not any("lumastra_" in sql for sql in sent)
+    assert TaskHistory.objects.filter(state="completed").count() == 3
