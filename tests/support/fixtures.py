@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -164,6 +165,19 @@ def _wait_for_shared_worker_idle() -> None:
         busy = TaskHistory.objects.filter(
             task_id__in=SHARED_TASKS, state__in=["active", "cancelling"]
         ).exists()
-        if not busy and broker.depth(queues) == 0:
+        if not busy and broker.depth(queues) == 0 and not _taken_not_done(queues):
             return
         time.sleep(0.05)
+
+
+def _taken_not_done(queues: list[str]) -> bool:
+    """A message of the shared queues the worker has taken and not acknowledged, other than a
+    retry it holds until its countdown: its run may not be claimed yet (still `pending`, off
+    the broker's lists), and its claim would race the flush."""
+    from orchestrator.stores import broker, keys
+
+    for entry in broker.client().hvals(keys.BROKER_UNACKED):
+        message, _exchange, routing_key = json.loads(entry)
+        if routing_key in queues and not message.get("headers", {}).get("eta"):
+            return True
+    return False
