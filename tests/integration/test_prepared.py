@@ -18,7 +18,8 @@ from orchestrator.triggers import TriggerKind
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-TASK = "test-noop"
+# test-noop without a worker on its queue: the shared worker would take the message first.
+TASK = "test-rt-plain"
 
 
 def _runs(count: int) -> list[str]:

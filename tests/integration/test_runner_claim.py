@@ -27,7 +27,8 @@ from tasks import registry
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-TASK = "test-noop"
+# test-noop without a worker on its queue: the shared worker would take the message first.
+TASK = "test-rt-plain"
 
 
 def _start() -> str:

@@ -397,10 +397,10 @@ quota_then_drop = define_task(
 )
 
 
-# --- the round-trip guard (tests/integration/test_round_trips.py) ----------------------------
+# --- run in the test's own process (test_round_trips, test_runner_claim, test_prepared) ------
 
-# It runs these through the runner in its own process, so their queues stay private: a shared
-# worker taking a message first would change the path it counts. One without limits (the same
+# These tests call the runner in their own process, so the queues stay private: a shared worker
+# taking a message first would change the path they check. One without limits (the same
 # as test-noop, whose queue the shared worker takes), one with every limit a task can declare.
 round_trips_plain = define_task(id="test-rt-plain", resource_class="io", execute=_noop)
 round_trips_limited = define_task(
