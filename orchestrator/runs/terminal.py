@@ -41,13 +41,17 @@ def finish(
     raced the handler wins: cancelled; a watchdog that ended it first: its state)."""
     kind = ErrorKind(error["kind"]) if error else None
     finished_at = timezone.now()
+
+    def write() -> None:
+        durable.end(run_id, target, finished_at=finished_at, result=result, error=error)
+
     try:
         try:
-            durable.end(run_id, target, finished_at=finished_at, result=result, error=error)
+            write()
         except IllegalTransition as exc:
             if exc.current != RunState.PENDING or not retake_lost_claim(run_id, owner):
                 raise
-            durable.end(run_id, target, finished_at=finished_at, result=result, error=error)
+            write()
     except (OperationalError, InterfaceError):
         # Postgres is away: the drain replays the write, then settles the run
         # hooks itself, so Valkey is never ahead of Postgres.

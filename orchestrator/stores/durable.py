@@ -122,10 +122,7 @@ def end(
         "error": _json_out(error),
         "finished_at": finished_at,
     }
-    with connection.cursor() as cursor:
-        queries.send(cursor, queries.END_RUN, params)
-        updated = cursor.rowcount
-    _refused_unless_one(updated, run_id, target)
+    _guarded(queries.END_RUN, params, run_id, target)
 
 
 def end_cancelled(
@@ -133,13 +130,15 @@ def end_cancelled(
 ) -> None:
     """cancelling → cancelled; the run keeps its error unless one is given."""
     params = {"run_id": run_id, "error": _json_out(error), "finished_at": finished_at}
+    _guarded(queries.CANCEL_RUN, params, run_id, RunState.CANCELLED)
+
+
+def _guarded(
+    query: queries.Prepared | str, params: dict[str, Any], run_id: str, target: RunState
+) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(queries.CANCEL_RUN, params)
+        queries.send(cursor, query, params)
         updated = cursor.rowcount
-    _refused_unless_one(updated, run_id, RunState.CANCELLED)
-
-
-def _refused_unless_one(updated: int, run_id: str, target: RunState) -> None:
     if updated != 1:
         # Only a refusal pays a second statement, to say what refused it.
         raise IllegalTransition(run_id, state_of(run_id), target, "postgres")

@@ -70,23 +70,33 @@ _PREPARED = -2
 _uses: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
-def send(cursor: Any, query: Prepared, params: dict[str, Any], *, before: str = "") -> None:
-    """Execute `query` on a Django cursor; `before` is sent first in the same round trip (a
+def send(cursor: Any, query: Prepared | str, params: dict[str, Any], *, before: str = "") -> None:
+    """Execute a named query on a Django cursor, prepared once its connection uses it often
+    (a `Prepared`) or as text (a plain query); `before` is sent first in the same round trip (a
     `SET LOCAL` for the statement's own implicit transaction)."""
-    threshold = settings.CONFIG.db_prepare_threshold
+    if isinstance(query, str):
+        cursor.execute(before + query, params)
+        return
     uses = _uses.setdefault(cursor.cursor.connection, {})
     seen = uses.get(query.name, 0)
-    if threshold <= 0 or seen == _NEVER:
-        cursor.execute(before + query.text, params)
-        return
-    if seen == _PREPARED:
-        sql = query.execute
-    elif seen + 1 >= threshold:
-        sql = f"{query.prepare};\n{query.execute}"
-    else:
+    threshold = settings.CONFIG.db_prepare_threshold
+    if threshold > 0 and seen != _NEVER:
+        if seen == _PREPARED or seen + 1 >= threshold:
+            sql = query.execute if seen == _PREPARED else f"{query.prepare};\n{query.execute}"
+            _send_prepared(cursor, query, sql, params, before, uses)
+            return
         uses[query.name] = seen + 1
-        cursor.execute(before + query.text, params)
-        return
+    cursor.execute(before + query.text, params)
+
+
+def _send_prepared(
+    cursor: Any,
+    query: Prepared,
+    sql: str,
+    params: dict[str, Any],
+    before: str,
+    uses: dict[str, int],
+) -> None:
     try:
         cursor.execute(before + sql, params)
     except DatabaseError as exc:
