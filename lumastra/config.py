@@ -279,6 +279,12 @@ class Config:
         _positive_int,
         "resident KiB after which a child is recycled",
     )
+    stage_result_max_bytes: int = _env(
+        "LUMASTRA_STAGE_RESULT_MAX_BYTES",
+        "65536",
+        _positive_int,
+        "largest JSON result a pipeline stage may return",
+    )
     concurrency_overrides: Mapping[str, int] = field(default_factory=dict)
     queue_depth_cap_overrides: Mapping[str, int] = field(default_factory=dict)
 

@@ -19,6 +19,11 @@ class TaskHistory(models.Model):
     task_id = models.CharField(max_length=64)
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.PENDING)
     stages = models.JSONField(default=dict, blank=True)
+    # A pipeline run's stage results by stage name, kept for later stages and for a resume.
+    stage_results = models.JSONField(default=dict, blank=True)
+    # Step telemetry by step name (a pipeline's stages; a plain run's warnings, counters and
+    # cost under its task id): `orchestrator/runs/steps.py` says what a record holds.
+    steps = models.JSONField(default=dict, blank=True)
     trigger = models.JSONField(default=dict)  # {"kind": ..., "idempotencyKey": ..., ...}
     input = models.JSONField(default=dict)
     result = models.JSONField(null=True, blank=True)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from tasks.definition import TaskDefinition
+from tasks.pipeline import Stage
 from tasks.resources import Budget
 
 # With per-task queues, small classes share a bigger pool's processes (summed budgets).
@@ -17,6 +18,31 @@ def queue_name(definition: TaskDefinition, per_task_queues: bool) -> str:
     if per_task_queues:
         return f"task.t.{definition.id}"
     return f"task.{definition.resource_class}"
+
+
+def stage_queue(definition: TaskDefinition, stage: Stage, per_task_queues: bool) -> str:
+    """A stage of the task's own class waits in the task's queue; a stage of another class in
+    a queue of its own (per-task queues) or its class's queue, so its class's pool takes it."""
+    resource_class = stage_class(definition, stage)
+    if resource_class == definition.resource_class:
+        return queue_name(definition, per_task_queues)
+    if per_task_queues:
+        return f"task.t.{definition.id}.{stage.name}"
+    return f"task.{resource_class}"
+
+
+def stage_class(definition: TaskDefinition, stage: Stage) -> str:
+    return stage.resource_class or definition.resource_class
+
+
+def _queues_by_class(
+    definitions: Iterable[TaskDefinition], per_task_queues: bool
+) -> Iterator[tuple[str, str]]:
+    """(resource class, queue) of every task's queue and of every stage queue of its own."""
+    for definition in definitions:
+        yield definition.resource_class, queue_name(definition, per_task_queues)
+        for stage in definition.pipeline:
+            yield stage_class(definition, stage), stage_queue(definition, stage, per_task_queues)
 
 
 def pool_of(resource_class: str, per_task_queues: bool) -> str:
@@ -41,9 +67,8 @@ def plan_pools(
         pool = pool_of(resource_class, per_task_queues)
         concurrency[pool] = concurrency.get(pool, 0) + budget.concurrency
     queues: dict[str, set[str]] = {}
-    for definition in definitions:
-        pool = pool_of(definition.resource_class, per_task_queues)
-        queues.setdefault(pool, set()).add(queue_name(definition, per_task_queues))
+    for resource_class, queue in _queues_by_class(definitions, per_task_queues):
+        queues.setdefault(pool_of(resource_class, per_task_queues), set()).add(queue)
     return [
         Pool(name, concurrency[name], tuple(sorted(pool_queues)))
         for name, pool_queues in sorted(queues.items())
@@ -55,5 +80,9 @@ def class_queues(
 ) -> list[str]:
     """Every queue whose messages count toward `resource_class`'s depth."""
     return sorted(
-        {queue_name(d, per_task_queues) for d in definitions if d.resource_class == resource_class}
+        {
+            queue
+            for queue_class, queue in _queues_by_class(definitions, per_task_queues)
+            if queue_class == resource_class
+        }
     )

@@ -20,7 +20,7 @@ class RunState(models.TextChoices):
 
 
 class StageState(models.TextChoices):
-    WAITING = "waiting"  # dependencies not yet done
+    WAITING = "waiting"  # dependencies not yet done, or waiting for its next attempt
     ACTIVE = "active"  # running
     COMPLETED = "completed"  # done
     FAILED = "failed"  # raised
@@ -44,7 +44,9 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 
 STAGE_TRANSITIONS: dict[StageState, frozenset[StageState]] = {
     StageState.WAITING: frozenset({StageState.ACTIVE, StageState.SKIPPED}),
-    StageState.ACTIVE: frozenset({StageState.COMPLETED, StageState.FAILED}),
+    # active → waiting is our addition to DESIGN §4: a stage that raised TransientError waits
+    # for its next attempt (the stage alone is retried, not the run).
+    StageState.ACTIVE: frozenset({StageState.COMPLETED, StageState.FAILED, StageState.WAITING}),
     StageState.COMPLETED: frozenset(),
     StageState.FAILED: frozenset(),
     StageState.SKIPPED: frozenset(),

@@ -7,9 +7,7 @@ from tasks.definition import (
     NoInput,
     Priority,
     Quotas,
-    Retry,
     TaskDefinition,
-    Timeout,
     WatchSync,
     define_task,
     define_watch_sync,
@@ -17,6 +15,7 @@ from tasks.definition import (
 from tasks.errors import FatalError, PermanentError, RunCancelled, TransientError
 from tasks.media import MediaFolder, MediaPath, MediaPathError, open_folder
 from tasks.pipeline import Stage
+from tasks.policies import Retry, Timeout
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import ScheduleRow, cron, dynamic, every
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 
@@ -12,6 +13,12 @@ class TaskContext(Protocol):
     @property
     def input(self) -> Any:
         """The validated input (an instance of the task's input model)."""
+        ...
+
+    @property
+    def results(self) -> Mapping[str, Any]:
+        """In a pipeline stage: what the stages that completed before it returned, by stage
+        name (a skipped stage has none). Empty outside pipelines."""
         ...
 
     def log(self, message: str) -> None:

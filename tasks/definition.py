@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from tasks.context import TaskContext
 from tasks.errors import ManifestError
 from tasks.pipeline import PipelineError, Stage, stage_order
+from tasks.policies import Retry, Timeout
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import Schedule, parse_schedule
 
@@ -44,23 +45,6 @@ class Backpressure(Enum):
     DROP = "drop"  # refuse quietly with a recorded "dropped" outcome
     FAIL_FAST = "fail-fast"  # refuse with an error the caller sees
     SHED_OLDEST = "shed-oldest"  # make room by cancelling the oldest, least urgent waiting runs
-
-
-@dataclass(frozen=True)
-class Timeout:
-    soft: timedelta  # the handler gets a chance to clean up
-    hard: timedelta  # the process running it is killed
-
-
-@dataclass(frozen=True)
-class Retry:
-    """How a run that raised TransientError is tried again: exponential backoff from `base`,
-    doubling per attempt, capped at `cap`, jittered over its upper half. `max_attempts`
-    counts the first attempt."""
-
-    max_attempts: int = 3
-    base: timedelta = timedelta(seconds=2)
-    cap: timedelta = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -110,7 +94,8 @@ def input_digest(data: dict[str, Any]) -> str:
 class TaskDefinition:
     id: str
     resource_class: str
-    execute: Execute
+    # None for a pipeline task: its stages carry the bodies.
+    execute: Execute | None
     input_model: type[BaseModel]
     identity_for: IdentityFor | None
     task_priority: Priority | None
@@ -126,6 +111,12 @@ class TaskDefinition:
     covers_stages: tuple[str, ...]
     description: str = field(default="")
 
+    def stage(self, name: str) -> Stage:
+        for stage in self.pipeline:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"task {self.id!r} has no stage {name!r}")
+
     def identity(self, validated_input: BaseModel) -> str:
         """The run's identity. A long one (a deep path, say) is replaced by its digest so it
         fits the job id, the key and the column; equal identities still give equal digests."""
@@ -139,6 +130,7 @@ class TaskDefinition:
         return identity
 
 
+DEFAULT_RETRY = Retry()
 DEFAULT_TIMEOUT = Timeout(soft=timedelta(minutes=25), hard=timedelta(minutes=30))
 
 
@@ -146,7 +138,7 @@ def define_task(
     *,
     id: str,
     resource_class: str,
-    execute: Execute,
+    execute: Execute | None = None,
     input_model: type[BaseModel] = NoInput,
     identity_for: IdentityFor | None = None,
     task_priority: Priority | int | None = None,
@@ -156,7 +148,7 @@ def define_task(
     schedule: str | Schedule | None = None,
     pipeline: Sequence[Stage] = (),
     backpressure: Backpressure | str = Backpressure.FAIL_FAST,
-    retry: Retry = Retry(),
+    retry: Retry = DEFAULT_RETRY,
     exclusive_with: Sequence[str] = (),
     covers_stages: Sequence[str] = (),
     description: str = "",
@@ -174,7 +166,9 @@ def define_task(
             "resource_class",
             f"unknown class {resource_class!r}; known: {', '.join(RESOURCE_CLASSES)}",
         )
-    if not callable(execute):
+    if pipeline and execute is not None:
+        raise fail("execute", "a pipeline task has no execute of its own: its stages do the work")
+    if not pipeline and not callable(execute):
         raise fail("execute", "must be callable as execute(ctx, input)")
     if not (isinstance(input_model, type) and issubclass(input_model, BaseModel)):
         raise fail("input_model", "must be a pydantic BaseModel subclass")
@@ -186,12 +180,7 @@ def define_task(
             priority = Priority(task_priority)
         except ValueError:
             raise fail("task_priority", f"{task_priority!r} is not one of 1, 2, 3, 5, 7") from None
-    if not (
-        isinstance(timeout, Timeout)
-        and isinstance(timeout.soft, timedelta)
-        and isinstance(timeout.hard, timedelta)
-        and timedelta(0) < timeout.soft <= timeout.hard
-    ):
+    if not _valid_timeout(timeout):
         raise fail("timeout", "must be Timeout(soft=timedelta, hard=timedelta), 0 < soft <= hard")
     if not _is_int(processing_version) or processing_version < 1:
         raise fail("processing_version", "must be an integer >= 1")
@@ -216,19 +205,16 @@ def define_task(
         order = stage_order(pipeline)
     except PipelineError as exc:
         raise fail("pipeline", str(exc)) from None
+    for stage in pipeline:
+        problem = _stage_problem(stage)
+        if problem:
+            raise fail("pipeline", f"stage {stage.name!r}: {problem}")
     try:
         policy = Backpressure(backpressure)
     except ValueError:
         choices = ", ".join(p.value for p in Backpressure)
         raise fail("backpressure", f"{backpressure!r} is not one of {choices}") from None
-    if not (
-        isinstance(retry, Retry)
-        and _is_int(retry.max_attempts)
-        and retry.max_attempts >= 1
-        and isinstance(retry.base, timedelta)
-        and isinstance(retry.cap, timedelta)
-        and timedelta(0) < retry.base <= retry.cap
-    ):
+    if not _valid_retry(retry):
         raise fail("retry", "must be Retry(max_attempts>=1, base=timedelta, cap=timedelta>=base)")
     if isinstance(exclusive_with, str):
         raise fail("exclusive_with", "must be a sequence of task ids, not one string")
@@ -259,6 +245,36 @@ def define_task(
         exclusive_with=tuple(exclusive_with),
         covers_stages=tuple(covers_stages),
         description=description,
+    )
+
+
+def _stage_problem(stage: Stage) -> str | None:
+    if stage.resource_class is not None and stage.resource_class not in RESOURCE_CLASSES:
+        return f"unknown resource_class {stage.resource_class!r}"
+    if stage.timeout is not None and not _valid_timeout(stage.timeout):
+        return "timeout must be Timeout(soft=timedelta, hard=timedelta), 0 < soft <= hard"
+    if stage.retry is not None and not _valid_retry(stage.retry):
+        return "retry must be Retry(max_attempts>=1, base=timedelta, cap=timedelta>=base)"
+    return None
+
+
+def _valid_timeout(timeout: object) -> bool:
+    return (
+        isinstance(timeout, Timeout)
+        and isinstance(timeout.soft, timedelta)
+        and isinstance(timeout.hard, timedelta)
+        and timedelta(0) < timeout.soft <= timeout.hard
+    )
+
+
+def _valid_retry(retry: object) -> bool:
+    return (
+        isinstance(retry, Retry)
+        and _is_int(retry.max_attempts)
+        and retry.max_attempts >= 1
+        and isinstance(retry.base, timedelta)
+        and isinstance(retry.cap, timedelta)
+        and timedelta(0) < retry.base <= retry.cap
     )
 
 

@@ -1,4 +1,10 @@
-"""Pipeline stages of a task and their ordering (Kahn's algorithm)."""
+"""Pipeline stages of a task and their ordering (Kahn's algorithm).
+
+A pipeline task declares stages instead of one `execute`: each stage is its own body, runs as
+its own message on the pool of its resource class, and starts once every stage in its
+`after` has completed (or was skipped). The engine advances the pipeline; see
+`orchestrator/runs/pipeline.py`.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.policies import Retry, Timeout
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class Stage:
+    """One step of a pipeline task.
+
+    `execute(ctx, input)` does the work and may return a JSON-serialisable value, which later
+    stages read as `ctx.results[name]`. `when(ctx)` (synchronous) is asked just before the
+    stage would start: False skips it, and every stage that depends only on skipped stages.
+    `resource_class`, `timeout` and `retry` default to the task's."""
+
     name: str
-    depends_on: tuple[str, ...] = ()
-    # Decides at run time whether the stage runs or is skipped; must be a plain function.
+    execute: Callable[[Any, Any], object]
+    after: tuple[str, ...] = ()
     when: Callable[[Any], bool] | None = None
+    resource_class: str | None = None
+    timeout: Timeout | None = None
+    retry: Retry | None = None
 
 
 class PipelineError(ValueError):
@@ -28,20 +46,24 @@ def stage_order(stages: Sequence[Stage]) -> list[str]:
             raise PipelineError("a stage has an empty name")
         if stage.name in by_name:
             raise PipelineError(f"stage {stage.name!r} is declared twice")
+        if not callable(stage.execute):
+            raise PipelineError(f"stage {stage.name!r}: `execute` must be callable")
+        if isinstance(stage.after, str):
+            raise PipelineError(f"stage {stage.name!r}: `after` must be a tuple of stage names")
         if stage.when is not None and (
             inspect.iscoroutinefunction(stage.when) or inspect.isasyncgenfunction(stage.when)
         ):
             raise PipelineError(f"stage {stage.name!r}: `when` must not be async")
         by_name[stage.name] = stage
     for stage in stages:
-        for dep in stage.depends_on:
+        for dep in stage.after:
             if dep not in by_name:
                 raise PipelineError(f"stage {stage.name!r} depends on unknown stage {dep!r}")
 
-    indegree = {name: len(set(stage.depends_on)) for name, stage in by_name.items()}
+    indegree = {name: len(set(stage.after)) for name, stage in by_name.items()}
     children: dict[str, list[str]] = {name: [] for name in by_name}
     for stage in stages:
-        for dep in set(stage.depends_on):
+        for dep in set(stage.after):
             children[dep].append(stage.name)
     ready = [name for name, degree in indegree.items() if degree == 0]
     ancestors: dict[str, set[str]] = {name: set() for name in by_name}

@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
-from orchestrator.runs import terminal
+from orchestrator.runs import pipeline, terminal
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import broker, durable, keys, scripts
 from tasks import registry
@@ -57,12 +57,13 @@ def request_cancel(run_id: str, *, actor: str) -> RunState:
                 return RunState.CANCELLING
             raise NotCancellable(run_id, exc.current) from None
     _signal(run_id, actor)
+    error = terminal.error_doc(ErrorKind.CANCELLED, f"cancelled by {actor}")
     if not was_pending:
+        if definition.pipeline:
+            return pipeline.discard(definition, run_id, error)
         return RunState.CANCELLING
     broker.remove_waiting(queue_name(definition, settings.CONFIG.per_task_queues), run_id)
-    terminal.cancel(
-        definition, run_id, error=terminal.error_doc(ErrorKind.CANCELLED, f"cancelled by {actor}")
-    )
+    terminal.cancel(definition, run_id, error=error)
     return RunState.CANCELLED
 
 

@@ -1,4 +1,5 @@
-"""Registers one Celery task per task definition, named by its id; every body is the runner."""
+"""Registers one Celery task per task definition, named by its id, whose body is the runner;
+and one per pipeline stage, named `<task id>.<stage>`, whose body runs that stage."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from orchestrator.runs import runner
+from orchestrator.runs import pipeline, runner
+from orchestrator.runs.publish import stage_task_name
+from tasks.definition import TaskDefinition
+from tasks.pipeline import Stage
 from tasks.registry import Registry
 
 # shared_task registers with every app; registering twice would replace the task class.
@@ -37,3 +41,23 @@ def register_all(registry: Registry) -> None:
             ignore_result=True,
         )(body)
         _registered.add(definition.id)
+        for stage in definition.pipeline:
+            _register_stage(definition, stage)
+
+
+def _register_stage(definition: TaskDefinition, stage: Stage) -> None:
+    task_id, stage_name = definition.id, stage.name
+    timeout = stage.timeout or definition.timeout
+
+    def body(task: Task[Any, Any], run_id: str, processing_version: int) -> None:
+        pipeline.run_stage_message(task_id, stage_name, run_id, processing_version)
+
+    shared_task(
+        name=stage_task_name(task_id, stage_name),
+        bind=True,
+        acks_late=True,
+        reject_on_worker_lost=True,
+        soft_time_limit=int(timeout.soft.total_seconds()),
+        time_limit=int(timeout.hard.total_seconds()) + HARD_LIMIT_GRACE_S,
+        ignore_result=True,
+    )(body)

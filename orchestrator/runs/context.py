@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Mapping
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings
@@ -19,9 +21,17 @@ LOG_TTL = timedelta(hours=24)
 
 
 class RunContext:
-    def __init__(self, run_id: str, input: Any, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        input: Any,
+        clock: Clock = SYSTEM,
+        *,
+        results: Mapping[str, Any] | None = None,
+    ) -> None:
         self._run_id = run_id
         self._input = input
+        self._results: Mapping[str, Any] = MappingProxyType(dict(results or {}))
         self._clock = clock
         # Set by the run's watch thread when a cancel is published or seen in the hash.
         self._cancel = threading.Event()
@@ -39,6 +49,10 @@ class RunContext:
     @property
     def input(self) -> Any:
         return self._input
+
+    @property
+    def results(self) -> Mapping[str, Any]:
+        return self._results
 
     def log(self, message: str) -> None:
         self.progressed_at = time.monotonic()

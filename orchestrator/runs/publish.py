@@ -18,9 +18,10 @@ from datetime import UTC, datetime, timedelta
 from celery.signals import after_task_publish, before_task_publish
 from django.conf import settings
 
-from orchestrator.routing import queue_name
+from orchestrator.routing import queue_name, stage_queue
 from orchestrator.stores import broker
 from tasks.definition import TaskDefinition
+from tasks.pipeline import Stage
 
 # The message body's third part: no callbacks, errbacks, chain or chord (Celery's "embed").
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -29,6 +30,16 @@ _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 def job_id(task_id: str, identity: str, run_id: str) -> str:
     """The message id: names the work (task and identity) and the run that does it."""
     return f"{task_id}~~{identity}#{run_id}"
+
+
+def stage_task_name(task_id: str, stage: str) -> str:
+    """The Celery task of one pipeline stage: what Flower and worker logs show."""
+    return f"{task_id}.{stage}"
+
+
+def stage_message_id(run_id: str, stage: str) -> str:
+    """What a stage message's id ends with after its `#` (see `publish_stage`)."""
+    return f"{run_id}.{stage}"
 
 
 def publish(
@@ -40,11 +51,43 @@ def publish(
     delay: timedelta | None = None,
 ) -> None:
     """Enqueue the run; with `delay`, a worker holds the message until then (Celery's eta)."""
+    queue = queue_name(definition, settings.CONFIG.per_task_queues)
     args = [run_id, definition.processing_version]
+    _send(definition.id, args, queue, job_id, priority, delay)
+
+
+def publish_stage(
+    definition: TaskDefinition,
+    stage: Stage,
+    run_id: str,
+    identity: str,
+    priority: int,
+) -> None:
+    """Enqueue one stage of a pipeline run, on the queue of the stage's class."""
+    queue = stage_queue(definition, stage, settings.CONFIG.per_task_queues)
+    args = [run_id, definition.processing_version]
+    _send(
+        stage_task_name(definition.id, stage.name),
+        args,
+        queue,
+        job_id(definition.id, identity, stage_message_id(run_id, stage.name)),
+        priority,
+        None,
+    )
+
+
+def _send(
+    task_name: str,
+    args: list[object],
+    queue: str,
+    job_id: str,
+    priority: int,
+    delay: timedelta | None,
+) -> None:
     eta = (datetime.now(UTC) + delay).isoformat() if delay and delay > timedelta(0) else None
     headers: dict[str, object] = {
         "lang": "py",
-        "task": definition.id,
+        "task": task_name,
         "id": job_id,
         "shadow": None,
         "eta": eta,
@@ -66,13 +109,12 @@ def publish(
         "stamps": {},
     }
     properties: dict[str, object] = {"correlation_id": job_id, "reply_to": ""}
-    queue = queue_name(definition, settings.CONFIG.per_task_queues)
     message: tuple[list[object], dict[str, object], dict[str, None]] = (args, {}, _EMBED)
     # Celery's publish signals, as its producer sends them, for whoever listens (monitoring,
     # tracing headers, tests); an unwatched signal costs one check.
     if before_task_publish.receivers:
         before_task_publish.send(
-            sender=definition.id,
+            sender=task_name,
             body=message,
             exchange="",
             routing_key=queue,
@@ -84,5 +126,5 @@ def publish(
     broker.push(queue, priority, headers, properties, json.dumps(message))
     if after_task_publish.receivers:
         after_task_publish.send(
-            sender=definition.id, body=message, headers=headers, exchange="", routing_key=queue
+            sender=task_name, body=message, headers=headers, exchange="", routing_key=queue
         )

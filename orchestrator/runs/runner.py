@@ -42,7 +42,7 @@ from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup, Postpone
 from orchestrator.models import TaskHistory
-from orchestrator.runs import terminal
+from orchestrator.runs import pipeline, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import job_id, publish
 from orchestrator.runs.watch import watching
@@ -176,7 +176,10 @@ def _postponed_unread(definition: TaskDefinition, run_id: str, wait: Postpone) -
 
 def _execute_claimed(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> None:
     try:
-        _execute(definition, run, pickup)
+        if definition.pipeline:
+            pipeline.begin(definition, run, pickup.owner)
+        else:
+            _execute(definition, run, pickup)
     except Exception:
         # The terminal write itself failed (the reconciler will end the run): the slot
         # is not held for the rest of its lease meanwhile.
@@ -211,6 +214,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
         return
     context = RunContext(run.run_id, model)
     try:
+        assert definition.execute is not None  # a task without a pipeline has one
         with watching(definition, run.run_id, owner, context):
             result = _jsonable(definition.execute(context, model))
     except TaskError as exc:

@@ -161,26 +161,64 @@ def transition(
         raise IllegalTransition(run_id, state_of(run_id), target, "postgres")
 
 
-def transition_stage(run_id: str, stage: str, target: StageState) -> None:
-    """Move one stage of `task_history.stages`; an illegal move raises IllegalTransition.
+@dataclass(frozen=True)
+class ClaimedStage:
+    """What a worker needs of a pipeline stage it has just claimed."""
 
-    `current` on the error is the stage's state, or None when the run is missing or ended or
-    has no such stage.
-    """
-    live_states = sorted(s.value for s in LIVE_RUN_STATES)
-    sources = stage_sources(target)
+    run_id: str
+    stage: str
+    input: Any
+    owner: str  # the run's claim: the stage's heartbeats and fences are the run's
+    identity: str
+    priority: int
+    results: dict[str, Any]  # of the stages that completed before it
+
+
+def claim_stage(run_id: str, stage: str) -> ClaimedStage | None:
+    """waiting → active for one stage of an active run; None if the stage is not waiting or
+    the run is not active."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            queries.TRANSITION_STAGE,
-            (stage, target.value, timezone.now(), run_id, live_states, stage, sources),
-        )
-        updated = cursor.rowcount
-    if updated != 1:
-        found = TaskHistory.objects.filter(id=run_id).values_list("state", "stages").first()
-        current = None
-        if found is not None and found[0] in live_states and isinstance(found[1], dict):
-            current = found[1].get(stage)
-        raise IllegalTransition(run_id, current, f"{stage}:{target.value}", "postgres")
+        cursor.execute(queries.CLAIM_STAGE, {"run_id": run_id, "stage": stage})
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    input_, owner, identity, priority, results = found
+    return ClaimedStage(
+        run_id, stage, _json_in(input_), owner, identity, priority, _json_in(results)
+    )
+
+
+@dataclass(frozen=True)
+class Stages:
+    """A pipeline run's stages as one move left them."""
+
+    states: dict[str, str]
+    results: dict[str, Any]
+
+
+def move_stage(run_id: str, stage: str, target: StageState, *, result: Any = None) -> Stages:
+    """Move one stage of a live run (with its result, if any); an illegal move raises
+    IllegalTransition whose `current` is the stage's state, or None when the run is missing
+    or ended or has no such stage."""
+    live_states = sorted(s.value for s in LIVE_RUN_STATES)
+    params = {
+        "run_id": run_id,
+        "stage": stage,
+        "target": target.value,
+        "sources": stage_sources(target),
+        "live": live_states,
+        "result": _json_out(result),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(queries.MOVE_STAGE, params)
+        found = cursor.fetchone()
+    if found is not None:
+        return Stages(_json_in(found[0]), _json_in(found[1]))
+    row = TaskHistory.objects.filter(id=run_id).values_list("state", "stages").first()
+    current = None
+    if row is not None and row[0] in live_states and isinstance(row[1], dict):
+        current = row[1].get(stage)
+    raise IllegalTransition(run_id, current, f"{stage}:{target.value}", "postgres")
 
 
 def heartbeat(run_id: str, owner: str) -> bool:

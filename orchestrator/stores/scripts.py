@@ -24,7 +24,7 @@ PINNED_VERSIONS = {
     "seed_run": 1,
     "claim_run": 2,
     "transition_run": 2,
-    "transition_stage": 1,
+    "transition_stage": 2,
     "set_progress": 1,
     "identity_claim": 1,
     "identity_hold": 1,

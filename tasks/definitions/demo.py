@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import tempfile
 from datetime import timedelta
+from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from django.conf import settings
 from django.utils import timezone
@@ -14,6 +19,7 @@ from tasks import (
     NoInput,
     PermanentError,
     ScheduleRow,
+    Stage,
     TaskContext,
     Timeout,
     define_task,
@@ -165,4 +171,104 @@ epg_refresh_task = define_task(
     identity_for=lambda params: params.source,
     schedule=dynamic(epg_sources),
     description="refreshes one EPG source; each enabled source on its own interval",
+)
+
+
+# --- demo-pipeline: probe → checksum (cpu) and index (io); checksum → summary ---------------
+
+DEMO_PIPELINE_STAGES = ("probe", "checksum", "index", "summary")
+
+
+class DemoPipelineInput(BaseModel, extra="forbid"):
+    path: MediaPath = Field(description="folder below a media root whose files are processed")
+    fail_stage: Literal["probe", "checksum", "index", "summary"] | None = Field(
+        default=None, description="this stage raises a PermanentError (to show a failed stage)"
+    )
+    skip_index: bool = Field(default=False, description="index's `when` says no")
+    stage_sleep_s: float = Field(
+        default=0.0, ge=0, le=30, description="each stage waits this long, cancellably"
+    )
+    max_files: int = Field(default=200, ge=1, le=500)
+
+
+def _demo_stage_start(ctx: TaskContext, params: DemoPipelineInput, stage: str) -> None:
+    if params.stage_sleep_s:
+        ctx.sleep(params.stage_sleep_s)
+    if params.fail_stage == stage:
+        raise PermanentError(f"asked to fail in {stage} (fail_stage)")
+
+
+def _probe(ctx: TaskContext, params: DemoPipelineInput) -> dict[str, object]:
+    _demo_stage_start(ctx, params, "probe")
+    with open_folder(params.path) as folder:
+        files = list(
+            folder.walk(
+                limit=params.max_files,
+                max_depth=HASH_FOLDER_MAX_DEPTH,
+                max_entries=HASH_FOLDER_MAX_ENTRIES,
+            )
+        )
+        sizes: dict[str, int] = {}
+        for relative in files:
+            with folder.open(relative) as handle:
+                sizes[str(relative)] = os.fstat(handle.fileno()).st_size
+    if not sizes:
+        ctx.log(f"warning: {params.path} holds no files")
+    ctx.log(f"found {len(sizes)} files under {params.path}")
+    return {"sizes": sizes}
+
+
+def _checksum(ctx: TaskContext, params: DemoPipelineInput) -> dict[str, object]:
+    _demo_stage_start(ctx, params, "checksum")
+    sizes: dict[str, int] = ctx.results["probe"]["sizes"]
+    digests: dict[str, str] = {}
+    with open_folder(params.path) as folder:
+        for index, relative in enumerate(sizes, start=1):
+            ctx.raise_if_cancelled()
+            digest = hashlib.sha256()
+            with folder.open(PurePosixPath(relative)) as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+            digests[relative] = digest.hexdigest()
+            ctx.report_progress(index, len(sizes))
+    return {"sha256": digests}
+
+
+def _index(ctx: TaskContext, params: DemoPipelineInput) -> dict[str, object]:
+    _demo_stage_start(ctx, params, "index")
+    sizes: dict[str, int] = ctx.results["probe"]["sizes"]
+    target = Path(tempfile.gettempdir()) / "lumastra-demo-index" / f"{ctx.run_id}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"folder": str(params.path), "files": sizes}, indent=2))
+    ctx.log(f"wrote the index of {len(sizes)} files to {target}")
+    return {"index_file": str(target)}
+
+
+def _summary(ctx: TaskContext, params: DemoPipelineInput) -> dict[str, object]:
+    _demo_stage_start(ctx, params, "summary")
+    sizes: dict[str, int] = ctx.results["probe"]["sizes"]
+    return {
+        "files": len(sizes),
+        "bytes": sum(sizes.values()),
+        "checksummed": len(ctx.results["checksum"]["sha256"]),
+    }
+
+
+demo_pipeline_task = define_task(
+    id="demo-pipeline",
+    resource_class="io",
+    input_model=DemoPipelineInput,
+    identity_for=lambda params: str(params.path),
+    pipeline=[
+        Stage(name="probe", execute=_probe),
+        Stage(name="checksum", execute=_checksum, after=("probe",), resource_class="cpu"),
+        Stage(
+            name="index",
+            execute=_index,
+            after=("probe",),
+            when=lambda ctx: not ctx.input.skip_index,
+        ),
+        Stage(name="summary", execute=_summary, after=("checksum",)),
+    ],
+    description="probe a folder, then checksum (cpu) and index (io) it, then sum it up",
 )

@@ -211,13 +211,18 @@ def test_bootstrap_demo_is_idempotent() -> None:
     demo = get_user_model().objects.get(username="demo")
     assert demo.is_superuser and demo.check_password("lumastra-demo")
     runs = list(TaskHistory.objects.all())
-    assert sorted(r.task_id for r in runs) == ["hash-folder", "history-retention", "slow-progress"]
+    assert sorted(r.task_id for r in runs) == [
+        "demo-pipeline",
+        "hash-folder",
+        "history-retention",
+        "slow-progress",
+    ]
     assert {r.trigger["kind"] for r in runs} == {"system"}
     hashed = next(r for r in runs if r.task_id == "hash-folder")
     assert Path(hashed.input["path"]).is_dir()
     for run in runs:
         assert run.id in first.getvalue() and run.id in second.getvalue()
-    assert second.getvalue().count("still live") == 3
+    assert second.getvalue().count("still live") == 4
     for url in ("/admin/", "/api/v1/docs", ":5555", "lumastra-demo"):
         assert url in second.getvalue()
 

@@ -2,7 +2,7 @@
 
 For each pair a run is put in `from` in both stores by legal moves only, then moved to `to`
 with the store's own primitive: `live.transition` / `live.claim` (Lua on the run hash) and
-`durable.transition` / `durable.transition_stage` (guarded UPDATEs). A legal pair succeeds in
+`durable.transition` / `durable.move_stage` (guarded UPDATEs). A legal pair succeeds in
 both; any other raises IllegalTransition in both and leaves both exactly as they were.
 """
 
@@ -52,6 +52,7 @@ STAGE_LEGAL = {
     (S.ACTIVE, S.COMPLETED),
     (S.ACTIVE, S.FAILED),
     (S.WAITING, S.SKIPPED),
+    (S.ACTIVE, S.WAITING),  # our addition: a stage waits for its next attempt (issue 10)
 }
 
 # Legal moves that bring a fresh (pending / waiting) run or stage into each state.
@@ -112,7 +113,7 @@ def _stage_in(state: StageState) -> str:
     run_id = _run_in(R.ACTIVE)
     for step in STAGE_PATH[state]:
         live.transition_stage(run_id, STAGE, step)
-        durable.transition_stage(run_id, STAGE, step)
+        durable.move_stage(run_id, STAGE, step)
     assert live.read(run_id)[f"stage:{STAGE}"] == state
     assert TaskHistory.objects.get(id=run_id).stages[STAGE] == state
     return run_id
@@ -259,7 +260,7 @@ def test_stage_transition(source: StageState, target: StageState) -> None:
 
     if (source, target) in STAGE_LEGAL:
         assert live.transition_stage(run_id, STAGE, target) is source
-        durable.transition_stage(run_id, STAGE, target)
+        durable.move_stage(run_id, STAGE, target)
 
         snapshot = live.read(run_id)
         row = TaskHistory.objects.get(id=run_id)
@@ -273,7 +274,7 @@ def test_stage_transition(source: StageState, target: StageState) -> None:
     with pytest.raises(IllegalTransition) as in_valkey:
         live.transition_stage(run_id, STAGE, target)
     with pytest.raises(IllegalTransition) as in_postgres:
-        durable.transition_stage(run_id, STAGE, target)
+        durable.move_stage(run_id, STAGE, target)
 
     for caught, store in ((in_valkey, "valkey"), (in_postgres, "postgres")):
         assert caught.value.store == store
@@ -292,7 +293,7 @@ def test_an_unknown_stage_cannot_move() -> None:
     with pytest.raises(IllegalTransition) as in_valkey:
         live.transition_stage(run_id, "nope", S.ACTIVE)
     with pytest.raises(IllegalTransition) as in_postgres:
-        durable.transition_stage(run_id, "nope", S.ACTIVE)
+        durable.move_stage(run_id, "nope", S.ACTIVE)
 
     assert in_valkey.value.current is None and in_postgres.value.current is None
     assert _stores(run_id) == before
@@ -306,7 +307,7 @@ def test_stages_of_an_ended_run_cannot_move(ended: RunState) -> None:
     with pytest.raises(IllegalTransition) as in_valkey:
         live.transition_stage(run_id, STAGE, S.ACTIVE)
     with pytest.raises(IllegalTransition) as in_postgres:
-        durable.transition_stage(run_id, STAGE, S.ACTIVE)
+        durable.move_stage(run_id, STAGE, S.ACTIVE)
 
     assert in_valkey.value.current is None and in_postgres.value.current is None
     assert _stores(run_id) == before
@@ -319,7 +320,7 @@ def test_a_stage_name_is_data_not_sql() -> None:
         id=run_id, task_id="test-noop", priority=5, identity="x", stages={name: "waiting"}
     )
 
-    durable.transition_stage(run_id, name, S.ACTIVE)
+    durable.move_stage(run_id, name, S.ACTIVE)
 
     assert TaskHistory.objects.get(id=run_id).stages == {name: "active"}
 

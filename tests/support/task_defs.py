@@ -6,7 +6,7 @@ import json
 import os
 import time
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -19,6 +19,7 @@ from tasks import (
     PermanentError,
     Quotas,
     Retry,
+    Stage,
     TaskContext,
     Timeout,
     TransientError,
@@ -411,4 +412,55 @@ round_trips_limited = define_task(
     identity_for=_by_key,
     # Limits high enough never to refuse or postpone: the guard counts the admitted path.
     quotas=Quotas(max_runs_per_day=1_000_000, max_concurrent=2, rate="1000/s"),
+)
+
+
+# --- pipelines (test_pipelines): probe → left (io) and right (cpu); left → final -----------
+
+PIPE_CALLS_KEY = "test:pipe:calls:{run_id}"
+
+
+class PipeInput(BaseModel, extra="forbid"):
+    fail_stage: str | None = None
+    skip_right: bool = False
+    sleep_s: float = 0.0
+    big_result: bool = False
+
+
+def _pipe_stage(name: str) -> Any:
+    """A stage body that records when it ran (in Valkey, for the test to read) and returns what
+    it saw of earlier stages."""
+
+    def execute(ctx: TaskContext, params: PipeInput) -> dict[str, Any]:
+        started = time.time()
+        if params.sleep_s:
+            ctx.sleep(params.sleep_s)
+        if params.fail_stage == name:
+            raise PermanentError(f"asked to fail in {name}")
+        record = {"stage": name, "pid": os.getpid(), "started": started, "ended": time.time()}
+        valkey.client().rpush(PIPE_CALLS_KEY.format(run_id=ctx.run_id), json.dumps(record))
+        if params.big_result and name == "probe":
+            return {"blob": "x" * 100_000}
+        return {"stage": name, "saw": sorted(ctx.results)}
+
+    return execute
+
+
+pipe = define_task(
+    id="test-pipe",
+    resource_class="io",
+    input_model=PipeInput,
+    pipeline=[
+        Stage(name="probe", execute=_pipe_stage("probe")),
+        Stage(name="left", execute=_pipe_stage("left"), after=("probe",)),
+        Stage(
+            name="right",
+            execute=_pipe_stage("right"),
+            after=("probe",),
+            resource_class="cpu",
+            when=lambda ctx: not ctx.input.skip_right,
+        ),
+        Stage(name="final", execute=_pipe_stage("final"), after=("left",)),
+        Stage(name="after-right", execute=_pipe_stage("after-right"), after=("right",)),
+    ],
 )

@@ -13,6 +13,7 @@ from tasks import (
     Backpressure,
     Priority,
     Quotas,
+    Retry,
     Stage,
     Timeout,
     define_task,
@@ -32,7 +33,14 @@ def _noop(ctx: object, params: object) -> None:
 
 
 def _define(**options: Any) -> TaskDefinition:
-    return define_task(**{"id": "sample-task", "resource_class": "io", "execute": _noop, **options})
+    # A pipeline task's stages carry the bodies; it has no execute of its own.
+    body = {} if "pipeline" in options else {"execute": _noop}
+    return define_task(**{"id": "sample-task", "resource_class": "io", **body, **options})
+
+
+def S(name: str, after: tuple[str, ...] = (), **options: Any) -> Stage:
+    """A stage with a no-op body: these tests are about the shape of the graph."""
+    return Stage(name=name, execute=_noop, after=after, **options)
 
 
 def _rejected(field: str, task_id: str = "sample-task", **options: Any) -> ManifestError:
@@ -196,17 +204,17 @@ def test_covers_stages_are_names(stages: list[object]) -> None:
 def test_kahn_ordering_returns_dependency_order() -> None:
     # Declared out of order on purpose: each stage must come after everything it depends on.
     stages = [
-        Stage("publish", depends_on=("thumbnails", "probe")),
-        Stage("thumbnails", depends_on=("decode",)),
-        Stage("probe"),
-        Stage("decode"),
+        S("publish", after=("thumbnails", "probe")),
+        S("thumbnails", after=("decode",)),
+        S("probe"),
+        S("decode"),
     ]
 
     order = stage_order(stages)
 
     assert sorted(order) == sorted(s.name for s in stages)
     for stage in stages:
-        for dep in stage.depends_on:
+        for dep in stage.after:
             assert order.index(dep) < order.index(stage.name), order
     # Among stages ready together, declaration order decides (FIFO), so the order is stable.
     assert order == ["probe", "decode", "thumbnails", "publish"]
@@ -214,30 +222,30 @@ def test_kahn_ordering_returns_dependency_order() -> None:
 
 
 def test_a_chain_and_independent_roots_are_allowed() -> None:
-    assert stage_order([Stage("c", ("b",)), Stage("b", ("a",)), Stage("a")]) == ["a", "b", "c"]
+    assert stage_order([S("c", ("b",)), S("b", ("a",)), S("a")]) == ["a", "b", "c"]
     # Two independent roots joining is a fan-in, not a diamond.
-    assert stage_order([Stage("x"), Stage("y"), Stage("join", ("x", "y"))]) == ["x", "y", "join"]
+    assert stage_order([S("x"), S("y"), S("join", ("x", "y"))]) == ["x", "y", "join"]
 
 
 def test_a_sync_when_predicate_is_allowed() -> None:
-    definition = _define(pipeline=[Stage("only", when=lambda params: True)])
+    definition = _define(pipeline=[S("only", when=lambda params: True)])
     assert definition.stage_order == ("only",)
 
 
 @pytest.mark.parametrize(
     ("stages", "message"),
     [
-        ([Stage("a", ("b",)), Stage("b", ("a",))], "cycle"),
-        ([Stage("a", ("c",)), Stage("b", ("a",)), Stage("c", ("b",)), Stage("d")], "cycle"),
-        ([Stage("a", ("a",))], "cycle"),
+        ([S("a", ("b",)), S("b", ("a",))], "cycle"),
+        ([S("a", ("c",)), S("b", ("a",)), S("c", ("b",)), S("d")], "cycle"),
+        ([S("a", ("a",))], "cycle"),
         (
-            [Stage("a"), Stage("b", ("a",)), Stage("c", ("a",)), Stage("d", ("b", "c"))],
+            [S("a"), S("b", ("a",)), S("c", ("a",)), S("d", ("b", "c"))],
             "diamond",
         ),
-        ([Stage("a"), Stage("b", ("a",)), Stage("c", ("a", "b"))], "diamond"),
-        ([Stage("a", ("missing",))], "unknown stage"),
-        ([Stage("a"), Stage("a")], "twice"),
-        ([Stage("")], "empty name"),
+        ([S("a"), S("b", ("a",)), S("c", ("a", "b"))], "diamond"),
+        ([S("a", ("missing",))], "unknown stage"),
+        ([S("a"), S("a")], "twice"),
+        ([S("")], "empty name"),
     ],
     ids=["two-cycle", "three-cycle", "self", "diamond", "shortcut", "unknown", "dup", "empty"],
 )
@@ -256,8 +264,28 @@ def test_an_async_when_predicate_is_rejected() -> None:
         yield True
 
     for predicate in (decide, decide_gen):
-        error = _rejected("pipeline", pipeline=[Stage("extract", when=predicate)])
+        error = _rejected("pipeline", pipeline=[S("extract", when=predicate)])
         assert "'extract'" in error.problem and "async" in error.problem
+
+
+def test_a_pipeline_task_has_no_execute_of_its_own() -> None:
+    with pytest.raises(ManifestError, match="its stages do the work"):
+        define_task(id="sample-task", resource_class="io", execute=_noop, pipeline=[S("a")])
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"resource_class": "gpu-farm"}, "unknown resource_class"),
+        ({"timeout": Timeout(soft=timedelta(0), hard=timedelta(1))}, "timeout"),
+        ({"retry": Retry(max_attempts=0)}, "retry"),
+        ({"execute": "not callable"}, "callable"),
+    ],
+)
+def test_a_stage_option_is_checked(options: dict[str, Any], problem: str) -> None:
+    stage = Stage(**{"name": "probe", "execute": _noop, **options})
+    error = _rejected("pipeline", pipeline=[stage])
+    assert "'probe'" in error.problem and problem in error.problem
 
 
 # --- define_watch_sync ------------------------------------------------------------------------

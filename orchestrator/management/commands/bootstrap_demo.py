@@ -65,6 +65,8 @@ def demo_runs() -> tuple[DemoRun, ...]:
         DemoRun("hash-folder", {"path": str(demo_media())}),
         DemoRun("slow-progress", {"steps": 20, "step_seconds": 0.5}),
         DemoRun("history-retention", {}),
+        # Each stage waits a second, so its stages can be watched moving in the admin.
+        DemoRun("demo-pipeline", {"path": str(demo_media()), "stage_sleep_s": 1.0}),
     )
 
 

@@ -1,5 +1,6 @@
--- @version 1
+-- @version 2
 -- Move one pipeline stage of a live run if DESIGN §4 allows it.
+-- v2: active → waiting (a stage whose TransientError waits for its next attempt).
 -- KEYS[1] task:run:active:<runId>
 -- ARGV[1] stage name  ARGV[2] target state  ARGV[3] now (ms)
 -- Returns the previous stage state. Errors: NO_RUN, NO_STAGE <name>,
@@ -9,7 +10,7 @@ if #KEYS ~= 1 or #ARGV ~= 3 then
 end
 local allowed = {
   waiting = { active = true, skipped = true },
-  active = { completed = true, failed = true },
+  active = { completed = true, failed = true, waiting = true },
 }
 if redis.call("EXISTS", KEYS[1]) == 0 then
   return redis.error_reply("NO_RUN")

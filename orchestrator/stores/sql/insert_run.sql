@@ -6,9 +6,9 @@
 -- NULL), priority, identity, processing_version, now, finished_at (or NULL).
 INSERT INTO task_history
     (id, task_id, state, stages, trigger, input, result, error, priority, identity,
-     processing_version, owner_instance_id, attempts, cost_breakdown, heartbeat_at,
+     processing_version, owner_instance_id, attempts, cost_breakdown, stage_results, steps, heartbeat_at,
      not_before, created_at, started_at, finished_at, updated_at)
 VALUES
     (%(id)s, %(task_id)s, %(state)s, %(stages)s, %(trigger)s, %(input)s, NULL, %(error)s,
-     %(priority)s, %(identity)s, %(processing_version)s, '', 0, '{}', NULL,
+     %(priority)s, %(identity)s, %(processing_version)s, '', 0, '{}', '{}', '{}', NULL,
      NULL, %(now)s, NULL, %(finished_at)s, %(now)s)

@@ -1,0 +1,291 @@
+"""Pipeline runs: every stage its own message, the DAG advanced by the engine (issue 10).
+
+A pipeline run is claimed like any run, by its first message (`runs.runner`), which checks the
+input and dispatches the stages that depend on nothing. From then on the run stays `active`
+while its stages move, each on the pool of its own resource class (`routing.stage_queue`):
+
+- A stage message claims its stage: waiting → active in one guarded UPDATE that returns the
+  run's input, its owner and the results so far (Postgres first; the live hash follows). The
+  stage's body runs under the run's watch, as the run's owner: heartbeats, the cancel
+  listener, the watchdogs with the stage's own timeout.
+- Its end is one guarded move of the stage (state and result) that returns every stage as the
+  move left it; then the live hash follows, then the advance.
+- The advance looks at the stages that depend on the one that ended: one whose dependencies
+  are all completed or skipped is due. A due stage whose dependencies were all skipped is
+  skipped too; otherwise its `when` is asked now, just before dispatch: False skips it, True
+  publishes its message. A skip advances in turn. The move that leaves no stage waiting or
+  active ends the run `completed`, with the stages' results as the run's result.
+- A stage that raises, times out or returns what cannot be kept fails; the run fails with the
+  stage named in its error, and its stages that never started become `skipped` (a stage still
+  running elsewhere is marked `failed`, and its own end is then refused).
+
+Concurrent ends of one run queue on the run's row lock, and each move returns the stages as it
+left them, so exactly one writer sees the last stage end; the run's terminal write is guarded
+as for every run, so the run ends once.
+
+A cancel (`discard`) takes the waiting stage messages out of their queues and ends the run
+`cancelled` once no stage runs: at once when none does, else when the running one stops (the
+cancel signal reaches it as it reaches any run; it is marked `failed` by the run's end).
+Completed stages keep their state and results.
+
+Not guaranteed yet (issue 10's later parts): a TransientError fails its stage (no retry per
+stage); no resume; a due stage whose message was lost, or whose advance a crash cut
+short, is not dispatched again: the run is failed by the orphan path once its heartbeat (the
+last stage move or stage heartbeat) is older than LUMASTRA_ORPHAN_THRESHOLD_S.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from billiard.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject
+from django.conf import settings
+from django.db import close_old_connections
+from pydantic import BaseModel, ValidationError
+
+from orchestrator.models import TaskHistory
+from orchestrator.routing import stage_queue
+from orchestrator.runs import terminal
+from orchestrator.runs.context import RunContext
+from orchestrator.runs.publish import publish_stage, stage_message_id
+from orchestrator.runs.watch import watching
+from orchestrator.states import IllegalTransition, RunState, StageState
+from orchestrator.stores import broker, durable, live
+from orchestrator.stores.durable import Stages
+from tasks import registry
+from tasks.definition import TaskDefinition
+from tasks.errors import ErrorKind, TaskError
+from tasks.pipeline import Stage
+
+log = logging.getLogger(__name__)
+
+# A message from a newer deploy goes back to the queue for a newer worker (as in the runner).
+REQUEUE_PAUSE_S = 1.0
+_ENDED = frozenset({StageState.COMPLETED.value, StageState.SKIPPED.value})
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A pipeline run as one process sees it while it moves the run's stages."""
+
+    definition: TaskDefinition
+    run_id: str
+    owner: str  # the run's claim: fences its hash and its heartbeats
+    identity: str
+    priority: int
+    input: BaseModel
+
+
+def begin(definition: TaskDefinition, run: durable.ClaimedRun, owner: str) -> None:
+    """The run's own message, just claimed: dispatch the stages that depend on nothing."""
+    try:
+        model = definition.input_model.model_validate(run.input)
+    except ValidationError as exc:
+        error = terminal.error_doc(ErrorKind.VALIDATION, str(exc))
+        terminal.finish(definition, run.run_id, owner, RunState.FAILED, error=error)
+        return
+    waiting = {name: StageState.WAITING.value for name in definition.stage_order}
+    pipeline_run = _Run(definition, run.run_id, owner, run.identity, run.priority, model)
+    _advance(pipeline_run, Stages(waiting, {}), ended=())
+
+
+def discard(definition: TaskDefinition, run_id: str, error: dict[str, Any]) -> RunState:
+    """The cancel of a pipeline run Postgres has just marked cancelling. No stage can be claimed
+    from now on (a claim needs the run active); the stage messages still waiting are taken out
+    of their queues, and a run with no stage running is cancelled at once. A running stage is
+    told by the cancel signal, like any run, and the run ends cancelled when it stops. Stages
+    that finished keep their state and results."""
+    per_task = settings.CONFIG.per_task_queues
+    for stage in definition.pipeline:
+        queue = stage_queue(definition, stage, per_task)
+        while broker.remove_waiting(queue, stage_message_id(run_id, stage.name)):
+            pass
+    row = TaskHistory.objects.filter(id=run_id).values_list("stages", "owner_instance_id").first()
+    if row is None or StageState.ACTIVE.value in row[0].values():
+        return RunState.CANCELLING
+    terminal.cancel(definition, run_id, row[1], error=error)
+    return RunState.CANCELLED
+
+
+def run_stage_message(task_id: str, stage: str, run_id: str, processing_version: int) -> None:
+    durable.check_connections()
+    try:
+        _run_stage(registry.get()[task_id], stage, run_id, processing_version)
+    finally:
+        close_old_connections()
+
+
+def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_version: int) -> None:
+    if processing_version > definition.processing_version:
+        time.sleep(REQUEUE_PAUSE_S)
+        raise Reject(f"run {run_id}: stage {name} needs a newer worker", requeue=True)
+    stage = definition.stage(name)
+    claimed = durable.claim_stage(run_id, name)
+    if claimed is None:
+        # Its run is no longer active (ended, cancelling) or the stage is not waiting (this
+        # message is a duplicate, or the run's end closed the stage).
+        log.info("run %s: stage %s not claimed; message dropped", run_id, name)
+        _finish_discard(definition, run_id)
+        return
+    _follow(run_id, name, StageState.ACTIVE)
+    model = definition.input_model.model_validate(claimed.input)
+    run = _Run(definition, run_id, claimed.owner, claimed.identity, claimed.priority, model)
+    if processing_version < definition.processing_version:
+        message = (
+            f"stage {name} enqueued for processing_version {processing_version}, "
+            f"current is {definition.processing_version}"
+        )
+        _stage_failed(run, name, ErrorKind.STALE_VERSION, message)
+        return
+    context = RunContext(run_id, model, results=claimed.results)
+    try:
+        with watching(_as_watched(definition, stage), run_id, claimed.owner, context):
+            result = _keepable(stage.execute(context, model))
+    except TaskError as exc:
+        _stage_failed(run, name, exc.kind, str(exc))
+    except SoftTimeLimitExceeded:
+        timeout = (stage.timeout or definition.timeout).soft
+        _stage_failed(run, name, ErrorKind.TIMEOUT, f"passed its soft timeout of {timeout}")
+    except _NotKeepable as exc:
+        _stage_failed(run, name, ErrorKind.PERMANENT, str(exc))
+    except Exception as exc:
+        log.exception("run %s: stage %s raised", run_id, name)
+        _stage_failed(run, name, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")
+    else:
+        _stage_completed(run, name, result)
+
+
+def _finish_discard(definition: TaskDefinition, run_id: str) -> None:
+    """A stage message of a run being cancelled, which `discard` did not find waiting (a worker
+    had reserved it): the run ends cancelled here if no stage of it still runs."""
+    row = TaskHistory.objects.filter(id=run_id).values_list("state", "stages", "owner_instance_id")
+    found = row.first()
+    if found is None or found[0] != RunState.CANCELLING:
+        return
+    if StageState.ACTIVE.value not in found[1].values():
+        terminal.cancel(definition, run_id, found[2])
+
+
+def _as_watched(definition: TaskDefinition, stage: Stage) -> TaskDefinition:
+    """The definition the watchdogs judge a stage by: the stage's timeout, else the task's."""
+    if stage.timeout is None:
+        return definition
+    return dataclasses.replace(definition, timeout=stage.timeout)
+
+
+class _NotKeepable(Exception):
+    pass
+
+
+def _keepable(result: object) -> Any:
+    """The stage's result as it is kept: JSON, within LUMASTRA_STAGE_RESULT_MAX_BYTES."""
+    if isinstance(result, BaseModel):
+        result = result.model_dump(mode="json")
+    try:
+        size = len(json.dumps(result).encode())
+    except (TypeError, ValueError) as exc:
+        raise _NotKeepable(f"its result is not JSON-serialisable: {exc}") from None
+    cap = settings.CONFIG.stage_result_max_bytes
+    if size > cap:
+        raise _NotKeepable(
+            f"its result is {size} bytes as JSON, over the cap of {cap} "
+            "(LUMASTRA_STAGE_RESULT_MAX_BYTES); keep large data elsewhere and return a reference"
+        )
+    return result
+
+
+def _stage_completed(run: _Run, name: str, result: Any) -> None:
+    try:
+        stages = durable.move_stage(run.run_id, name, StageState.COMPLETED, result=result)
+    except IllegalTransition as exc:
+        log.info("run %s: stage %s completed, not recorded (%s)", run.run_id, name, exc)
+        return
+    _follow(run.run_id, name, StageState.COMPLETED)
+    _advance(run, stages, ended=(name,))
+
+
+def _stage_failed(run: _Run, name: str, kind: ErrorKind, message: str) -> None:
+    try:
+        durable.move_stage(run.run_id, name, StageState.FAILED)
+    except IllegalTransition as exc:
+        log.info("run %s: stage %s failed, not recorded (%s)", run.run_id, name, exc)
+        return
+    _follow(run.run_id, name, StageState.FAILED)
+    error = terminal.error_doc(kind, f"stage {name}: {message}", stage=name)
+    terminal.finish(run.definition, run.run_id, run.owner, RunState.FAILED, error=error)
+
+
+def _advance(run: _Run, stages: Stages, ended: Iterable[str]) -> None:
+    """Dispatch or skip the stages that the end of `ended` made due; end the run when no stage
+    is left to run. `stages` is the run's stages as this process's last move left them."""
+    definition = run.definition
+    ended_now = set(ended)
+    starting = not ended_now
+    for name in definition.stage_order:
+        if stages.states.get(name) != StageState.WAITING:
+            continue
+        after = definition.stage(name).after
+        due = not after if starting else bool(ended_now.intersection(after))
+        if not due or any(stages.states.get(dep) not in _ENDED for dep in after):
+            continue
+        try:
+            reason = _skip_reason(run, name, stages)
+        except Exception as exc:
+            log.exception("run %s: `when` of stage %s raised", run.run_id, name)
+            message = f"stage {name}: its `when` raised {type(exc).__name__}: {exc}"
+            error = terminal.error_doc(ErrorKind.INTERNAL, message, stage=name)
+            terminal.finish(definition, run.run_id, run.owner, RunState.FAILED, error=error)
+            return
+        if reason is None:
+            publish_stage(
+                definition,
+                definition.stage(name),
+                run.run_id,
+                run.identity,
+                run.priority,
+            )
+            continue
+        try:
+            stages = durable.move_stage(run.run_id, name, StageState.SKIPPED)
+        except IllegalTransition as exc:
+            log.info("run %s: stage %s not skipped (%s)", run.run_id, name, exc)
+            continue
+        log.info("run %s: stage %s skipped: %s", run.run_id, name, reason)
+        _follow(run.run_id, name, StageState.SKIPPED)
+        ended_now.add(name)
+    if stages.states and all(state in _ENDED for state in stages.states.values()):
+        terminal.finish(
+            definition, run.run_id, run.owner, RunState.COMPLETED, result=stages.results
+        )
+
+
+def _skip_reason(run: _Run, name: str, stages: Stages) -> str | None:
+    stage = run.definition.stage(name)
+    if stage.after and all(stages.states.get(dep) == StageState.SKIPPED for dep in stage.after):
+        return "every stage it depends on was skipped"
+    if stage.when is not None:
+        context = RunContext(run.run_id, run.input, results=stages.results)
+        if not stage.when(context):
+            return "its `when` said no"
+    return None
+
+
+def _follow(run_id: str, stage: str, target: StageState) -> None:
+    """The live hash follows a stage move Postgres has made; a disagreement is logged."""
+    try:
+        live.transition_stage(run_id, stage, target)
+    except Exception as exc:
+        log.warning(
+            "run %s: stage %s is %s in Postgres; live hash not moved: %s",
+            run_id,
+            stage,
+            target.value,
+            exc,
+        )

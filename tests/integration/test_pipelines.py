@@ -1,0 +1,221 @@
+"""Pipeline runs on real workers: each stage its own message, the DAG advanced by the engine.
+
+Two worker processes of one child each take the pipeline's queues, so two stages that are due
+together can only overlap if they really run on different workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from orchestrator.models import TaskHistory
+from orchestrator.routing import queue_name, stage_queue
+from orchestrator.runs.cancel import request_cancel
+from orchestrator.runs.start import start_run
+from orchestrator.states import RunState
+from orchestrator.stores import live, valkey
+from orchestrator.triggers import TriggerKind
+from tasks import registry
+from tests.support.fixtures import wait_for, worker_process
+from tests.support.task_defs import PIPE_CALLS_KEY
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+TASK = "test-pipe"
+
+
+def _queues() -> list[str]:
+    per_task = settings.CONFIG.per_task_queues
+    queues: set[str] = set()
+    for task in (TASK, "demo-pipeline"):
+        definition = registry.get()[task]
+        queues.add(queue_name(definition, per_task))
+        queues.update(stage_queue(definition, s, per_task) for s in definition.pipeline)
+    return sorted(queues)
+
+
+@pytest.fixture(scope="module")
+def two_workers(django_db_setup: None) -> Iterator[list[subprocess.Popen[bytes]]]:
+    with (
+        worker_process(_queues(), concurrency=1, name="pipe-a") as a,
+        worker_process(_queues(), concurrency=1, name="pipe-b") as b,
+    ):
+        yield [a, b]
+
+
+def _ended(run_id: str) -> TaskHistory | None:
+    row = TaskHistory.objects.get(id=run_id)
+    return row if row.state in ("completed", "failed", "cancelled") else None
+
+
+def _calls(run_id: str) -> dict[str, dict[str, Any]]:
+    raw = valkey.client().lrange(PIPE_CALLS_KEY.format(run_id=run_id), 0, -1)
+    return {call["stage"]: call for call in map(json.loads, raw)}
+
+
+def _live_stages(run_id: str) -> dict[str, str]:
+    snapshot: dict[str, str] = dict(live.read(run_id))  # type: ignore[arg-type]
+    return {k.removeprefix("stage:"): v for k, v in snapshot.items() if k.startswith("stage:")}
+
+
+def _start(**params: Any) -> str:
+    return start_run(TASK, params, trigger=TriggerKind.MANUAL).run_id
+
+
+def test_stages_run_as_a_dag_and_parallel_branches_overlap(two_workers: object) -> None:
+    run_id = _start(sleep_s=0.6)
+
+    row = wait_for(lambda: _ended(run_id), timeout=30)
+
+    assert row.state == "completed", row.error
+    every = {"probe", "left", "right", "final", "after-right"}
+    assert row.stages == dict.fromkeys(every, "completed")
+    assert _live_stages(run_id) == row.stages
+    calls = _calls(run_id)
+    assert set(calls) == every
+    # Each stage started only after what it depends on had ended.
+    for stage, before in [("left", "probe"), ("right", "probe"), ("final", "left")]:
+        assert calls[stage]["started"] >= calls[before]["ended"], (stage, before)
+    # The two branches that were due together ran at the same time, in two processes.
+    left, right = calls["left"], calls["right"]
+    assert left["pid"] != right["pid"]
+    assert left["started"] < right["ended"] and right["started"] < left["ended"]
+    # Each stage read what the earlier ones returned; the run keeps every result.
+    assert row.stage_results["final"] == {"stage": "final", "saw": ["left", "probe", "right"]}
+    assert row.stage_results["left"]["saw"] == ["probe"]
+    assert row.result == row.stage_results
+    assert live.read(run_id)["state"] == "completed"
+
+
+def test_when_false_skips_the_stage_and_what_depends_only_on_it(two_workers: object) -> None:
+    run_id = _start(skip_right=True)
+
+    row = wait_for(lambda: _ended(run_id), timeout=30)
+
+    assert row.state == "completed", row.error
+    assert row.stages == {
+        "probe": "completed",
+        "left": "completed",
+        "final": "completed",
+        "right": "skipped",
+        "after-right": "skipped",
+    }
+    assert _live_stages(run_id) == row.stages
+    assert set(_calls(run_id)) == {"probe", "left", "final"}  # skipped bodies never ran
+    assert set(row.result) == {"probe", "left", "final"}
+
+
+def test_a_failed_stage_fails_the_run_and_skips_what_had_not_started(two_workers: object) -> None:
+    run_id = _start(fail_stage="left", skip_right=True)
+
+    row = wait_for(lambda: _ended(run_id), timeout=30)
+
+    assert row.state == "failed"
+    assert row.error["kind"] == "permanent"
+    assert row.error["stage"] == "left"
+    assert "stage left: asked to fail in left" in row.error["message"]
+    assert row.stages == {
+        "probe": "completed",
+        "left": "failed",
+        "final": "skipped",
+        "right": "skipped",
+        "after-right": "skipped",
+    }
+    assert live.read(run_id)["state"] == "failed"
+    assert "final" not in _calls(run_id)
+
+
+def test_a_result_over_the_cap_fails_its_stage_with_a_clear_error(two_workers: object) -> None:
+    run_id = _start(big_result=True)
+
+    row = wait_for(lambda: _ended(run_id), timeout=30)
+
+    assert row.state == "failed"
+    assert row.error["stage"] == "probe"
+    assert "LUMASTRA_STAGE_RESULT_MAX_BYTES" in row.error["message"]
+    assert row.stages["probe"] == "failed"
+    assert row.stage_results == {}
+    assert set(row.stages.values()) == {"failed", "skipped"}
+
+
+def test_discard_keeps_finished_stages_and_stops_the_rest(two_workers: object) -> None:
+    run_id = _start(sleep_s=3.0)
+    wait_for(lambda: TaskHistory.objects.get(id=run_id).stages["left"] == "active", timeout=20)
+
+    assert request_cancel(run_id, actor="test") == RunState.CANCELLING
+
+    # The running stages hear the cancel signal at once (ctx.sleep wakes), not after 3 s.
+    row = wait_for(lambda: _ended(run_id), timeout=10)
+    assert row.state == "cancelled"
+    assert row.stages["probe"] == "completed"
+    assert row.stage_results["probe"]["stage"] == "probe"
+    assert row.stages["left"] == "failed" and row.stages["right"] == "failed"
+    assert row.stages["final"] == "skipped" and row.stages["after-right"] == "skipped"
+    assert set(_calls(run_id)) == {"probe"}
+    assert live.read(run_id)["state"] == "cancelled"
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """Three files below the first media root, which the workers (started with this process's
+    environment) read too."""
+    path = settings.CONFIG.media_roots[0] / f"test-{uuid.uuid4().hex}"
+    (path / "season-1").mkdir(parents=True)
+    (path / "a.mkv").write_bytes(b"a" * 10)
+    (path / "b.mkv").write_bytes(b"b" * 20)
+    (path / "season-1" / "c.mkv").write_bytes(b"c" * 30)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def test_the_demo_pipeline_does_its_work_across_two_pools(
+    two_workers: object, folder: Path
+) -> None:
+    run_id = start_run("demo-pipeline", {"path": str(folder)}, trigger=TriggerKind.MANUAL).run_id
+
+    row = wait_for(lambda: _ended(run_id), timeout=30)
+
+    assert row.state == "completed", row.error
+    assert row.stages == dict.fromkeys(["probe", "checksum", "index", "summary"], "completed")
+    assert row.result["summary"] == {"files": 3, "bytes": 60, "checksummed": 3}
+    expected = hashlib.sha256(b"c" * 30).hexdigest()
+    assert row.result["checksum"]["sha256"]["season-1/c.mkv"] == expected
+    index = json.loads(Path(row.result["index"]["index_file"]).read_text())
+    assert index["files"] == {"a.mkv": 10, "b.mkv": 20, "season-1/c.mkv": 30}
+
+
+def test_the_demo_pipeline_skips_its_index_and_shows_a_failed_stage(
+    two_workers: object, folder: Path
+) -> None:
+    skipped = start_run(
+        "demo-pipeline", {"path": str(folder), "skip_index": True}, trigger=TriggerKind.MANUAL
+    ).run_id
+    # Another folder: runs of one folder are one identity, and a live one is not started twice.
+    failed = start_run(
+        "demo-pipeline",
+        {"path": str(folder / "season-1"), "fail_stage": "checksum"},
+        trigger=TriggerKind.API,
+    ).run_id
+
+    skipped_row = wait_for(lambda: _ended(skipped), timeout=30)
+    failed_row = wait_for(lambda: _ended(failed), timeout=30)
+
+    assert skipped_row.state == "completed"
+    assert skipped_row.stages["index"] == "skipped"
+    assert "index" not in skipped_row.result
+    assert failed_row.state == "failed"
+    assert failed_row.error["stage"] == "checksum"
+    assert failed_row.stages["checksum"] == "failed"
+    assert failed_row.stages["summary"] == "skipped"
