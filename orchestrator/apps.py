@@ -24,6 +24,7 @@ def hook_chain() -> tuple[RunHook, ...]:
     from orchestrator.hooks.backpressure import QueueCap
     from orchestrator.hooks.circuit import CircuitBreaker
     from orchestrator.hooks.concurrency import ConcurrencyLimit
+    from orchestrator.hooks.costs import CostQuota
     from orchestrator.hooks.dedup import IdentityDedup
     from orchestrator.hooks.quotas import DailyQuota
     from orchestrator.hooks.ratelimit import RateLimit
@@ -32,6 +33,7 @@ def hook_chain() -> tuple[RunHook, ...]:
         IdentityDedup(),
         CircuitBreaker(),
         DailyQuota(),
+        CostQuota(),
         QueueCap(),
         ConcurrencyLimit(),
         RateLimit(),

@@ -10,7 +10,10 @@ reaches the cap, so any step count, however large, costs the same and returns th
 from __future__ import annotations
 
 import math
+import random
 from datetime import timedelta
+
+from tasks.policies import Retry
 
 
 def exponential(base: timedelta, growth: float, step: int, cap: timedelta) -> timedelta:
@@ -19,3 +22,11 @@ def exponential(base: timedelta, growth: float, step: int, cap: timedelta) -> ti
         return cap
     steps_to_cap = math.ceil(math.log(cap / base, growth))
     return min(cap, base * growth ** min(max(0, step), steps_to_cap))
+
+
+def jittered_backoff(retry: Retry, attempt: int) -> timedelta:
+    """The wait before the attempt after `attempt`: jitter over the upper half of an
+    exponential ceiling, so retries of many runs spread out instead of returning together,
+    and none comes back much sooner than its backoff."""
+    ceiling = exponential(retry.base, 2, attempt - 1, retry.cap)
+    return ceiling * random.uniform(0.5, 1.0)

@@ -13,6 +13,7 @@ races for `lock:orch:<class>` for each class this host serves and for `lock:orch
 - `quota-rollup` (`orchestrator.hooks.quotas.rollup`), on the cluster leader only: copies the
   daily run counts of tasks without a cap from Valkey into `task_quota_usage` every
   LUMASTRA_QUOTA_ROLLUP_INTERVAL_S (30 s); one Valkey pipeline and at most one statement.
+  The same tick copies the tasks' daily spend (`orchestrator.hooks.costs.rollup`).
 - `scheduler` (`orchestrator.scheduler.dynamic`), on every worker host (its bucket locks make
   one fire per slot, so it needs no seat): its first tick is the static schedules' boot
   catch-up and a tick; then it fires due dynamic-schedule rows every LUMASTRA_SCHEDULER_TICK_S.
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.conf import settings
 
     from orchestrator.cluster import leaders, roster
-    from orchestrator.hooks import quotas
+    from orchestrator.hooks import costs, quotas
     from orchestrator.recovery.reconciler import Reconciler
     from orchestrator.runs import drain
     from orchestrator.scheduler.dynamic import Scheduler
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         Loop(
             "quota-rollup",
             config.quota_rollup_interval_s,
-            lambda: quotas.rollup(fence=cluster),
+            lambda: quotas.rollup(fence=cluster) + costs.rollup(fence=cluster),
             leader=leaders.CLUSTER,
         ),
         Loop("scheduler", config.scheduler_tick_s, scheduler.tick, first=scheduler.boot),

@@ -144,13 +144,16 @@ class ApiToken(models.Model):
 
 
 class TaskQuotaUsage(models.Model):
-    """Per task, per UTC day: how many runs were admitted, completed and failed."""
+    """Per task, per UTC day: how many runs were admitted, completed and failed, and what
+    they spent."""
 
     task_id = models.CharField(max_length=64)
     day = models.DateField()
     started = models.PositiveIntegerField(default=0)
     completed = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
+    # Units spent by kind (`ctx.spend`), rolled up from Valkey (orchestrator/hooks/costs.py).
+    cost = models.JSONField(default=dict, blank=True)
 
     class Meta:
         db_table = "task_quota_usage"

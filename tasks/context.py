@@ -25,6 +25,20 @@ class TaskContext(Protocol):
         """Append a line to the run's live log."""
         ...
 
+    def warn(self, message: str) -> None:
+        """Record a warning on the current step: a step that succeeds with warnings ends
+        `warning`, not `ok`."""
+        ...
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add `n` to one of the current step's counters (e.g. `cache_read_tokens`)."""
+        ...
+
+    def spend(self, kind: str, units: float) -> None:
+        """Record usage of a costed resource (e.g. `("openai_tokens", 1200)`) on the current
+        step, on the run's `cost_breakdown` and on the task's daily spend (cost quotas)."""
+        ...
+
     def report_progress(self, done: float, total: float | None = None, note: str = "") -> None:
         """Report progress as `done` of `total` (or a fraction in 0..1 when total is None)."""
         ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum, IntEnum
@@ -58,6 +58,8 @@ class Quotas:
     max_runs_per_day: int | None = None
     max_concurrent: int | None = None
     rate: str | None = None  # e.g. "60/m"
+    # Daily caps on what the task spends, by cost kind (`ctx.spend`), e.g. {"openai_tokens": 2e6}.
+    max_cost_per_day: Mapping[str, float] = field(default_factory=dict)
 
     def parsed_rate(self) -> Rate | None:
         if self.rate is None:
@@ -191,6 +193,11 @@ def define_task(
         value = getattr(quotas, name)
         if value is not None and (not _is_int(value) or value < 1):
             raise fail(f"quotas.{name}", "must be a positive integer")
+    for kind, cap in dict(quotas.max_cost_per_day).items():
+        if not isinstance(kind, str) or not kind or isinstance(cap, bool):
+            raise fail("quotas.max_cost_per_day", "must map cost kinds (names) to caps")
+        if not isinstance(cap, int | float) or not cap > 0:
+            raise fail("quotas.max_cost_per_day", f"the cap of {kind!r} must be a number > 0")
     try:
         quotas.parsed_rate()
     except ValueError as exc:

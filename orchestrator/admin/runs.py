@@ -13,7 +13,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import DurationField, ExpressionWrapper, F, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern
+from django.urls import URLPattern, reverse
 from django.utils.html import format_html
 
 from orchestrator.admin import force_enable, nodes, start_form, tasks_page
@@ -22,6 +22,7 @@ from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
+from orchestrator.runs import report
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import StartRefused
@@ -52,19 +53,22 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
     # Spares the second, unfiltered COUNT(*) over the whole table behind "N total".
     show_full_result_count = False
     fields = [
-        ("id", "state"),
+        ("id", "state", "report"),
         ("task_id", "priority", "processing_version"),
         ("trigger_json", "identity"),
         "input_json",
         "result_json",
         "error_json",
         "stages_json",
+        "steps_json",
         ("created_at", "started_at", "finished_at", "duration"),
         ("owner_instance_id", "attempts", "heartbeat_at"),
         "cost_breakdown_json",
         "updated_at",
     ]
     readonly_fields = [
+        "report",
+        "steps_json",
         "duration",
         "trigger_json",
         "input_json",
@@ -164,6 +168,16 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
     def duration(self, run: TaskHistory) -> str | None:
         seconds = run.duration_s
         return None if seconds is None else f"{seconds:.2f} s"
+
+    @admin.display(description="report")
+    def report(self, run: TaskHistory) -> str:
+        url = reverse("api-v1:run_report", kwargs={"run_id": run.id})
+        return format_html('<a href="{}">Markdown report (steps, error, warnings)</a>', url)
+
+    @admin.display(description="steps")
+    def steps_json(self, run: TaskHistory) -> str:
+        records = report.step_records(run)
+        return format_html("<pre>{}</pre>", json.dumps(records, indent=2, sort_keys=True))
 
     def get_urls(self) -> list[URLPattern]:
         # Before the defaults: their `<path:object_id>/` would take "start/" or "tasks/" as a

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from django.db.models.fields.json import KT
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
 from ninja.responses import Status
 from pydantic import BeforeValidator, ConfigDict, StringConstraints, WithJsonSchema, field_validator
@@ -24,6 +24,7 @@ from orchestrator.api.fields import PriorityIn, Storable, StorableStr
 from orchestrator.api.pagination import Position, page
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
+from orchestrator.runs import report
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import NotRetryable, rerun
 from orchestrator.runs.start import (
@@ -121,6 +122,12 @@ class RunDetail(RunSummary):
     attempts: int
     processing_version: int
     duration_s: float | None
+    stages: dict[str, str] = Field(description="a pipeline run's stages and their states")
+    steps: list[dict[str, Any]] = Field(
+        description="what each step did: status, timings, attempts, cost, counters, warnings, "
+        "error (a pipeline run: one per stage; any other run: one)"
+    )
+    cost: dict[str, float] = Field(description="units spent by kind (`ctx.spend`)")
     live: LiveState | None = Field(description="null once the live hash has expired")
 
 
@@ -265,8 +272,27 @@ def get_run(request: HttpRequest, run_id: str) -> RunDetail:
         attempts=row.attempts,
         processing_version=row.processing_version,
         duration_s=row.duration_s,
+        stages=row.stages,
+        steps=report.step_records(row),
+        cost=row.cost_breakdown,
         live=_live_state(live.read(row.id)),
     )
+
+
+@router.get(
+    "/runs/{run_id}/report.md",
+    auth=VIEW,
+    response=answers({200: str}, 404),
+    openapi_extra={"responses": {"200": {"content": {"text/markdown": {}}}}},
+)
+def run_report(request: HttpRequest, run_id: str) -> HttpResponse:
+    """The run as Markdown: YAML frontmatter (the run, `steps:`), then a table of its steps,
+    its error and its warnings."""
+    _require_run_id(run_id)
+    row = TaskHistory.objects.filter(id=run_id).first()
+    if row is None:
+        raise ApiError(404, f"no run {run_id!r}")
+    return HttpResponse(report.render(row), content_type="text/markdown; charset=utf-8")
 
 
 @router.get("/runs", auth=VIEW, response=answers({200: RunPage}, 422))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -13,11 +14,18 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock, to_ms
+from orchestrator.hooks import costs
 from orchestrator.states import RunState
 from orchestrator.stores import keys, scripts, valkey
 from tasks.errors import RunCancelled
 
 LOG_TTL = timedelta(hours=24)
+
+
+# Bounds on what a handler may record on its step, so a loop cannot bloat the run's row.
+MAX_WARNINGS = 50
+MAX_NAME_LENGTH = 64
+MAX_NAMES = 50
 
 
 class RunContext:
@@ -27,10 +35,16 @@ class RunContext:
         input: Any,
         clock: Clock = SYSTEM,
         *,
+        task_id: str = "",
         results: Mapping[str, Any] | None = None,
     ) -> None:
         self._run_id = run_id
+        self._task_id = task_id
         self._input = input
+        # What this attempt recorded on its step (`orchestrator/runs/steps.py` keeps them).
+        self.warnings: list[str] = []
+        self.counters: dict[str, int] = {}
+        self.cost: dict[str, float] = {}
         self._results: Mapping[str, Any] = MappingProxyType(dict(results or {}))
         self._clock = clock
         # Set by the run's watch thread when a cancel is published or seen in the hash.
@@ -64,6 +78,27 @@ class RunContext:
         pipe.expire(key, LOG_TTL)
         valkey.execute(pipe)
 
+    def warn(self, message: str) -> None:
+        if len(self.warnings) < MAX_WARNINGS:
+            self.warnings.append(str(message)[:1000])
+        self.log(f"warning: {message}")
+
+    def count(self, name: str, n: int = 1) -> None:
+        _check_name("counter", name, self.counters)
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"count({name!r}, n): n must be an int, not {type(n).__name__}")
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    def spend(self, kind: str, units: float) -> None:
+        _check_name("cost kind", kind, self.cost)
+        if isinstance(units, bool) or not isinstance(units, int | float):
+            raise TypeError(f"spend({kind!r}, units): units must be a number")
+        if not math.isfinite(units) or units < 0:
+            raise ValueError(f"spend({kind!r}, units): units must be finite and >= 0, not {units}")
+        self.cost[kind] = self.cost.get(kind, 0) + units
+        if self._task_id:
+            costs.record(self._task_id, kind, units, self._clock)
+
     def report_progress(self, done: float, total: float | None = None, note: str = "") -> None:
         self.progressed_at = time.monotonic()
         payload = json.dumps({"done": done, "total": total, "note": note})
@@ -89,3 +124,10 @@ class RunContext:
         """Sleep, but wake and raise RunCancelled as soon as the run is cancelled."""
         if self.cancelled or self._cancel.wait(seconds):
             raise RunCancelled(f"run {self._run_id} was cancelled")
+
+
+def _check_name(what: str, name: str, known: Mapping[str, object]) -> None:
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LENGTH:
+        raise ValueError(f"a {what} must be a name of 1 to {MAX_NAME_LENGTH} characters")
+    if name not in known and len(known) >= MAX_NAMES:
+        raise ValueError(f"at most {MAX_NAMES} {what}s per step; {name!r} is one too many")

@@ -28,10 +28,15 @@ A cancel (`discard`) takes the waiting stage messages out of their queues and en
 cancel signal reaches it as it reaches any run; it is marked `failed` by the run's end).
 Completed stages keep their state and results.
 
-Not guaranteed yet (issue 10's later parts): a TransientError fails its stage (no retry per
-stage); no resume; a due stage whose message was lost, or whose advance a crash cut
-short, is not dispatched again: the run is failed by the orphan path once its heartbeat (the
-last stage move or stage heartbeat) is older than LUMASTRA_ORPHAN_THRESHOLD_S.
+A TransientError retries the stage alone (its `retry`, else the task's): the stage goes back to
+`waiting` with the error on its step record, and its message is published again with the
+backoff as its delay. Each attempt's end writes the stage's step record (`runs.steps`) in the
+same UPDATE as its move, a failure before the run's end.
+
+Not guaranteed yet (issue 10's later parts): no resume; a due stage whose message was lost, or
+whose advance a crash cut short, is not dispatched again: the run is failed by the orphan
+path once its heartbeat (the last stage move or stage heartbeat) is older than
+LUMASTRA_ORPHAN_THRESHOLD_S.
 """
 
 from __future__ import annotations
@@ -48,13 +53,16 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Reject
 from django.conf import settings
 from django.db import close_old_connections
+from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
+from orchestrator.backoff import jittered_backoff
 from orchestrator.models import TaskHistory
-from orchestrator.routing import stage_queue
-from orchestrator.runs import terminal
+from orchestrator.routing import stage_class, stage_queue
+from orchestrator.runs import steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import publish_stage, stage_message_id
+from orchestrator.runs.steps import StepStatus
 from orchestrator.runs.watch import watching
 from orchestrator.states import IllegalTransition, RunState, StageState
 from orchestrator.stores import broker, durable, live
@@ -63,6 +71,7 @@ from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind, TaskError
 from tasks.pipeline import Stage
+from tasks.policies import Retry
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +136,7 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
         time.sleep(REQUEUE_PAUSE_S)
         raise Reject(f"run {run_id}: stage {name} needs a newer worker", requeue=True)
     stage = definition.stage(name)
-    claimed = durable.claim_stage(run_id, name)
+    claimed = durable.claim_stage(run_id, name, stage_class(definition, stage))
     if claimed is None:
         # Its run is no longer active (ended, cancelling) or the stage is not waiting (this
         # message is a duplicate, or the run's end closed the stage).
@@ -137,29 +146,54 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
     _follow(run_id, name, StageState.ACTIVE)
     model = definition.input_model.model_validate(claimed.input)
     run = _Run(definition, run_id, claimed.owner, claimed.identity, claimed.priority, model)
+    context = RunContext(run_id, model, task_id=definition.id, results=claimed.results)
+    attempt = _Attempt(run, stage, claimed.step, context)
     if processing_version < definition.processing_version:
         message = (
-            f"stage {name} enqueued for processing_version {processing_version}, "
+            f"enqueued for processing_version {processing_version}, "
             f"current is {definition.processing_version}"
         )
-        _stage_failed(run, name, ErrorKind.STALE_VERSION, message)
+        _stage_failed(attempt, ErrorKind.STALE_VERSION, message)
         return
-    context = RunContext(run_id, model, results=claimed.results)
     try:
         with watching(_as_watched(definition, stage), run_id, claimed.owner, context):
             result = _keepable(stage.execute(context, model))
     except TaskError as exc:
-        _stage_failed(run, name, exc.kind, str(exc))
+        if exc.kind is ErrorKind.TRANSIENT and attempt.number < attempt.retry.max_attempts:
+            _stage_retry(attempt, str(exc))
+        else:
+            _stage_failed(attempt, exc.kind, str(exc))
     except SoftTimeLimitExceeded:
         timeout = (stage.timeout or definition.timeout).soft
-        _stage_failed(run, name, ErrorKind.TIMEOUT, f"passed its soft timeout of {timeout}")
+        _stage_failed(attempt, ErrorKind.TIMEOUT, f"passed its soft timeout of {timeout}")
     except _NotKeepable as exc:
-        _stage_failed(run, name, ErrorKind.PERMANENT, str(exc))
+        _stage_failed(attempt, ErrorKind.PERMANENT, str(exc))
     except Exception as exc:
         log.exception("run %s: stage %s raised", run_id, name)
-        _stage_failed(run, name, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")
+        _stage_failed(attempt, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")
     else:
-        _stage_completed(run, name, result)
+        _stage_completed(attempt, result)
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One attempt of one stage: what its end writes on the stage's step record."""
+
+    run: _Run
+    stage: Stage
+    step: dict[str, Any]  # the record as the claim left it (this attempt counted)
+    context: RunContext
+
+    @property
+    def number(self) -> int:
+        return int(self.step.get("attempts", 1))
+
+    @property
+    def retry(self) -> Retry:
+        return self.stage.retry or self.run.definition.retry
+
+    def ended(self, status: StepStatus, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        return steps.attempt_ended(self.step, self.context, status, timezone.now(), error)
 
 
 def _finish_discard(definition: TaskDefinition, run_id: str) -> None:
@@ -201,9 +235,17 @@ def _keepable(result: object) -> Any:
     return result
 
 
-def _stage_completed(run: _Run, name: str, result: Any) -> None:
+def _stage_completed(attempt: _Attempt, result: Any) -> None:
+    run, name = attempt.run, attempt.stage.name
     try:
-        stages = durable.move_stage(run.run_id, name, StageState.COMPLETED, result=result)
+        stages = durable.move_stage(
+            run.run_id,
+            name,
+            StageState.COMPLETED,
+            result=result,
+            step=attempt.ended(StepStatus.OK),
+            cost=attempt.context.cost,
+        )
     except IllegalTransition as exc:
         log.info("run %s: stage %s completed, not recorded (%s)", run.run_id, name, exc)
         return
@@ -211,15 +253,51 @@ def _stage_completed(run: _Run, name: str, result: Any) -> None:
     _advance(run, stages, ended=(name,))
 
 
-def _stage_failed(run: _Run, name: str, kind: ErrorKind, message: str) -> None:
+def _stage_failed(attempt: _Attempt, kind: ErrorKind, message: str) -> None:
+    """The stage fails, its step record first; then the run fails with the stage named."""
+    run, name = attempt.run, attempt.stage.name
+    if kind is ErrorKind.TRANSIENT and attempt.number > 1:
+        message = (
+            f"{message} (attempts exhausted: {attempt.number} of {attempt.retry.max_attempts})"
+        )
+    error = terminal.error_doc(kind, f"stage {name}: {message}", stage=name)
     try:
-        durable.move_stage(run.run_id, name, StageState.FAILED)
+        durable.move_stage(
+            run.run_id,
+            name,
+            StageState.FAILED,
+            step=attempt.ended(StepStatus.FAILED, error),
+            cost=attempt.context.cost,
+        )
     except IllegalTransition as exc:
         log.info("run %s: stage %s failed, not recorded (%s)", run.run_id, name, exc)
         return
     _follow(run.run_id, name, StageState.FAILED)
-    error = terminal.error_doc(kind, f"stage {name}: {message}", stage=name)
     terminal.finish(run.definition, run.run_id, run.owner, RunState.FAILED, error=error)
+
+
+def _stage_retry(attempt: _Attempt, message: str) -> None:
+    """A TransientError with attempts left: the stage alone waits for its next attempt (active
+    → waiting), with the task's backoff, and its message is published again with that delay."""
+    run, name = attempt.run, attempt.stage.name
+    delay = jittered_backoff(attempt.retry, attempt.number)
+    error = terminal.error_doc(
+        ErrorKind.TRANSIENT,
+        f"{message} (attempt {attempt.number} of {attempt.retry.max_attempts}; "
+        f"retrying in {delay.total_seconds():.1f}s)",
+    )
+    step = attempt.ended(StepStatus.WAITING, error)
+    try:
+        durable.move_stage(
+            run.run_id, name, StageState.WAITING, step=step, cost=attempt.context.cost
+        )
+    except IllegalTransition as exc:
+        log.info("run %s: stage %s retry not recorded (%s)", run.run_id, name, exc)
+        _finish_discard(run.definition, run.run_id)
+        return
+    _follow(run.run_id, name, StageState.WAITING)
+    log.info("run %s: stage %s transient failure; retry in %s", run.run_id, name, delay)
+    publish_stage(run.definition, attempt.stage, run.run_id, run.identity, run.priority, delay)
 
 
 def _advance(run: _Run, stages: Stages, ended: Iterable[str]) -> None:
@@ -253,7 +331,9 @@ def _advance(run: _Run, stages: Stages, ended: Iterable[str]) -> None:
             )
             continue
         try:
-            stages = durable.move_stage(run.run_id, name, StageState.SKIPPED)
+            stages = durable.move_stage(
+                run.run_id, name, StageState.SKIPPED, step=steps.skipped(reason, timezone.now())
+            )
         except IllegalTransition as exc:
             log.info("run %s: stage %s not skipped (%s)", run.run_id, name, exc)
             continue
@@ -271,7 +351,9 @@ def _skip_reason(run: _Run, name: str, stages: Stages) -> str | None:
     if stage.after and all(stages.states.get(dep) == StageState.SKIPPED for dep in stage.after):
         return "every stage it depends on was skipped"
     if stage.when is not None:
-        context = RunContext(run.run_id, run.input, results=stages.results)
+        context = RunContext(
+            run.run_id, run.input, task_id=run.definition.id, results=stages.results
+        )
         if not stage.when(context):
             return "its `when` said no"
     return None

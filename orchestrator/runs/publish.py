@@ -62,8 +62,10 @@ def publish_stage(
     run_id: str,
     identity: str,
     priority: int,
+    delay: timedelta | None = None,
 ) -> None:
-    """Enqueue one stage of a pipeline run, on the queue of the stage's class."""
+    """Enqueue one stage of a pipeline run, on the queue of the stage's class; with `delay`,
+    a worker holds the message until then (a retry's backoff)."""
     queue = stage_queue(definition, stage, settings.CONFIG.per_task_queues)
     args = [run_id, definition.processing_version]
     _send(
@@ -72,7 +74,7 @@ def publish_stage(
         queue,
         job_id(definition.id, identity, stage_message_id(run_id, stage.name)),
         priority,
-        None,
+        delay,
     )
 
 

@@ -23,7 +23,6 @@ between runs is replaced rather than failing a run.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from datetime import timedelta
 from enum import Enum
@@ -37,12 +36,12 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.backoff import exponential
+from orchestrator.backoff import jittered_backoff
 from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup, Postpone
 from orchestrator.models import TaskHistory
-from orchestrator.runs import pipeline, terminal
+from orchestrator.runs import pipeline, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import job_id, publish
 from orchestrator.runs.watch import watching
@@ -204,15 +203,19 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
 
     def end(target: RunState, kind: ErrorKind | None = None, message: str = "") -> None:
         error = None if kind is None else terminal.error_doc(kind, message)
-        terminal.finish(definition, run.run_id, owner, target, result=result, error=error)
+        step = None if context is None else steps.plain_extras(context)
+        terminal.finish(
+            definition, run.run_id, owner, target, result=result, error=error, step=step
+        )
 
     result: Any = None
+    context: RunContext | None = None
     try:
         model = definition.input_model.model_validate(run.input)
     except ValidationError as exc:
         end(RunState.FAILED, ErrorKind.VALIDATION, str(exc))
         return
-    context = RunContext(run.run_id, model)
+    context = RunContext(run.run_id, model, task_id=definition.id)
     try:
         assert definition.execute is not None  # a task without a pipeline has one
         with watching(definition, run.run_id, owner, context):
@@ -225,7 +228,8 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
             attempts = definition.retry.max_attempts
             message = f"{exc} (attempts exhausted: {attempts} of {attempts})"
             error = terminal.error_doc(exc.kind, message, exhausted=True)
-            terminal.finish(definition, run.run_id, owner, RunState.FAILED, error=error)
+            step = steps.plain_extras(context)
+            terminal.finish(definition, run.run_id, owner, RunState.FAILED, error=error, step=step)
         else:
             end(RunState.FAILED, exc.kind, str(exc))
     except SoftTimeLimitExceeded:
@@ -241,16 +245,9 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
         end(RunState.COMPLETED)
 
 
-def backoff(definition: TaskDefinition, attempt: int) -> timedelta:
-    """Jitter over the upper half of an exponential ceiling: retries of many runs spread out
-    instead of returning together, and none comes back much sooner than its backoff."""
-    ceiling = exponential(definition.retry.base, 2, attempt - 1, definition.retry.cap)
-    return ceiling * random.uniform(0.5, 1.0)
-
-
 def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, message: str) -> None:
     attempt = run.attempts
-    delay = backoff(definition, attempt)
+    delay = jittered_backoff(definition.retry, attempt)
     error = terminal.error_doc(
         ErrorKind.TRANSIENT,
         f"{message} (attempt {attempt} of {definition.retry.max_attempts}; "

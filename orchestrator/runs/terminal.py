@@ -36,14 +36,16 @@ def finish(
     *,
     result: Any = None,
     error: dict[str, Any] | None = None,
+    step: dict[str, Any] | None = None,
 ) -> RunState:
     """End a claimed run in `target`; returns the state it really ended in (a cancel that
-    raced the handler wins: cancelled; a watchdog that ended it first: its state)."""
+    raced the handler wins: cancelled; a watchdog that ended it first: its state). `step`:
+    a plain run's warnings, counters and cost (`runs.steps.plain_extras`)."""
     kind = ErrorKind(error["kind"]) if error else None
     finished_at = timezone.now()
 
     def write() -> None:
-        durable.end(run_id, target, finished_at=finished_at, result=result, error=error)
+        durable.end(run_id, target, finished_at=finished_at, result=result, error=error, step=step)
 
     try:
         try:
@@ -57,6 +59,9 @@ def finish(
         # hooks itself, so Valkey is never ahead of Postgres.
         log.warning("run %s: terminal write %s deferred to the drain", run_id, target)
         fields = {"result": result, "error": error, "finished_at": finished_at}
+        if step is not None:
+            # A plain run's only cost write is this one: its total is this attempt's.
+            fields |= {"steps": {definition.id: step}, "cost_breakdown": step["cost"]}
         if not drain.push(run_id, target, fields, owner):
             log.error("run %s: terminal write %s lost; the reconciler will end it", run_id, target)
         return target

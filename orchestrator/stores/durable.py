@@ -109,9 +109,11 @@ def end(
     finished_at: datetime,
     result: Any = None,
     error: dict[str, Any] | None = None,
+    step: dict[str, Any] | None = None,
 ) -> None:
     """The run ends in `target` (completed or failed) with this result and error, replacing
-    what it had; an illegal move raises IllegalTransition with the state that refused it."""
+    what it had, and a plain run's step extras (warnings, counters, cost; `runs.steps`); an
+    illegal move raises IllegalTransition with the state that refused it."""
     if target not in (RunState.COMPLETED, RunState.FAILED):
         raise ValueError(f"end() writes completed or failed, not {target}")
     params = {
@@ -120,6 +122,8 @@ def end(
         "sources": run_sources(target),
         "result": _json_out(result),
         "error": _json_out(error),
+        "step": _json_out(step),
+        "cost": _json_out(step.get("cost") or None) if step else None,
         "finished_at": finished_at,
     }
     _guarded(queries.END_RUN, params, run_id, target)
@@ -172,19 +176,28 @@ class ClaimedStage:
     identity: str
     priority: int
     results: dict[str, Any]  # of the stages that completed before it
+    step: dict[str, Any]  # its step record, this attempt counted (orchestrator/runs/steps.py)
 
 
-def claim_stage(run_id: str, stage: str) -> ClaimedStage | None:
+def claim_stage(run_id: str, stage: str, resource_class: str) -> ClaimedStage | None:
     """waiting → active for one stage of an active run; None if the stage is not waiting or
     the run is not active."""
+    params = {"run_id": run_id, "stage": stage, "resource_class": resource_class}
     with connection.cursor() as cursor:
-        cursor.execute(queries.CLAIM_STAGE, {"run_id": run_id, "stage": stage})
+        cursor.execute(queries.CLAIM_STAGE, params)
         found = cursor.fetchone()
     if found is None:
         return None
-    input_, owner, identity, priority, results = found
+    input_, owner, identity, priority, results, step = found
     return ClaimedStage(
-        run_id, stage, _json_in(input_), owner, identity, priority, _json_in(results)
+        run_id,
+        stage,
+        _json_in(input_),
+        owner,
+        identity,
+        priority,
+        _json_in(results),
+        _json_in(step),
     )
 
 
@@ -196,10 +209,18 @@ class Stages:
     results: dict[str, Any]
 
 
-def move_stage(run_id: str, stage: str, target: StageState, *, result: Any = None) -> Stages:
-    """Move one stage of a live run (with its result, if any); an illegal move raises
-    IllegalTransition whose `current` is the stage's state, or None when the run is missing
-    or ended or has no such stage."""
+def move_stage(
+    run_id: str,
+    stage: str,
+    target: StageState,
+    *,
+    result: Any = None,
+    step: dict[str, Any] | None = None,
+    cost: dict[str, float] | None = None,
+) -> Stages:
+    """Move one stage of a live run, with its result, its step record's new fields and this
+    attempt's cost, if any; an illegal move raises IllegalTransition whose `current` is the
+    stage's state, or None when the run is missing or ended or has no such stage."""
     live_states = sorted(s.value for s in LIVE_RUN_STATES)
     params = {
         "run_id": run_id,
@@ -208,6 +229,8 @@ def move_stage(run_id: str, stage: str, target: StageState, *, result: Any = Non
         "sources": stage_sources(target),
         "live": live_states,
         "result": _json_out(result),
+        "step": _json_out(step),
+        "cost": _json_out(cost or None),
     }
     with connection.cursor() as cursor:
         cursor.execute(queries.MOVE_STAGE, params)

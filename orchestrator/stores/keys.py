@@ -62,6 +62,12 @@ def refusals(task_id: str, day: str) -> str:
     return f"task:refusals:{task_id}:{day}"
 
 
+def cost_day(task_id: str, day: str) -> str:
+    """Hash of cost kind → units one task spent on one UTC day (YYYY-MM-DD), rolled up into
+    task_quota_usage.cost (orchestrator/hooks/costs.py)."""
+    return f"task:cost:{task_id}:{day}"
+
+
 def quota_counts(task_id: str, day: str) -> str:
     """Hash of started / completed / failed → count for one task without a daily cap and one
     UTC day (YYYY-MM-DD), rolled up into task_quota_usage (orchestrator/hooks/quotas.py)."""

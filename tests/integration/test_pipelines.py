@@ -16,10 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from django.conf import settings
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.utils import timezone
 
-from orchestrator.models import TaskHistory
+from orchestrator.hooks import costs
+from orchestrator.hooks.costs import CostQuotaExceeded
+from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.routing import queue_name, stage_queue
+from orchestrator.runs import report
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
@@ -37,7 +44,7 @@ TASK = "test-pipe"
 def _queues() -> list[str]:
     per_task = settings.CONFIG.per_task_queues
     queues: set[str] = set()
-    for task in (TASK, "demo-pipeline"):
+    for task in (TASK, "demo-pipeline", "test-cost-cap"):
         definition = registry.get()[task]
         queues.add(queue_name(definition, per_task))
         queues.update(stage_queue(definition, s, per_task) for s in definition.pipeline)
@@ -219,3 +226,79 @@ def test_the_demo_pipeline_skips_its_index_and_shows_a_failed_stage(
     assert failed_row.error["stage"] == "checksum"
     assert failed_row.stages["checksum"] == "failed"
     assert failed_row.stages["summary"] == "skipped"
+
+
+def test_a_transient_error_retries_the_stage_alone(two_workers: object) -> None:
+    run_id = _start(flaky_left=2, skip_right=True)
+
+    row = wait_for(lambda: _ended(run_id), timeout=30)
+
+    assert row.state == "completed", row.error
+    assert row.attempts == 1  # the run was not retried, its stage was
+    records = {step["stage"]: step for step in report.step_records(row)}
+    assert records["left"]["attempts"] == 3
+    assert records["probe"]["attempts"] == 1
+    assert records["left"]["status"] == "ok"
+    # Every attempt's spend counts: the failed ones too.
+    assert records["left"]["cost"] == {"cpu_seconds": 0.75}
+    assert records["left"]["counters"] == {"calls": 3}
+    assert row.cost_breakdown == {"cpu_seconds": 1.25}  # probe, left x3, final
+    assert records["right"]["status"] == "skipped"
+    assert records["right"]["reason"] == "its `when` said no"
+
+
+def test_the_report_lists_every_step_in_yaml_frontmatter(two_workers: object) -> None:
+    run_id = _start(warn_left=True, fail_stage="final", skip_right=True)
+    wait_for(lambda: _ended(run_id), timeout=30)
+    staff = User.objects.create_user("reporter", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_taskhistory"))
+    client = Client()
+    client.force_login(staff)
+
+    response = client.get(f"/api/v1/runs/{run_id}/report.md")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/markdown")
+    text = response.content.decode()
+    _, frontmatter, body = text.split("---\n", 2)
+    doc = yaml.safe_load(frontmatter)
+    assert doc["run"]["id"] == run_id and doc["run"]["state"] == "failed"
+    assert doc["run"]["cost"] == {"cpu_seconds": 0.75}  # probe, left, final
+    by_stage = {step["stage"]: step for step in doc["steps"]}
+    assert list(by_stage) == ["probe", "left", "right", "final", "after-right"]
+    assert by_stage["left"]["status"] == "warning"
+    assert by_stage["left"]["warnings"] == ["left saw something odd"]
+    assert by_stage["final"]["status"] == "failed"
+    assert by_stage["final"]["error"]["kind"] == "permanent"
+    assert (
+        by_stage["probe"]["resource_class"] == "io" and by_stage["right"]["resource_class"] == "cpu"
+    )
+    assert "| final | io | failed | 1 |" in body
+    assert "## Error: permanent" in body and "left saw something odd" in body
+    assert client.get("/api/v1/runs/run_00000000000000000000000000/report.md").status_code == 404
+    assert Client().get(f"/api/v1/runs/{run_id}/report.md").status_code == 401
+
+
+def test_cost_rolls_up_per_day_and_a_cost_quota_refuses_the_next_start(
+    two_workers: object,
+) -> None:
+    run_id = start_run("test-cost-cap", {}, trigger=TriggerKind.MANUAL).run_id
+    row = wait_for(lambda: _ended(run_id), timeout=30)
+
+    assert row.state == "completed"
+    assert row.cost_breakdown == {"tokens": 10}
+    (step,) = report.step_records(row)
+    assert step["status"] == "warning"
+    assert step["cost"] == {"tokens": 10} and step["counters"] == {"requests": 2}
+    today = timezone.now().date()
+    assert costs.spent("test-cost-cap", today) == {"tokens": 10.0}
+    with pytest.raises(CostQuotaExceeded) as refused:
+        start_run("test-cost-cap", {}, trigger=TriggerKind.MANUAL)
+    assert "tokens 10 of 10" in str(refused.value)
+    assert refused.value.retry_after is not None and refused.value.retry_after.total_seconds() > 0
+    assert TaskHistory.objects.filter(task_id="test-cost-cap").count() == 1
+
+    assert costs.rollup() == 1
+    assert costs.rollup() == 0  # absolute values: a second rollup changes nothing
+    usage = TaskQuotaUsage.objects.get(task_id="test-cost-cap", day=today)
+    assert usage.cost == {"tokens": 10}

@@ -112,6 +112,7 @@ def _fresh_counters() -> None:
         keys.circuit("*"),
         keys.refusals("*", "*"),
         keys.quota_counts("*", "*"),
+        keys.cost_day("*", "*"),
         keys.auth_failures("*"),
     )
     for pattern in patterns:

@@ -425,6 +425,8 @@ class PipeInput(BaseModel, extra="forbid"):
     skip_right: bool = False
     sleep_s: float = 0.0
     big_result: bool = False
+    flaky_left: int = 0  # `left` raises TransientError this many times before it succeeds
+    warn_left: bool = False
 
 
 def _pipe_stage(name: str) -> Any:
@@ -433,10 +435,18 @@ def _pipe_stage(name: str) -> Any:
 
     def execute(ctx: TaskContext, params: PipeInput) -> dict[str, Any]:
         started = time.time()
+        ctx.spend("cpu_seconds", 0.25)
+        ctx.count("calls")
         if params.sleep_s:
             ctx.sleep(params.sleep_s)
         if params.fail_stage == name:
             raise PermanentError(f"asked to fail in {name}")
+        if name == "left" and params.flaky_left:
+            tries = valkey.client().incr(f"test:pipe:flaky:{ctx.run_id}")
+            if tries <= params.flaky_left:
+                raise TransientError(f"flaky try {tries}")
+        if name == "left" and params.warn_left:
+            ctx.warn("left saw something odd")
         record = {"stage": name, "pid": os.getpid(), "started": started, "ended": time.time()}
         valkey.client().rpush(PIPE_CALLS_KEY.format(run_id=ctx.run_id), json.dumps(record))
         if params.big_result and name == "probe":
@@ -452,7 +462,12 @@ pipe = define_task(
     input_model=PipeInput,
     pipeline=[
         Stage(name="probe", execute=_pipe_stage("probe")),
-        Stage(name="left", execute=_pipe_stage("left"), after=("probe",)),
+        Stage(
+            name="left",
+            execute=_pipe_stage("left"),
+            after=("probe",),
+            retry=Retry(max_attempts=3, base=timedelta(milliseconds=100), cap=timedelta(seconds=1)),
+        ),
         Stage(
             name="right",
             execute=_pipe_stage("right"),
@@ -463,4 +478,20 @@ pipe = define_task(
         Stage(name="final", execute=_pipe_stage("final"), after=("left",)),
         Stage(name="after-right", execute=_pipe_stage("after-right"), after=("right",)),
     ],
+)
+
+
+def _spend_tokens(ctx: TaskContext, params: NoInput) -> dict[str, bool]:
+    ctx.spend("tokens", 10)
+    ctx.count("requests", 2)
+    ctx.warn("the model answered slowly")
+    return {"ok": True}
+
+
+# A daily cost cap one run reaches: the next start is refused (test_pipelines).
+cost_cap = define_task(
+    id="test-cost-cap",
+    resource_class="io",
+    execute=_spend_tokens,
+    quotas=Quotas(max_cost_per_day={"tokens": 10}),
 )

@@ -3,7 +3,9 @@
 -- error. Zero rows updated means refused; the caller reads the state to say why.
 -- A pipeline run's stages end with it (`lumastra_close_stages`, migration 0010): those that
 -- never started are `skipped`, one still running is `failed` (its late end is refused).
--- Parameters: run_id, target, sources, result (JSON text or NULL), error (JSON text or NULL),
+-- A plain run's warnings, counters and cost, when it recorded any (`step`, else NULL), become
+-- its step record and are added to its cost_breakdown (`cost`).
+-- Parameters: run_id, target, sources, result, error, step, cost (JSON text or NULL each),
 -- finished_at.
 UPDATE task_history
    SET state = %(target)s,
@@ -11,6 +13,9 @@ UPDATE task_history
        error = %(error)s::jsonb,
        finished_at = %(finished_at)s,
        stages = lumastra_close_stages(stages),
+       steps = CASE WHEN %(step)s::jsonb IS NULL THEN steps
+                    ELSE jsonb_set(steps, ARRAY[task_id], %(step)s::jsonb) END,
+       cost_breakdown = lumastra_add_costs(cost_breakdown, %(cost)s::jsonb),
        updated_at = now()
  WHERE id = %(run_id)s
    AND state = ANY(%(sources)s)

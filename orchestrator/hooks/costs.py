@@ -1,0 +1,152 @@
+"""Cost tracking and cost quotas: what each task spends per UTC day, and the caps on it.
+
+`ctx.spend(kind, units)` adds to the task's spend of the day at once, in a Valkey hash per
+task and day (`keys.cost_day`, kept COUNT_TTL like the run counts), whichever attempt or
+stage it comes from and whether or not the run succeeds: money spent is spent. The run's own
+`cost_breakdown` and its step records get the same units at the step's end
+(`orchestrator/runs/steps.py`).
+
+- **Cost quotas**: a task with `Quotas(max_cost_per_day={"openai_tokens": 2_000_000})` is
+  refused at admission (429, `cost_quota_exceeded`, Retry-After until the next UTC midnight)
+  once the day's spend of any capped kind has reached its cap. The check reads the day's hash
+  in the admission pipeline (no extra round trip); a task without caps sends nothing. The
+  cap is checked at start, not at each `spend`: a run already running may take the day past
+  its cap.
+- **Rollup**: `rollup` copies the hashes into `task_quota_usage.cost` (per task and day) on
+  the cluster leader, beside the run counts' rollup, as absolute values that are never
+  lowered kind by kind; `spent` reads the hashes, so the tasks API and admin show today's
+  spend without the rollup's lag.
+
+Not guaranteed: a Valkey that lost its data loses the spend since the last rollup (the cap
+then counts from the rolled-up figure, which `spent` also reads); days older than COUNT_TTL
+are not rolled up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from typing import Any, cast
+
+from django.db import connection
+
+from orchestrator.clock import SYSTEM, Clock
+from orchestrator.hooks.base import Admission, Refused, RunHook, Step, checked
+from orchestrator.hooks.quotas import COUNT_TTL, Fence
+from orchestrator.stores import keys, valkey
+from tasks import registry
+
+log = logging.getLogger(__name__)
+
+# Kind by kind, never lowered: a second rollup, or a late one from a leader that lost its
+# seat, changes nothing. Rows that would not change are not rewritten.
+_ROLLUP = """
+INSERT INTO task_quota_usage AS u (task_id, day, started, completed, failed, cost)
+VALUES (%(task_id)s, %(day)s, 0, 0, 0, %(cost)s::jsonb)
+ON CONFLICT (task_id, day) DO UPDATE SET cost = lumastra_greatest_costs(u.cost, EXCLUDED.cost)
+ WHERE lumastra_greatest_costs(u.cost, EXCLUDED.cost) <> u.cost
+"""
+
+_ROLLED_UP = "SELECT cost FROM task_quota_usage WHERE task_id = %(task_id)s AND day = %(day)s"
+
+
+class CostQuotaExceeded(Refused):
+    code = "cost_quota_exceeded"
+    http_status = 429
+
+
+def record(task_id: str, kind: str, units: float, clock: Clock = SYSTEM) -> None:
+    key = keys.cost_day(task_id, clock.now().date().isoformat())
+    pipe = valkey.client().pipeline(transaction=False)
+    pipe.hincrbyfloat(key, kind, units)
+    pipe.expire(key, COUNT_TTL)
+    valkey.execute(pipe)
+
+
+def _as_costs(found: dict[str, str] | None) -> dict[str, float]:
+    return {kind: float(units) for kind, units in (found or {}).items()}
+
+
+@dataclass
+class CostQuota(RunHook):
+    name: str = "cost-quota"
+    clock: Clock = SYSTEM
+
+    def plan_admit(self, admission: Admission) -> Step | None:
+        caps = admission.definition.quotas.max_cost_per_day
+        if not caps:
+            return None
+        now = self.clock.now()
+        key = keys.cost_day(admission.definition.id, now.date().isoformat())
+
+        def decide(replies: list[Any]) -> None:
+            (found,) = checked(replies)
+            spent = _larger(_as_costs(found), _rolled_up(admission.definition.id, now.date()))
+            over = sorted(kind for kind, cap in caps.items() if spent.get(kind, 0) >= cap)
+            if over:
+                midnight = datetime.combine(now.date() + timedelta(days=1), time(), now.tzinfo)
+                shown = ", ".join(f"{kind} {spent[kind]:g} of {caps[kind]:g}" for kind in over)
+                raise CostQuotaExceeded(
+                    f"task {admission.definition.id!r} reached its daily cost quota ({shown}, "
+                    f"UTC); it resets at {midnight.isoformat()}",
+                    retry_after=midnight - now,
+                )
+
+        return Step(decide, lambda pipe: pipe.hgetall(key))
+
+
+def _rolled_up(task_id: str, day: date) -> dict[str, float] | None:
+    """The table's figure, for a Valkey that lost the day's hash after a rollup. Read only when
+    the hash is below a cap, so a capped start pays it; uncapped tasks never do."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ROLLED_UP, {"task_id": task_id, "day": day})
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    return _as_costs(json.loads(found[0]) if isinstance(found[0], str) else found[0])
+
+
+def _larger(*sources: dict[str, float] | None) -> dict[str, float]:
+    merged: dict[str, float] = {}
+    for source in sources:
+        for kind, units in (source or {}).items():
+            merged[kind] = max(merged.get(kind, 0.0), units)
+    return merged
+
+
+def spent(task_id: str, day: date) -> dict[str, float]:
+    """What the task spent on `day` (UTC), by kind: the larger of Valkey's and the table's."""
+    found = cast(dict[str, str], valkey.client().hgetall(keys.cost_day(task_id, day.isoformat())))
+    return _larger(_as_costs(found), _rolled_up(task_id, day))
+
+
+def rollup(*, fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
+    """Copy the last COUNT_TTL days' spend into task_quota_usage.cost; returns rows changed."""
+    tasks = sorted(registry.get())
+    today = clock.now().date()
+    days = [today - timedelta(days=back) for back in range(COUNT_TTL.days)]
+    pipe = valkey.client().pipeline(transaction=False)
+    for task_id in tasks:
+        for day in days:
+            pipe.hgetall(keys.cost_day(task_id, day.isoformat()))
+    found = iter(valkey.execute(pipe))
+    rows = [
+        (task_id, day, costs)
+        for task_id in tasks
+        for day in days
+        if (costs := _as_costs(next(found)))
+    ]
+    if not rows:
+        return 0
+    if fence is not None:
+        fence.check()
+    changed = 0
+    with connection.cursor() as cursor:
+        for task_id, day, costs in rows:
+            cursor.execute(_ROLLUP, {"task_id": task_id, "day": day, "cost": json.dumps(costs)})
+            changed += cursor.rowcount
+    if changed:
+        log.info("cost rollup: %d task-day rows updated from Valkey", changed)
+    return changed
