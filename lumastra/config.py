@@ -237,6 +237,12 @@ class Config:
     pending_deadline_s: int = _env(
         "LUMASTRA_PENDING_DEADLINE_S", "86400", _positive_int, "pending this long: fail the run"
     )
+    pipeline_recover_after_s: int = _env(
+        "LUMASTRA_PIPELINE_RECOVER_AFTER_S",
+        "30",
+        _positive_int,
+        "a pipeline run between stages unmoved this long is checked by the reconciler",
+    )
     reconcile_interval_s: int = _env(
         "LUMASTRA_RECONCILE_INTERVAL_S", "30", _positive_int, "seconds between reconciler ticks"
     )

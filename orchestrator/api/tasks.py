@@ -59,6 +59,10 @@ class QuotaTodayOut(Schema):
     completed: int
     failed: int
     max_runs_per_day: int | None = Field(description="null: no daily quota")
+    cost: dict[str, float] = Field(description="units spent today by kind (`ctx.spend`)")
+    max_cost_per_day: dict[str, float] = Field(
+        description="daily caps by cost kind; a start is refused (429) once one is reached"
+    )
 
 
 class QueueDepthOut(Schema):
@@ -127,6 +131,8 @@ def _status(found: TaskStatus) -> TaskStatusOut:
             completed=quota.completed,
             failed=quota.failed,
             max_runs_per_day=quota.max_runs_per_day,
+            cost=quota.cost,
+            max_cost_per_day=quota.max_cost_per_day,
         ),
         refusals_today=found.refusals_today,
         queue=QueueDepthOut(

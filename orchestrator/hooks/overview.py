@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import date
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.hooks import backpressure, circuit, concurrency, quotas
+from orchestrator.hooks import backpressure, circuit, concurrency, costs, quotas
 from orchestrator.hooks.circuit import CircuitStatus
 from orchestrator.stores import broker, keys, valkey
 from tasks.definition import TaskDefinition
@@ -36,6 +36,8 @@ class QuotaToday:
     completed: int
     failed: int
     max_runs_per_day: int | None  # None: no daily quota
+    cost: dict[str, float]  # units spent today, by kind
+    max_cost_per_day: dict[str, float]  # the daily cost caps; empty: none
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ def task_statuses(
     today = clock.now().date()
     circuits = circuit.statuses(ids, clock=clock)
     usage = quotas.usage(definitions, today)
+    spent = costs.spent(ids, today)
     refused = _refusals(ids, today.isoformat())
     running = concurrency.running(ids)
     depths = _depths({definition.resource_class for definition in definitions})
@@ -85,6 +88,8 @@ def task_statuses(
                 completed=used.completed,
                 failed=used.failed,
                 max_runs_per_day=definition.quotas.max_runs_per_day,
+                cost=spent[definition.id],
+                max_cost_per_day=dict(definition.quotas.max_cost_per_day),
             ),
             refusals_today=refused[definition.id],
             queue=depths[definition.resource_class],

@@ -77,6 +77,9 @@ _CANDIDATES = """
   WHERE state = ANY(%(stale_states)s)
     AND COALESCE(heartbeat_at, started_at, updated_at)
         < now() - %(stale_after_s)s * interval '1 second'
+    -- A pipeline run between stages has nothing to heartbeat: recovery.stages moves it on.
+    AND NOT (state = 'active' AND stages <> '{}'
+             AND NOT jsonb_path_exists(stages, '$.* ? (@ == "active")'))
   ORDER BY COALESCE(heartbeat_at, started_at, updated_at)
   LIMIT %(limit)s)
 UNION ALL
@@ -95,7 +98,8 @@ UNION ALL
 # is still older than the threshold (a heartbeat that landed since keeps it alive).
 _END_ORPHAN = """
 UPDATE task_history
-   SET state = %(target)s, error = %(error)s::jsonb, finished_at = now(), updated_at = now()
+   SET state = %(target)s, error = %(error)s::jsonb, finished_at = now(), updated_at = now(),
+       stages = lumastra_close_stages(stages)
  WHERE id = %(run_id)s
    AND state = %(source)s
    AND COALESCE(heartbeat_at, started_at, updated_at)

@@ -52,8 +52,8 @@ Not guaranteed:
   recovers those runs at the regular threshold.
 - Pending runs are covered a page of BATCH per tick, oldest first, starting over when a page
   comes back short, so a big backlog is checked over several ticks.
-- Nothing advances parent runs waiting on dependencies: there are none today (a pipeline's
-  stages run inside its one run). When runs can wait on other runs, that is another step.
+- Pipeline runs stalled between stages are moved on by their own step
+  (`recovery.stages`); the orphan query leaves them alone (no stage of theirs runs).
 - See `recovery.orphans`, `recovery.pending` and `runs.drain` for theirs.
 """
 
@@ -75,6 +75,7 @@ from orchestrator.recovery import orphans, pending
 from orchestrator.recovery.orphans import SCAN_START, OrphanReport
 from orchestrator.recovery.pending import PendingReport
 from orchestrator.recovery.repair import RepairHashes
+from orchestrator.recovery.stages import AdvanceStalledPipelines
 from orchestrator.runs import drain
 from orchestrator.runs.drain import ReplayReport
 
@@ -130,7 +131,8 @@ class TickReport:
             f"{self.pending.failed} failed past the pending deadline, "
             f"{self.pending.stale_version} stale versions, "
             f"{self.drain.done} drained writes, "
-            f"{self.orphans.errors + self.pending.errors + self.errors} errors"
+            + "".join(f"{name}: {count}, " for name, count in self.steps.items() if count)
+            + f"{self.orphans.errors + self.pending.errors + self.errors} errors"
         )
 
 
@@ -144,8 +146,9 @@ class Reconciler:
         lock: FencedLock | None = None,
     ) -> None:
         config = settings.CONFIG
-        # The repair of left-behind hashes is always a step; callers add theirs (coverage, later).
-        self.steps = (RepairHashes(), *steps)
+        # The repair of left-behind hashes and the pipelines stalled between stages are always
+        # steps; callers add theirs (coverage, later).
+        self.steps: tuple[Step, ...] = (RepairHashes(), AdvanceStalledPipelines(), *steps)
         self.clock = clock
         self.batch = batch
         # The cluster seat: a leader's (never acquired here), or the same lock taken directly.

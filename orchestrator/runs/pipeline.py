@@ -45,7 +45,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,7 @@ from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.backoff import jittered_backoff
+from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.models import TaskHistory
 from orchestrator.routing import stage_class, stage_queue
 from orchestrator.runs import steps, terminal
@@ -100,9 +101,61 @@ def begin(definition: TaskDefinition, run: durable.ClaimedRun, owner: str) -> No
         error = terminal.error_doc(ErrorKind.VALIDATION, str(exc))
         terminal.finish(definition, run.run_id, owner, RunState.FAILED, error=error)
         return
-    waiting = {name: StageState.WAITING.value for name in definition.stage_order}
+    states = run.stages or {name: StageState.WAITING.value for name in definition.stage_order}
+    for name, state in states.items():
+        if state == StageState.COMPLETED:
+            # Reused by a resume (`reuse_completed`): the live hash, seeded with every stage
+            # waiting, follows Postgres.
+            _follow(run.run_id, name, StageState.ACTIVE)
+            _follow(run.run_id, name, StageState.COMPLETED)
     pipeline_run = _Run(definition, run.run_id, owner, run.identity, run.priority, model)
-    _advance(pipeline_run, Stages(waiting, {}), ended=())
+    _advance(pipeline_run, Stages(states, run.results), ended=())
+
+
+def advance_stalled(
+    definition: TaskDefinition,
+    run_id: str,
+    input_: Any,
+    owner: str,
+    identity: str,
+    priority: int,
+    stages: Stages,
+    queued: set[str],
+) -> int:
+    """A run between stages that nobody moved for a while (`recovery.stages`): end it if every
+    stage has ended, else dispatch its due stages whose messages are not in `queued` (stage
+    message ids found in the broker). Returns how many moves it made."""
+    model = definition.input_model.model_validate(input_)
+    run = _Run(definition, run_id, owner, identity, priority, model)
+    moves = _advance(run, stages, ended=(), queued=queued)
+    if moves:
+        log.warning("run %s: stalled between stages; %d moves made by recovery", run_id, moves)
+    return moves
+
+
+def reuse_completed(
+    definition: TaskDefinition, new_run_id: str, original_id: str, original: ReusableRun
+) -> list[str]:
+    """A resume: the new run `new_run_id`, still pending in the caller's transaction, takes the
+    stages `original` completed, with their results and step records (marked `reused_from`),
+    so only the failed stage and what follows run again. Nothing is reused when the task's
+    processing_version changed since the original ran: an older version's results are not
+    this version's. Returns the stages reused."""
+    if original.processing_version != definition.processing_version:
+        return []
+    reused = [
+        name for name in definition.stage_order if original.stages.get(name) == StageState.COMPLETED
+    ]
+    if not reused:
+        return []
+    states = {name: StageState.COMPLETED.value for name in reused}
+    results = {name: original.results[name] for name in reused if name in original.results}
+    records = {
+        name: {**original.steps.get(name, {}), "reused_from": original_id, "cost": {}}
+        for name in reused
+    }
+    durable.reuse_stages(new_run_id, states, results, records)
+    return reused
 
 
 def discard(definition: TaskDefinition, run_id: str, error: dict[str, Any]) -> RunState:
@@ -136,12 +189,13 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
         time.sleep(REQUEUE_PAUSE_S)
         raise Reject(f"run {run_id}: stage {name} needs a newer worker", requeue=True)
     stage = definition.stage(name)
-    claimed = durable.claim_stage(run_id, name, stage_class(definition, stage))
+    claimed = durable.claim_stage(run_id, name, stage_class(definition, stage), instance_id())
     if claimed is None:
         # Its run is no longer active (ended, cancelling) or the stage is not waiting (this
-        # message is a duplicate, or the run's end closed the stage).
+        # message is a duplicate, or the run's end closed the stage, or its claimer died).
         log.info("run %s: stage %s not claimed; message dropped", run_id, name)
         _finish_discard(definition, run_id)
+        _stage_abandoned(definition, run_id, stage)
         return
     _follow(run_id, name, StageState.ACTIVE)
     model = definition.input_model.model_validate(claimed.input)
@@ -194,6 +248,34 @@ class _Attempt:
 
     def ended(self, status: StepStatus, error: dict[str, Any] | None = None) -> dict[str, Any]:
         return steps.attempt_ended(self.step, self.context, status, timezone.now(), error)
+
+
+def _stage_abandoned(definition: TaskDefinition, run_id: str, stage: Stage) -> None:
+    """A stage message that came back while its stage is active, claimed by a process of this
+    host that is dead (a pool child killed mid-stage: its message is rejected back to the
+    queue): the stage is tried again if it has attempts left, else it fails, and the run with
+    it. A claimer on another host, or alive, is left to its heartbeat and the orphan path."""
+    found = (
+        TaskHistory.objects.filter(id=run_id, state=RunState.ACTIVE)
+        .values_list("stages", "steps", "input", "owner_instance_id", "identity", "priority")
+        .first()
+    )
+    if found is None or found[0].get(stage.name) != StageState.ACTIVE:
+        return
+    _, records, input_, owner, identity, priority = found
+    record = records.get(stage.name, {})
+    claimer = record.get("owner", "")
+    if not claimer or not is_dead_here(claimer):
+        return
+    model = definition.input_model.model_validate(input_)
+    run = _Run(definition, run_id, owner, identity, priority, model)
+    context = RunContext(run_id, model, task_id=definition.id)
+    attempt = _Attempt(run, stage, record, context)
+    message = f"its worker {claimer} stopped mid-stage"
+    if attempt.number < attempt.retry.max_attempts:
+        _stage_retry(attempt, message, ErrorKind.WORKER_LOST)
+    else:
+        _stage_failed(attempt, ErrorKind.WORKER_LOST, message)
 
 
 def _finish_discard(definition: TaskDefinition, run_id: str) -> None:
@@ -276,13 +358,14 @@ def _stage_failed(attempt: _Attempt, kind: ErrorKind, message: str) -> None:
     terminal.finish(run.definition, run.run_id, run.owner, RunState.FAILED, error=error)
 
 
-def _stage_retry(attempt: _Attempt, message: str) -> None:
-    """A TransientError with attempts left: the stage alone waits for its next attempt (active
-    → waiting), with the task's backoff, and its message is published again with that delay."""
+def _stage_retry(attempt: _Attempt, message: str, kind: ErrorKind = ErrorKind.TRANSIENT) -> None:
+    """A TransientError (or a lost worker) with attempts left: the stage alone waits for its
+    next attempt (active → waiting), with the stage's backoff, and its message is published
+    again with that delay."""
     run, name = attempt.run, attempt.stage.name
     delay = jittered_backoff(attempt.retry, attempt.number)
     error = terminal.error_doc(
-        ErrorKind.TRANSIENT,
+        kind,
         f"{message} (attempt {attempt.number} of {attempt.retry.max_attempts}; "
         f"retrying in {delay.total_seconds():.1f}s)",
     )
@@ -300,17 +383,20 @@ def _stage_retry(attempt: _Attempt, message: str) -> None:
     publish_stage(run.definition, attempt.stage, run.run_id, run.identity, run.priority, delay)
 
 
-def _advance(run: _Run, stages: Stages, ended: Iterable[str]) -> None:
-    """Dispatch or skip the stages that the end of `ended` made due; end the run when no stage
-    is left to run. `stages` is the run's stages as this process's last move left them."""
+def _advance(run: _Run, stages: Stages, ended: Iterable[str], queued: Collection[str] = ()) -> int:
+    """Dispatch or skip the stages that the end of `ended` made due (with no `ended`: every
+    waiting stage whose dependencies have all ended); end the run when no stage is left to
+    run. `stages` is the run's stages as this process's last move left them; a stage whose
+    message id is in `queued` is not published again. Returns how many moves it made."""
     definition = run.definition
     ended_now = set(ended)
     starting = not ended_now
+    moves = 0
     for name in definition.stage_order:
         if stages.states.get(name) != StageState.WAITING:
             continue
         after = definition.stage(name).after
-        due = not after if starting else bool(ended_now.intersection(after))
+        due = starting or bool(ended_now.intersection(after))
         if not due or any(stages.states.get(dep) not in _ENDED for dep in after):
             continue
         try:
@@ -320,15 +406,13 @@ def _advance(run: _Run, stages: Stages, ended: Iterable[str]) -> None:
             message = f"stage {name}: its `when` raised {type(exc).__name__}: {exc}"
             error = terminal.error_doc(ErrorKind.INTERNAL, message, stage=name)
             terminal.finish(definition, run.run_id, run.owner, RunState.FAILED, error=error)
-            return
+            return moves + 1
         if reason is None:
-            publish_stage(
-                definition,
-                definition.stage(name),
-                run.run_id,
-                run.identity,
-                run.priority,
-            )
+            if stage_message_id(run.run_id, name) not in queued:
+                publish_stage(
+                    definition, definition.stage(name), run.run_id, run.identity, run.priority
+                )
+                moves += 1
             continue
         try:
             stages = durable.move_stage(
@@ -340,10 +424,23 @@ def _advance(run: _Run, stages: Stages, ended: Iterable[str]) -> None:
         log.info("run %s: stage %s skipped: %s", run.run_id, name, reason)
         _follow(run.run_id, name, StageState.SKIPPED)
         ended_now.add(name)
+        moves += 1
     if stages.states and all(state in _ENDED for state in stages.states.values()):
         terminal.finish(
             definition, run.run_id, run.owner, RunState.COMPLETED, result=stages.results
         )
+        moves += 1
+    return moves
+
+
+@dataclass(frozen=True)
+class ReusableRun:
+    """What a resume reads of the run it resumes."""
+
+    processing_version: int
+    stages: dict[str, str]
+    results: dict[str, Any]
+    steps: dict[str, Any]
 
 
 def _skip_reason(run: _Run, name: str, stages: Stages) -> str | None:

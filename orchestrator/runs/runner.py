@@ -381,6 +381,10 @@ def _not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
         terminal.cancel(definition, row.id)
     elif row.state in TERMINAL_RUN_STATES:
         log.info("run %s: already %s; duplicate message dropped", row.id, row.state)
+    elif definition.pipeline and row.state == RunState.ACTIVE:
+        # Its stages carry it now; one whose first dispatch a crash cut short is moved on by
+        # recovery.stages.
+        log.info("run %s: pipeline under way; its run message again dropped", row.id)
     elif is_dead_here(row.owner_instance_id) or _heartbeat_is_stale(row):
         # Redelivered because its worker died mid-run (reject on worker lost), and nobody
         # is beating for it: end it here rather than wait for the reconciler.

@@ -38,9 +38,11 @@ class ClaimedRun:
     identity: str
     priority: int
     attempts: int  # counting the attempt this claim starts
+    stages: dict[str, str]  # a pipeline run's stages (a resumed run's reused ones completed)
+    results: dict[str, Any]  # their results
 
 
-def _json_in(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     # Django's psycopg2 backend leaves jsonb undecoded (JSONField decodes it); a raw cursor
     # sees the text.
     return json.loads(value) if isinstance(value, str) else value
@@ -98,8 +100,16 @@ def claim(run_id: str, owner: str) -> ClaimedRun | None:
         found = cursor.fetchone()
     if found is None:
         return None
-    input_, identity, priority, attempts = found
-    return ClaimedRun(run_id, _json_in(input_), identity, priority, attempts)
+    input_, identity, priority, attempts, stages, results = found
+    return ClaimedRun(
+        run_id,
+        json_value(input_),
+        identity,
+        priority,
+        attempts,
+        json_value(stages),
+        json_value(results),
+    )
 
 
 def end(
@@ -179,10 +189,10 @@ class ClaimedStage:
     step: dict[str, Any]  # its step record, this attempt counted (orchestrator/runs/steps.py)
 
 
-def claim_stage(run_id: str, stage: str, resource_class: str) -> ClaimedStage | None:
+def claim_stage(run_id: str, stage: str, resource_class: str, owner: str) -> ClaimedStage | None:
     """waiting → active for one stage of an active run; None if the stage is not waiting or
     the run is not active."""
-    params = {"run_id": run_id, "stage": stage, "resource_class": resource_class}
+    params = {"run_id": run_id, "stage": stage, "resource_class": resource_class, "owner": owner}
     with connection.cursor() as cursor:
         cursor.execute(queries.CLAIM_STAGE, params)
         found = cursor.fetchone()
@@ -192,12 +202,12 @@ def claim_stage(run_id: str, stage: str, resource_class: str) -> ClaimedStage | 
     return ClaimedStage(
         run_id,
         stage,
-        _json_in(input_),
+        json_value(input_),
         owner,
         identity,
         priority,
-        _json_in(results),
-        _json_in(step),
+        json_value(results),
+        json_value(step),
     )
 
 
@@ -236,12 +246,28 @@ def move_stage(
         cursor.execute(queries.MOVE_STAGE, params)
         found = cursor.fetchone()
     if found is not None:
-        return Stages(_json_in(found[0]), _json_in(found[1]))
+        return Stages(json_value(found[0]), json_value(found[1]))
     row = TaskHistory.objects.filter(id=run_id).values_list("state", "stages").first()
     current = None
     if row is not None and row[0] in live_states and isinstance(row[1], dict):
         current = row[1].get(stage)
     raise IllegalTransition(run_id, current, f"{stage}:{target.value}", "postgres")
+
+
+def reuse_stages(
+    run_id: str, stages: dict[str, str], results: dict[str, Any], steps: dict[str, Any]
+) -> None:
+    """A pending run takes stages another run completed (a resume)."""
+    params = {
+        "run_id": run_id,
+        "stages": json.dumps(stages),
+        "results": json.dumps(results),
+        "steps": json.dumps(steps),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(queries.REUSE_STAGES, params)
+        if cursor.rowcount != 1:
+            raise IllegalTransition(run_id, state_of(run_id), "pending (reuse stages)", "postgres")
 
 
 def heartbeat(run_id: str, owner: str) -> bool:

@@ -11,7 +11,9 @@
   backpressure drop recorded it (`error.kind == "dropped"`);
 - **at most once per claim**: the handler of a run was entered at most as many times as the
   run was claimed (`attempts`), and never twice under one claim owner (side effects recorded
-  by the fault tasks, see `tests/support/task_defs.py`).
+  by the fault tasks, see `tests/support/task_defs.py`); the same for each pipeline stage,
+  against the stage's attempts (its step record);
+- **no stage left open**: an ended pipeline run has no stage still waiting or active.
 
 It also reports what it saw (runs, states, error kinds, recovery time), which the driver
 prints and `docs/reliability.md` records, and the runs whose Valkey snapshot disagrees with
@@ -39,6 +41,10 @@ from orchestrator.stores import live
 BORN = {RunState.PENDING.value, RunState.CANCELLED.value}
 
 
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
 def illegal_pairs(pairs: Iterable[tuple[str | None, str]]) -> list[tuple[str | None, str]]:
     """The audited (from, to) pairs `RUN_TRANSITIONS` does not allow; from None is an INSERT."""
     known = {s.value for s in RunState}
@@ -57,6 +63,7 @@ def illegal_pairs(pairs: Iterable[tuple[str | None, str]]) -> list[tuple[str | N
 @dataclass(frozen=True)
 class Execution:
     run: str
+    stage: str  # "" for a plain run's handler
     owner: str
     pid: int
     at: float
@@ -70,7 +77,15 @@ def read_effects(path: Path) -> list[Execution]:
     for line in path.read_text().splitlines():
         try:
             entry = json.loads(line)
-            found.append(Execution(entry["run"], entry["owner"], int(entry["pid"]), entry["at"]))
+            found.append(
+                Execution(
+                    entry["run"],
+                    entry.get("stage", ""),
+                    entry["owner"],
+                    int(entry["pid"]),
+                    entry["at"],
+                )
+            )
         except (ValueError, KeyError, TypeError):
             continue
     return found
@@ -91,6 +106,7 @@ class Report:
     illegal: list[str] = field(default_factory=list)
     not_once_terminal: list[str] = field(default_factory=list)
     over_executed: list[str] = field(default_factory=list)
+    stages_open: list[str] = field(default_factory=list)
     valkey_disagrees: list[str] = field(default_factory=list)
     recovery_s: float | None = None  # last fault → every run terminal
     duration_s: float = 0.0
@@ -119,7 +135,7 @@ class Report:
 
 
 _ROWS = """
-SELECT id, state, attempts, error ->> 'kind'
+SELECT id, state, attempts, error ->> 'kind', stages, steps
   FROM task_history
  WHERE id = ANY(%s) OR created_at >= %s
 """
@@ -139,7 +155,9 @@ def check(
     """Fill `report` with the figures and the problems of the runs started since `since`."""
     with connection.cursor() as cursor:
         cursor.execute(_ROWS, [list(started), since])
-        rows = {r[0]: (r[1], r[2], r[3]) for r in cursor.fetchall()}
+        found_rows = cursor.fetchall()
+        rows = {r[0]: (r[1], r[2], r[3]) for r in found_rows}
+        pipelines = {r[0]: (_json(r[4]), _json(r[5])) for r in found_rows if _json(r[4])}
         cursor.execute(_AUDIT, [list(rows)])
         trails: dict[str, list[tuple[str | None, str]]] = {}
         for run_id, source, target in cursor.fetchall():
@@ -166,10 +184,33 @@ def check(
         if state in terminal and (entered != 1 or not trail or trail[-1][1] != state):
             report.not_once_terminal.append(f"{run_id}: {state}, trail {trail}")
 
+    for run_id, (stages, _) in pipelines.items():
+        open_ = sorted(name for name, s in stages.items() if s in ("waiting", "active"))
+        if rows[run_id][0] in terminal and open_:
+            report.stages_open.append(f"{run_id}: {rows[run_id][0]} with stages {open_} open")
+
+    by_stage: dict[tuple[str, str], list[Execution]] = {}
+    for execution in effects:
+        if execution.stage:
+            by_stage.setdefault((execution.run, execution.stage), []).append(execution)
+    for (run_id, stage), entries in by_stage.items():
+        if run_id not in pipelines:
+            continue
+        attempts = pipelines[run_id][1].get(stage, {}).get("attempts", 0)
+        owners = Counter(e.owner for e in entries)
+        if len(entries) > attempts or max(owners.values()) > 1:
+            report.over_executed.append(
+                f"{run_id} stage {stage}: {len(entries)} executions, {attempts} claims, "
+                f"owners {dict(owners)}"
+            )
+
     by_run: dict[str, list[Execution]] = {}
     for execution in effects:
-        by_run.setdefault(execution.run, []).append(execution)
-    report.executions = sum(len(v) for r, v in by_run.items() if r in rows)
+        if not execution.stage:
+            by_run.setdefault(execution.run, []).append(execution)
+    report.executions = sum(len(v) for r, v in by_run.items() if r in rows) + sum(
+        len(v) for (r, _), v in by_stage.items() if r in rows
+    )
     for run_id, entries in by_run.items():
         if run_id not in rows:
             continue
@@ -193,6 +234,7 @@ def check(
         ("illegal transitions", report.illegal),
         ("not exactly one terminal state", report.not_once_terminal),
         ("executed more than once per claim", report.over_executed),
+        ("pipeline runs ended with stages open", report.stages_open),
     ):
         if found:
             report.problems.append(f"{len(found)} {name}: {found[:5]}")

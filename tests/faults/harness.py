@@ -35,6 +35,8 @@ QUEUES = (
     "task.t.test-fault-poison",
     "task.t.test-fault-crash",
     "task.t.test-fault-limited",
+    "task.t.test-fault-pipe",
+    "task.t.test-fault-pipe.b",
 )
 LOG_DIR = ROOT / ".pytest_cache"
 

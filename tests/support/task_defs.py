@@ -293,14 +293,21 @@ FAULT_EFFECTS_ENV = "LUMASTRA_FAULTS_EFFECTS_FILE"
 FAULT_TIMEOUT = Timeout(soft=timedelta(seconds=15), hard=timedelta(seconds=20))
 
 
-def _record_execution(run_id: str) -> None:
-    """The side effect the battery counts: one line per handler entry, with the claiming
-    process's instance id (the claim's owner). A file, not Valkey or Postgres, so it survives
-    what the battery breaks; an O_APPEND write of one short line is never interleaved."""
+def _record_execution(run_id: str, stage: str = "") -> None:
+    """The side effect the battery counts: one line per handler (or stage) entry, with the
+    claiming process's instance id (the claim's owner). A file, not Valkey or Postgres, so it
+    survives what the battery breaks; an O_APPEND write of one short line is never
+    interleaved."""
     path = os.environ.get(FAULT_EFFECTS_ENV)
     if not path:
         return
-    line = {"run": run_id, "owner": instance_id(), "pid": os.getpid(), "at": time.time()}
+    line = {
+        "run": run_id,
+        "stage": stage,
+        "owner": instance_id(),
+        "pid": os.getpid(),
+        "at": time.time(),
+    }
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(line) + "\n").encode())
@@ -330,6 +337,30 @@ fault_work = define_task(
     execute=_fault_work,
     input_model=FaultWorkInput,
     timeout=FAULT_TIMEOUT,
+)
+
+
+def _fault_stage(name: str) -> Any:
+    def execute(ctx: TaskContext, params: FaultWorkInput) -> dict[str, int]:
+        _record_execution(ctx.run_id, name)
+        ctx.sleep(params.ms / 1000)
+        return {"pid": os.getpid()}
+
+    return execute
+
+
+# The pipeline scenarios: a → b (cpu) and a → c, c → d; every stage records its entries.
+fault_pipe = define_task(
+    id="test-fault-pipe",
+    resource_class="io",
+    input_model=FaultWorkInput,
+    timeout=FAULT_TIMEOUT,
+    pipeline=[
+        Stage(name="a", execute=_fault_stage("a")),
+        Stage(name="b", execute=_fault_stage("b"), after=("a",), resource_class="cpu"),
+        Stage(name="c", execute=_fault_stage("c"), after=("a",)),
+        Stage(name="d", execute=_fault_stage("d"), after=("c",)),
+    ],
 )
 
 # The backlog scenario: far more runs than slots, so most are postponed again and again.
@@ -427,6 +458,7 @@ class PipeInput(BaseModel, extra="forbid"):
     big_result: bool = False
     flaky_left: int = 0  # `left` raises TransientError this many times before it succeeds
     warn_left: bool = False
+    final_needs_key: str | None = None  # `final` fails unless this Valkey key exists
 
 
 def _pipe_stage(name: str) -> Any:
@@ -447,6 +479,9 @@ def _pipe_stage(name: str) -> Any:
                 raise TransientError(f"flaky try {tries}")
         if name == "left" and params.warn_left:
             ctx.warn("left saw something odd")
+        needs = params.final_needs_key
+        if name == "final" and needs and not valkey.client().exists(needs):
+            raise PermanentError(f"{needs} is missing")
         record = {"stage": name, "pid": os.getpid(), "started": started, "ended": time.time()}
         valkey.client().rpush(PIPE_CALLS_KEY.format(run_id=ctx.run_id), json.dumps(record))
         if params.big_result and name == "probe":

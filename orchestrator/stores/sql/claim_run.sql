@@ -2,7 +2,8 @@
 -- row's fields come back with it, so a first delivery needs no read before it (issue 9).
 -- No row comes back when the run is not pending (cancelled, ended, claimed by someone else)
 -- or not yet due (a retry waiting for `not_before`); the caller then reads the row to see why.
--- `attempts` comes back already counting this attempt.
+-- `attempts` comes back already counting this attempt; `stages` and `stage_results` tell a
+-- pipeline run where it starts (a resumed run has stages completed already).
 -- The commit does not wait for its WAL flush (`durable.ASYNC_COMMIT`: a `SET LOCAL` sent
 -- before this statement in the same round trip, for its own implicit transaction). That is
 -- half of a run's flush waits, for a claim only a crash of Postgres itself can lose, and then
@@ -20,4 +21,4 @@ UPDATE task_history
  WHERE id = %(run_id)s
    AND state = 'pending'
    AND (not_before IS NULL OR not_before <= now())
-RETURNING input, identity, priority, attempts
+RETURNING input, identity, priority, attempts, stages, stage_results

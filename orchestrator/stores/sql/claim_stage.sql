@@ -6,13 +6,14 @@
 -- Returns what the stage needs: the run's input, its owner (the claim of the run, whose
 -- heartbeats and fences the stage shares), identity, priority, the results so far and the
 -- step record as this claim left it.
--- Parameters: run_id, stage, resource_class.
+-- Parameters: run_id, stage, resource_class, owner (the claiming process's instance id).
 UPDATE task_history
    SET stages = jsonb_set(stages, ARRAY[%(stage)s], '"active"'),
        steps = jsonb_set(steps, ARRAY[%(stage)s],
                          COALESCE(steps -> %(stage)s, '{}'::jsonb) || jsonb_build_object(
                              'status', 'running',
                              'resource_class', %(resource_class)s::text,
+                             'owner', %(owner)s::text,
                              'attempts', COALESCE((steps -> %(stage)s ->> 'attempts')::int, 0) + 1,
                              'started_at', COALESCE(steps -> %(stage)s -> 'started_at',
                                                     to_jsonb(now())))),
