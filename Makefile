@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck check bench bench-memory
+.PHONY: install run test lint typecheck check bench bench-memory bench-pipeline
 
 $(STAMP): requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,3 +44,6 @@ bench: install
 
 bench-memory: install
 	$(BIN)/python bench/memory.py
+
+bench-pipeline: install
+	$(BIN)/python bench/pipeline.py

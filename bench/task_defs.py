@@ -1,12 +1,13 @@
-"""The task the benchmark runs through Lumastra (loaded via LUMASTRA_TASK_MODULES).
+"""The tasks the benchmarks run through Lumastra (loaded via LUMASTRA_TASK_MODULES).
 
-It does nothing, so what the benchmark measures is the engine around it: start_run, the broker,
-the worker pool and the runner's reads and writes.
+They do nothing, so what a benchmark measures is the engine around them: start_run, the
+broker, the worker pool and the runner's reads and writes; for `bench-pipe4`, a pipeline's
+stage claims, ends and advances (bench/pipeline.py).
 """
 
 from __future__ import annotations
 
-from tasks import NoInput, TaskContext, define_task
+from tasks import NoInput, Stage, TaskContext, define_task
 
 
 def _noop(ctx: TaskContext, params: NoInput) -> None:
@@ -14,3 +15,15 @@ def _noop(ctx: TaskContext, params: NoInput) -> None:
 
 
 noop = define_task(id="bench-noop", resource_class="io", execute=_noop)
+
+# Four no-op stages in a chain: every stage waits for the one before it.
+pipe4 = define_task(
+    id="bench-pipe4",
+    resource_class="io",
+    pipeline=[
+        Stage(name="a", execute=_noop),
+        Stage(name="b", execute=_noop, after=("a",)),
+        Stage(name="c", execute=_noop, after=("b",)),
+        Stage(name="d", execute=_noop, after=("c",)),
+    ],
+)

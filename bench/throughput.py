@@ -246,7 +246,12 @@ def fresh_tables() -> None:
         cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
 
 
-def lumastra_side(runs: int, args: argparse.Namespace, profile_to: Path | None = None) -> Side:
+def lumastra_side(
+    runs: int,
+    args: argparse.Namespace,
+    profile_to: Path | None = None,
+    task_id: str = TASK_ID,
+) -> Side:
     from celery import current_app
     from django.conf import settings
     from django.db import connection
@@ -259,7 +264,7 @@ def lumastra_side(runs: int, args: argparse.Namespace, profile_to: Path | None =
     from orchestrator.triggers import TriggerKind
     from tasks import registry
 
-    queue = queue_name(registry.get()[TASK_ID], settings.CONFIG.per_task_queues)
+    queue = queue_name(registry.get()[task_id], settings.CONFIG.per_task_queues)
     fresh_redis()
     fresh_tables()
     with workers.worker(
@@ -274,7 +279,7 @@ def lumastra_side(runs: int, args: argparse.Namespace, profile_to: Path | None =
         enqueue_before = workers.cpu_sample(worker)
         for _ in range(runs):
             began = time.perf_counter()
-            handle = start.start_run(TASK_ID, None, trigger=TriggerKind.MANUAL)
+            handle = start.start_run(task_id, None, trigger=TriggerKind.MANUAL)
             latencies.append(time.perf_counter() - began)
         enqueue_cpu = workers.cpu_sample(worker) - enqueue_before
         if handle.priority != PRIORITY:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -213,7 +214,7 @@ def _probe(ctx: TaskContext, params: DemoPipelineInput) -> dict[str, object]:
             with folder.open(relative) as handle:
                 sizes[str(relative)] = os.fstat(handle.fileno()).st_size
     if not sizes:
-        ctx.log(f"warning: {params.path} holds no files")
+        ctx.warn(f"{params.path} holds no files")
     ctx.log(f"found {len(sizes)} files under {params.path}")
     return {"sizes": sizes}
 
@@ -222,6 +223,7 @@ def _checksum(ctx: TaskContext, params: DemoPipelineInput) -> dict[str, object]:
     _demo_stage_start(ctx, params, "checksum")
     sizes: dict[str, int] = ctx.results["probe"]["sizes"]
     digests: dict[str, str] = {}
+    began = time.process_time()
     with open_folder(params.path) as folder:
         for index, relative in enumerate(sizes, start=1):
             ctx.raise_if_cancelled()
@@ -231,6 +233,8 @@ def _checksum(ctx: TaskContext, params: DemoPipelineInput) -> dict[str, object]:
                     digest.update(chunk)
             digests[relative] = digest.hexdigest()
             ctx.report_progress(index, len(sizes))
+    ctx.spend("cpu_seconds", round(time.process_time() - began, 6))
+    ctx.count("bytes_hashed", sum(sizes.values()))
     return {"sha256": digests}
 
 

@@ -66,6 +66,7 @@ OWN_ERRORS = {
     ("get", "/api/v1/runs"): {422},
     ("post", "/api/v1/runs"): {404, 409, 422, 503},
     ("get", "/api/v1/runs/{run_id}"): {404},
+    ("get", "/api/v1/runs/{run_id}/report.md"): {404},
     ("post", "/api/v1/runs/{run_id}/cancel"): {404, 409},
     ("post", "/api/v1/runs/{run_id}/retry"): {404, 409, 422, 503},
     ("get", "/api/v1/tasks"): set(),

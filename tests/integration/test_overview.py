@@ -158,6 +158,8 @@ def test_quota_use_and_refusals_of_today(api: Client) -> None:
         "completed": 1,
         "failed": 0,
         "max_runs_per_day": 1,
+        "cost": {},
+        "max_cost_per_day": {},
     }
     assert found["refusals_today"] == {"quota_exceeded": 1}
     untouched = _status(api, "test-noop")
@@ -205,15 +207,15 @@ def test_rate_limit_is_shown_when_the_task_has_one(api: Client) -> None:
     assert _status(api, "test-noop")["rate"] is None
 
 
-def test_every_task_costs_one_query_for_quotas_and_one_for_lost_circuits() -> None:
+def test_all_tasks_cost_three_queries_whatever_their_number() -> None:
     definitions = list(registry.get().values())
 
     with CaptureQueriesContext(connection) as queries:
         found = overview.task_statuses(definitions)
 
     assert list(found) == [definition.id for definition in definitions]
-    # No circuit hash exists yet, so the lost-hash lookup runs too: two queries in all.
-    assert len(queries) == 2
+    # Quotas, today's rolled-up spend, and (no circuit hash exists yet) the lost-hash lookup.
+    assert len(queries) == 3
 
 
 def test_force_enable_over_the_api_closes_an_open_circuit(api: Client, clock: FrozenClock) -> None:

@@ -205,6 +205,22 @@ def test_the_demo_pipeline_does_its_work_across_two_pools(
     assert row.result["checksum"]["sha256"]["season-1/c.mkv"] == expected
     index = json.loads(Path(row.result["index"]["index_file"]).read_text())
     assert index["files"] == {"a.mkv": 10, "b.mkv": 20, "season-1/c.mkv": 30}
+    assert set(row.cost_breakdown) == {"cpu_seconds"}  # the checksum's CPU time
+    assert row.steps["checksum"]["counters"] == {"bytes_hashed": 60}
+
+
+def test_the_demo_pipeline_warns_about_an_empty_folder(two_workers: object, folder: Path) -> None:
+    empty = folder / "empty"
+    empty.mkdir()
+    run_id = start_run("demo-pipeline", {"path": str(empty)}, trigger=TriggerKind.MANUAL).run_id
+
+    row = wait_for(lambda: _ended(run_id), timeout=30)
+
+    assert row.state == "completed"
+    records = {step["stage"]: step for step in report.step_records(row)}
+    assert records["probe"]["status"] == "warning"
+    assert records["probe"]["warnings"] == [f"{empty} holds no files"]
+    assert row.result["summary"] == {"files": 0, "bytes": 0, "checksummed": 0}
 
 
 def test_the_demo_pipeline_skips_its_index_and_shows_a_failed_stage(

@@ -251,7 +251,7 @@ def test_boot_recovery_uses_the_boot_threshold() -> None:
     assert TaskHistory.objects.get(id=young).state == "active"
 
 
-def test_an_idle_tick_makes_two_indexed_queries() -> None:
+def test_an_idle_tick_makes_three_indexed_queries() -> None:
     from django.test.utils import CaptureQueriesContext
 
     _seed(Row("beating", "active", 10, 500, "fresh", "active"))
@@ -261,9 +261,9 @@ def test_an_idle_tick_makes_two_indexed_queries() -> None:
         report = reconciler.tick()
 
     assert report.acted == 0 and not report.skipped
-    # The stale/pending candidates, and the runs ended since the last tick (the hash repair step,
-    # on the finished_at index).
-    assert len(queries.captured_queries) == 2
+    # The stale/pending candidates, the runs ended since the last tick (the hash repair step,
+    # on the finished_at index) and the pipelines stalled between stages (on the state index).
+    assert len(queries.captured_queries) == 3
 
 
 def test_one_bad_row_does_not_stop_the_batch() -> None:
@@ -546,6 +546,6 @@ def test_extra_steps_run_under_the_lock_each_alone() -> None:
     report = reconciler.tick()
 
     assert probe.calls == 1
-    assert report.steps == {"repair": 0, "probe": 2}
+    assert report.steps == {"repair": 0, "pipelines": 0, "probe": 2}
     assert report.errors == 1
     reconciler.release()
