@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/pipeline.py [-n 500] [--rounds 2] [--concurrency 2|io]
 
-Each round drains N single no-op runs (`bench-noop`) and N four-stage pipeline runs
-(`bench-pipe4`: a → b → c → d, each stage a no-op) through the same kind of fresh worker,
+Each round drains 4·N single no-op runs (`bench-noop`) and N four-stage pipeline runs
+(`bench-pipe4`: a → b → c → d, each stage a no-op), so both sides run about as many handlers
+and warm up alike, through the same kind of fresh worker,
 the way `bench/throughput.py` drains its Lumastra side (enqueue all, then open the queue; the
 span is first to last `finished_at`). It prints both rates, the pipeline's stages per second,
 and the cost of one stage as a multiple of one single run (1.0: a stage costs what a run
@@ -35,11 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup()
     args.concurrency = pool_concurrency(args.concurrency)
-    print(f"N={args.runs} per side, concurrency={args.concurrency}, {STAGES}-stage chain")
+    print(
+        f"N={args.runs} pipeline runs, {args.runs * STAGES} single runs, "
+        f"concurrency={args.concurrency}, {STAGES}-stage chain"
+    )
     per_stage = []
     for round_no in range(args.rounds):
         print(f"round {round_no + 1}  (load {load_average()})")
-        single = lumastra_side(args.runs, args)
+        single = lumastra_side(args.runs * STAGES, args)
         pipe = lumastra_side(args.runs, args, task_id="bench-pipe4")
         stage_cost = (1 / (pipe.rate * STAGES)) / (1 / single.rate)
         per_stage.append(stage_cost)

@@ -1,7 +1,11 @@
 """Per-task concurrency limit across every worker and host: a lease semaphore in Valkey.
 
 A `RunHook`, in the chain of `orchestrator.apps.hook_chain` after the admission hooks and
-before the rate limit. At pickup (`before_claim`) one Lua script (`lua/concurrency_take.lua`) drops
+before the rate limit. A pipeline run takes its slot with its first message; under the default
+limit it gives it back once its stages are dispatched (the stages' processes are bounded by
+their pools), under a declared `max_concurrent` it keeps it until its end (refreshed by its
+stages' heartbeats; a lease that runs out between stages frees the slot early).
+At pickup (`before_claim`) one Lua script (`lua/concurrency_take.lua`) drops
 expired leases and takes a slot, or records that the run must wait; the slot is given back
 when the claim is refused or a later hook postpones (`release`), and after the terminal write
 (`finished`). A holder that crashed holds its slot until its lease runs out.
@@ -171,6 +175,12 @@ def running(task_ids: Iterable[str]) -> dict[str, int]:
 
 def _give_back(task_id: str, run_id: str, owner: str) -> None:
     valkey.client().zrem(keys.concurrency_holders(task_id), holder(run_id, owner))
+
+
+def give_back(task_id: str, run_id: str, owner: str) -> None:
+    """The slot a run's claim took, given back before the run ends: a pipeline run under the
+    default limit, once its own message has dispatched its stages (`runs.pipeline.begin`)."""
+    _give_back(task_id, run_id, owner)
 
 
 @dataclass
