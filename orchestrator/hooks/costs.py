@@ -35,7 +35,7 @@ from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks.base import Admission, Refused, RunHook, Step, checked
-from orchestrator.hooks.quotas import COUNT_TTL, Fence
+from orchestrator.hooks.quotas import COUNT_TTL, Fence, day_hashes
 from orchestrator.models import TaskQuotaUsage
 from orchestrator.stores import keys, valkey
 from tasks import registry
@@ -137,19 +137,10 @@ def spent(task_ids: Sequence[str], day: date) -> dict[str, dict[str, float]]:
 
 def rollup(*, fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
     """Copy the last COUNT_TTL days' spend into task_quota_usage.cost; returns rows changed."""
-    tasks = sorted(registry.get())
-    today = clock.now().date()
-    days = [today - timedelta(days=back) for back in range(COUNT_TTL.days)]
-    pipe = valkey.client().pipeline(transaction=False)
-    for task_id in tasks:
-        for day in days:
-            pipe.hgetall(keys.cost_day(task_id, day.isoformat()))
-    found = iter(valkey.execute(pipe))
     rows = [
         (task_id, day, costs)
-        for task_id in tasks
-        for day in days
-        if (costs := _as_costs(next(found)))
+        for task_id, day, found in day_hashes(keys.cost_day, sorted(registry.get()), clock)
+        if (costs := _as_costs(found))
     ]
     if not rows:
         return 0

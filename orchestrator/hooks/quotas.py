@@ -38,7 +38,7 @@ Not guaranteed, for uncapped tasks:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any, Protocol
@@ -195,24 +195,33 @@ def _count_end(task_id: str, day: date, completed: bool) -> None:
         )
 
 
+def day_hashes(
+    key: Callable[[str, str], str], task_ids: Sequence[str], clock: Clock
+) -> Iterator[tuple[str, date, dict[str, str]]]:
+    """(task, day, hash) for every task and each of the last COUNT_TTL days (UTC), in one
+    Valkey pipeline: what a rollup copies into task_quota_usage."""
+    today = clock.now().date()
+    days = [today - timedelta(days=back) for back in range(COUNT_TTL.days)]
+    pipe = valkey.client().pipeline(transaction=False)
+    for task_id in task_ids:
+        for day in days:
+            pipe.hgetall(key(task_id, day.isoformat()))
+    found = iter(valkey.execute(pipe))
+    for task_id in task_ids:
+        for day in days:
+            yield task_id, day, next(found)
+
+
 def rollup(*, fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
     """Copy uncapped tasks' Valkey counts of the last COUNT_TTL days into task_quota_usage
     (see the module docstring); one Valkey pipeline and at most one statement. Returns how
     many rows changed."""
     tasks = sorted(task_id for task_id, d in registry.get().items() if not capped(d))
-    today = clock.now().date()
-    days = [today - timedelta(days=back) for back in range(COUNT_TTL.days)]
-    pipe = valkey.client().pipeline(transaction=False)
-    for task_id in tasks:
-        for day in days:
-            pipe.hgetall(keys.quota_counts(task_id, day.isoformat()))
-    found = iter(valkey.execute(pipe))
-    rows: list[tuple[str, date, Counts]] = []
-    for task_id in tasks:
-        for day in days:
-            counts = _counts(next(found))
-            if counts != Counts():
-                rows.append((task_id, day, counts))
+    rows = [
+        (task_id, day, counts)
+        for task_id, day, found in day_hashes(keys.quota_counts, tasks, clock)
+        if (counts := _counts(found)) != Counts()
+    ]
     if not rows:
         return 0
     if fence is not None:

@@ -33,10 +33,15 @@ A TransientError retries the stage alone (its `retry`, else the task's): the sta
 backoff as its delay. Each attempt's end writes the stage's step record (`runs.steps`) in the
 same UPDATE as its move, a failure before the run's end.
 
-Not guaranteed yet (issue 10's later parts): no resume; a due stage whose message was lost, or
-whose advance a crash cut short, is not dispatched again: the run is failed by the orphan
-path once its heartbeat (the last stage move or stage heartbeat) is older than
-LUMASTRA_ORPHAN_THRESHOLD_S.
+A resume (`reuse_completed`, from `runs.rerun`) gives a new run the stages its original
+completed. A run stalled between stages (a due stage's message lost, an advance a crash cut
+short) is moved on by the reconciler (`recovery.stages`); a stage whose claimer died on this
+host is tried again when its message comes back (`_stage_abandoned`).
+
+Not guaranteed: a stage whose claimer died on another host ends its run through the orphan
+path (failed, `orphaned`), as a plain run does; `when` may be asked more than once for a
+stage (a recovery after a crash asks it again); a stage's message carries no delay once the
+recovery publishes it again, so a retry's backoff can be cut short after a crash.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from django.utils import timezone
 from pydantic import BaseModel, Field
 
 from tasks import (
+    MediaFolder,
     MediaPath,
     NoInput,
     PermanentError,
@@ -42,23 +43,29 @@ class HashFolderInput(BaseModel, extra="forbid"):
     max_files: int = Field(default=1_000, ge=1, le=10_000)
 
 
+def _files(folder: MediaFolder, max_files: int) -> list[PurePosixPath]:
+    return list(
+        folder.walk(
+            limit=max_files, max_depth=HASH_FOLDER_MAX_DEPTH, max_entries=HASH_FOLDER_MAX_ENTRIES
+        )
+    )
+
+
+def _sha256(folder: MediaFolder, relative: PurePosixPath) -> str:
+    digest = hashlib.sha256()
+    with folder.open(relative) as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def hash_folder(ctx: TaskContext, params: HashFolderInput) -> dict[str, object]:
     with open_folder(params.path) as folder:
-        files = list(
-            folder.walk(
-                limit=params.max_files,
-                max_depth=HASH_FOLDER_MAX_DEPTH,
-                max_entries=HASH_FOLDER_MAX_ENTRIES,
-            )
-        )
+        files = _files(folder, params.max_files)
         digests: dict[str, str] = {}
         for index, relative in enumerate(files, start=1):
             ctx.raise_if_cancelled()
-            digest = hashlib.sha256()
-            with folder.open(relative) as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(chunk)
-            digests[str(relative)] = digest.hexdigest()
+            digests[str(relative)] = _sha256(folder, relative)
             ctx.report_progress(index, len(files))
         stats = folder.stats
     ctx.log(
@@ -202,15 +209,8 @@ def _demo_stage_start(ctx: TaskContext, params: DemoPipelineInput, stage: str) -
 def _probe(ctx: TaskContext, params: DemoPipelineInput) -> dict[str, object]:
     _demo_stage_start(ctx, params, "probe")
     with open_folder(params.path) as folder:
-        files = list(
-            folder.walk(
-                limit=params.max_files,
-                max_depth=HASH_FOLDER_MAX_DEPTH,
-                max_entries=HASH_FOLDER_MAX_ENTRIES,
-            )
-        )
         sizes: dict[str, int] = {}
-        for relative in files:
+        for relative in _files(folder, params.max_files):
             with folder.open(relative) as handle:
                 sizes[str(relative)] = os.fstat(handle.fileno()).st_size
     if not sizes:
@@ -227,11 +227,7 @@ def _checksum(ctx: TaskContext, params: DemoPipelineInput) -> dict[str, object]:
     with open_folder(params.path) as folder:
         for index, relative in enumerate(sizes, start=1):
             ctx.raise_if_cancelled()
-            digest = hashlib.sha256()
-            with folder.open(PurePosixPath(relative)) as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(chunk)
-            digests[relative] = digest.hexdigest()
+            digests[relative] = _sha256(folder, PurePosixPath(relative))
             ctx.report_progress(index, len(sizes))
     ctx.spend("cpu_seconds", round(time.process_time() - began, 6))
     ctx.count("bytes_hashed", sum(sizes.values()))

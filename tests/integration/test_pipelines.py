@@ -42,6 +42,14 @@ from tests.support.task_defs import PIPE_CALLS_KEY
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 TASK = "test-pipe"
+# The stages of a run of TASK that completed with `skip_right`.
+RIGHT_SKIPPED = {
+    "probe": "completed",
+    "left": "completed",
+    "final": "completed",
+    "right": "skipped",
+    "after-right": "skipped",
+}
 
 
 def _queues() -> list[str]:
@@ -76,6 +84,15 @@ def _calls(run_id: str) -> dict[str, dict[str, Any]]:
 def _live_stages(run_id: str) -> dict[str, str]:
     snapshot: dict[str, str] = dict(live.read(run_id))  # type: ignore[arg-type]
     return {k.removeprefix("stage:"): v for k, v in snapshot.items() if k.startswith("stage:")}
+
+
+def _viewer() -> Client:
+    """A session of a staff user who may read runs (the API's `VIEW`)."""
+    staff = User.objects.create_user(f"viewer-{uuid.uuid4().hex[:8]}", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_taskhistory"))
+    client = Client()
+    client.force_login(staff)
+    return client
 
 
 def _start(**params: Any) -> str:
@@ -113,13 +130,7 @@ def test_when_false_skips_the_stage_and_what_depends_only_on_it(two_workers: obj
     row = wait_for(lambda: _ended(run_id), timeout=30)
 
     assert row.state == "completed", row.error
-    assert row.stages == {
-        "probe": "completed",
-        "left": "completed",
-        "final": "completed",
-        "right": "skipped",
-        "after-right": "skipped",
-    }
+    assert row.stages == RIGHT_SKIPPED
     assert _live_stages(run_id) == row.stages
     assert set(_calls(run_id)) == {"probe", "left", "final"}  # skipped bodies never ran
     assert set(row.result) == {"probe", "left", "final"}
@@ -270,10 +281,7 @@ def test_a_transient_error_retries_the_stage_alone(two_workers: object) -> None:
 def test_the_report_lists_every_step_in_yaml_frontmatter(two_workers: object) -> None:
     run_id = _start(warn_left=True, fail_stage="final", skip_right=True)
     wait_for(lambda: _ended(run_id), timeout=30)
-    staff = User.objects.create_user("reporter", password="pw", is_staff=True)
-    staff.user_permissions.add(Permission.objects.get(codename="view_taskhistory"))
-    client = Client()
-    client.force_login(staff)
+    client = _viewer()
 
     response = client.get(f"/api/v1/runs/{run_id}/report.md")
 
@@ -322,10 +330,7 @@ def test_cost_rolls_up_per_day_and_a_cost_quota_refuses_the_next_start(
     assert costs.rollup() == 0  # absolute values: a second rollup changes nothing
     usage = TaskQuotaUsage.objects.get(task_id="test-cost-cap", day=today)
     assert usage.cost == {"tokens": 10}
-    staff = User.objects.create_user("costs", password="pw", is_staff=True)
-    staff.user_permissions.add(Permission.objects.get(codename="view_taskhistory"))
-    client = Client()
-    client.force_login(staff)
+    client = _viewer()
     quota = client.get("/api/v1/tasks/test-cost-cap").json()["status"]["quota_today"]
     assert quota["cost"] == {"tokens": 10.0}
     assert quota["max_cost_per_day"] == {"tokens": 10.0}
@@ -343,13 +348,7 @@ def test_a_resumed_run_reruns_only_the_failed_stage_and_what_follows(two_workers
     row = wait_for(lambda: _ended(resumed), timeout=30)
     assert row.state == "completed", row.error
     assert row.trigger["retryOf"] == original
-    assert row.stages == {
-        "probe": "completed",
-        "left": "completed",
-        "final": "completed",
-        "right": "skipped",
-        "after-right": "skipped",
-    }
+    assert row.stages == RIGHT_SKIPPED
     # Only the failed stage ran again; the others' bodies were not called, their results kept.
     assert set(_calls(resumed)) == {"final"}
     assert row.stage_results["probe"] == failed.stage_results["probe"]
