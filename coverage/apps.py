@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class CoverageConfig(AppConfig):
-    """Per-item pipeline coverage (media_item_stage_state); tables arrive with their issue."""
+    """The media catalog stand-in and, with issue 11, per-item pipeline coverage."""
 
     name = "coverage"
     label = "coverage"

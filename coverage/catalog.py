@@ -1,0 +1,206 @@
+"""A realistic demo catalog, generated and bulk-loaded (`manage.py load_demo_catalog`).
+
+The mix: about 30 % of the items are movies, 45 % television (series of 1 to 6 seasons of 6 to
+13 episodes), 25 % music (albums of 8 to 14 tracks). Most movies, episodes and tracks have one file;
+some have none (not yet found on disk), some files are missing (gone since they were found),
+most present files are probed with a content hash. Movies, series, episodes and albums carry
+external ids at the usual providers, some of them not. The same seed gives the same catalog.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection, transaction
+
+from coverage.models import ExternalId, ItemKind, MediaFile, MediaFileItem, MediaItem
+
+TABLES = ("media_items", "media_files", "media_file_items", "external_ids")
+BATCH = 5_000
+
+_WORDS = (  # noqa: SIM905 (a phrase reads better than 37 quoted words)
+    "silent river night golden shadow last empire broken glass winter garden city "
+    "lost northern light storm harbour paper moon iron crown distant signal hidden "
+    "road wild echo summer stone blue hour velvet machine open sea quiet fire"
+).split()
+
+# Share of each kind of leaf item that has a file, and of files that are missing from disk.
+HAS_FILE = {ItemKind.MOVIE: 0.92, ItemKind.EPISODE: 0.90, ItemKind.TRACK: 0.95}
+MISSING = 0.04
+PROBED = 0.70
+# (provider, share of the kind's items that have an id there)
+EXTERNAL = {
+    ItemKind.MOVIE: (("tmdb", 0.85), ("imdb", 0.60)),
+    ItemKind.SERIES: (("tvdb", 0.90),),
+    ItemKind.EPISODE: (("tvdb", 0.50),),
+    ItemKind.ALBUM: (("musicbrainz", 0.80),),
+}
+SIZE_MB = {ItemKind.MOVIE: (700, 8_000), ItemKind.EPISODE: (200, 2_000), ItemKind.TRACK: (3, 15)}
+
+
+@dataclass
+class Loaded:
+    items: Counter[str] = field(default_factory=Counter)
+    files: int = 0
+    missing: int = 0
+    links: int = 0
+    external_ids: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.items.values())
+
+
+class CatalogNotEmpty(Exception):
+    pass
+
+
+def clear() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE")
+
+
+def load(items: int, seed: int = 0) -> Loaded:
+    """Add a catalog of about `items` items (never more) in one transaction, then ANALYZE."""
+    if MediaItem.objects.exists():
+        raise CatalogNotEmpty(f"the catalog already has {MediaItem.objects.count()} items")
+    rng = random.Random(seed)
+    loaded = Loaded()
+    with transaction.atomic():
+        _Builder(rng, loaded).build(items)
+    with connection.cursor() as cursor:
+        # Fresh statistics, or the planner guesses badly right after a bulk load (DESIGN §9).
+        for table in TABLES:
+            cursor.execute(f"ANALYZE {table}")
+    return loaded
+
+
+class _Builder:
+    def __init__(self, rng: random.Random, loaded: Loaded) -> None:
+        self.rng = rng
+        self.loaded = loaded
+        self.now = datetime.now(UTC)
+
+    def title(self, words: int = 3) -> str:
+        return " ".join(self.rng.choice(_WORDS) for _ in range(words)).title()
+
+    def build(self, items: int) -> None:
+        tv_budget, music_budget = int(items * 0.45), int(items * 0.25)
+        series, seasons, episodes = self.television(tv_budget)
+        albums, tracks = self.music(music_budget)
+        movies = [
+            MediaItem(kind=ItemKind.MOVIE, library="Movies", title=self.title(), year=self.year())
+            for _ in range(
+                items - len(series) - len(seasons) - len(episodes) - len(albums) - len(tracks)
+            )
+        ]
+        # Parents before children: each level's ids come back from its insert, and Django takes
+        # a child's parent id from its (now saved) parent object.
+        self.insert(movies + series + albums)
+        self.insert(seasons)
+        self.insert(episodes + tracks)
+        self.files_and_ids(movies + series + albums + episodes + tracks)
+
+    def year(self) -> int:
+        return self.rng.randint(1950, 2026)
+
+    def television(self, budget: int) -> tuple[list[MediaItem], ...]:
+        series: list[MediaItem] = []
+        seasons: list[MediaItem] = []
+        episodes: list[MediaItem] = []
+        while True:
+            counts = [self.rng.randint(6, 13) for _ in range(self.rng.randint(1, 6))]
+            if len(series) + len(seasons) + len(episodes) + 1 + len(counts) + sum(counts) > budget:
+                return series, seasons, episodes
+            show = MediaItem(
+                kind=ItemKind.SERIES, library="TV", title=self.title(), year=self.year()
+            )
+            series.append(show)
+            for number, count in enumerate(counts, start=1):
+                season = MediaItem(
+                    kind=ItemKind.SEASON,
+                    library="TV",
+                    title=f"Season {number}",
+                    parent=show,
+                    index_number=number,
+                )
+                seasons.append(season)
+                episodes += [
+                    MediaItem(
+                        kind=ItemKind.EPISODE,
+                        library="TV",
+                        title=self.title(2),
+                        parent=season,
+                        index_number=episode,
+                    )
+                    for episode in range(1, count + 1)
+                ]
+
+    def music(self, budget: int) -> tuple[list[MediaItem], list[MediaItem]]:
+        albums: list[MediaItem] = []
+        tracks: list[MediaItem] = []
+        while True:
+            count = self.rng.randint(8, 14)
+            if len(albums) + len(tracks) + 1 + count > budget:
+                return albums, tracks
+            album = MediaItem(
+                kind=ItemKind.ALBUM, library="Music", title=self.title(), year=self.year()
+            )
+            albums.append(album)
+            tracks += [
+                MediaItem(
+                    kind=ItemKind.TRACK,
+                    library="Music",
+                    title=self.title(2),
+                    parent=album,
+                    index_number=number,
+                )
+                for number in range(1, count + 1)
+            ]
+
+    def insert(self, items: list[MediaItem]) -> None:
+        MediaItem.objects.bulk_create(items, batch_size=BATCH)
+        self.loaded.items.update(item.kind for item in items)
+
+    def files_and_ids(self, items: list[MediaItem]) -> None:
+        files: list[MediaFile] = []
+        owners: list[MediaItem] = []
+        ids: list[ExternalId] = []
+        for item in items:
+            kind = ItemKind(item.kind)
+            if kind in HAS_FILE and self.rng.random() < HAS_FILE[kind]:
+                files.append(self.file(item, kind))
+                owners.append(item)
+            for provider, share in EXTERNAL.get(kind, ()):
+                if self.rng.random() < share:
+                    ids.append(ExternalId(item=item, provider=provider, value=self.id_at(provider)))
+        MediaFile.objects.bulk_create(files, batch_size=BATCH)
+        links = [MediaFileItem(file=f, item=i) for f, i in zip(files, owners, strict=True)]
+        MediaFileItem.objects.bulk_create(links, batch_size=BATCH)
+        ExternalId.objects.bulk_create(ids, batch_size=BATCH)
+        self.loaded.files = len(files)
+        self.loaded.missing = sum(f.is_missing for f in files)
+        self.loaded.links = len(links)
+        self.loaded.external_ids = len(ids)
+
+    def file(self, item: MediaItem, kind: ItemKind) -> MediaFile:
+        low, high = SIZE_MB[kind]
+        extension = "flac" if kind is ItemKind.TRACK else "mkv"
+        path = f"/media/{item.library}/{item.pk:08d} {item.title}.{extension}"
+        missing = self.rng.random() < MISSING
+        probed = not missing and self.rng.random() < PROBED
+        return MediaFile(
+            path=path,
+            size=self.rng.randint(low, high) * 1_000_000,
+            is_missing=missing,
+            probed_at=self.now - timedelta(days=self.rng.randint(0, 400)) if probed else None,
+            content_hash=hashlib.sha256(path.encode()).hexdigest() if probed else "",
+        )
+
+    def id_at(self, provider: str) -> str:
+        number = self.rng.randint(1, 9_999_999)
+        return f"tt{number:07d}" if provider == "imdb" else str(number)
