@@ -389,7 +389,7 @@ def _stage_retry(attempt: _Attempt, message: str, kind: ErrorKind = ErrorKind.TR
         _finish_discard(run.definition, run.run_id)
         return
     _follow(run.run_id, name, StageState.WAITING)
-    log.info("run %s: stage %s transient failure; retry in %s", run.run_id, name, delay)
+    log.info("run %s: stage %s %s; retry in %s", run.run_id, name, kind.value, delay)
     publish_stage(run.definition, attempt.stage, run.run_id, run.identity, run.priority, delay)
 
 

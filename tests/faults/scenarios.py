@@ -387,9 +387,11 @@ def _pipes(ms_low: int, ms_high: int, h: Harness) -> Callable[[int], Any]:
 
 
 def pipeline_sigkill(h: Harness) -> list[str]:
-    """SIGKILL pool children while four-stage pipeline runs move across two workers: a killed
-    stage is tried again (its message comes back), none runs twice under one claim, and
-    every run ends with no stage left open."""
+    """SIGKILL pool children while four-stage pipeline runs move across two workers. A killed
+    stage is tried again when its message comes back; none runs twice under one claim, and
+    every run ends with no stage left open. A run may still fail, as a plain run does under
+    these kills: `worker_lost` when its stage was killed on every attempt, `orphaned` when the
+    killed stage's message came back after the (here 6 s) orphan threshold."""
     h.worker()
     h.worker()
     h.loops()
@@ -399,7 +401,18 @@ def pipeline_sigkill(h: Harness) -> list[str]:
             h.kill_random_child()
             h.pause(0.8)
     h.settle(60)
-    return _expect_all_completed(h, "pipelines with stages killed mid-run")
+    retried = h.log_count(None, "worker_lost; retry in")
+    h.notes["stages tried again after their worker died"] = retried
+    ended = TaskHistory.objects.filter(id__in=h.started).exclude(state="completed")
+    unexpected = [
+        (run_id, state, error)
+        for run_id, state, error in ended.values_list("id", "state", "error")
+        if (error or {}).get("kind") not in ("worker_lost", "orphaned")
+    ]
+    problems = [f"{len(unexpected)} runs ended otherwise: {unexpected[:3]}"] if unexpected else []
+    if not retried:
+        problems.append("no killed stage was tried again")
+    return problems
 
 
 def pipeline_valkey_restart(h: Harness) -> list[str]:
