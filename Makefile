@@ -25,9 +25,24 @@ run: install
 	$(BIN)/python manage.py bootstrap_demo
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho -d . -f deploy/Procfile start
 
+# The fault battery runs beside the rest of the suite, on stores of its own (its own test
+# database and Redis DBs; each scenario starts its own Valkey): both mostly wait on worker
+# subprocesses, so side by side they take about as long as the longer of the two. Its output
+# follows the rest's; the target fails if either fails.
+FAULTS_STORES := DATABASE_URL=postgres://postgres@127.0.0.1:5432/lumastra_faults \
+	VALKEY_URL=redis://127.0.0.1:6379/5 VALKEY_CACHE_URL=redis://127.0.0.1:6379/6 \
+	CELERY_BROKER_URL=redis://127.0.0.1:6379/7
+
 test: install
 	$(BIN)/python -m lumastra.preflight --check-only
-	$(BIN)/python -m pytest
+	@mkdir -p .pytest_cache
+	@$(FAULTS_STORES) $(BIN)/python -m pytest tests/faults > .pytest_cache/faults-run.log 2>&1 & \
+	battery=$$!; \
+	$(BIN)/python -m pytest --ignore=tests/faults; rest=$$?; \
+	wait $$battery; faults=$$?; \
+	echo "--- the fault battery (tests/faults, run beside the rest) ---"; \
+	cat .pytest_cache/faults-run.log; \
+	test $$rest -eq 0 && test $$faults -eq 0
 
 lint: install
 	$(BIN)/ruff check .
