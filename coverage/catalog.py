@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -120,25 +121,13 @@ class _Builder:
                 kind=ItemKind.SERIES, library="TV", title=self.title(), year=self.year()
             )
             series.append(show)
-            for number, count in enumerate(counts, start=1):
-                season = MediaItem(
-                    kind=ItemKind.SEASON,
-                    library="TV",
-                    title=f"Season {number}",
-                    parent=show,
-                    index_number=number,
-                )
+            for season, count in zip(
+                self.children(show, ItemKind.SEASON, len(counts), lambda n: f"Season {n}"),
+                counts,
+                strict=True,
+            ):
                 seasons.append(season)
-                episodes += [
-                    MediaItem(
-                        kind=ItemKind.EPISODE,
-                        library="TV",
-                        title=self.title(2),
-                        parent=season,
-                        index_number=episode,
-                    )
-                    for episode in range(1, count + 1)
-                ]
+                episodes += self.children(season, ItemKind.EPISODE, count)
 
     def music(self, budget: int) -> tuple[list[MediaItem], list[MediaItem]]:
         albums: list[MediaItem] = []
@@ -151,16 +140,26 @@ class _Builder:
                 kind=ItemKind.ALBUM, library="Music", title=self.title(), year=self.year()
             )
             albums.append(album)
-            tracks += [
-                MediaItem(
-                    kind=ItemKind.TRACK,
-                    library="Music",
-                    title=self.title(2),
-                    parent=album,
-                    index_number=number,
-                )
-                for number in range(1, count + 1)
-            ]
+            tracks += self.children(album, ItemKind.TRACK, count)
+
+    def children(
+        self,
+        parent: MediaItem,
+        kind: ItemKind,
+        count: int,
+        title: Callable[[int], str] | None = None,
+    ) -> list[MediaItem]:
+        """`count` items numbered from 1 under `parent`, titled by `title(number)` or at random."""
+        return [
+            MediaItem(
+                kind=kind,
+                library=parent.library,
+                title=title(number) if title else self.title(2),
+                parent=parent,
+                index_number=number,
+            )
+            for number in range(1, count + 1)
+        ]
 
     def insert(self, items: list[MediaItem]) -> None:
         MediaItem.objects.bulk_create(items, batch_size=BATCH)

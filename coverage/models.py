@@ -3,8 +3,10 @@ catalog stand-in (items, files, their links, external ids) that per-item coverag
 
 from __future__ import annotations
 
+import pgtrigger
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.db.models.functions import Now
 
 
 class EpgSource(models.Model):
@@ -31,6 +33,40 @@ class EpgSource(models.Model):
 
 
 # --- the media catalog (a stand-in for the media server's own; the engine never imports it) ---
+
+# Each catalog change that can change what an item needs is written to `event_outbox` by a
+# trigger, in the transaction of the change (`coverage.dispatcher` reads them). Statement-level
+# triggers with transition tables: a bulk insert of a million items writes its events in one
+# statement, not a million.
+
+
+def _outbox_trigger(name: str, operation: pgtrigger.Operation, body: str) -> pgtrigger.Trigger:
+    return pgtrigger.Trigger(
+        name=name,
+        level=pgtrigger.Statement,
+        when=pgtrigger.After,
+        operation=operation,
+        referencing=pgtrigger.Referencing(  # type: ignore[no-untyped-call]
+            **(
+                {"new": "new_rows"}
+                if operation is pgtrigger.Insert
+                else {"old": "old_rows"}
+                if operation is pgtrigger.Delete
+                else {"old": "old_rows", "new": "new_rows"}
+            )
+        ),
+        func=body + " RETURN NULL;",
+    )
+
+
+# A child added or removed: its parent hears of it (an event, and `children_changed_at`, which
+# season-scoped stages wait on).
+_CHILDREN_CHANGED = (
+    " INSERT INTO event_outbox (kind, item_id)"
+    " SELECT DISTINCT 'children.changed', parent_id FROM {rows} WHERE parent_id IS NOT NULL;"
+    " UPDATE media_items SET children_changed_at = now()"
+    " WHERE id IN (SELECT parent_id FROM {rows} WHERE parent_id IS NOT NULL);"
+)
 
 
 class ItemKind(models.TextChoices):
@@ -63,6 +99,8 @@ class MediaItem(models.Model):
     year = models.PositiveSmallIntegerField(null=True, blank=True)
     # The episode's, season's or track's number within its parent.
     index_number = models.PositiveIntegerField(null=True, blank=True)
+    # When a child (an episode of a season, say) was last added or removed; kept by a trigger.
+    children_changed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -83,6 +121,28 @@ class MediaItem(models.Model):
                 "movies, series and albums have none",
             ),
         ]
+        triggers = [
+            _outbox_trigger(
+                "items_created",
+                pgtrigger.Insert,
+                "INSERT INTO event_outbox (kind, item_id)"  # noqa: S608 (a constant table name)
+                " SELECT 'item.created', id FROM new_rows;"
+                + _CHILDREN_CHANGED.format(rows="new_rows"),
+            ),
+            _outbox_trigger(
+                "items_deleted",
+                pgtrigger.Delete,
+                _CHILDREN_CHANGED.format(rows="old_rows"),
+            ),
+            _outbox_trigger(
+                "items_edited",
+                pgtrigger.Update,
+                "INSERT INTO event_outbox (kind, item_id)"
+                " SELECT 'item.metadata_changed', n.id FROM new_rows n JOIN old_rows o USING (id)"
+                " WHERE (n.title, n.year, n.library, n.index_number)"
+                " IS DISTINCT FROM (o.title, o.year, o.library, o.index_number);",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.title}"
@@ -100,6 +160,20 @@ class MediaFile(models.Model):
 
     class Meta:
         db_table = "media_files"
+        triggers = [
+            _outbox_trigger(
+                "files_changed",
+                pgtrigger.Update,
+                "INSERT INTO event_outbox (kind, item_id)"
+                " SELECT CASE WHEN (n.probed_at, n.content_hash)"
+                " IS DISTINCT FROM (o.probed_at, o.content_hash)"
+                " THEN 'file.content_changed' ELSE 'file.presence_changed' END, fi.item_id"
+                " FROM new_rows n JOIN old_rows o USING (id)"
+                " JOIN media_file_items fi ON fi.file_id = n.id"
+                " WHERE (n.probed_at, n.content_hash, n.is_missing)"
+                " IS DISTINCT FROM (o.probed_at, o.content_hash, o.is_missing);",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.path
@@ -115,6 +189,20 @@ class MediaFileItem(models.Model):
         db_table = "media_file_items"
         constraints = [
             models.UniqueConstraint("file", "item", name="media_file_items_file_item"),
+        ]
+        triggers = [
+            _outbox_trigger(
+                "links_created",
+                pgtrigger.Insert,
+                "INSERT INTO event_outbox (kind, item_id)"
+                " SELECT 'file.linked', item_id FROM new_rows;",
+            ),
+            _outbox_trigger(
+                "links_deleted",
+                pgtrigger.Delete,
+                "INSERT INTO event_outbox (kind, item_id)"
+                " SELECT 'file.unlinked', item_id FROM old_rows;",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -134,6 +222,151 @@ class ExternalId(models.Model):
             models.UniqueConstraint("item", "provider", name="external_ids_item_provider"),
         ]
         indexes = [models.Index(fields=["provider", "value"], name="external_ids_provider_value")]
+        triggers = [
+            _outbox_trigger(
+                f"external_ids_{name}",
+                operation,
+                "INSERT INTO event_outbox (kind, item_id)"  # noqa: S608 (a constant table name)
+                f" SELECT DISTINCT 'external_id.changed', item_id FROM {rows};",
+            )
+            for name, operation, rows in (
+                ("created", pgtrigger.Insert, "new_rows"),
+                ("edited", pgtrigger.Update, "new_rows"),
+                ("deleted", pgtrigger.Delete, "old_rows"),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.provider}:{self.value}"
+
+
+# --- per-item coverage: which items still need which stage ---
+
+
+class CoverageStatus(models.TextChoices):
+    PENDING = "pending"  # needs the stage; the sweep starts its run when it is due
+    RUNNING = "running"  # a run (`run_id`) holds it
+    COMPLETED = "completed"  # done, by `processing_version`
+    FAILED_TRANSIENT = "failed_transient"  # failed; tried again from `next_eligible_at`
+    FAILED_PERMANENT = "failed_permanent"  # failed in a way a retry will not mend
+    SKIPPED_PERMANENT = "skipped_permanent"  # not to be processed (`reason`)
+    SKIPPED_TRANSIENT = "skipped_transient"  # not now (`reason`); asked again later
+    OBSOLETE = "obsolete"  # completed by an older processing_version; to be done again
+
+
+# The statuses the sweep picks candidates from, once `next_eligible_at` has come.
+DUE_STATUSES = (
+    CoverageStatus.PENDING,
+    CoverageStatus.OBSOLETE,
+    CoverageStatus.FAILED_TRANSIENT,
+    CoverageStatus.SKIPPED_TRANSIENT,
+)
+
+
+class CoverageStage(models.Model):
+    """One row per covered stage the registry declares: what the sweep last knew of it."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    task_id = models.CharField(max_length=64)
+    # The covering task's processing_version the stage's completed rows were checked against.
+    processing_version = models.PositiveIntegerField(default=0)
+    # Items up to this id have their row (the sweep's self-heal resumes after it).
+    seeded_through = models.BigIntegerField(default=0)
+    # Where the sweep's heal pass over skipped rows resumes.
+    heal_cursor = models.BigIntegerField(default=0)
+    last_tick = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "coverage_stage"
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class MediaItemStageState(models.Model):
+    """Where one item stands with one stage. Runs move it: a per-item run's insert marks it
+    `running`, its terminal write records the outcome, both by triggers on task_history in the
+    same transaction (migration 0004)."""
+
+    item = models.ForeignKey(
+        MediaItem, on_delete=models.CASCADE, related_name="stage_states", db_index=False
+    )
+    stage = models.CharField(max_length=64)
+    status = models.CharField(
+        max_length=20, choices=CoverageStatus.choices, db_default=CoverageStatus.PENDING.value
+    )
+    reason = models.CharField(max_length=200, blank=True, db_default="")
+    run_id = models.CharField(max_length=40, blank=True, db_default="")  # the last run
+    processing_version = models.PositiveIntegerField(null=True, blank=True)
+    failures = models.PositiveIntegerField(db_default=0)  # transient failures in a row
+    next_eligible_at = models.DateTimeField(db_default=Now())
+    last_error = models.TextField(blank=True, db_default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "media_item_stage_state"
+        verbose_name = "item stage state"
+        constraints = [
+            models.UniqueConstraint("stage", "item", name="stage_state_stage_item"),
+        ]
+        indexes = [
+            # The sweep's candidates: due rows of a stage, oldest first.
+            models.Index(
+                "stage",
+                "next_eligible_at",
+                "id",
+                name="stage_state_due",
+                condition=models.Q(status__in=[s.value for s in DUE_STATUSES]),
+            ),
+            # The heal pass, walking skipped rows by id.
+            models.Index(
+                "stage",
+                "id",
+                name="stage_state_skipped",
+                condition=models.Q(status=CoverageStatus.SKIPPED_PERMANENT),
+            ),
+            # Wedged rows: running for long.
+            models.Index(
+                "started_at",
+                name="stage_state_running",
+                condition=models.Q(status=CoverageStatus.RUNNING),
+            ),
+            models.Index("run_id", name="stage_state_run"),
+            # Backlog counts per stage and status.
+            models.Index("stage", "status", name="stage_state_backlog"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.stage} {self.item_id}: {self.status}"
+
+
+class EventOutbox(models.Model):
+    """A catalog change, written by a trigger in the change's transaction and read by the
+    dispatcher (`coverage.dispatcher`), which deletes it once handled."""
+
+    kind = models.CharField(max_length=40)
+    item_id = models.BigIntegerField()  # no foreign key: the item may be gone by dispatch
+    created_at = models.DateTimeField(db_default=Now())
+    attempts = models.PositiveIntegerField(db_default=0)
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    last_error = models.TextField(blank=True, db_default="")
+    dead_at = models.DateTimeField(null=True, blank=True)  # dead-lettered after its attempts
+
+    class Meta:
+        db_table = "event_outbox"
+        verbose_name = "outbox event"
+        indexes = [
+            models.Index(
+                "next_attempt_at",
+                "id",
+                name="event_outbox_due",
+                condition=models.Q(dead_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.item_id}"

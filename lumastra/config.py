@@ -291,6 +291,75 @@ class Config:
         _positive_int,
         "largest JSON result a pipeline stage may return",
     )
+    coverage_authoritative_stages: tuple[str, ...] = _env(
+        "PIPELINE_COVERAGE_AUTHORITATIVE_STAGES",
+        "*",
+        _parse_list,
+        "comma-separated covered stages the stage-sweep starts runs for; * for every one",
+    )
+    coverage_sweep_interval_s: int = _env(
+        "LUMASTRA_COVERAGE_SWEEP_INTERVAL_S", "60", _positive_int, "seconds between sweep ticks"
+    )
+    coverage_seed_per_tick: int = _env(
+        "LUMASTRA_COVERAGE_SEED_PER_TICK",
+        "50",
+        _non_negative_int,
+        "items with no row a sweep tick gives rows to, per stage (new items get theirs by event)",
+    )
+    coverage_heal_per_tick: int = _env(
+        "LUMASTRA_COVERAGE_HEAL_PER_TICK",
+        "2000",
+        _non_negative_int,
+        "skipped rows a sweep tick checks again, per stage",
+    )
+    coverage_starts_per_stage: int = _env(
+        "LUMASTRA_COVERAGE_STARTS_PER_STAGE",
+        "100",
+        _non_negative_int,
+        "runs a sweep tick starts at most per stage",
+    )
+    coverage_starts_per_tick: int = _env(
+        "LUMASTRA_COVERAGE_STARTS_PER_TICK",
+        "500",
+        _non_negative_int,
+        "runs a sweep tick starts at most, all stages together",
+    )
+    coverage_class_depth_threshold: int = _env(
+        "LUMASTRA_COVERAGE_CLASS_DEPTH_THRESHOLD",
+        "500",
+        _positive_int,
+        "waiting messages in a class's queues above which the sweep skips its stages for a tick",
+    )
+    coverage_season_settle_s: int = _env(
+        "LUMASTRA_COVERAGE_SEASON_SETTLE_S",
+        "1800",
+        _non_negative_int,
+        "seconds a season must go without an episode added or removed before its stages run",
+    )
+    coverage_wedged_after_s: int = _env(
+        "LUMASTRA_COVERAGE_WEDGED_AFTER_S",
+        "600",
+        _positive_int,
+        "seconds a row may be running with its run no longer live before it is reclaimed",
+    )
+    coverage_dispatch_interval_s: int = _env(
+        "LUMASTRA_COVERAGE_DISPATCH_INTERVAL_S",
+        "30",
+        _positive_int,
+        "seconds between outbox dispatcher passes",
+    )
+    coverage_dispatch_batch: int = _env(
+        "LUMASTRA_COVERAGE_DISPATCH_BATCH",
+        "500",
+        _positive_int,
+        "outbox events one dispatcher transaction takes",
+    )
+    coverage_dispatch_max_attempts: int = _env(
+        "LUMASTRA_COVERAGE_DISPATCH_MAX_ATTEMPTS",
+        "8",
+        _positive_int,
+        "failed dispatches of an outbox event before it is dead-lettered",
+    )
     concurrency_overrides: Mapping[str, int] = field(default_factory=dict)
     queue_depth_cap_overrides: Mapping[str, int] = field(default_factory=dict)
 

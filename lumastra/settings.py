@@ -128,3 +128,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_TASK_DEFAULT_PRIORITY = 5
 CELERY_TASK_ROUTES = {"*": {"priority": 5}}
+
+# Loops of the apps above the engine, run by the worker role's loops process
+# (`orchestrator.loops`): dotted paths to `factory(cluster_seat) -> list[Loop]`.
+LUMASTRA_LOOP_FACTORIES = ["coverage.loops.loops"]

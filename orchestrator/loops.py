@@ -17,6 +17,8 @@ races for `lock:orch:<class>` for each class this host serves and for `lock:orch
 - `scheduler` (`orchestrator.scheduler.dynamic`), on every worker host (its bucket locks make
   one fire per slot, so it needs no seat): its first tick is the static schedules' boot
   catch-up and a tick; then it fires due dynamic-schedule rows every LUMASTRA_SCHEDULER_TICK_S.
+- the loops of the apps above the engine, from `settings.LUMASTRA_LOOP_FACTORIES`: the coverage
+  `stage-sweep` and `outbox-dispatcher` (`coverage.loops`), on the cluster leader only.
 
 A loop bound to a seat (`Loop.leader`) ticks only while this process leads that seat, checked
 locally before each tick (a non-leader's loop costs nothing); its writes are fenced by the
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lumastra.settings")
     django.setup()
     from django.conf import settings
+    from django.utils.module_loading import import_string
 
     from orchestrator.cluster import leaders, roster
     from orchestrator.hooks import costs, quotas
@@ -169,6 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         ),
         Loop("scheduler", config.scheduler_tick_s, scheduler.tick, first=scheduler.boot),
     ]
+    # Loops of the apps above the engine (the coverage sweep and dispatcher), named in
+    # settings so the engine never imports them; a factory that refuses stops the start.
+    try:
+        for factory in settings.LUMASTRA_LOOP_FACTORIES:
+            loops += import_string(factory)(cluster)
+    except ValueError as exc:
+        print(f"loops: {exc}", file=sys.stderr)
+        return 2
     roster.keep_announcing(roster.this_node("loops", [], pools=roster.host_pools()), stop)
     if args.once:
         elector.step()

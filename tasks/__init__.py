@@ -1,7 +1,8 @@
 """The SDK task authors use: declare tasks, read the run's context, signal failures, read
-media files without reaching past the media roots."""
+media files without reaching past the media roots, declare the catalog stages a task covers."""
 
 from tasks.context import TaskContext
+from tasks.coverage import CoverageBatch, CoverageItem, CoveredStage, ItemFacts, skipped
 from tasks.definition import (
     Backpressure,
     NoInput,
@@ -22,7 +23,11 @@ from tasks.schedule import ScheduleRow, cron, dynamic, every
 __all__ = [
     "RESOURCE_CLASSES",
     "Backpressure",
+    "CoverageBatch",
+    "CoverageItem",
+    "CoveredStage",
     "FatalError",
+    "ItemFacts",
     "MediaFolder",
     "MediaPath",
     "MediaPathError",
@@ -45,4 +50,5 @@ __all__ = [
     "dynamic",
     "every",
     "open_folder",
+    "skipped",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tasks.context import TaskContext
+from tasks.coverage import CoveredStage, stage_problem
 from tasks.errors import ManifestError
 from tasks.pipeline import PipelineError, Stage, stage_order
 from tasks.policies import Retry, Timeout
@@ -110,7 +111,7 @@ class TaskDefinition:
     backpressure: Backpressure
     retry: Retry
     exclusive_with: tuple[str, ...]
-    covers_stages: tuple[str, ...]
+    covers_stages: tuple[CoveredStage, ...]
     description: str = field(default="")
 
     def stage(self, name: str) -> Stage:
@@ -152,7 +153,7 @@ def define_task(
     backpressure: Backpressure | str = Backpressure.FAIL_FAST,
     retry: Retry = DEFAULT_RETRY,
     exclusive_with: Sequence[str] = (),
-    covers_stages: Sequence[str] = (),
+    covers_stages: Sequence[CoveredStage] = (),
     description: str = "",
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
@@ -228,11 +229,15 @@ def define_task(
     for other in exclusive_with:
         if not isinstance(other, str) or not _TASK_ID.match(other):
             raise fail("exclusive_with", f"{other!r} is not a task id")
-    if isinstance(covers_stages, str):
-        raise fail("covers_stages", "must be a sequence of stage names, not one string")
-    for stage_name in covers_stages:
-        if not isinstance(stage_name, str) or not stage_name:
-            raise fail("covers_stages", "stage names must be non-empty strings")
+    if isinstance(covers_stages, CoveredStage):
+        raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
+    covered = tuple(covers_stages)
+    for covered_stage in covered:
+        problem = stage_problem(covered_stage, input_model)
+        if problem:
+            raise fail("covers_stages", problem)
+    if len({stage.id for stage in covered}) != len(covered):
+        raise fail("covers_stages", "a stage id appears more than once")
 
     return TaskDefinition(
         id=task_id,
@@ -250,7 +255,7 @@ def define_task(
         backpressure=policy,
         retry=retry,
         exclusive_with=tuple(exclusive_with),
-        covers_stages=tuple(covers_stages),
+        covers_stages=covered,
         description=description,
     )
 

@@ -43,6 +43,13 @@ class Registry(Mapping[str, TaskDefinition]):
                     raise RegistryError(
                         str(ManifestError(definition.id, "exclusive_with", f"{other!r} unknown"))
                     )
+        covering: dict[str, str] = {}
+        for definition in by_id.values():
+            for stage in definition.covers_stages:
+                if stage.id in covering:
+                    problem = f"stage {stage.id!r} is covered by task {covering[stage.id]!r} too"
+                    raise RegistryError(str(ManifestError(definition.id, "covers_stages", problem)))
+                covering[stage.id] = definition.id
         self._by_id = MappingProxyType(by_id)
 
     def __getitem__(self, task_id: str) -> TaskDefinition:

@@ -36,7 +36,7 @@ same UPDATE as its move, a failure before the run's end.
 A resume (`reuse_completed`, from `runs.rerun`) gives a new run the stages its original
 completed. A run stalled between stages (a due stage's message lost, an advance a crash cut
 short) is moved on by the reconciler (`recovery.stages`); a stage whose claimer died on this
-host is tried again when its message comes back (`_stage_abandoned`).
+host is tried again when its message comes back (`_claim_refused`).
 
 Not guaranteed: a stage whose claimer died on another host ends its run through the orphan
 path (failed, `orphaned`), as a plain run does; `when` may be asked more than once for a
@@ -179,11 +179,9 @@ def discard(definition: TaskDefinition, run_id: str, error: dict[str, Any]) -> R
         queue = stage_queue(definition, stage, per_task)
         while broker.remove_waiting(queue, stage_message_id(run_id, stage.name)):
             pass
-    row = TaskHistory.objects.filter(id=run_id).values_list("stages", "owner_instance_id").first()
-    if row is None or StageState.ACTIVE.value in row[0].values():
-        return RunState.CANCELLING
-    terminal.cancel(definition, run_id, row[1], error=error)
-    return RunState.CANCELLED
+    if _finish_discard(definition, run_id, error):
+        return RunState.CANCELLED
+    return RunState.CANCELLING
 
 
 def run_stage_message(task_id: str, stage: str, run_id: str, processing_version: int) -> None:
@@ -204,8 +202,7 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
         # Its run is no longer active (ended, cancelling) or the stage is not waiting (this
         # message is a duplicate, or the run's end closed the stage, or its claimer died).
         log.info("run %s: stage %s not claimed; message dropped", run_id, name)
-        _finish_discard(definition, run_id)
-        _stage_abandoned(definition, run_id, stage)
+        _claim_refused(definition, run_id, stage)
         return
     _follow(run_id, name, StageState.ACTIVE)
     model = definition.input_model.model_validate(claimed.input)
@@ -260,19 +257,30 @@ class _Attempt:
         return steps.attempt_ended(self.step, self.context, status, timezone.now(), error)
 
 
-def _stage_abandoned(definition: TaskDefinition, run_id: str, stage: Stage) -> None:
-    """A stage message that came back while its stage is active, claimed by a process of this
-    host that is dead (a pool child killed mid-stage: its message is rejected back to the
-    queue): the stage is tried again if it has attempts left, else it fails, and the run with
-    it. A claimer on another host, or alive, is left to its heartbeat and the orphan path."""
+def _claim_refused(definition: TaskDefinition, run_id: str, stage: Stage) -> None:
+    """A stage message whose claim was refused, read once to decide what it still owes:
+    - its run is being cancelled (`discard` did not find this message waiting: a worker had
+      reserved it): the run ends cancelled here if no stage of it still runs;
+    - its stage is active, claimed by a process of this host that is dead (a pool child killed
+      mid-stage: its message is rejected back to the queue): the stage is tried again if it
+      has attempts left, else it fails, and the run with it. A claimer on another host, or
+      alive, is left to its heartbeat and the orphan path."""
     found = (
-        TaskHistory.objects.filter(id=run_id, state=RunState.ACTIVE)
-        .values_list("stages", "steps", "input", "owner_instance_id", "identity", "priority")
+        TaskHistory.objects.filter(id=run_id)
+        .values_list(
+            "state", "stages", "steps", "input", "owner_instance_id", "identity", "priority"
+        )
         .first()
     )
-    if found is None or found[0].get(stage.name) != StageState.ACTIVE:
+    if found is None:
         return
-    _, records, input_, owner, identity, priority = found
+    state, stages, records, input_, owner, identity, priority = found
+    if state == RunState.CANCELLING:
+        if StageState.ACTIVE.value not in stages.values():
+            terminal.cancel(definition, run_id, owner)
+        return
+    if state != RunState.ACTIVE or stages.get(stage.name) != StageState.ACTIVE:
+        return
     record = records.get(stage.name, {})
     claimer = record.get("owner", "")
     if not claimer or not is_dead_here(claimer):
@@ -288,15 +296,18 @@ def _stage_abandoned(definition: TaskDefinition, run_id: str, stage: Stage) -> N
         _stage_failed(attempt, ErrorKind.WORKER_LOST, message)
 
 
-def _finish_discard(definition: TaskDefinition, run_id: str) -> None:
-    """A stage message of a run being cancelled, which `discard` did not find waiting (a worker
-    had reserved it): the run ends cancelled here if no stage of it still runs."""
+def _finish_discard(
+    definition: TaskDefinition, run_id: str, error: dict[str, Any] | None = None
+) -> bool:
+    """Ends a run being cancelled if no stage of it still runs; says whether it did."""
     row = TaskHistory.objects.filter(id=run_id).values_list("state", "stages", "owner_instance_id")
     found = row.first()
     if found is None or found[0] != RunState.CANCELLING:
-        return
-    if StageState.ACTIVE.value not in found[1].values():
-        terminal.cancel(definition, run_id, found[2])
+        return False
+    if StageState.ACTIVE.value in found[1].values():
+        return False
+    terminal.cancel(definition, run_id, found[2], error=error)
+    return True
 
 
 def _as_watched(definition: TaskDefinition, stage: Stage) -> TaskDefinition:

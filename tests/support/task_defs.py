@@ -14,6 +14,9 @@ from orchestrator.cluster.instance import instance_id
 from orchestrator.hooks import ratelimit
 from orchestrator.stores import keys, valkey
 from tasks import (
+    CoverageBatch,
+    CoverageItem,
+    CoveredStage,
     FatalError,
     NoInput,
     PermanentError,
@@ -24,6 +27,7 @@ from tasks import (
     Timeout,
     TransientError,
     define_task,
+    skipped,
 )
 
 ORDER_KEY = "test:pickup-order"
@@ -529,4 +533,100 @@ cost_cap = define_task(
     resource_class="io",
     execute=_spend_tokens,
     quotas=Quotas(max_cost_per_day={"tokens": 10}),
+)
+
+
+# --- coverage: stages the coverage tests drive (their queues are consumed by a test's own
+# worker only). An item's title says how its run ends.
+
+_FILE_PRESENT = (
+    "EXISTS (SELECT 1 FROM media_file_items fi JOIN media_files f ON f.id = fi.file_id"
+    " WHERE fi.item_id = mi.id AND NOT f.is_missing)"
+)
+
+
+def _cover(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
+    from coverage.models import MediaItem
+
+    title = MediaItem.objects.get(id=params.item_id).title
+    if title.startswith("transient"):
+        raise TransientError(f"item {params.item_id} is busy")
+    if title.startswith("permanent"):
+        raise PermanentError(f"item {params.item_id} is unreadable")
+    if title.startswith("skip-later"):
+        return skipped("locked", retry_after=timedelta(minutes=10))
+    if title.startswith("skip"):
+        return skipped("no-cover")
+    if title.startswith("slow"):
+        for _ in range(300):
+            ctx.raise_if_cancelled()
+            time.sleep(0.1)
+    return {"item": params.item_id, "stage": params.stage}
+
+
+cover_probe = define_task(
+    id="test-cover",
+    resource_class="io",
+    execute=_cover,
+    input_model=CoverageItem,
+    retry=Retry(max_attempts=1),
+    processing_version=int(os.environ.get("TEST_COVER_VERSION", "1")),
+    covers_stages=[
+        CoveredStage(
+            id="test-probe",
+            applies_to=("movie", "episode"),
+            eligible_sql=_FILE_PRESENT,
+            recover_when_additional_reasons=("no-cover",),
+            invalidated_by=(
+                "file.linked",
+                "file.unlinked",
+                "file.presence_changed",
+                "item.metadata_changed",
+            ),
+        )
+    ],
+)
+
+
+def _cover_batch(ctx: TaskContext, params: CoverageBatch) -> dict[str, Any]:
+    return {"items": params.item_ids}
+
+
+cover_batch = define_task(
+    id="test-cover-batch",
+    resource_class="io",
+    execute=_cover_batch,
+    input_model=CoverageBatch,
+    covers_stages=[
+        CoveredStage(id="test-albums", applies_to=("album",), per_item=False),
+        CoveredStage(
+            id="test-tracks",
+            applies_to=("track",),
+            per_item=False,
+            enqueueable=False,
+            # Divides by zero for a track of 1999: a real failure for the dispatcher tests.
+            eligible_sql="100 / (coalesce(mi.year, 2000) - 1999) > 0",
+            invalidated_by=("item.metadata_changed",),
+        ),
+    ],
+)
+
+cover_season = define_task(
+    id="test-cover-season",
+    resource_class="io",
+    execute=_cover,
+    input_model=CoverageItem,
+    covers_stages=[
+        CoveredStage(
+            id="test-season",
+            applies_to=("season",),
+            invalidated_by=("children.changed",),
+        ),
+        CoveredStage(
+            id="test-libraries",
+            applies_to=("series",),
+            eligible=lambda item: item.library == "TV",
+            enqueueable=False,
+        ),
+    ],
 )

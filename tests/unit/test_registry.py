@@ -80,13 +80,11 @@ def test_a_full_definition_is_normalised() -> None:
         quotas=Quotas(max_runs_per_day=10, max_concurrent=2, rate="60/m"),
         backpressure="shed-oldest",
         exclusive_with=["other-task"],
-        covers_stages=["thumbnails"],
     )
 
     assert definition.task_priority is Priority.EVENT
     assert definition.backpressure is Backpressure.SHED_OLDEST
     assert definition.exclusive_with == ("other-task",)
-    assert definition.covers_stages == ("thumbnails",)
     rate = definition.quotas.parsed_rate()
     assert rate is not None and (rate.count, rate.per) == (60, timedelta(minutes=1))
 
@@ -191,11 +189,6 @@ def test_known_backpressure(policy: object) -> None:
 @pytest.mark.parametrize("others", [["Not An Id"], [""], [5]])
 def test_exclusive_with_names_task_ids(others: list[object]) -> None:
     _rejected("exclusive_with", exclusive_with=others)
-
-
-@pytest.mark.parametrize("stages", [[""], [None]])
-def test_covers_stages_are_names(stages: list[object]) -> None:
-    _rejected("covers_stages", covers_stages=stages)
 
 
 # --- pipelines: Kahn's algorithm --------------------------------------------------------------

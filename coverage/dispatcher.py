@@ -1,0 +1,196 @@
+"""The outbox dispatcher: turns catalog changes into rows that need their stages again.
+
+Triggers on the catalog tables write one `event_outbox` row per change and item in the
+change's own transaction (`coverage.models`). Every LUMASTRA_COVERAGE_DISPATCH_INTERVAL_S, on
+the cluster leader, the dispatcher takes the due events in batches of
+LUMASTRA_COVERAGE_DISPATCH_BATCH (`FOR UPDATE SKIP LOCKED`, so two dispatchers never take the
+same event) and, in the batch's transaction:
+
+- `item.created`: gives the new items their rows in every stage that applies to their kind
+  (`pending`, or `skipped_permanent` when not eligible);
+- any other kind: for each stage that lists it in `invalidated_by`, the items' rows that are
+  `skipped_*` or `obsolete` and eligible become `pending`; a content-changing kind
+  (`tasks.coverage.EVENT_KINDS`) also resets `completed` and `failed_*` rows. Rows `running`
+  are left to their run;
+- then deletes the events.
+
+A batch that fails is tried again one event at a time, so one bad event does not hold back
+the rest: a failing event is retried with exponential backoff and jitter and, after
+LUMASTRA_COVERAGE_DISPATCH_MAX_ATTEMPTS failures, dead-lettered (`dead_at`; the admin's
+outbox page redelivers it). Runs are not started here: the stage-sweep starts them.
+
+Not guaranteed: order between events (a reset and a newer reset of the same row give the
+same `pending`); an event for an item deleted since is dropped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+
+from coverage import queries
+from coverage.models import CoverageStatus, EventOutbox
+from coverage.stages import Covered, covered, sync
+from coverage.sweep import seed
+from orchestrator.backoff import jittered_backoff
+from orchestrator.clock import Clock, SystemClock
+from tasks.coverage import EVENT_KINDS
+from tasks.policies import Retry
+
+log = logging.getLogger("coverage.dispatcher")
+
+# Batches one tick takes at most; the rest wait for the next tick.
+MAX_BATCHES_PER_TICK = 20
+RETRY = Retry(max_attempts=8, base=timedelta(seconds=30), cap=timedelta(hours=1))
+
+_RESET_FROM = [
+    CoverageStatus.SKIPPED_PERMANENT,
+    CoverageStatus.SKIPPED_TRANSIENT,
+    CoverageStatus.OBSOLETE,
+]
+_RESET_FROM_ON_CONTENT = [
+    *_RESET_FROM,
+    CoverageStatus.COMPLETED,
+    CoverageStatus.FAILED_TRANSIENT,
+    CoverageStatus.FAILED_PERMANENT,
+]
+
+
+@dataclass
+class DispatchReport:
+    dispatched: int = 0
+    seeded: int = 0
+    reset: int = 0
+    failed: int = 0
+    dead: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Event:
+    id: int
+    kind: str
+    item_id: int
+    attempts: int
+
+
+class Dispatcher:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or SystemClock()
+
+    def tick(self) -> DispatchReport:
+        report = DispatchReport()
+        stages = covered()
+        sync(stages)
+        for _ in range(MAX_BATCHES_PER_TICK):
+            if self.dispatch_batch(stages, report) < settings.CONFIG.coverage_dispatch_batch:
+                break
+        if report.dispatched or report.failed:
+            log.info(
+                "dispatcher: %d events (%d rows made, %d reset), %d failed, %d dead-lettered",
+                report.dispatched,
+                report.seeded,
+                report.reset,
+                report.failed,
+                report.dead,
+            )
+        return report
+
+    def dispatch_batch(self, stages: list[Covered], report: DispatchReport) -> int:
+        """One batch in one transaction; returns how many events it took."""
+        with transaction.atomic():
+            events = self._take()
+            if not events:
+                return 0
+            try:
+                with transaction.atomic():
+                    self._dispatch(stages, events, report)
+            except DatabaseError:
+                for event in events:
+                    try:
+                        with transaction.atomic():
+                            self._dispatch(stages, [event], report)
+                    except DatabaseError as exc:
+                        self._failed(event, exc, report)
+        return len(events)
+
+    def _take(self) -> list[_Event]:
+        found = (
+            EventOutbox.objects.select_for_update(skip_locked=True)
+            .filter(dead_at__isnull=True, next_attempt_at__lte=self.clock.now())
+            .order_by("next_attempt_at", "id")
+            .values_list("id", "kind", "item_id", "attempts")[
+                : settings.CONFIG.coverage_dispatch_batch
+            ]
+        )
+        return [_Event(*row) for row in found]
+
+    def _dispatch(
+        self, stages: list[Covered], events: list[_Event], report: DispatchReport
+    ) -> None:
+        """Apply `events` and delete them; counted in `report` only once all of it is done."""
+        seeded = reset = 0
+        items_by_kind: dict[str, list[int]] = defaultdict(list)
+        for event in events:
+            items_by_kind[event.kind].append(event.item_id)
+        created = items_by_kind.pop("item.created", [])
+        for stage in stages:
+            if created:
+                seeded += seed(stage, self.clock, items=created)[1]
+            for kind, items in items_by_kind.items():
+                if kind in stage.stage.invalidated_by:
+                    reset += self._reset(stage, kind, items)
+        EventOutbox.objects.filter(id__in=[event.id for event in events]).delete()
+        report.dispatched += len(events)
+        report.seeded += seeded
+        report.reset += reset
+
+    def _reset(self, stage: Covered, kind: str, items: list[int]) -> int:
+        statuses = _RESET_FROM_ON_CONTENT if EVENT_KINDS.get(kind) else _RESET_FROM
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries.render("reset", stage.stage),
+                {
+                    "stage": stage.id,
+                    "items": items,
+                    "statuses": [str(s) for s in statuses],
+                    "now": self.clock.now(),
+                },
+            )
+            return int(cursor.rowcount)
+
+    def _failed(self, event: _Event, exc: Exception, report: DispatchReport) -> None:
+        attempts = event.attempts + 1
+        now = self.clock.now()
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        dead = attempts >= settings.CONFIG.coverage_dispatch_max_attempts
+        EventOutbox.objects.filter(id=event.id).update(
+            attempts=attempts,
+            last_error=message[:2000],
+            next_attempt_at=now + jittered_backoff(RETRY, attempts),
+            dead_at=now if dead else None,
+        )
+        report.failed += 1
+        report.dead += dead
+        report.errors.append(message)
+        log.warning(
+            "dispatcher: event %d (%s, item %d) failed, attempt %d%s: %s",
+            event.id,
+            event.kind,
+            event.item_id,
+            attempts,
+            " — dead-lettered" if dead else "",
+            message,
+        )
+
+
+def redeliver(event_ids: list[int]) -> int:
+    """Dead-lettered events back to the queue, due now, attempts from zero."""
+    return EventOutbox.objects.filter(id__in=event_ids, dead_at__isnull=False).update(
+        dead_at=None, attempts=0, next_attempt_at=SystemClock().now(), last_error=""
+    )

@@ -1,0 +1,311 @@
+"""The stage-sweep: keeps every covered stage's rows moving, once a minute, on the cluster leader.
+
+Each tick, for each stage the registry declares (`coverage.stages`):
+
+1. **Version**: if the covering task's `processing_version` moved on since the last tick, the
+   rows it completed under an older one become `obsolete` (and are done again).
+2. **Self-heal**: items with no row yet, after the stage's watermark, get one, at most
+   LUMASTRA_COVERAGE_SEED_PER_TICK per stage (new items normally get theirs at once from the
+   outbox dispatcher; this catches any it missed).
+3. **Heal**: the next LUMASTRA_COVERAGE_HEAL_PER_TICK rows skipped as `ineligible` (or for a
+   reason the stage lists in `recover_when_additional_reasons`) whose eligibility holds again
+   become `pending` — no event needed. The walk resumes where it stopped, so every skipped
+   row is looked at again within ceil(skipped / batch) ticks.
+4. **Dispose and start** (stages the sweep drives: `enqueueable` and listed in
+   PIPELINE_COVERAGE_AUTHORITATIVE_STAGES): the oldest due rows (`pending`, `obsolete`,
+   `failed_transient` and `skipped_transient` whose `next_eligible_at` has come), at most
+   LUMASTRA_COVERAGE_STARTS_PER_STAGE, are locked; those whose eligibility no longer holds
+   become `skipped_permanent` (`ineligible`), the others get their runs through
+   `orchestrator.start_run` (idempotency key `coverage:<stage>:<item>`; the run's insert marks
+   the row `running`, migration 0004). A stage covered one batch at a time (`per_item=False`)
+   gets one run per tick for its batch. A season's row waits until no episode was added or
+   removed for LUMASTRA_COVERAGE_SEASON_SETTLE_S. A stage whose class has more than
+   LUMASTRA_COVERAGE_CLASS_DEPTH_THRESHOLD messages waiting is skipped for the tick, as are
+   the rest of a stage's candidates once admission refuses one (a quota, an open circuit).
+   At most LUMASTRA_COVERAGE_STARTS_PER_TICK runs start per tick, all stages together.
+5. **Wedged rows**: rows `running` for LUMASTRA_COVERAGE_WEDGED_AFTER_S whose run is no
+   longer live become `failed_transient` with a fresh backoff (also at boot, the loop's first
+   tick).
+
+Each stage's dispose-and-start is one transaction: its runs are published when it commits, so
+a crash mid-tick starts nothing twice and loses no row. Each tick logs what it did and keeps
+it on the stage's `coverage_stage.last_tick`.
+
+Not guaranteed: the order of starts across stages within a tick (stages take turns in
+registry order); a stage whose condition is slow to evaluate slows every tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from coverage import queries
+from coverage.models import CoverageStage, CoverageStatus, MediaItem, MediaItemStageState
+from coverage.stages import Covered, covered, sync
+from orchestrator.clock import Clock, SystemClock
+from orchestrator.hooks.base import Refused
+from orchestrator.routing import class_queues
+from orchestrator.runs.start import StartRefused, start_run
+from orchestrator.stores import broker
+from orchestrator.triggers import TriggerKind
+from tasks import registry
+from tasks.coverage import ItemFacts
+from tasks.definition import Priority
+
+log = logging.getLogger("coverage.sweep")
+
+TRIGGER = {"kind": TriggerKind.SYSTEM.value, "source": "stage-sweep"}
+
+
+def run_key(stage_id: str, item_id: int | None = None) -> str:
+    """The idempotency key of a coverage run (migration 0004 reads the same shape)."""
+    return f"coverage:{stage_id}" if item_id is None else f"coverage:{stage_id}:{item_id}"
+
+
+@dataclass
+class TickReport:
+    """What one tick did, per stage (Counters keyed by stage id)."""
+
+    obsoleted: Counter[str] = field(default_factory=Counter)
+    seeded: Counter[str] = field(default_factory=Counter)
+    healed: Counter[str] = field(default_factory=Counter)
+    disposed: Counter[str] = field(default_factory=Counter)
+    started: Counter[str] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)
+    wedged: Counter[str] = field(default_factory=Counter)
+    skipped_classes: set[str] = field(default_factory=set)
+
+    def of(self, stage_id: str) -> dict[str, int]:
+        counts = ("obsoleted", "seeded", "healed", "disposed", "started", "refused", "wedged")
+        return {name: getattr(self, name)[stage_id] for name in counts}
+
+    def summary(self) -> str:
+        totals = {
+            name: sum(getattr(self, name).values())
+            for name in ("seeded", "disposed", "healed", "started", "refused", "wedged")
+        }
+        parts = [f"{name} {count}" for name, count in totals.items()]
+        skipped = ", ".join(sorted(self.skipped_classes)) or "none"
+        return f"{'; '.join(parts)}; classes skipped: {skipped}"
+
+
+class Sweep:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or SystemClock()
+
+    def tick(self, *, boot: bool = False) -> TickReport:
+        config = settings.CONFIG
+        report = TickReport()
+        stages = covered()
+        rows = sync(stages)
+        budget = config.coverage_starts_per_tick
+        depth_of: dict[str, int] = {}
+        for stage in stages:
+            row = rows[stage.id]
+            self._version(stage, row, report)
+            self._seed(stage, row, report)
+            self._heal(stage, row, report)
+            if stage.driven and budget > 0:
+                klass = stage.task.resource_class
+                if klass not in depth_of:
+                    depth_of[klass] = self._class_depth(klass)
+                if depth_of[klass] > config.coverage_class_depth_threshold:
+                    report.skipped_classes.add(klass)
+                else:
+                    budget -= self._start(
+                        stage, min(budget, config.coverage_starts_per_stage), report
+                    )
+        self.reclaim_wedged(report)
+        for stage in stages:
+            CoverageStage.objects.filter(id=stage.id).update(
+                last_tick={"at": self.clock.now().isoformat(), "boot": boot, **report.of(stage.id)}
+            )
+        log.info("stage-sweep%s: %s", " (boot)" if boot else "", report.summary())
+        return report
+
+    def _version(self, stage: Covered, row: CoverageStage, report: TickReport) -> None:
+        version = stage.task.processing_version
+        if row.processing_version == version:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries.render("obsolete"),
+                {"stage": stage.id, "version": version, "now": self.clock.now()},
+            )
+            report.obsoleted[stage.id] += cursor.rowcount
+        row.processing_version = version
+        CoverageStage.objects.filter(id=stage.id).update(processing_version=version)
+
+    def _seed(self, stage: Covered, row: CoverageStage, report: TickReport) -> None:
+        limit = settings.CONFIG.coverage_seed_per_tick
+        if limit == 0:
+            return
+        highest, made = seed(stage, self.clock, after=row.seeded_through, limit=limit)
+        report.seeded[stage.id] += made
+        if highest is not None:
+            row.seeded_through = highest
+            CoverageStage.objects.filter(id=stage.id).update(seeded_through=highest)
+
+    def _heal(self, stage: Covered, row: CoverageStage, report: TickReport) -> None:
+        limit = settings.CONFIG.coverage_heal_per_tick
+        if limit == 0 or stage.stage.eligible is not None:
+            return  # a predicate over immutable fields never changes its mind
+        reasons = ["ineligible", *stage.stage.recover_when_additional_reasons]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries.render("heal", stage.stage),
+                {
+                    "stage": stage.id,
+                    "after": row.heal_cursor,
+                    "reasons": reasons,
+                    "limit": limit,
+                    "now": self.clock.now(),
+                },
+            )
+            highest, looked, healed = cursor.fetchone()
+        report.healed[stage.id] += healed
+        # A short batch reached the end of the walk: the next tick starts it over.
+        cursor_at = highest if highest is not None and looked == limit else 0
+        row.heal_cursor = cursor_at
+        CoverageStage.objects.filter(id=stage.id).update(heal_cursor=cursor_at)
+
+    def _class_depth(self, resource_class: str) -> int:
+        queues = class_queues(
+            registry.get().values(), resource_class, settings.CONFIG.per_task_queues
+        )
+        return broker.depth(queues)
+
+    def _start(self, stage: Covered, limit: int, report: TickReport) -> int:
+        """Dispose of the stage's ineligible candidates and start runs for the rest, in one
+        transaction; returns the runs started."""
+        if limit <= 0:
+            return 0
+        now = self.clock.now()
+        settle = timedelta(seconds=settings.CONFIG.coverage_season_settle_s)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    queries.render("candidates", stage.stage),
+                    {
+                        "stage": stage.id,
+                        "now": now,
+                        "settled_before": now - settle,
+                        "limit": limit,
+                    },
+                )
+                found = cursor.fetchall()
+                ineligible = [row_id for row_id, _, eligible in found if not eligible]
+                if ineligible:
+                    cursor.execute(queries.render("dispose"), {"ids": ineligible, "now": now})
+                    report.disposed[stage.id] += len(ineligible)
+            items = [item_id for _, item_id, eligible in found if eligible]
+            started = self._start_runs(stage, items, report)
+        report.started[stage.id] += started
+        return started
+
+    def _start_runs(self, stage: Covered, items: list[int], report: TickReport) -> int:
+        if not items:
+            return 0
+        if not stage.stage.per_item:
+            batch = {"stage": stage.id, "item_ids": items}
+            return self._start_one(stage, batch, run_key(stage.id), report)
+        started = 0
+        for item_id in items:
+            params: dict[str, Any] = {"stage": stage.id, "item_id": item_id}
+            if not self._start_one(stage, params, run_key(stage.id, item_id), report):
+                break  # the next candidates would meet the same refusal
+            started += 1
+        return started
+
+    def _start_one(
+        self, stage: Covered, params: dict[str, Any], key: str, report: TickReport
+    ) -> int:
+        try:
+            handle = start_run(
+                stage.task.id,
+                params,
+                trigger=TRIGGER,
+                priority=Priority.BACKGROUND,
+                idempotency_key=key,
+            )
+        except (Refused, StartRefused) as exc:
+            log.info("stage-sweep: stage %s: start refused (%s); next tick", stage.id, exc)
+            report.refused[stage.id] += 1
+            return 0
+        return 0 if handle.dropped else 1
+
+    def reclaim_wedged(self, report: TickReport) -> None:
+        now = self.clock.now()
+        before = now - timedelta(seconds=settings.CONFIG.coverage_wedged_after_s)
+        with connection.cursor() as cursor:
+            cursor.execute(queries.render("wedged"), {"before": before, "now": now})
+            for (stage_id,) in cursor.fetchall():
+                report.wedged[stage_id] += 1
+        if report.wedged:
+            log.warning("stage-sweep: reclaimed wedged rows: %s", dict(report.wedged))
+
+
+def seed(
+    stage: Covered,
+    clock: Clock,
+    *,
+    after: int = 0,
+    items: list[int] | None = None,
+    limit: int | None = None,
+) -> tuple[int | None, int]:
+    """Rows for items of the stage's kinds that have none: those after `after` (at most
+    `limit`), or those in `items`. Returns the highest item id looked at and the rows made."""
+    params: dict[str, Any] = {
+        "stage": stage.id,
+        "kinds": list(stage.stage.applies_to),
+        "after": after,
+        "items": items,
+        "limit": limit,
+        "now": clock.now(),
+    }
+    if stage.stage.eligible is not None:
+        return _seed_by_predicate(stage, params)
+    with connection.cursor() as cursor:
+        cursor.execute(queries.render("seed", stage.stage), params)
+        highest, made = cursor.fetchone()
+    return highest, made
+
+
+def _seed_by_predicate(stage: Covered, params: dict[str, Any]) -> tuple[int | None, int]:
+    """Seeding for a stage whose eligibility is a Python predicate over immutable fields:
+    asked here, once per item; the rows are made with the answer."""
+    predicate = stage.stage.eligible
+    assert predicate is not None
+    found = MediaItem.objects.filter(id__gt=params["after"], kind__in=params["kinds"])
+    if params["items"] is not None:
+        found = found.filter(id__in=params["items"])
+    listed = found.order_by("id").values_list("id", "kind", "library")
+    facts = [ItemFacts(*row) for row in (listed[: params["limit"]] if params["limit"] else listed)]
+    have = set(
+        MediaItemStageState.objects.filter(
+            stage=stage.id, item_id__in=[fact.id for fact in facts]
+        ).values_list("item_id", flat=True)
+    )
+    rows = []
+    for fact in facts:
+        if fact.id in have:
+            continue
+        eligible = predicate(fact)
+        rows.append(
+            MediaItemStageState(
+                item_id=fact.id,
+                stage=stage.id,
+                status=CoverageStatus.PENDING if eligible else CoverageStatus.SKIPPED_PERMANENT,
+                reason="" if eligible else "ineligible",
+                next_eligible_at=params["now"],
+            )
+        )
+    MediaItemStageState.objects.bulk_create(rows, ignore_conflicts=True)
+    return (facts[-1].id if facts else None), len(rows)
