@@ -44,7 +44,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from coverage import queries
 from coverage.models import CoverageStage, CoverageStatus, MediaItem, MediaItemStageState
@@ -80,16 +80,26 @@ class TickReport:
     started: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
     wedged: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
     skipped_classes: set[str] = field(default_factory=set)
 
     def of(self, stage_id: str) -> dict[str, int]:
-        counts = ("obsoleted", "seeded", "healed", "disposed", "started", "refused", "wedged")
+        counts = (
+            "obsoleted",
+            "seeded",
+            "healed",
+            "disposed",
+            "started",
+            "refused",
+            "wedged",
+            "errors",
+        )
         return {name: getattr(self, name)[stage_id] for name in counts}
 
     def summary(self) -> str:
         totals = {
             name: sum(getattr(self, name).values())
-            for name in ("seeded", "disposed", "healed", "started", "refused", "wedged")
+            for name in ("seeded", "disposed", "healed", "started", "refused", "wedged", "errors")
         }
         parts = [f"{name} {count}" for name, count in totals.items()]
         skipped = ", ".join(sorted(self.skipped_classes)) or "none"
@@ -109,19 +119,25 @@ class Sweep:
         depth_of: dict[str, int] = {}
         for stage in stages:
             row = rows[stage.id]
-            self._version(stage, row, report)
-            self._seed(stage, row, report)
-            self._heal(stage, row, report)
-            if stage.driven and budget > 0:
-                klass = stage.task.resource_class
-                if klass not in depth_of:
-                    depth_of[klass] = self._class_depth(klass)
-                if depth_of[klass] > config.coverage_class_depth_threshold:
-                    report.skipped_classes.add(klass)
-                else:
-                    budget -= self._start(
-                        stage, min(budget, config.coverage_starts_per_stage), report
-                    )
+            try:
+                self._version(stage, row, report)
+                self._seed(stage, row, report)
+                self._heal(stage, row, report)
+                if stage.driven and budget > 0:
+                    klass = stage.task.resource_class
+                    if klass not in depth_of:
+                        depth_of[klass] = self._class_depth(klass)
+                    if depth_of[klass] > config.coverage_class_depth_threshold:
+                        report.skipped_classes.add(klass)
+                    else:
+                        budget -= self._start(
+                            stage, min(budget, config.coverage_starts_per_stage), report
+                        )
+            except DatabaseError:
+                # One stage's condition failing on some item (a division by zero, say) must
+                # not stop the other stages: logged, counted, tried again next tick.
+                log.exception("stage-sweep: stage %s failed this tick", stage.id)
+                report.errors[stage.id] += 1
         self.reclaim_wedged(report)
         for stage in stages:
             CoverageStage.objects.filter(id=stage.id).update(

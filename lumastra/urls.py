@@ -1,7 +1,11 @@
 from django.contrib import admin
 from django.urls import path, re_path
 
+from coverage import api as coverage_api
 from orchestrator.api import errors, v1
+
+# The catalog's API sits above the engine: it joins the engine's v1 API here, at the root.
+v1.api.add_router("", coverage_api.router)
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -156,7 +156,7 @@ class RunPage(Schema):
 
 
 @contextmanager
-def _start_refusals() -> Iterator[None]:
+def start_refusals() -> Iterator[None]:
     """start_run's refusals as API errors (a new run, or an operator's retry)."""
     try:
         yield
@@ -184,7 +184,7 @@ def _start_refusals() -> Iterator[None]:
 def create_run(request: HttpRequest, run: StartRunIn) -> Status[StartedRun]:
     """Start a run: 202 with the new run; 200 with a live run that already does this work, or
     with the recorded run when backpressure dropped the start."""
-    with _start_refusals():
+    with start_refusals():
         handle = start_run(
             run.task,
             run.input,
@@ -193,12 +193,12 @@ def create_run(request: HttpRequest, run: StartRunIn) -> Status[StartedRun]:
             idempotency_key=run.idempotency_key,
         )
     if handle.dropped:
-        return Status(200, _started(handle, RunState.CANCELLED))
+        return Status(200, started(handle, RunState.CANCELLED))
     if handle.deduplicated:
         # The matched run's row may not be committed yet; until it is, it is still pending.
         state = TaskHistory.objects.filter(id=handle.run_id).values_list("state", flat=True)
-        return Status(200, _started(handle, state.first() or RunState.PENDING))
-    return Status(202, _started(handle, RunState.PENDING))
+        return Status(200, started(handle, state.first() or RunState.PENDING))
+    return Status(202, started(handle, RunState.PENDING))
 
 
 class CancelledRun(Schema):
@@ -230,16 +230,16 @@ def cancel_run(request: HttpRequest, run_id: str) -> CancelledRun:
 def retry(request: HttpRequest, run_id: str) -> Status[StartedRun]:
     """Retry a failed or cancelled run: a new run at priority 1 whose trigger names it."""
     _require_run_id(run_id)
-    with _start_refusals():
+    with start_refusals():
         try:
             handle = rerun(run_id, actor=current_user(request).username)
         except UnknownRun as exc:
             raise ApiError(404, str(exc)) from None
     status = 200 if handle.deduplicated else 202
-    return Status(status, _started(handle, RunState.PENDING))
+    return Status(status, started(handle, RunState.PENDING))
 
 
-def _started(handle: RunHandle, state: str) -> StartedRun:
+def started(handle: RunHandle, state: str) -> StartedRun:
     return StartedRun(
         run_id=handle.run_id,
         task=handle.task_id,

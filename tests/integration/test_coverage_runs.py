@@ -96,11 +96,13 @@ def test_a_cancelled_run_puts_its_row_back_to_pending(worker: object) -> None:
     item = _item("slow")
     Sweep().tick()
     run_id = wait_for(
-        lambda: TaskHistory.objects.filter(
-            trigger__idempotencyKey=run_key(STAGE, item.pk), state=RunState.ACTIVE
+        lambda: (
+            TaskHistory.objects.filter(
+                trigger__idempotencyKey=run_key(STAGE, item.pk), state=RunState.ACTIVE
+            )
+            .values_list("id", flat=True)
+            .first()
         )
-        .values_list("id", flat=True)
-        .first()
     )
     assert _row(item).status == "running"
 
