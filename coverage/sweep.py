@@ -294,6 +294,27 @@ def seed(
     return highest, made
 
 
+def seed_all(clock: Clock | None = None, batch: int = 20_000) -> dict[str, int]:
+    """Rows for every item that has none, in every covered stage, in batches (a bulk load, a
+    new stage over an existing catalog); returns the rows made per stage."""
+    clock = clock or SystemClock()
+    stages = covered()
+    marks = sync(stages)
+    made: dict[str, int] = {}
+    for stage in stages:
+        made[stage.id] = 0
+        after = 0
+        while True:
+            highest, count = seed(stage, clock, after=after, limit=batch)
+            made[stage.id] += count
+            if highest is None:
+                break
+            after = highest
+        mark = max(after, marks[stage.id].seeded_through)
+        CoverageStage.objects.filter(id=stage.id).update(seeded_through=mark)
+    return made
+
+
 def _seed_by_predicate(stage: Covered, params: dict[str, Any]) -> tuple[int | None, int]:
     """Seeding for a stage whose eligibility is a Python predicate over immutable fields:
     asked here, once per item; the rows are made with the answer."""

@@ -97,3 +97,34 @@ def test_each_catalog_table_has_an_admin_page(admin_client: Any, model: type[Mod
 
     assert admin_client.get(f"/admin/coverage/{name}/").status_code == 200
     assert admin_client.get(f"/admin/coverage/{name}/{first.pk}/change/").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_load_seeds_every_covered_stage_without_outbox_events() -> None:
+    from coverage.models import EventOutbox, MediaItemStageState
+
+    said = _load(300, 5)
+
+    movies_and_episodes = MediaItem.objects.filter(kind__in=["movie", "episode"]).count()
+    assert MediaItemStageState.objects.filter(stage="test-probe").count() == movies_and_episodes
+    assert "coverage rows" in said
+    assert not EventOutbox.objects.exists()
+    # Eligibility decided as the rows were made: a movie without a present file is skipped.
+    skipped = MediaItemStageState.objects.filter(stage="test-probe", status="skipped_permanent")
+    assert skipped.exists()
+    assert not skipped.filter(item__file_links__file__is_missing=False).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coverage_seed_fills_a_stage_whose_rows_are_missing() -> None:
+    from coverage.models import MediaItemStageState
+
+    _load(200, 6)
+    MediaItemStageState.objects.filter(stage="test-probe").delete()
+    out = io.StringIO()
+
+    call_command("coverage_seed", stdout=out)
+
+    made = MediaItemStageState.objects.filter(stage="test-probe").count()
+    assert made == MediaItem.objects.filter(kind__in=["movie", "episode"]).count()
+    assert f"test-probe: {made} rows made" in out.getvalue()

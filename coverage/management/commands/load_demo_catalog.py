@@ -38,5 +38,6 @@ class Command(BaseCommand):
         self.stdout.write(
             f"loaded {loaded.total} items ({kinds}), {loaded.files} files "
             f"({loaded.missing} missing), {loaded.links} file links, "
-            f"{loaded.external_ids} external ids in {time.monotonic() - began:.1f} s"
+            f"{loaded.external_ids} external ids, {loaded.rows} coverage rows "
+            f"in {time.monotonic() - began:.1f} s"
         )
