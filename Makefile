@@ -23,6 +23,7 @@ run: install
 	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
 	$(BIN)/python manage.py sync_schedules
 	$(BIN)/python manage.py bootstrap_demo
+	$(BIN)/python manage.py load_demo_catalog --items 400 --files --if-empty
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho -d . -f deploy/Procfile start
 
 # The fault battery runs beside the rest of the suite, on stores of its own (its own test

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pgtrigger
 from django.db import connection, transaction
@@ -80,14 +81,15 @@ def clear() -> None:
         cursor.execute("UPDATE coverage_stage SET seeded_through = 0, heal_cursor = 0")
 
 
-def load(items: int, seed: int = 0) -> Loaded:
-    """Add a catalog of about `items` items (never more) in one transaction, then ANALYZE."""
+def load(items: int, seed: int = 0, files_under: Path | None = None) -> Loaded:
+    """Add a catalog of about `items` items (never more) in one transaction, then ANALYZE.
+    With `files_under`, each present file is written there, small, so tasks can read it."""
     if MediaItem.objects.exists():
         raise CatalogNotEmpty(f"the catalog already has {MediaItem.objects.count()} items")
     rng = random.Random(seed)
     loaded = Loaded()
     with transaction.atomic(), pgtrigger.ignore(*BULK_IGNORED_TRIGGERS):
-        _Builder(rng, loaded).build(items)
+        _Builder(rng, loaded, files_under).build(items)
     with connection.cursor() as cursor:
         # Fresh statistics, or the planner guesses badly right after a bulk load (DESIGN §9).
         for table in TABLES:
@@ -99,9 +101,10 @@ def load(items: int, seed: int = 0) -> Loaded:
 
 
 class _Builder:
-    def __init__(self, rng: random.Random, loaded: Loaded) -> None:
+    def __init__(self, rng: random.Random, loaded: Loaded, files_under: Path | None) -> None:
         self.rng = rng
         self.loaded = loaded
+        self.files_under = files_under
         self.now = datetime.now(UTC)
 
     def title(self, words: int = 3) -> str:
@@ -207,12 +210,23 @@ class _Builder:
     def file(self, item: MediaItem, kind: ItemKind) -> MediaFile:
         low, high = SIZE_MB[kind]
         extension = "flac" if kind is ItemKind.TRACK else "mkv"
-        path = f"/media/{item.library}/{item.pk:08d} {item.title}.{extension}"
+        name = f"{item.pk:08d} {item.title}.{extension}"
         missing = self.rng.random() < MISSING
         probed = not missing and self.rng.random() < PROBED
+        size = self.rng.randint(low, high) * 1_000_000
+        if self.files_under is None:
+            path = f"/media/{item.library}/{name}"
+        else:
+            # A small real file stands for the big one (it is gone when the item's is missing).
+            target = self.files_under / item.library / name
+            path = str(target)
+            size = self.rng.randint(4, 64) * 1024
+            if not missing:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(hashlib.sha256(path.encode()).digest() * (size // 32))
         return MediaFile(
             path=path,
-            size=self.rng.randint(low, high) * 1_000_000,
+            size=size,
             is_missing=missing,
             probed_at=self.now - timedelta(days=self.rng.randint(0, 400)) if probed else None,
             content_hash=hashlib.sha256(path.encode()).hexdigest() if probed else "",

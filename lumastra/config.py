@@ -110,7 +110,7 @@ class Config:
     )
     task_modules: tuple[str, ...] = _env(
         "LUMASTRA_TASK_MODULES",
-        "tasks.definitions.demo",
+        "tasks.definitions.demo,tasks.definitions.catalog",
         _parse_list,
         "comma-separated task definition modules the registry imports",
     )

@@ -1,0 +1,152 @@
+"""The demo's covered stages: per-item work on the demo catalog (`load_demo_catalog --files`),
+started by the stage-sweep so `make run` shows coverage filling up.
+
+- `checksum` (io): the SHA-256 of each movie's, episode's and track's present file, read
+  below the media roots like any task input;
+- `artwork` (discovery): a poster for each movie and episode with an id at a metadata
+  provider, from a stand-in for the remote metadata API (the one fake: the demo has no
+  network);
+- `season-summary` (analysis): per season, once its episodes have settled, how many episodes
+  it has, how many with a file, and their size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from tasks import (
+    CoverageItem,
+    CoveredStage,
+    PermanentError,
+    TaskContext,
+    TransientError,
+    define_task,
+    open_folder,
+    skipped,
+)
+
+_HAS_PRESENT_FILE = (
+    "EXISTS (SELECT 1 FROM media_file_items fi JOIN media_files f ON f.id = fi.file_id"
+    " WHERE fi.item_id = mi.id AND NOT f.is_missing)"
+)
+_HAS_EXTERNAL_ID = "EXISTS (SELECT 1 FROM external_ids x WHERE x.item_id = mi.id)"
+
+
+def _checksum(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
+    from coverage.models import MediaFile
+
+    files = MediaFile.objects.filter(links__item_id=params.item_id, is_missing=False)
+    found = files.values_list("path", flat=True).first()
+    if found is None:
+        return skipped("no-file")
+    path = Path(found)
+    digest = hashlib.sha256()
+    with open_folder(path.parent) as folder, folder.open(PurePosixPath(path.name)) as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    ctx.count("bytes", path.stat().st_size)
+    return {"path": found, "sha256": digest.hexdigest()}
+
+
+checksum_task = define_task(
+    id="catalog-checksum",
+    resource_class="io",
+    execute=_checksum,
+    input_model=CoverageItem,
+    description="SHA-256 of an item's file (covered stage `checksum`)",
+    covers_stages=[
+        CoveredStage(
+            id="checksum",
+            applies_to=("movie", "episode", "track"),
+            eligible_sql=_HAS_PRESENT_FILE,
+            recover_when_additional_reasons=("no-file",),
+            invalidated_by=(
+                "file.linked",
+                "file.unlinked",
+                "file.content_changed",
+                "file.presence_changed",
+            ),
+        )
+    ],
+)
+
+
+def poster_for(provider: str, value: str) -> str | None:
+    """The stand-in for a remote metadata API: a poster URL for most ids, none for some, and a
+    slow answer now and then."""
+    digest = hashlib.sha256(f"{provider}:{value}".encode()).digest()
+    if digest[0] < 20:
+        return None
+    if digest[1] < 5:
+        raise TransientError(f"{provider} answered 503 for {value}")
+    time.sleep(digest[2] / 2550)  # up to 0.1 s, like a network round trip
+    return f"https://images.example.invalid/{provider}/{value}.jpg"
+
+
+def _artwork(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
+    from coverage.models import ExternalId
+
+    ids = list(ExternalId.objects.filter(item_id=params.item_id).values_list("provider", "value"))
+    if not ids:
+        return skipped("no-external-id")
+    for provider, value in sorted(ids):
+        poster = poster_for(provider, value)
+        if poster is not None:
+            return {"provider": provider, "poster": poster}
+    return skipped("no-artwork")
+
+
+artwork_task = define_task(
+    id="catalog-artwork",
+    resource_class="discovery",
+    execute=_artwork,
+    input_model=CoverageItem,
+    description="matches a poster at the item's metadata providers (covered stage `artwork`)",
+    covers_stages=[
+        CoveredStage(
+            id="artwork",
+            applies_to=("movie", "episode"),
+            eligible_sql=_HAS_EXTERNAL_ID,
+            recover_when_additional_reasons=("no-external-id",),
+            invalidated_by=("external_id.changed", "item.metadata_changed"),
+        )
+    ],
+)
+
+
+def _season_summary(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
+    from django.db.models import Count, Q, Sum
+
+    from coverage.models import MediaItem
+
+    season = MediaItem.objects.filter(id=params.item_id, kind="season").first()
+    if season is None:
+        raise PermanentError(f"item {params.item_id} is not a season")
+    episodes = MediaItem.objects.filter(parent=season)
+    summary = episodes.aggregate(
+        episodes=Count("id", distinct=True),
+        with_file=Count("id", filter=Q(file_links__file__is_missing=False), distinct=True),
+        bytes=Sum("file_links__file__size", filter=Q(file_links__file__is_missing=False)),
+    )
+    if not summary["episodes"]:
+        return skipped("no-episodes")
+    return {"season": season.title, **summary, "bytes": summary["bytes"] or 0}
+
+
+season_summary_task = define_task(
+    id="catalog-season-summary",
+    resource_class="analysis",
+    execute=_season_summary,
+    input_model=CoverageItem,
+    description="sums up a season once its episodes settle (covered stage `season-summary`)",
+    covers_stages=[
+        CoveredStage(
+            id="season-summary",
+            applies_to=("season",),
+            invalidated_by=("children.changed",),
+        )
+    ],
+)
