@@ -160,15 +160,15 @@ def drain(
     return Drain(opened_at, workers.cpu_sample(worker) - cpu_before, runs - already)
 
 
-def prepare_stores() -> None:
+def prepare_stores(env: dict[str, str] = BENCH_ENV) -> None:
     """Bench database created and migrated, bench Redis DBs empty; a clear message if down."""
     import redis
 
     from lumastra import preflight
 
-    problems = [preflight.check_postgres(BENCH_ENV["DATABASE_URL"], create=True)]
+    problems = [preflight.check_postgres(env["DATABASE_URL"], create=True)]
     problems += [
-        preflight.check_valkey(name, BENCH_ENV[name])
+        preflight.check_valkey(name, env[name])
         for name in ("VALKEY_URL", "VALKEY_CACHE_URL", "CELERY_BROKER_URL")
     ]
     found = [p for p in problems if p]
@@ -182,7 +182,7 @@ def prepare_stores() -> None:
     if migrate.returncode:
         sys.exit("manage.py migrate failed on the bench database; its error is above")
     for name in ("VALKEY_URL", "VALKEY_CACHE_URL", "CELERY_BROKER_URL"):
-        redis.Redis.from_url(BENCH_ENV[name]).flushdb()
+        redis.Redis.from_url(env[name]).flushdb()
 
 
 def setup() -> None:
