@@ -98,3 +98,29 @@ def test_once_rolls_the_daily_counts_of_uncapped_tasks_up() -> None:
 
     assert process.returncode == 0, output
     assert TaskQuotaUsage.objects.get(task_id="test-noop", day=day).completed == 7
+
+
+def test_once_runs_the_coverage_sweep_and_dispatcher_on_the_leader() -> None:
+    from coverage.models import EventOutbox, MediaItem, MediaItemStageState
+
+    movie = MediaItem.objects.create(kind="movie", library="Movies", title="new")
+    assert EventOutbox.objects.filter(item_id=movie.pk).exists()
+
+    process = _loops("--once")
+    output, _ = process.communicate(timeout=60)
+
+    assert process.returncode == 0, output
+    assert "stage-sweep (boot):" in output
+    assert not EventOutbox.objects.filter(item_id=movie.pk).exists()  # dispatched
+    assert MediaItemStageState.objects.filter(item=movie, stage="test-probe").exists()
+
+
+def test_a_stage_whose_condition_does_not_parse_stops_the_loops_at_start() -> None:
+    process = _loops(
+        "--once", LUMASTRA_TASK_MODULES="tasks.definitions.demo,tests.support.registry_defs_bad_sql"
+    )
+    output, _ = process.communicate(timeout=60)
+
+    assert process.returncode == 2, output
+    assert "task 'bad-sql-task', stage 'bad-sql': eligible_sql is not a valid condition" in output
+    assert "no_such_column" in output
