@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck check bench bench-memory bench-pipeline
+.PHONY: install run test lint typecheck check bench bench-memory bench-pipeline bench-sweep
 
 $(STAMP): requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -63,3 +63,6 @@ bench-memory: install
 
 bench-pipeline: install
 	$(BIN)/python bench/pipeline.py
+
+bench-sweep: install
+	$(BIN)/python bench/sweep.py
