@@ -26,7 +26,7 @@ same `pending`); an event for an item deleted since is dropped silently.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -64,8 +64,8 @@ _RESET_FROM_ON_CONTENT = [
 @dataclass
 class DispatchReport:
     dispatched: int = 0
-    seeded: int = 0
-    reset: int = 0
+    seeded: Counter[str] = field(default_factory=Counter)  # rows made, by stage
+    reset: Counter[str] = field(default_factory=Counter)  # rows back to pending, by stage
     failed: int = 0
     dead: int = 0
     errors: list[str] = field(default_factory=list)
@@ -94,8 +94,8 @@ class Dispatcher:
             log.info(
                 "dispatcher: %d events (%d rows made, %d reset), %d failed, %d dead-lettered",
                 report.dispatched,
-                report.seeded,
-                report.reset,
+                sum(report.seeded.values()),
+                sum(report.reset.values()),
                 report.failed,
                 report.dead,
             )
@@ -134,21 +134,22 @@ class Dispatcher:
         self, stages: list[Covered], events: list[_Event], report: DispatchReport
     ) -> None:
         """Apply `events` and delete them; counted in `report` only once all of it is done."""
-        seeded = reset = 0
+        seeded: Counter[str] = Counter()
+        reset: Counter[str] = Counter()
         items_by_kind: dict[str, list[int]] = defaultdict(list)
         for event in events:
             items_by_kind[event.kind].append(event.item_id)
         created = items_by_kind.pop("item.created", [])
         for stage in stages:
             if created:
-                seeded += seed(stage, self.clock, items=created)[1]
+                seeded[stage.id] += seed(stage, self.clock, items=created)[1]
             for kind, items in items_by_kind.items():
                 if kind in stage.stage.invalidated_by:
-                    reset += self._reset(stage, kind, items)
+                    reset[stage.id] += self._reset(stage, kind, items)
         EventOutbox.objects.filter(id__in=[event.id for event in events]).delete()
         report.dispatched += len(events)
-        report.seeded += seeded
-        report.reset += reset
+        report.seeded.update(seeded)
+        report.reset.update(reset)
 
     def _reset(self, stage: Covered, kind: str, items: list[int]) -> int:
         statuses = _RESET_FROM_ON_CONTENT if EVENT_KINDS.get(kind) else _RESET_FROM

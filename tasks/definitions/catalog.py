@@ -28,7 +28,8 @@ from tasks import (
     skipped,
 )
 
-_HAS_PRESENT_FILE = (
+# An item a file on disk holds (the catalog knows of no missing one among its files).
+HAS_PRESENT_FILE = (
     "EXISTS (SELECT 1 FROM media_file_items fi JOIN media_files f ON f.id = fi.file_id"
     " WHERE fi.item_id = mi.id AND NOT f.is_missing)"
 )
@@ -61,7 +62,7 @@ checksum_task = define_task(
         CoveredStage(
             id="checksum",
             applies_to=("movie", "episode", "track"),
-            eligible_sql=_HAS_PRESENT_FILE,
+            eligible_sql=HAS_PRESENT_FILE,
             recover_when_additional_reasons=("no-file",),
             invalidated_by=(
                 "file.linked",

@@ -7,24 +7,15 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.test import Client
 from django.utils import timezone
 
-from coverage.models import (
-    EventOutbox,
-    MediaFile,
-    MediaFileItem,
-    MediaItem,
-    MediaItemStageState,
-)
+from coverage.models import EventOutbox, MediaItem, MediaItemStageState
 from coverage.sweep import Sweep
 from orchestrator.api.access import Access
 from orchestrator.models import TaskHistory
-from orchestrator.routing import class_queues
-from orchestrator.stores import broker, keys
-from tasks import registry
+from tests.support.catalog import empty_queues, movie
 from tests.support.users import PASSWORD, account, operator
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,12 +24,9 @@ STAGE = "test-probe"
 
 
 @pytest.fixture(autouse=True)
-def _empty_io_queues() -> Iterator[None]:
+def _empty_queues() -> Iterator[None]:
     yield
-    queues = class_queues(registry.get().values(), "io", settings.CONFIG.per_task_queues)
-    broker.client().delete(
-        *(keys.broker_queue(q, step) for q in queues for step in keys.BROKER_PRIORITY_STEPS)
-    )
+    empty_queues()
 
 
 def _client(*grants: Access) -> Client:
@@ -55,14 +43,6 @@ def _ops() -> Client:
     return client
 
 
-def _movie(title: str, *, file: bool = True) -> MediaItem:
-    item = MediaItem.objects.create(kind="movie", library="Movies", title=title)
-    if file:
-        found = MediaFile.objects.create(path=f"/media/{item.pk}.mkv", size=1)
-        MediaFileItem.objects.create(file=found, item=item)
-    return item
-
-
 def _stages(client: Client) -> dict[str, dict[str, object]]:
     response = client.get("/api/v1/coverage")
     assert response.status_code == 200, response.content
@@ -70,8 +50,8 @@ def _stages(client: Client) -> dict[str, dict[str, object]]:
 
 
 def test_the_backlog_counts_each_status_and_the_oldest_waiting_row() -> None:
-    movies = [_movie(f"m{n}") for n in range(3)]
-    _movie("no file", file=False)
+    movies = [movie(f"m{n}") for n in range(3)]
+    movie("no file", file=False)
     Sweep().tick()
     MediaItemStageState.objects.filter(item=movies[0]).update(status="completed")
     MediaItemStageState.objects.filter(item=movies[1]).update(
@@ -93,7 +73,7 @@ def test_the_backlog_counts_each_status_and_the_oldest_waiting_row() -> None:
 
 def test_the_rows_of_a_status_come_in_pages_with_their_items() -> None:
     for n in range(5):
-        _movie(f"gone {n}", file=False)
+        movie(f"gone {n}", file=False)
     Sweep().tick()
     client = _client(Access.VIEW)
 
@@ -111,7 +91,7 @@ def test_the_rows_of_a_status_come_in_pages_with_their_items() -> None:
 
 
 def test_a_rescan_starts_the_items_run_now_and_then_joins_it() -> None:
-    item = _movie("now please")
+    item = movie("now please")
     client = _ops()
 
     started = client.post(f"/api/v1/coverage/{STAGE}/items/{item.pk}/rescan")
@@ -127,7 +107,7 @@ def test_a_rescan_starts_the_items_run_now_and_then_joins_it() -> None:
 
 
 def test_a_rescan_is_refused_clearly_for_an_item_the_stage_does_not_take() -> None:
-    no_file = _movie("no file", file=False)
+    no_file = movie("no file", file=False)
     album = MediaItem.objects.create(kind="album", library="Music", title="lp")
     client = _ops()
 
@@ -148,7 +128,7 @@ def test_a_rescan_is_refused_clearly_for_an_item_the_stage_does_not_take() -> No
 
 
 def test_rescan_and_heal_need_the_operate_permission() -> None:
-    item = _movie("guarded")
+    item = movie("guarded")
     viewer = _client(Access.VIEW)
 
     assert viewer.post(f"/api/v1/coverage/{STAGE}/items/{item.pk}/rescan").status_code == 403
@@ -158,7 +138,7 @@ def test_rescan_and_heal_need_the_operate_permission() -> None:
 
 
 def test_heal_over_http_walks_every_skipped_row_now() -> None:
-    items = [_movie(f"h{n}") for n in range(4)]
+    items = [movie(f"h{n}") for n in range(4)]
     Sweep().tick()
     MediaItemStageState.objects.filter(item__in=items).update(
         status="skipped_permanent", reason="ineligible"
@@ -167,14 +147,13 @@ def test_heal_over_http_walks_every_skipped_row_now() -> None:
     response = _ops().post(f"/api/v1/coverage/{STAGE}/heal")
 
     assert response.json() == {"stage": STAGE, "healed": 4}
-    assert set(
-        MediaItemStageState.objects.filter(item__in=items).values_list("status", flat=True)
-    ) == {"pending"}
+    rows = MediaItemStageState.objects.filter(item__in=items, stage=STAGE)
+    assert set(rows.values_list("status", flat=True)) == {"pending"}
 
 
 def test_the_admin_backlog_page_shows_each_stage_and_heals_for_operators() -> None:
-    _movie("a")
-    skipped = _movie("b")
+    movie("a")
+    skipped = movie("b")
     Sweep().tick()
     MediaItemStageState.objects.filter(item=skipped).update(
         status="skipped_permanent", reason="ineligible"
@@ -202,7 +181,7 @@ def test_the_admin_backlog_page_shows_each_stage_and_heals_for_operators() -> No
 
 
 def test_the_admin_rescans_selected_rows_and_redelivers_dead_letters() -> None:
-    item = _movie("rescan me")
+    item = movie("rescan me")
     row = MediaItemStageState.objects.create(item=item, stage=STAGE, status="completed")
     dead = EventOutbox.objects.create(
         kind="item.metadata_changed", item_id=item.pk, attempts=8, dead_at=timezone.now()

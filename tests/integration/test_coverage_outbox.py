@@ -21,6 +21,7 @@ from coverage.models import (
 )
 from coverage.stages import covered, sync
 from orchestrator.clock import FrozenClock
+from tests.support.catalog import movie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,14 +35,6 @@ def _bound_stages() -> None:
 
 def _events() -> list[tuple[str, int]]:
     return sorted(EventOutbox.objects.values_list("kind", "item_id"))
-
-
-def _movie(title: str = "movie", *, file: bool = True) -> MediaItem:
-    item = MediaItem.objects.create(kind="movie", library="Movies", title=title)
-    if file:
-        found = MediaFile.objects.create(path=f"/media/{item.pk}.mkv", size=1)
-        MediaFileItem.objects.create(file=found, item=item)
-    return item
 
 
 def _row(item: MediaItem, stage: str = STAGE) -> MediaItemStageState:
@@ -104,7 +97,7 @@ def test_a_rolled_back_change_leaves_no_event() -> None:
 
 
 def test_new_items_get_their_rows_from_the_dispatcher() -> None:
-    eligible, without_file = _movie("with file"), _movie("no file", file=False)
+    eligible, without_file = movie("with file"), movie("no file", file=False)
 
     report = Dispatcher().tick()
 
@@ -113,13 +106,13 @@ def test_new_items_get_their_rows_from_the_dispatcher() -> None:
         "skipped_permanent",
         "ineligible",
     )
-    assert report.seeded >= 2
+    assert report.seeded[STAGE] == 2
     assert EventOutbox.objects.count() == 0  # handled events are gone
 
 
 def test_events_reset_the_rows_of_the_stages_that_declare_them() -> None:
-    waiting = _movie("no file yet", file=False)
-    done, busy, failed = _movie("done"), _movie("busy"), _movie("failed")
+    waiting = movie("no file yet", file=False)
+    done, busy, failed = movie("done"), movie("busy"), movie("failed")
     Dispatcher().tick()
     MediaItemStageState.objects.filter(item=done).update(status="completed")
     MediaItemStageState.objects.filter(item=busy).update(status="running", run_id="run_x")
@@ -143,7 +136,7 @@ def test_events_reset_the_rows_of_the_stages_that_declare_them() -> None:
     assert _row(done).status == "pending"
     assert _row(failed).status == "pending"
     assert (_row(busy).status, _row(busy).run_id) == ("running", "run_x")  # ...never running ones
-    assert report.reset == 3
+    assert report.reset[STAGE] == 3
 
 
 def test_a_stage_hears_only_the_events_it_declares() -> None:
@@ -160,7 +153,7 @@ def test_a_stage_hears_only_the_events_it_declares() -> None:
 
 
 def test_two_dispatchers_never_take_the_same_event() -> None:
-    items = [_movie(f"m{n}", file=False) for n in range(6)]
+    items = [movie(f"m{n}", file=False) for n in range(6)]
     EventOutbox.objects.all().delete()
     for item in items:
         MediaItem.objects.filter(pk=item.pk).update(title=f"{item.title}*")

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from coverage.models import MediaFile, MediaFileItem, MediaItem, MediaItemStageState
+from coverage.models import MediaItem, MediaItemStageState
 from coverage.sweep import Sweep, run_key
 from orchestrator.clock import FrozenClock
 from orchestrator.models import TaskHistory
@@ -26,6 +26,7 @@ from orchestrator.states import TERMINAL_RUN_STATES, RunState
 from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
+from tests.support.catalog import movie
 from tests.support.fixtures import wait_for, worker_process
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -42,10 +43,7 @@ def worker() -> Iterator[object]:
 
 
 def _item(title: str) -> MediaItem:
-    item = MediaItem.objects.create(kind="movie", library="Movies", title=title)
-    found = MediaFile.objects.create(path=f"/media/{item.pk}.mkv", size=1)
-    MediaFileItem.objects.create(file=found, item=item)
-    return item
+    return movie(title)
 
 
 def _row(item: MediaItem) -> MediaItemStageState:

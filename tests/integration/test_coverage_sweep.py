@@ -18,19 +18,14 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from coverage.models import (
-    CoverageStage,
-    MediaFile,
-    MediaFileItem,
-    MediaItem,
-    MediaItemStageState,
-)
+from coverage.models import CoverageStage, MediaFile, MediaItem, MediaItemStageState
 from coverage.sweep import Sweep, TickReport
 from orchestrator.clock import FrozenClock
 from orchestrator.models import TaskHistory
 from orchestrator.routing import class_queues
 from orchestrator.stores import broker, keys
 from tasks import registry
+from tests.support.catalog import empty_queues, movie, only_test_stages_driven
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,17 +33,14 @@ STAGE = "test-probe"
 
 
 @pytest.fixture(autouse=True)
-def _empty_io_queues() -> Iterator[None]:
-    """The runs these tests start wait in the io class's queues; empty them after each test,
-    so no test's backlog pushes a later one's class over the sweep's depth threshold. The
-    configuration a test's ticks changed is put back too."""
+def _empty_queues() -> Iterator[None]:
+    """Only the test stages start runs; the runs wait in their queues, emptied after each
+    test, and the configuration a test's ticks changed is put back."""
     config = settings.CONFIG
+    only_test_stages_driven()
     yield
     settings.CONFIG = config
-    queues = class_queues(registry.get().values(), "io", settings.CONFIG.per_task_queues)
-    broker.client().delete(
-        *(keys.broker_queue(q, step) for q in queues for step in keys.BROKER_PRIORITY_STEPS)
-    )
+    empty_queues()
 
 
 def _item(
@@ -58,17 +50,10 @@ def _item(
     file: bool = True,
     missing: bool = False,
     parent: MediaItem | None = None,
-    year: int | None = None,
 ) -> MediaItem:
-    item = MediaItem.objects.create(
-        kind=kind, library="Movies", title=title, parent=parent, year=year
-    )
-    if file:
-        found = MediaFile.objects.create(
-            path=f"/media/{item.pk}-{title}.mkv", size=1, is_missing=missing
-        )
-        MediaFileItem.objects.create(file=found, item=item)
-    return item
+    if kind == "movie":
+        return movie(title, file=file, missing=missing)
+    return MediaItem.objects.create(kind=kind, library="TV", title=title, parent=parent)
 
 
 def _row(item: MediaItem, status: str, stage: str = STAGE, **fields: Any) -> MediaItemStageState:

@@ -29,6 +29,7 @@ from tasks import (
     define_task,
     skipped,
 )
+from tasks.definitions.catalog import HAS_PRESENT_FILE
 
 ORDER_KEY = "test:pickup-order"
 
@@ -539,11 +540,6 @@ cost_cap = define_task(
 # --- coverage: stages the coverage tests drive (their queues are consumed by a test's own
 # worker only). An item's title says how its run ends.
 
-_FILE_PRESENT = (
-    "EXISTS (SELECT 1 FROM media_file_items fi JOIN media_files f ON f.id = fi.file_id"
-    " WHERE fi.item_id = mi.id AND NOT f.is_missing)"
-)
-
 
 def _cover(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
     from coverage.models import MediaItem
@@ -575,7 +571,7 @@ cover_probe = define_task(
         CoveredStage(
             id="test-probe",
             applies_to=("movie", "episode"),
-            eligible_sql=_FILE_PRESENT,
+            eligible_sql=HAS_PRESENT_FILE,
             recover_when_additional_reasons=("no-cover",),
             invalidated_by=(
                 "file.linked",
