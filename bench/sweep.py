@@ -4,9 +4,10 @@
 
 Loads the demo catalog (`load_demo_catalog`, 1,000,000 items by default, once: later runs
 reuse it unless --reload) into its own database, with the demo's three covered stages
-(`checksum`, `artwork`, `season-summary`: ~1.5 M rows), spreads the rows over the statuses a
+(`checksum`, `artwork`, `season-summary`: ~1.66 M rows), spreads the rows over the statuses a
 library in use shows (most completed, a tenth pending, some failed, obsolete, running, skipped
-for now, each due at a different moment), VACUUM ANALYZE, then times:
+for now, each due at a different moment; 1 % of the files gone since, some missing ones back),
+VACUUM ANALYZE, then times:
 
 - one tick without its enqueue (version check, self-heal, heal batch, candidates and
   dispose, wedged rows), phase by phase, in a transaction rolled back after each repeat so
@@ -46,6 +47,7 @@ BACKLOG_TARGET_MS = 300
 
 # The share of a stage's eligible rows in each status, as a library in use shows them.
 SPREAD = """
+UPDATE media_item_stage_state SET status = 'pending' WHERE status <> 'skipped_permanent';
 UPDATE media_item_stage_state SET
   status = CASE WHEN r < 0.62 THEN 'completed' WHEN r < 0.72 THEN 'pending'
                 WHEN r < 0.77 THEN 'failed_transient' WHEN r < 0.79 THEN 'failed_permanent'
@@ -54,9 +56,15 @@ UPDATE media_item_stage_state SET
   processing_version = 1,
   run_id = 'run_bench',
   started_at = now() - r * interval '5 minutes',
-  next_eligible_at = now() + (r - 0.5) * interval '30 days'
-FROM (SELECT id, random() AS r FROM media_item_stage_state WHERE status = 'pending') AS s
-WHERE media_item_stage_state.id = s.id
+  next_eligible_at = now() + (due - 0.5) * interval '30 days'
+FROM (SELECT id, random() AS r, random() AS due
+        FROM media_item_stage_state WHERE status = 'pending') AS s
+WHERE media_item_stage_state.id = s.id;
+-- Files gone since their rows were judged (due ones are disposed), and files back (their
+-- skipped rows heal). The triggers write outbox events; the bench does not dispatch them.
+UPDATE media_files SET is_missing = true WHERE NOT is_missing AND random() < 0.01;
+UPDATE media_files SET is_missing = false WHERE is_missing AND random() < 0.3;
+DELETE FROM event_outbox;
 """
 
 
@@ -65,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--reload", action="store_true", help="load the catalog again")
+    parser.add_argument("--respread", action="store_true", help="spread the statuses again")
     args = parser.parse_args(argv)
     os.chdir(Path(__file__).resolve().parent.parent)
     os.environ.update(SWEEP_ENV)
@@ -81,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.reload or abs(have - args.items) > args.items * 0.05:
         print(f"loading {args.items} items (the catalog holds {have}) ...", flush=True)
         call_command("load_demo_catalog", "--items", str(args.items), "--replace")
+        args.respread = True
+    if args.respread:
         with connection.cursor() as cursor:
             cursor.execute("SELECT setseed(0.42)")
             cursor.execute(SPREAD)
@@ -90,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = MediaItemStageState.objects.count()
     print(f"catalog: {MediaItem.objects.count()} items, {rows} coverage rows")
     print_spread()
+    warm_up()
     tick_ms = time_tick(args.repeat)
     backlog_ms = time_backlog(args.repeat)
     time_real_tick()
+    time_run_triggers(args.repeat)
     explain()
     print(
         f"\ntick without enqueue: median {tick_ms:.1f} ms (target <= {TICK_TARGET_MS}) "
@@ -100,6 +113,19 @@ def main(argv: list[str] | None = None) -> int:
         f"(target <= {BACKLOG_TARGET_MS}) {'MET' if backlog_ms <= BACKLOG_TARGET_MS else 'MISSED'}"
     )
     return 0
+
+
+def warm_up() -> None:
+    """One tick without candidates, committed: the stages' rows in coverage_stage (version
+    seen, watermark, heal cursor) as a running sweep keeps them, so the timed ticks are steady
+    ones, and the candidates still as the spread left them."""
+    from coverage.sweep import Sweep
+
+    class Bookkeeping(Sweep):
+        def _start(self, stage: Any, limit: int, report: Any) -> int:
+            return 0
+
+    Bookkeeping().tick()
 
 
 def print_spread() -> None:
@@ -179,7 +205,8 @@ def time_tick(repeat: int) -> float:
     for name, values in phases.items():
         print(f"  {name:20} median {statistics.median(values):7.1f} ms")
     print(f"  {'whole tick':20} median {statistics.median(totals):7.1f} ms, max {max(totals):.1f}")
-    print(f"  the tick would start {sum(report.started.values())} runs (candidates found)")
+    disposed, healed = sum(report.disposed.values()), sum(report.healed.values())
+    print(f"  disposed {disposed} candidates, healed {healed}")
     return statistics.median(totals)
 
 
@@ -210,6 +237,64 @@ def time_real_tick() -> None:
     print(f"\none real tick (rolled back, its messages published): {ms:.0f} ms, {started} starts")
     if started:
         print(f"  about {ms / started:.2f} ms per start with its enqueue")
+
+
+def time_run_triggers(repeat: int, pairs: int = 1000) -> None:
+    """What the run ↔ row triggers add to every run: a run's INSERT and its terminal UPDATE
+    (the engine's own statements), without and with the coverage triggers, in alternating
+    blocks; a plain run's key never matches, so the triggers only test their WHEN."""
+    import json
+    import uuid
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from orchestrator.stores import queries
+
+    def block(key: str) -> float:
+        began = time.perf_counter()
+        with connection.cursor() as cursor:
+            for _ in range(pairs):
+                run_id = f"run_{uuid.uuid4().hex[:26]}"
+                now = timezone.now()
+                cursor.execute(
+                    queries.INSERT_RUN.text,
+                    {
+                        "id": run_id,
+                        "task_id": "catalog-checksum",
+                        "state": "pending",
+                        "stages": "{}",
+                        "trigger": json.dumps({"kind": "system", "idempotencyKey": key + run_id}),
+                        "input": "{}",
+                        "error": None,
+                        "priority": 7,
+                        "identity": run_id,
+                        "processing_version": 1,
+                        "now": now,
+                        "finished_at": None,
+                    },
+                )
+                cursor.execute(
+                    "UPDATE task_history SET state = 'completed', finished_at = %s WHERE id = %s",
+                    [now, run_id],
+                )
+            cursor.execute("DELETE FROM task_history WHERE task_id = 'catalog-checksum'")
+        return (time.perf_counter() - began) * 1e6 / pairs
+
+    toggles = ("coverage_run_started", "coverage_run_ended")
+    timings: dict[str, list[float]] = defaultdict(list)
+    for _ in range(repeat):
+        with connection.cursor() as cursor:
+            for name in toggles:
+                cursor.execute(f"ALTER TABLE task_history DISABLE TRIGGER {name}")
+        timings["without the triggers"].append(block("plain:"))
+        with connection.cursor() as cursor:
+            for name in toggles:
+                cursor.execute(f"ALTER TABLE task_history ENABLE TRIGGER {name}")
+        timings["with them, a plain run"].append(block("plain:"))
+    print(f"\na run's INSERT + terminal UPDATE, {pairs} per block, {repeat} blocks each:")
+    for name, values in timings.items():
+        print(f"  {name:24} median {statistics.median(values):6.0f} µs per run")
 
 
 def explain() -> None:

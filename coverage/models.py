@@ -107,7 +107,8 @@ class MediaItem(models.Model):
     class Meta:
         db_table = "media_items"
         indexes = [
-            models.Index(fields=["kind"], name="media_items_kind"),
+            # By kind in id order: the sweep's self-heal reads a kind's items after a watermark.
+            models.Index(fields=["kind", "id"], name="media_items_kind_id"),
             models.Index(fields=["library", "kind"], name="media_items_library_kind"),
         ]
         constraints = [

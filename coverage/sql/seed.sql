@@ -6,11 +6,21 @@
 WITH items AS (
   SELECT mi.id, (${eligible}) AS eligible
     FROM media_items mi
-   WHERE mi.id > %(after)s
-     AND mi.kind = ANY(%(kinds)s)
-     AND (%(items)s::bigint[] IS NULL OR mi.id = ANY(%(items)s::bigint[]))
+   WHERE mi.id IN (
+           -- Kind by kind along media_items_kind_id: past the watermark of a stage whose
+           -- kinds are rare, a walk of every item in id order would read all the others.
+           SELECT next.id
+             FROM unnest(%(kinds)s::text[]) AS k(kind)
+            CROSS JOIN LATERAL (
+                    SELECT id FROM media_items
+                     WHERE kind = k.kind
+                       AND id > %(after)s
+                       AND (%(items)s::bigint[] IS NULL OR id = ANY(%(items)s::bigint[]))
+                     ORDER BY id
+                     LIMIT %(limit)s) AS next
+            ORDER BY next.id
+            LIMIT %(limit)s)
    ORDER BY mi.id
-   LIMIT %(limit)s
 ), made AS (
   INSERT INTO media_item_stage_state (item_id, stage, status, reason, next_eligible_at)
   SELECT id, %(stage)s,
