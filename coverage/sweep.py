@@ -139,9 +139,11 @@ class Sweep:
                 log.exception("stage-sweep: stage %s failed this tick", stage.id)
                 report.errors[stage.id] += 1
         self.reclaim_wedged(report)
+        at = self.clock.now().isoformat()
         for stage in stages:
+            skipped = stage.task.resource_class in report.skipped_classes
             CoverageStage.objects.filter(id=stage.id).update(
-                last_tick={"at": self.clock.now().isoformat(), "boot": boot, **report.of(stage.id)}
+                last_tick={"at": at, "boot": boot, "class_skipped": skipped, **report.of(stage.id)}
             )
         log.info("stage-sweep%s: %s", " (boot)" if boot else "", report.summary())
         return report

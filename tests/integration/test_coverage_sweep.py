@@ -179,6 +179,7 @@ def test_a_class_over_its_depth_threshold_is_skipped_for_the_tick() -> None:
     assert report.started[STAGE] == 0
     assert _status(item).status == "pending"
     assert "classes skipped: io" in report.summary()
+    assert CoverageStage.objects.get(id=STAGE).last_tick["class_skipped"] is True
 
 
 def _series() -> MediaItem:
