@@ -133,7 +133,9 @@ def list_rows(request: HttpRequest, stage: str, filters: Query[RowFilters]) -> R
 )
 def rescan(request: HttpRequest, stage: str, item_id: int) -> Status[StartedRun]:
     """Process the item for the stage now (priority 2): 202 with the new run, 200 with the live
-    run that already does it; 409 when the item is not of the stage's kinds or not eligible."""
+    run that already does it (or the recorded run its full queue dropped); 409 when the item
+    is not of the stage's kinds or not eligible, or when the stage's one batch run is busy
+    with other items (the item then goes first in the next batch)."""
     trigger = {"kind": TriggerKind.API.value, "actor": current_user(request).username}
     with start_refusals():
         try:
@@ -142,6 +144,8 @@ def rescan(request: HttpRequest, stage: str, item_id: int) -> Status[StartedRun]
             raise ApiError(404, str(exc)) from None
         except backlog.NotCovered as exc:
             raise ApiError(409, str(exc)) from None
+    if handle.dropped:
+        return Status(200, started(handle, RunState.CANCELLED))
     if handle.deduplicated:
         state = TaskHistory.objects.filter(id=handle.run_id).values_list("state", flat=True)
         return Status(200, started(handle, state.first() or RunState.PENDING))

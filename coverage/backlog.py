@@ -9,13 +9,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
+from django.utils import timezone
 
 from coverage import queries
 from coverage.models import CoverageStage, CoverageStatus, MediaItem, MediaItemStageState
 from coverage.stages import Covered, covered, find, sync
-from coverage.sweep import run_key, seed
-from orchestrator.clock import Clock, SystemClock
+from coverage.sweep import heal_batch, run_key, seed
+from orchestrator.clock import EPOCH, Clock, SystemClock
+from orchestrator.models import TaskHistory
 from orchestrator.runs.start import RunHandle, start_run
 from tasks.coverage import ItemFacts
 from tasks.definition import Priority
@@ -43,7 +46,7 @@ class StageBacklog:
     enqueueable: bool
     driven: bool  # the sweep starts its runs
     counts: dict[str, int]
-    oldest_due_at: datetime | None  # the oldest due row's `next_eligible_at`
+    oldest_due_at: datetime | None  # the oldest row due now: its `next_eligible_at`
     last_tick: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -70,7 +73,10 @@ def overview() -> list[StageBacklog]:
         for stage_id, status, count in cursor.fetchall():
             if stage_id in counts:
                 counts[stage_id][status] = count
-        cursor.execute(queries.render("backlog_oldest"), {"stages": [c.id for c in stages]})
+        cursor.execute(
+            queries.render("backlog_oldest"),
+            {"stages": [c.id for c in stages], "now": timezone.now()},
+        )
         oldest = dict(cursor.fetchall())
     ticks = dict(CoverageStage.objects.values_list("id", "last_tick"))
     return [
@@ -123,7 +129,9 @@ def rescan(stage_id: str, item_id: int, trigger: dict[str, Any]) -> RunHandle:
     if not _eligible(stage, facts):
         MediaItemStageState.objects.filter(stage=stage_id, item_id=item_id).exclude(
             status=CoverageStatus.RUNNING
-        ).update(status=CoverageStatus.SKIPPED_PERMANENT, reason="ineligible")
+        ).update(
+            status=CoverageStatus.SKIPPED_PERMANENT, reason="ineligible", updated_at=timezone.now()
+        )
         raise NotCovered(f"item {item_id} is not eligible for stage {stage_id!r}")
     params: dict[str, Any] = (
         {"stage": stage_id, "item_id": item_id}
@@ -131,29 +139,42 @@ def rescan(stage_id: str, item_id: int, trigger: dict[str, Any]) -> RunHandle:
         else {"stage": stage_id, "item_ids": [item_id]}
     )
     key = run_key(stage_id, item_id if stage.stage.per_item else None)
-    return start_run(
+    handle = start_run(
         stage.task.id,
         params,
         trigger=trigger,
         priority=Priority.INTERACTIVE,
         idempotency_key=key,
     )
+    if handle.deduplicated and not stage.stage.per_item:
+        batch = TaskHistory.objects.filter(id=handle.run_id).values_list("input", flat=True)
+        if item_id not in (batch.first() or {}).get("item_ids", []):
+            # The stage's one batch run is busy with other items: this one goes first in the
+            # next batch instead of being reported as done by a run that never sees it.
+            MediaItemStageState.objects.filter(stage=stage_id, item_id=item_id).exclude(
+                status=CoverageStatus.RUNNING
+            ).update(
+                status=CoverageStatus.PENDING, next_eligible_at=EPOCH, updated_at=timezone.now()
+            )
+            raise NotCovered(
+                f"stage {stage_id!r} is covered one batch at a time and run {handle.run_id} "
+                f"is busy with another batch; item {item_id} goes first in the next one"
+            )
+    return handle
 
 
 def heal(stage_id: str, clock: Clock | None = None) -> int:
-    """The stage's whole heal walk now (the sweep does a batch per tick); returns rows healed."""
+    """The stage's whole heal walk now (the sweep does a batch per tick), batch by batch;
+    returns the rows healed."""
     stage = stage_or_404(stage_id)
-    if stage.stage.eligible is not None:
-        return 0
-    now = (clock or SystemClock()).now()
-    reasons = ["ineligible", *stage.stage.recover_when_additional_reasons]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            queries.render("heal", stage.stage),
-            {"stage": stage_id, "after": 0, "reasons": reasons, "limit": None, "now": now},
-        )
-        _, _, healed = cursor.fetchone()
-    return int(healed)
+    clock = clock or SystemClock()
+    batch = max(settings.CONFIG.coverage_heal_per_tick, 1000)
+    healed = after = 0
+    while True:
+        after, count = heal_batch(stage, clock, after=after, limit=batch)
+        healed += count
+        if after == 0:
+            return healed
 
 
 def _eligible(stage: Covered, facts: ItemFacts) -> bool:

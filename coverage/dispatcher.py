@@ -10,8 +10,9 @@ same event) and, in the batch's transaction:
   (`pending`, or `skipped_permanent` when not eligible);
 - any other kind: for each stage that lists it in `invalidated_by`, the items' rows that are
   `skipped_*` or `obsolete` and eligible become `pending`; a content-changing kind
-  (`tasks.coverage.EVENT_KINDS`) also resets `completed` and `failed_*` rows. Rows `running`
-  are left to their run;
+  (`tasks.coverage.EVENT_KINDS`) also resets `completed` and `failed_*` rows, and marks a
+  `running` row so that its run's end sends it back to `pending` (the run may have read the
+  item as it was);
 - then deletes the events.
 
 A batch that fails is tried again one event at a time, so one bad event does not hold back
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 
 from coverage import queries
 from coverage.models import CoverageStatus, EventOutbox
@@ -46,7 +47,9 @@ log = logging.getLogger("coverage.dispatcher")
 
 # Batches one tick takes at most; the rest wait for the next tick.
 MAX_BATCHES_PER_TICK = 20
-RETRY = Retry(max_attempts=8, base=timedelta(seconds=30), cap=timedelta(hours=1))
+# The backoff between an event's failed dispatches (its base and cap; how many attempts before
+# the dead letter is LUMASTRA_COVERAGE_DISPATCH_MAX_ATTEMPTS).
+BACKOFF = Retry(max_attempts=1, base=timedelta(seconds=30), cap=timedelta(hours=1))
 
 _RESET_FROM = [
     CoverageStatus.SKIPPED_PERMANENT,
@@ -110,12 +113,14 @@ class Dispatcher:
             try:
                 with transaction.atomic():
                     self._dispatch(stages, events, report)
-            except DatabaseError:
+            except Exception:
                 for event in events:
                     try:
                         with transaction.atomic():
                             self._dispatch(stages, [event], report)
-                    except DatabaseError as exc:
+                    # Whatever an event raises (SQL, a stage's predicate) is its own failure,
+                    # counted toward its dead letter: it never holds the queue.
+                    except Exception as exc:
                         self._failed(event, exc, report)
         return len(events)
 
@@ -152,8 +157,16 @@ class Dispatcher:
         report.reset.update(reset)
 
     def _reset(self, stage: Covered, kind: str, items: list[int]) -> int:
-        statuses = _RESET_FROM_ON_CONTENT if EVENT_KINDS.get(kind) else _RESET_FROM
+        content = EVENT_KINDS.get(kind, False)
+        statuses = _RESET_FROM_ON_CONTENT if content else _RESET_FROM
         with connection.cursor() as cursor:
+            if content:
+                # A run going now may have read the item as it was: its end sends the row
+                # back to pending (migration 0006) instead of calling it done.
+                cursor.execute(
+                    queries.render("rerun"),
+                    {"stage": stage.id, "items": items, "now": self.clock.now()},
+                )
             cursor.execute(
                 queries.render("reset", stage.stage),
                 {
@@ -173,7 +186,7 @@ class Dispatcher:
         EventOutbox.objects.filter(id=event.id).update(
             attempts=attempts,
             last_error=message[:2000],
-            next_attempt_at=now + jittered_backoff(RETRY, attempts),
+            next_attempt_at=now + jittered_backoff(BACKOFF, attempts),
             dead_at=now if dead else None,
         )
         report.failed += 1

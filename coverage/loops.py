@@ -4,8 +4,8 @@ dispatcher, both on the cluster leader's seat.
 
 At start each covered stage's eligibility condition is planned by Postgres
 (`stages.check_eligibility`): one that does not parse stops the loops process (exit 2) with
-the task and stage named. Each tick first confirms the seat (`Leadership.check`), so a process
-that lost it mid-way writes nothing more.
+the task and stage named. Each tick first confirms the seat (`Leadership.check`): a process
+that lost it starts no tick; a tick already under way finishes (at most one tick's writes).
 """
 
 from __future__ import annotations

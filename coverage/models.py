@@ -288,7 +288,7 @@ class CoverageStage(models.Model):
 class MediaItemStageState(models.Model):
     """Where one item stands with one stage. Runs move it: a per-item run's insert marks it
     `running`, its terminal write records the outcome, both by triggers on task_history in the
-    same transaction (migration 0004)."""
+    same transaction (migrations 0004 and 0006)."""
 
     item = models.ForeignKey(
         MediaItem, on_delete=models.CASCADE, related_name="stage_states", db_index=False
@@ -301,6 +301,8 @@ class MediaItemStageState(models.Model):
     run_id = models.CharField(max_length=40, blank=True, db_default="")  # the last run
     processing_version = models.PositiveIntegerField(null=True, blank=True)
     failures = models.PositiveIntegerField(db_default=0)  # transient failures in a row
+    # The item changed while its run was going: the run's end sends the row back to pending.
+    rerun_requested = models.BooleanField(db_default=False)
     next_eligible_at = models.DateTimeField(db_default=Now())
     last_error = models.TextField(blank=True, db_default="")
     started_at = models.DateTimeField(null=True, blank=True)

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from coverage.models import CoverageStage
-from coverage.queries import eligibility
+from coverage.queries import render
 from tasks import registry
 from tasks.coverage import CoveredStage
 from tasks.definition import TaskDefinition
@@ -72,14 +72,14 @@ def sync(stages: list[Covered]) -> dict[str, CoverageStage]:
 
 
 def check_eligibility(stages: list[Covered]) -> None:
+    """Plan each stage's condition as the sweep sends it (with parameters, so a lone `%` in
+    it, which must be written `%%`, is caught here too)."""
     for c in stages:
-        # The stage author's condition, like its body: code, not input.
-        query = f"EXPLAIN SELECT 1 FROM media_items mi WHERE ({eligibility(c.stage)})"  # noqa: S608
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(query)
-        except DatabaseError as exc:
-            message = str(exc).strip().splitlines()[0]
+                cursor.execute(f"EXPLAIN {render('eligible', c.stage)}", {"item": 0})
+        except (DatabaseError, ValueError, TypeError, IndexError) as exc:
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise EligibilityError(
                 f"task {c.task.id!r}, stage {c.id!r}: eligible_sql is not a valid condition "
                 f"over the item row `mi`: {message}"

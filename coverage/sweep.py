@@ -27,9 +27,13 @@ Each tick, for each stage the registry declares (`coverage.stages`):
    longer live become `failed_transient` with a fresh backoff (also at boot, the loop's first
    tick).
 
-Each stage's dispose-and-start is one transaction: its runs are published when it commits, so
-a crash mid-tick starts nothing twice and loses no row. Each tick logs what it did and keeps
-it on the stage's `coverage_stage.last_tick`.
+Each stage's candidates are locked and disposed of in one short transaction; their runs then
+start one by one, each committed (and published) on its own, with no row lock held, so a
+rescan racing the sweep meets the same idempotency key and joins the one run. An item whose
+start is refused for its input becomes `failed_permanent` with the refusal; an admission
+refusal (quota, circuit, full queue) stops the stage for the tick. One stage failing (its
+condition raising on some item) is logged and counted, and the others go on. Each tick logs
+what it did and keeps it on the stage's `coverage_stage.last_tick`.
 
 Not guaranteed: the order of starts across stages within a tick (stages take turns in
 registry order); a stage whose condition is slow to evaluate slows every tick.
@@ -41,10 +45,11 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
+from enum import Enum
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 
 from coverage import queries
 from coverage.models import CoverageStage, CoverageStatus, MediaItem, MediaItemStageState
@@ -67,6 +72,17 @@ TRIGGER = {"kind": TriggerKind.SYSTEM.value, "source": "stage-sweep"}
 def run_key(stage_id: str, item_id: int | None = None) -> str:
     """The idempotency key of a coverage run (migration 0004 reads the same shape)."""
     return f"coverage:{stage_id}" if item_id is None else f"coverage:{stage_id}:{item_id}"
+
+
+class _Start(Enum):
+    NEW = "new"  # a run was recorded for it
+    JOINED = "joined"  # a live run with its key already does it
+    SKIPPED = "skipped"  # this item's start was refused; the stage goes on
+    STOP = "stop"  # admission refuses the task for now; the stage stops for this tick
+
+
+def _items_of(params: dict[str, Any]) -> list[int]:
+    return [params["item_id"]] if "item_id" in params else list(params["item_ids"])
 
 
 @dataclass
@@ -99,7 +115,16 @@ class TickReport:
     def summary(self) -> str:
         totals = {
             name: sum(getattr(self, name).values())
-            for name in ("seeded", "disposed", "healed", "started", "refused", "wedged", "errors")
+            for name in (
+                "obsoleted",
+                "seeded",
+                "disposed",
+                "healed",
+                "started",
+                "refused",
+                "wedged",
+                "errors",
+            )
         }
         parts = [f"{name} {count}" for name, count in totals.items()]
         skipped = ", ".join(sorted(self.skipped_classes)) or "none"
@@ -133,9 +158,10 @@ class Sweep:
                         budget -= self._start(
                             stage, min(budget, config.coverage_starts_per_stage), report
                         )
-            except DatabaseError:
-                # One stage's condition failing on some item (a division by zero, say) must
-                # not stop the other stages: logged, counted, tried again next tick.
+            except Exception:
+                # One stage failing (its condition dividing by zero on some item, a store
+                # out of reach mid-start) must not stop the others: logged, counted, and
+                # tried again next tick.
                 log.exception("stage-sweep: stage %s failed this tick", stage.id)
                 report.errors[stage.id] += 1
         self.reclaim_wedged(report)
@@ -173,26 +199,12 @@ class Sweep:
 
     def _heal(self, stage: Covered, row: CoverageStage, report: TickReport) -> None:
         limit = settings.CONFIG.coverage_heal_per_tick
-        if limit == 0 or stage.stage.eligible is not None:
-            return  # a predicate over immutable fields never changes its mind
-        reasons = ["ineligible", *stage.stage.recover_when_additional_reasons]
-        with connection.cursor() as cursor:
-            cursor.execute(
-                queries.render("heal", stage.stage),
-                {
-                    "stage": stage.id,
-                    "after": row.heal_cursor,
-                    "reasons": reasons,
-                    "limit": limit,
-                    "now": self.clock.now(),
-                },
-            )
-            highest, looked, healed = cursor.fetchone()
+        if limit == 0:
+            return
+        next_cursor, healed = heal_batch(stage, self.clock, after=row.heal_cursor, limit=limit)
         report.healed[stage.id] += healed
-        # A short batch reached the end of the walk: the next tick starts it over.
-        cursor_at = highest if highest is not None and looked == limit else 0
-        row.heal_cursor = cursor_at
-        CoverageStage.objects.filter(id=stage.id).update(heal_cursor=cursor_at)
+        row.heal_cursor = next_cursor
+        CoverageStage.objects.filter(id=stage.id).update(heal_cursor=next_cursor)
 
     def _class_depth(self, resource_class: str) -> int:
         queues = class_queues(
@@ -201,30 +213,26 @@ class Sweep:
         return broker.depth(queues)
 
     def _start(self, stage: Covered, limit: int, report: TickReport) -> int:
-        """Dispose of the stage's ineligible candidates and start runs for the rest, in one
-        transaction; returns the runs started."""
+        """Dispose of the stage's ineligible candidates (one short transaction, the rows
+        locked), then start runs for the rest, each in its own; returns the runs started."""
         if limit <= 0:
             return 0
         now = self.clock.now()
         settle = timedelta(seconds=settings.CONFIG.coverage_season_settle_s)
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    queries.render("candidates", stage.stage),
-                    {
-                        "stage": stage.id,
-                        "now": now,
-                        "settled_before": now - settle,
-                        "limit": limit,
-                    },
-                )
-                found = cursor.fetchall()
-                ineligible = [row_id for row_id, _, eligible in found if not eligible]
-                if ineligible:
-                    cursor.execute(queries.render("dispose"), {"ids": ineligible, "now": now})
-                    report.disposed[stage.id] += len(ineligible)
-            items = [item_id for _, item_id, eligible in found if eligible]
-            started = self._start_runs(stage, items, report)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                queries.render("candidates", stage.stage),
+                {"stage": stage.id, "now": now, "settled_before": now - settle, "limit": limit},
+            )
+            found = cursor.fetchall()
+            ineligible = [row_id for row_id, _, eligible in found if not eligible]
+            if ineligible:
+                cursor.execute(queries.render("dispose"), {"ids": ineligible, "now": now})
+                report.disposed[stage.id] += len(ineligible)
+        # No row lock is held while runs start: a rescan racing the sweep for an item meets
+        # the same idempotency key and joins the one run, and neither waits on the other.
+        items = [item_id for _, item_id, eligible in found if eligible]
+        started = self._start_runs(stage, items, report)
         report.started[stage.id] += started
         return started
 
@@ -233,18 +241,19 @@ class Sweep:
             return 0
         if not stage.stage.per_item:
             batch = {"stage": stage.id, "item_ids": items}
-            return self._start_one(stage, batch, run_key(stage.id), report)
+            return int(self._start_one(stage, batch, run_key(stage.id), report) is _Start.NEW)
         started = 0
         for item_id in items:
             params: dict[str, Any] = {"stage": stage.id, "item_id": item_id}
-            if not self._start_one(stage, params, run_key(stage.id, item_id), report):
-                break  # the next candidates would meet the same refusal
-            started += 1
+            outcome = self._start_one(stage, params, run_key(stage.id, item_id), report)
+            if outcome is _Start.STOP:
+                break  # admission refuses this task for now: the next candidates would be too
+            started += outcome is _Start.NEW
         return started
 
     def _start_one(
         self, stage: Covered, params: dict[str, Any], key: str, report: TickReport
-    ) -> int:
+    ) -> _Start:
         try:
             handle = start_run(
                 stage.task.id,
@@ -253,11 +262,28 @@ class Sweep:
                 priority=Priority.BACKGROUND,
                 idempotency_key=key,
             )
-        except (Refused, StartRefused) as exc:
+        except Refused as exc:
             log.info("stage-sweep: stage %s: start refused (%s); next tick", stage.id, exc)
             report.refused[stage.id] += 1
-            return 0
-        return 0 if handle.dropped else 1
+            return _Start.STOP
+        except StartRefused as exc:
+            # This item's start can never succeed as it is (its input refused): its row says
+            # why, and the stage's other items go on.
+            log.warning("stage-sweep: stage %s: %s refused: %s", stage.id, params, exc)
+            report.refused[stage.id] += 1
+            MediaItemStageState.objects.filter(
+                stage=stage.id, item_id__in=_items_of(params)
+            ).exclude(status=CoverageStatus.RUNNING).update(
+                status=CoverageStatus.FAILED_PERMANENT,
+                last_error=f"start refused: {exc}"[:2000],
+                updated_at=self.clock.now(),
+            )
+            return _Start.SKIPPED
+        if handle.dropped:
+            report.refused[stage.id] += 1
+            return _Start.STOP
+        # A live run with the key (a rescan's) already does it: not a new start.
+        return _Start.JOINED if handle.deduplicated else _Start.NEW
 
     def reclaim_wedged(self, report: TickReport) -> None:
         now = self.clock.now()
@@ -268,6 +294,28 @@ class Sweep:
                 report.wedged[stage_id] += 1
         if report.wedged:
             log.warning("stage-sweep: reclaimed wedged rows: %s", dict(report.wedged))
+
+
+def heal_batch(stage: Covered, clock: Clock, *, after: int, limit: int) -> tuple[int, int]:
+    """The next `limit` rows of the stage's heal walk after row `after`: those skipped as
+    `ineligible` (or for a reason the stage lists) whose condition holds again become
+    `pending`. Returns where the walk goes on (0: it reached the end and starts over) and how
+    many were healed. A stage judged by a predicate over immutable fields never heals."""
+    if stage.stage.eligible is not None:
+        return 0, 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries.render("heal", stage.stage),
+            {
+                "stage": stage.id,
+                "after": after,
+                "reasons": ["ineligible", *stage.stage.recover_when_additional_reasons],
+                "limit": limit,
+                "now": clock.now(),
+            },
+        )
+        highest, looked, healed = cursor.fetchone()
+    return (highest if highest is not None and looked == limit else 0), int(healed)
 
 
 def seed(

@@ -26,6 +26,7 @@ process returns `skipped(reason)`; `skipped(reason, retry_after=…)` asks again
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ class CoveredStage:
     id: str
     applies_to: tuple[str, ...]
     # A positive SQL condition over the item row `mi`; None with no `eligible`: every item.
+    # Sent with parameters: a literal `%` is written `%%`.
     eligible_sql: str | None = None
     eligible: Callable[[ItemFacts], bool] | None = None
     # Reasons a handler skipped an item for (beside `ineligible`) that are undone, like an
@@ -99,6 +101,17 @@ def skipped(reason: str, retry_after: timedelta | None = None) -> dict[str, Any]
     if retry_after is not None:
         doc["retry_after_s"] = int(retry_after.total_seconds())
     return {"skipped": doc}
+
+
+def normalised_stage(stage: CoveredStage) -> CoveredStage:
+    """A stage with its sequences as tuples (a list given for `applies_to` is kept as a tuple:
+    the stage is immutable and hashable, like the rest of a definition)."""
+    return dataclasses.replace(
+        stage,
+        applies_to=tuple(stage.applies_to),
+        invalidated_by=tuple(stage.invalidated_by),
+        recover_when_additional_reasons=tuple(stage.recover_when_additional_reasons),
+    )
 
 
 def stage_problem(stage: object, input_model: type[BaseModel]) -> str | None:

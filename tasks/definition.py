@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tasks.context import TaskContext
-from tasks.coverage import CoveredStage, stage_problem
+from tasks.coverage import CoveredStage, normalised_stage, stage_problem
 from tasks.errors import ManifestError
 from tasks.pipeline import PipelineError, Stage, stage_order
 from tasks.policies import Retry, Timeout
@@ -231,11 +231,11 @@ def define_task(
             raise fail("exclusive_with", f"{other!r} is not a task id")
     if isinstance(covers_stages, CoveredStage):
         raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
-    covered = tuple(covers_stages)
-    for covered_stage in covered:
+    for covered_stage in covers_stages:
         problem = stage_problem(covered_stage, input_model)
         if problem:
             raise fail("covers_stages", problem)
+    covered = tuple(normalised_stage(stage) for stage in covers_stages)
     if len({stage.id for stage in covered}) != len(covered):
         raise fail("covers_stages", "a stage id appears more than once")
 

@@ -17,6 +17,8 @@ WITH batch AS (
      SET status = 'pending', reason = '', next_eligible_at = %(now)s, updated_at = %(now)s
     FROM batch b
    WHERE s.id = b.id AND b.eligible
+     -- Read again under the row's lock: a run started for it meanwhile keeps it.
+     AND s.status = 'skipped_permanent' AND s.reason = ANY(%(reasons)s)
   RETURNING 1
 )
 SELECT (SELECT max(id) FROM batch), (SELECT count(*) FROM batch), (SELECT count(*) FROM healed)

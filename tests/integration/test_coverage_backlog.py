@@ -203,3 +203,17 @@ def test_the_admin_rescans_selected_rows_and_redelivers_dead_letters() -> None:
     dead.refresh_from_db()
     assert (dead.dead_at, dead.attempts) == (None, 0)
     assert LogEntry.objects.filter(change_message__startswith="rescanned item").exists()
+
+
+def test_a_rescan_while_the_batch_run_is_busy_puts_the_item_first_in_the_next_batch() -> None:
+    for n in range(2):
+        MediaItem.objects.create(kind="album", library="Music", title=f"lp {n}")
+    Sweep().tick()  # one batch run for both albums
+    late = MediaItem.objects.create(kind="album", library="Music", title="late")
+
+    response = _ops().post(f"/api/v1/coverage/test-albums/items/{late.pk}/rescan")
+
+    assert response.status_code == 409
+    assert "goes first in the next one" in response.json()["detail"]
+    row = MediaItemStageState.objects.get(item=late, stage="test-albums")
+    assert row.status == "pending" and row.next_eligible_at.year == 1970

@@ -14,7 +14,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from coverage.models import MediaItem, MediaItemStageState
+from coverage.dispatcher import Dispatcher
+from coverage.models import (
+    CoverageStage,
+    MediaFile,
+    MediaFileItem,
+    MediaItem,
+    MediaItemStageState,
+)
 from coverage.sweep import Sweep, run_key
 from orchestrator.clock import FrozenClock
 from orchestrator.models import TaskHistory
@@ -108,6 +115,8 @@ def test_a_cancelled_run_puts_its_row_back_to_pending(worker: object) -> None:
 
     row = _ended(item)
     assert row.status == "pending"
+    # Not at once: an operator's cancel is not undone by the next tick.
+    assert row.next_eligible_at > timezone.now() + timedelta(minutes=4)
     assert TaskHistory.objects.get(id=run_id).state == RunState.CANCELLED
 
 
@@ -182,3 +191,52 @@ def test_a_run_whose_worker_was_killed_leaves_its_row_failed_transient() -> None
     assert row.status == "failed_transient"
     assert row.last_error.startswith(f"{run.error['kind']}: ")
     assert row.failures == 1
+
+
+def _end(run_id: str, state: RunState, **fields: object) -> None:
+    """The run's terminal write as the engine sends it (the triggers do the rest)."""
+    TaskHistory.objects.filter(id=run_id).update(state=state, finished_at=timezone.now(), **fields)
+
+
+def test_an_item_that_changed_during_its_run_is_done_again() -> None:
+    item = _item("changed underneath")
+    Sweep().tick()
+    run_id = _row(item).run_id
+    MediaItem.objects.filter(pk=item.pk).update(title="renamed")  # not content: no rerun
+    found = MediaFile.objects.create(path=f"/media/{item.pk}-second.mkv", size=2)
+    MediaFileItem.objects.create(file=found, item=item)  # content: the run may be stale
+    Dispatcher().tick()
+    assert (_row(item).status, _row(item).rerun_requested) == ("running", True)
+
+    _end(run_id, RunState.COMPLETED, result={"ok": True})
+
+    row = _row(item)
+    assert (row.status, row.rerun_requested) == ("pending", False)
+    assert row.next_eligible_at <= timezone.now()
+
+
+def test_a_run_that_completes_under_an_older_version_leaves_its_row_obsolete() -> None:
+    item = _item("old code")
+    Sweep().tick()
+    run_id = _row(item).run_id
+    CoverageStage.objects.filter(id=STAGE).update(processing_version=2)  # a deploy since
+
+    _end(run_id, RunState.COMPLETED, result={"ok": True})
+
+    assert _row(item).status == "obsolete"
+
+
+def test_a_run_binds_only_the_row_its_key_names() -> None:
+    mine, other = _item("mine"), _item("other")
+    Sweep(FrozenClock(timezone.now())).tick()
+    MediaItemStageState.objects.filter(item__in=[mine, other]).update(status="completed")
+
+    start_run(
+        "test-cover",
+        {"stage": STAGE, "item_id": other.pk},
+        trigger=TriggerKind.API,
+        idempotency_key=run_key(STAGE, mine.pk),
+    )
+
+    assert _row(other).status == "completed"
+    assert _row(mine).status == "completed"

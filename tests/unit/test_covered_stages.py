@@ -91,3 +91,16 @@ def test_skipped_says_why_and_when_to_ask_again() -> None:
     assert skipped("no audio") == {"skipped": {"reason": "no audio"}}
     later = skipped("locked", retry_after=timedelta(minutes=5))
     assert later == {"skipped": {"reason": "locked", "retry_after_s": 300}}
+
+
+def test_lists_are_kept_as_tuples_so_a_stage_stays_hashable() -> None:
+    stage = CoveredStage(
+        id="lists",
+        applies_to=["movie"],  # type: ignore[arg-type]
+        invalidated_by=["file.linked"],  # type: ignore[arg-type]
+        recover_when_additional_reasons=["gone"],  # type: ignore[arg-type]
+    )
+    kept = _covering(stage).covers_stages[0]
+    assert (kept.applies_to, kept.invalidated_by) == (("movie",), ("file.linked",))
+    assert kept.recover_when_additional_reasons == ("gone",)
+    assert hash(kept)
