@@ -124,3 +124,17 @@ def test_a_stage_whose_condition_does_not_parse_stops_the_loops_at_start() -> No
     assert process.returncode == 2, output
     assert "task 'bad-sql-task', stage 'bad-sql': eligible_sql is not a valid condition" in output
     assert "no_such_column" in output
+
+
+def test_manage_check_names_a_stage_whose_condition_does_not_parse() -> None:
+    checked = subprocess.run(
+        [sys.executable, "manage.py", "check", "--database", "default"],
+        cwd=ROOT,
+        env=_env(LUMASTRA_TASK_MODULES="tests.support.registry_defs_bad_sql"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert checked.returncode == 1
+    assert "coverage.E001" in checked.stderr and "stage 'bad-sql'" in checked.stderr
