@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"loops: reconciler every {cfg.reconcile_interval_s}s "
         f"(boot recovery at start), drain replay every {cfg.drain_interval_s}s, "
-        f"scheduler every {cfg.scheduler_tick_s}s (boot catch-up at start)",
+        f"scheduler every {cfg.scheduler_tick_s}s (boot catch-up at start), "
+        f"stage-sweep every {cfg.coverage_sweep_interval_s}s, "
+        f"outbox dispatcher every {cfg.coverage_dispatch_interval_s}s",
         flush=True,
     )
     if args.print_plan:
