@@ -72,6 +72,10 @@ OWN_ERRORS = {
     ("get", "/api/v1/tasks"): set(),
     ("get", "/api/v1/tasks/{task_id}"): {404},
     ("post", "/api/v1/tasks/{task_id}/circuit/force-enable"): {404},
+    ("get", "/api/v1/coverage"): set(),
+    ("get", "/api/v1/coverage/{stage}"): {404, 422},
+    ("post", "/api/v1/coverage/{stage}/items/{item_id}/rescan"): {404, 409, 422, 503},
+    ("post", "/api/v1/coverage/{stage}/heal"): {404},
 }
 
 
