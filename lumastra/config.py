@@ -70,6 +70,13 @@ def _non_negative_int(raw: str) -> int:
     return value
 
 
+def _parse_level(raw: str) -> str:
+    level = raw.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {raw!r}")
+    return level
+
+
 def _parse_mode(raw: str) -> WorkerMode:
     return WorkerMode(raw.strip().lower())
 
@@ -159,6 +166,33 @@ class Config:
         "LUMASTRA_RUN_TERMINAL_TTL_S", "3600", _positive_int, "TTL of a terminal run snapshot"
     )
     log_cap: int = _env("LUMASTRA_LOG_CAP", "1000", _positive_int, "lines kept in a run's live log")
+    log_flush_lines: int = _env(
+        "LUMASTRA_LOG_FLUSH_LINES", "100", _positive_int, "log lines a run sends in one batch"
+    )
+    log_flush_ms: int = _env(
+        "LUMASTRA_LOG_FLUSH_MS",
+        "250",
+        _positive_int,
+        "a run's waiting log lines are sent at its next line once the oldest is this old",
+    )
+    run_log_tail: int = _env(
+        "LUMASTRA_RUN_LOG_TAIL",
+        "200",
+        _non_negative_int,
+        "last log lines of an attempt kept on its run's row",
+    )
+    run_log_level: str = _env(
+        "LUMASTRA_RUN_LOG_LEVEL",
+        "INFO",
+        _parse_level,
+        "lowest level of a handler's logging records copied to its run's log",
+    )
+    sse_keepalive_s: int = _env(
+        "LUMASTRA_SSE_KEEPALIVE_S",
+        "15",
+        _positive_int,
+        "seconds between keep-alive comments on an idle event stream",
+    )
     media_roots: tuple[Path, ...] = _env(
         "LUMASTRA_MEDIA_ROOTS",
         ".demo/media",

@@ -7,20 +7,15 @@ import math
 import threading
 import time
 from collections.abc import Mapping
-from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
-from django.conf import settings
-
 from orchestrator.clock import SYSTEM, Clock, to_ms
 from orchestrator.hooks import costs
+from orchestrator.runs.logs import RunLog
 from orchestrator.states import RunState
 from orchestrator.stores import keys, scripts, valkey
 from tasks.errors import RunCancelled
-
-LOG_TTL = timedelta(hours=24)
-
 
 # Bounds on what a handler may record on its step, so a loop cannot bloat the run's row.
 MAX_WARNINGS = 50
@@ -37,6 +32,7 @@ class RunContext:
         *,
         task_id: str = "",
         results: Mapping[str, Any] | None = None,
+        stage: str | None = None,
     ) -> None:
         self._run_id = run_id
         self._task_id = task_id
@@ -47,6 +43,7 @@ class RunContext:
         self.cost: dict[str, float] = {}
         self._results: Mapping[str, Any] = MappingProxyType(dict(results or {}))
         self._clock = clock
+        self.run_log = RunLog(run_id, stage, clock)
         # Set by the run's watch thread when a cancel is published or seen in the hash.
         self._cancel = threading.Event()
         # monotonic time of the last sign of progress, read by the stall watchdog.
@@ -70,18 +67,13 @@ class RunContext:
 
     def log(self, message: str) -> None:
         self.progressed_at = time.monotonic()
-        key = keys.run_log(self._run_id)
-        line = f"{self._clock.now().isoformat()} {message}"
-        pipe = valkey.client().pipeline(transaction=True)
-        pipe.rpush(key, line)
-        pipe.ltrim(key, -settings.CONFIG.log_cap, -1)
-        pipe.expire(key, LOG_TTL)
-        valkey.execute(pipe)
+        self.run_log.write("info", message)
 
     def warn(self, message: str) -> None:
         if len(self.warnings) < MAX_WARNINGS:
             self.warnings.append(str(message)[:1000])
-        self.log(f"warning: {message}")
+        self.progressed_at = time.monotonic()
+        self.run_log.write("warning", message)
 
     def count(self, name: str, n: int = 1) -> None:
         _check_name("counter", name, self.counters)

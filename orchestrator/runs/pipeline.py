@@ -207,7 +207,7 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
     _follow(run_id, name, StageState.ACTIVE)
     model = definition.input_model.model_validate(claimed.input)
     run = _Run(definition, run_id, claimed.owner, claimed.identity, claimed.priority, model)
-    context = RunContext(run_id, model, task_id=definition.id, results=claimed.results)
+    context = RunContext(run_id, model, task_id=definition.id, results=claimed.results, stage=name)
     attempt = _Attempt(run, stage, claimed.step, context)
     if processing_version < definition.processing_version:
         message = (

@@ -8,12 +8,13 @@ task. A step record (`task_history.steps[<step>]`, JSON) holds:
   `duration_ms` (first start to end, waits between attempts included), `attempts`;
 - `cost` (units by kind, `ctx.spend`), `counters` (`ctx.count`), `warnings` (`ctx.warn`: a
   step that succeeds with warnings is `warning`), `error` (kind and message) when it failed,
-  `reason` when it was skipped.
+  `reason` when it was skipped, `log_tail` (the last log lines of its last attempt that
+  logged, `runs.logs`).
 
 A stage's record is written with its moves (claim, end, retry; `sql/claim_stage.sql`,
 `sql/move_stage.sql`), the failure before the run's end. A plain run writes its warnings,
-counters and cost with its terminal write, and only when it has any; the rest of its step is
-the run's own columns, read back by `of_run`, so a no-op run writes nothing more.
+counters, cost and log tail with its terminal write, and only when it has any; the rest of
+its step is the run's own columns, read back by `of_run`, so a no-op run writes nothing more.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def attempt_ended(
         record["duration_ms"] = _ms_between(started, finished_at)
     if error is not None:
         record["error"] = {"kind": error["kind"], "message": error["message"]}
+    if context.run_log.tail:
+        record["log_tail"] = list(context.run_log.tail)
     return record
 
 
@@ -80,9 +83,17 @@ def skipped(reason: str, finished_at: datetime) -> dict[str, Any]:
 
 def plain_extras(context: RunContext) -> dict[str, Any] | None:
     """What a plain run's terminal write adds to its step, or None when it recorded nothing."""
-    if not (context.warnings or context.counters or context.cost):
+    tail = list(context.run_log.tail)
+    if not (context.warnings or context.counters or context.cost or tail):
         return None
-    return {"warnings": context.warnings, "counters": context.counters, "cost": context.cost}
+    extras: dict[str, Any] = {
+        "warnings": context.warnings,
+        "counters": context.counters,
+        "cost": context.cost,
+    }
+    if tail:
+        extras["log_tail"] = tail
+    return extras
 
 
 def _ms_between(started: str | datetime, finished: datetime) -> int:

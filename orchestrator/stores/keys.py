@@ -41,6 +41,16 @@ def run_log(run_id: str) -> str:
     return f"task:log:{run_id}"
 
 
+def run_log_seq(run_id: str) -> str:
+    """The last sequence number given to a line of the run's log."""
+    return f"task:log:{run_id}:seq"
+
+
+def run_log_feed(run_id: str) -> str:
+    """Pub/sub: a run's log grew (the message is the last line's sequence number)."""
+    return f"task:logfeed:{run_id}"
+
+
 def cancel_channel(run_id: str) -> str:
     return f"task:cancel:{run_id}"
 

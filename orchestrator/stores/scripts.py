@@ -26,6 +26,7 @@ PINNED_VERSIONS = {
     "transition_run": 2,
     "transition_stage": 2,
     "set_progress": 1,
+    "log_append": 1,
     "identity_claim": 1,
     "identity_hold": 1,
     "shed_oldest": 1,

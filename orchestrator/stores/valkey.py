@@ -3,10 +3,13 @@ and the two helpers every caller of it shares."""
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from functools import cache
 from typing import Any, cast
 
 import redis
+import redis.asyncio
 from django.conf import settings
 from redis.client import Pipeline
 
@@ -16,6 +19,24 @@ def client() -> redis.Redis:
     return redis.Redis.from_url(
         settings.CONFIG.valkey_url, decode_responses=True, health_check_interval=30
     )
+
+
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis.asyncio.Redis] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def async_client() -> redis.asyncio.Redis:
+    """A client for the running event loop (the web role's ASGI loop: event streams), one pool
+    per loop, as an asyncio connection cannot move between loops."""
+    loop = asyncio.get_running_loop()
+    found = _async_clients.get(loop)
+    if found is None:
+        found = redis.asyncio.Redis.from_url(
+            settings.CONFIG.valkey_url, decode_responses=True, health_check_interval=30
+        )
+        _async_clients[loop] = found
+    return found
 
 
 def execute(pipe: Pipeline, *, raise_on_error: bool = True) -> list[Any]:

@@ -67,6 +67,7 @@ OWN_ERRORS = {
     ("post", "/api/v1/runs"): {404, 409, 422, 503},
     ("get", "/api/v1/runs/{run_id}"): {404},
     ("get", "/api/v1/runs/{run_id}/report.md"): {404},
+    ("get", "/api/v1/runs/{run_id}/logs"): {404, 422},
     ("post", "/api/v1/runs/{run_id}/cancel"): {404, 409},
     ("post", "/api/v1/runs/{run_id}/retry"): {404, 409, 422, 503},
     ("get", "/api/v1/tasks"): set(),

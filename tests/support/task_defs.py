@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from datetime import timedelta
@@ -625,4 +626,23 @@ cover_season = define_task(
             enqueueable=False,
         ),
     ],
+)
+
+
+class LoggerInput(BaseModel, extra="forbid"):
+    lines: int = 10
+    pause_s: float = 0.0
+
+
+def _logger(ctx: TaskContext, params: LoggerInput) -> dict[str, int]:
+    for n in range(params.lines):
+        ctx.log(f"line {n}")
+        if params.pause_s:
+            time.sleep(params.pause_s)
+    logging.getLogger("tests.logger").warning("through logging, at the end")
+    return {"lines": params.lines}
+
+
+logger_task = define_task(
+    id="test-logger", resource_class="io", execute=_logger, input_model=LoggerInput
 )
