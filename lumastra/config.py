@@ -187,6 +187,18 @@ class Config:
         _parse_level,
         "lowest level of a handler's logging records copied to its run's log",
     )
+    progress_write_ms: int = _env(
+        "LUMASTRA_PROGRESS_WRITE_MS",
+        "250",
+        _positive_int,
+        "a run's progress reaches its live hash at most this often",
+    )
+    progress_force_s: int = _env(
+        "LUMASTRA_PROGRESS_FORCE_S",
+        "30",
+        _positive_int,
+        "a run's changing progress reaches its row at least this often",
+    )
     sse_keepalive_s: int = _env(
         "LUMASTRA_SSE_KEEPALIVE_S",
         "15",

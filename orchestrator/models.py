@@ -34,6 +34,9 @@ class TaskHistory(models.Model):
     owner_instance_id = models.CharField(max_length=120, blank=True, default="")
     attempts = models.PositiveIntegerField(default=0)
     cost_breakdown = models.JSONField(default=dict, blank=True)
+    # The latest progress with its rate and ETA (`runs/progress.py`): forced every 30 s while
+    # it changes, and at the end.
+    progress = models.JSONField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     # A pending run waiting for its next attempt is not taken before this moment.
     not_before = models.DateTimeField(null=True, blank=True)

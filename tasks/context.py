@@ -39,8 +39,12 @@ class TaskContext(Protocol):
         step, on the run's `cost_breakdown` and on the task's daily spend (cost quotas)."""
         ...
 
-    def report_progress(self, done: float, total: float | None = None, note: str = "") -> None:
-        """Report progress as `done` of `total` (or a fraction in 0..1 when total is None)."""
+    def report_progress(
+        self, done: float, total: float | None = None, item: str | None = None
+    ) -> None:
+        """Report progress as `done` of `total` (or a fraction in 0..1 when total is None),
+        optionally naming the `item` being worked on. Cheap to call in a tight loop: reports
+        are coalesced (the run shows the latest, with a rate and an ETA)."""
         ...
 
     @property

@@ -88,6 +88,15 @@ class StartedRun(Schema):
     )
 
 
+class Progress(Schema):
+    done: float
+    total: float | None
+    item: str | None = Field(None, description="what the handler reported working on")
+    rate: float | None = Field(None, description="done per second, smoothed")
+    eta_s: float | None = Field(None, description="seconds left at that rate (with a total)")
+    at: datetime | None = Field(None, description="when this report was written")
+
+
 class RunSummary(Schema):
     run_id: str
     task: str
@@ -97,12 +106,9 @@ class RunSummary(Schema):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-
-
-class Progress(Schema):
-    done: float
-    total: float | None
-    note: str
+    progress: Progress | None = Field(
+        description="the latest progress: live while the run runs, else as its row kept it"
+    )
 
 
 class LiveState(Schema):
@@ -264,8 +270,9 @@ def get_run(request: HttpRequest, run_id: str) -> RunDetail:
     row = TaskHistory.objects.filter(id=run_id).first()
     if row is None:
         raise ApiError(404, f"no run {run_id!r}")
+    found = live.read(row.id)
     return RunDetail(
-        **_summary(row).model_dump(),
+        **_summary(row, found.get("progress")).model_dump(),
         input=row.input,
         result=row.result,
         error=row.error,
@@ -275,7 +282,7 @@ def get_run(request: HttpRequest, run_id: str) -> RunDetail:
         stages=row.stages,
         steps=report.step_records(row),
         cost=row.cost_breakdown,
-        live=_live_state(live.read(row.id)),
+        live=_live_state(found),
     )
 
 
@@ -309,13 +316,17 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> RunPage:
             trigger_kind=filters.trigger_kind.value
         )
     rows, next_position = page(runs, filters.cursor, filters.limit)
+    # The running runs' progress from their live hashes, fresher than their rows: one round trip.
+    running = [row.id for row in rows if row.state == RunState.ACTIVE]
+    fresh = dict(zip(running, live.progress_of(running), strict=True)) if running else {}
     return RunPage(
-        items=[_summary(row) for row in rows],
+        items=[_summary(row, fresh.get(row.id)) for row in rows],
         next_cursor=next_position.encode() if next_position else None,
     )
 
 
-def _summary(row: TaskHistory) -> RunSummary:
+def _summary(row: TaskHistory, live_progress: str | None = None) -> RunSummary:
+    progress = json.loads(live_progress) if live_progress else row.progress
     return RunSummary(
         run_id=row.id,
         task=row.task_id,
@@ -325,6 +336,15 @@ def _summary(row: TaskHistory) -> RunSummary:
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        progress=_progress(progress),
+    )
+
+
+def _progress(document: Any) -> Progress | None:
+    if not isinstance(document, dict) or "done" not in document:
+        return None
+    return Progress.model_validate(
+        {k: v for k, v in document.items() if k in Progress.model_fields}
     )
 
 
@@ -336,7 +356,7 @@ def _live_state(found: live.RunHash) -> LiveState | None:
     return LiveState(
         state=found["state"],
         owner=found.get("owner", ""),
-        progress=Progress(**json.loads(progress)) if progress else None,
+        progress=_progress(json.loads(progress)) if progress else None,
         stages={
             name.removeprefix("stage:"): str(value)
             for name, value in found.items()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -10,11 +9,12 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from orchestrator.clock import SYSTEM, Clock, to_ms
+from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import costs
 from orchestrator.runs.logs import RunLog
+from orchestrator.runs.progress import Progress
 from orchestrator.states import RunState
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 from tasks.errors import RunCancelled
 
 # Bounds on what a handler may record on its step, so a loop cannot bloat the run's row.
@@ -44,6 +44,7 @@ class RunContext:
         self._results: Mapping[str, Any] = MappingProxyType(dict(results or {}))
         self._clock = clock
         self.run_log = RunLog(run_id, stage, clock)
+        self.progress = Progress(run_id, clock)
         # Set by the run's watch thread when a cancel is published or seen in the hash.
         self._cancel = threading.Event()
         # monotonic time of the last sign of progress, read by the stall watchdog.
@@ -91,12 +92,11 @@ class RunContext:
         if self._task_id:
             costs.record(self._task_id, kind, units, self._clock)
 
-    def report_progress(self, done: float, total: float | None = None, note: str = "") -> None:
+    def report_progress(
+        self, done: float, total: float | None = None, item: str | None = None
+    ) -> None:
+        self.progress.report(done, total, item)
         self.progressed_at = time.monotonic()
-        payload = json.dumps({"done": done, "total": total, "note": note})
-        scripts.call(
-            "set_progress", [keys.run_active(self._run_id)], [payload, to_ms(self._clock.now())]
-        )
 
     @property
     def cancelled(self) -> bool:

@@ -203,9 +203,18 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
 
     def end(target: RunState, kind: ErrorKind | None = None, message: str = "") -> None:
         error = None if kind is None else terminal.error_doc(kind, message)
-        step = None if context is None else steps.plain_extras(context)
+        step = progress = None
+        if context is not None:
+            step, progress = steps.plain_extras(context), context.progress.document()
         terminal.finish(
-            definition, run.run_id, owner, target, result=result, error=error, step=step
+            definition,
+            run.run_id,
+            owner,
+            target,
+            result=result,
+            error=error,
+            step=step,
+            progress=progress,
         )
 
     result: Any = None
@@ -228,8 +237,15 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
             attempts = definition.retry.max_attempts
             message = f"{exc} (attempts exhausted: {attempts} of {attempts})"
             error = terminal.error_doc(exc.kind, message, exhausted=True)
-            step = steps.plain_extras(context)
-            terminal.finish(definition, run.run_id, owner, RunState.FAILED, error=error, step=step)
+            terminal.finish(
+                definition,
+                run.run_id,
+                owner,
+                RunState.FAILED,
+                error=error,
+                step=steps.plain_extras(context),
+                progress=context.progress.document(),
+            )
         else:
             end(RunState.FAILED, exc.kind, str(exc))
     except SoftTimeLimitExceeded:

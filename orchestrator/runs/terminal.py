@@ -37,15 +37,25 @@ def finish(
     result: Any = None,
     error: dict[str, Any] | None = None,
     step: dict[str, Any] | None = None,
+    progress: dict[str, Any] | None = None,
 ) -> RunState:
     """End a claimed run in `target`; returns the state it really ended in (a cancel that
     raced the handler wins: cancelled; a watchdog that ended it first: its state). `step`:
-    a plain run's warnings, counters and cost (`runs.steps.plain_extras`)."""
+    a plain run's warnings, counters, cost and log tail (`runs.steps.plain_extras`);
+    `progress`: its latest progress (`runs.progress`)."""
     kind = ErrorKind(error["kind"]) if error else None
     finished_at = timezone.now()
 
     def write() -> None:
-        durable.end(run_id, target, finished_at=finished_at, result=result, error=error, step=step)
+        durable.end(
+            run_id,
+            target,
+            finished_at=finished_at,
+            result=result,
+            error=error,
+            step=step,
+            progress=progress,
+        )
 
     try:
         try:
@@ -62,6 +72,8 @@ def finish(
         if step is not None:
             # A plain run's only cost write is this one: its total is this attempt's.
             fields |= {"steps": {definition.id: step}, "cost_breakdown": step["cost"]}
+        if progress is not None:
+            fields["progress"] = progress
         if not drain.push(run_id, target, fields, owner):
             log.error("run %s: terminal write %s lost; the reconciler will end it", run_id, target)
         return target

@@ -8,8 +8,8 @@ watched, the thread:
 - every LUMASTRA_HEARTBEAT_INTERVAL_S stamps `task_history.heartbeat_at` (Postgres clock),
   the live hash's `heartbeat_at` and TTL (Valkey clock) and the run's concurrency lease, and
   claims the run again if a crash of Postgres lost its claim (`terminal.retake_lost_claim`);
-- sends the run's waiting log lines (`runs.logs`) about every second, and the last ones when
-  the handler returns;
+- sends the run's waiting log lines (`runs.logs`) and its latest progress report
+  (`runs.progress`) about every second, and the last ones when the handler returns;
 - runs the watchdogs about every second: a stall warning after LUMASTRA_RUN_STALL_WARN_MS
   without progress (`report_progress` or `log`), a stall failure after
   LUMASTRA_RUN_STALL_FAIL_MS, the task's hard timeout by the wall clock (a handler that keeps
@@ -130,15 +130,20 @@ class Watcher:
             if time.monotonic() >= watched.next_beat:
                 self._beat(watched)
             self._watchdogs(watched)
-            self._flush_log(watched)
+            self._flush(watched)
         return channel
 
     @staticmethod
-    def _flush_log(watched: Watched) -> None:
+    def _flush(watched: Watched, *, final: bool = False) -> None:
+        """The run's waiting log lines and progress report, sent."""
         try:
             watched.context.run_log.flush()
         except Exception:
             log.exception("run %s: log lines not sent; kept for the next flush", watched.run_id)
+        try:
+            watched.context.progress.flush(final=final)
+        except Exception:
+            log.exception("run %s: progress not written", watched.run_id)
 
     def _beat(self, watched: Watched) -> None:
         watched.next_beat = time.monotonic() + settings.CONFIG.heartbeat_interval_s
@@ -222,4 +227,4 @@ def watching(
     finally:
         watcher.unwatch(watched)
         # Before the run's end is written: a follower that sees the end has every line.
-        Watcher._flush_log(watched)
+        Watcher._flush(watched, final=True)

@@ -120,10 +120,12 @@ def end(
     result: Any = None,
     error: dict[str, Any] | None = None,
     step: dict[str, Any] | None = None,
+    progress: dict[str, Any] | None = None,
 ) -> None:
     """The run ends in `target` (completed or failed) with this result and error, replacing
-    what it had, and a plain run's step extras (warnings, counters, cost; `runs.steps`); an
-    illegal move raises IllegalTransition with the state that refused it."""
+    what it had, a plain run's step extras (warnings, counters, cost, log tail; `runs.steps`)
+    and its latest progress (when it reported any); an illegal move raises IllegalTransition
+    with the state that refused it."""
     if target not in (RunState.COMPLETED, RunState.FAILED):
         raise ValueError(f"end() writes completed or failed, not {target}")
     params = {
@@ -134,6 +136,7 @@ def end(
         "error": _json_out(error),
         "step": _json_out(step),
         "cost": _json_out(step.get("cost") or None) if step else None,
+        "progress": _json_out(progress),
         "finished_at": finished_at,
     }
     _guarded(queries.END_RUN, params, run_id, target)
@@ -268,6 +271,11 @@ def reuse_stages(
         cursor.execute(queries.REUSE_STAGES, params)
         if cursor.rowcount != 1:
             raise IllegalTransition(run_id, state_of(run_id), "pending (reuse stages)", "postgres")
+
+
+def record_progress(run_id: str, progress: dict[str, Any]) -> None:
+    """A running run's latest progress on its row (the periodic forced write)."""
+    TaskHistory.objects.filter(id=run_id, state=RunState.ACTIVE).update(progress=progress)
 
 
 def heartbeat(run_id: str, owner: str) -> bool:

@@ -125,6 +125,14 @@ def transition_stage(
     return StageState(previous)
 
 
+def progress_of(run_ids: list[str]) -> list[str | None]:
+    """The live `progress` field of each run (None where it has none), one round trip."""
+    pipe = valkey.client().pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.hget(keys.run_active(run_id), "progress")
+    return valkey.execute(pipe)
+
+
 def read(run_id: str) -> RunHash:
     """The live hash, or the terminal snapshot once the run has ended; {} if neither exists."""
     client = valkey.client()

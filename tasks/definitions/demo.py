@@ -103,7 +103,7 @@ class SlowProgressInput(BaseModel, extra="forbid"):
 def slow_progress(ctx: TaskContext, params: SlowProgressInput) -> dict[str, int]:
     for step in range(1, params.steps + 1):
         ctx.sleep(params.step_seconds)
-        ctx.report_progress(step, params.steps, note=f"step {step}")
+        ctx.report_progress(step, params.steps, item=f"step {step}")
         ctx.log(f"step {step} of {params.steps}")
     return {"steps": params.steps}
 

@@ -179,7 +179,16 @@ def test_run_started_over_http_completes_on_a_real_worker(
     assert run["attempts"] == 1
     assert run["live"]["state"] == "completed"
     assert run["live"]["owner"]
-    assert run["live"]["progress"] == {"done": 2, "total": 2, "note": "step 2"}
+    live_progress = run["live"]["progress"]
+    assert (live_progress["done"], live_progress["total"], live_progress["item"]) == (
+        2,
+        2,
+        "step 2",
+    )
+    assert live_progress["eta_s"] == 0.0 or live_progress["eta_s"] is None
+    # The terminal write kept the last report on the row too.
+    assert run["progress"]["done"] == 2
+    assert TaskHistory.objects.get(id=run["run_id"]).progress["item"] == "step 2"
 
 
 # --- reading runs ------------------------------------------------------------------------

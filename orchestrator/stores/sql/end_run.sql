@@ -4,9 +4,10 @@
 -- A pipeline run's stages end with it (`lumastra_close_stages`, migration 0010): those that
 -- never started are `skipped`, one still running is `failed` (its late end is refused).
 -- A plain run's warnings, counters and cost, when it recorded any (`step`, else NULL), become
--- its step record and are added to its cost_breakdown (`cost`).
--- Parameters: run_id, target, sources, result, error, step, cost (JSON text or NULL each),
--- finished_at.
+-- its step record and are added to its cost_breakdown (`cost`); its latest progress, when it
+-- reported any (`progress`), replaces the row's.
+-- Parameters: run_id, target, sources, result, error, step, cost, progress (JSON text or NULL
+-- each), finished_at.
 UPDATE task_history
    SET state = %(target)s,
        result = %(result)s::jsonb,
@@ -16,6 +17,7 @@ UPDATE task_history
        steps = CASE WHEN %(step)s::jsonb IS NULL THEN steps
                     ELSE jsonb_set(steps, ARRAY[task_id], %(step)s::jsonb) END,
        cost_breakdown = lumastra_add_costs(cost_breakdown, %(cost)s::jsonb),
+       progress = COALESCE(%(progress)s::jsonb, progress),
        updated_at = now()
  WHERE id = %(run_id)s
    AND state = ANY(%(sources)s)
