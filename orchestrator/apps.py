@@ -26,6 +26,7 @@ def hook_chain() -> tuple[RunHook, ...]:
     from orchestrator.hooks.concurrency import ConcurrencyLimit
     from orchestrator.hooks.costs import CostQuota
     from orchestrator.hooks.dedup import IdentityDedup
+    from orchestrator.hooks.notify import EndNotice
     from orchestrator.hooks.quotas import DailyQuota
     from orchestrator.hooks.ratelimit import RateLimit
 
@@ -37,6 +38,7 @@ def hook_chain() -> tuple[RunHook, ...]:
         QueueCap(),
         ConcurrencyLimit(),
         RateLimit(),
+        EndNotice(),
     )
 
 

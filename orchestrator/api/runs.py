@@ -35,12 +35,15 @@ from orchestrator.runs.start import (
     is_run_id,
     start_run,
 )
+from orchestrator.runs.wait import ended
 from orchestrator.states import RunState
 from orchestrator.stores import live
 from orchestrator.triggers import TriggerKind
 from tasks.registry import UnknownTaskError
 
 router = Router(tags=["runs"])
+# The longest `POST /runs?wait=` holds a request (and a worker thread of the web role).
+MAX_WAIT_S = 60
 
 MAX_PAGE = 200
 # A bound on the key keeps it well inside what the unique index on it can hold.
@@ -85,6 +88,19 @@ class StartedRun(Schema):
     dropped: bool = Field(
         description="true when the task's queue was full and its backpressure policy is "
         "`drop`: the run is recorded as cancelled (error kind `dropped`) and never enqueued"
+    )
+    result: Any = Field(None, description="with `wait`: the run's result once it completed")
+    error: dict[str, Any] | None = Field(
+        None, description="with `wait`: the run's error once it failed or was cancelled"
+    )
+
+
+class WaitIn(Schema):
+    wait: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_WAIT_S,
+        description="seconds to wait for the run to end before answering 202",
     )
 
 
@@ -187,9 +203,11 @@ def start_refusals() -> Iterator[None]:
 @router.post(
     "/runs", auth=OPERATE, response=answers({200: StartedRun, 202: StartedRun}, 404, 409, 422, 503)
 )
-def create_run(request: HttpRequest, run: StartRunIn) -> Status[StartedRun]:
+def create_run(request: HttpRequest, run: StartRunIn, wait: Query[WaitIn]) -> Status[StartedRun]:
     """Start a run: 202 with the new run; 200 with a live run that already does this work, or
-    with the recorded run when backpressure dropped the start."""
+    with the recorded run when backpressure dropped the start. With `wait=N` (seconds, at
+    most LUMASTRA_API_MAX_WAIT_S): 200 with the run's end (`state`, `result`, `error`) when
+    it ends within N seconds, else the usual 202 (the run goes on)."""
     with start_refusals():
         handle = start_run(
             run.task,
@@ -200,6 +218,10 @@ def create_run(request: HttpRequest, run: StartRunIn) -> Status[StartedRun]:
         )
     if handle.dropped:
         return Status(200, started(handle, RunState.CANCELLED))
+    if wait.wait:
+        row = ended(handle.run_id, wait.wait)
+        if row is not None:
+            return Status(200, started(handle, row.state, result=row.result, error=row.error))
     if handle.deduplicated:
         # The matched run's row may not be committed yet; until it is, it is still pending.
         state = TaskHistory.objects.filter(id=handle.run_id).values_list("state", flat=True)
@@ -245,7 +267,9 @@ def retry(request: HttpRequest, run_id: str) -> Status[StartedRun]:
     return Status(status, started(handle, RunState.PENDING))
 
 
-def started(handle: RunHandle, state: str) -> StartedRun:
+def started(
+    handle: RunHandle, state: str, *, result: Any = None, error: dict[str, Any] | None = None
+) -> StartedRun:
     return StartedRun(
         run_id=handle.run_id,
         task=handle.task_id,
@@ -254,6 +278,8 @@ def started(handle: RunHandle, state: str) -> StartedRun:
         job_id=handle.job_id,
         deduplicated=handle.deduplicated,
         dropped=handle.dropped,
+        result=result,
+        error=error,
     )
 
 

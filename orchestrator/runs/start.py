@@ -73,6 +73,13 @@ class RunHandle:
     # True when backpressure dropped the start: the run is recorded cancelled, never enqueued.
     dropped: bool = False
 
+    def wait(self, timeout: float) -> Any:
+        """Block until the run ends: its result, or `RunFailed` (failed, cancelled) or
+        `TimeoutError` (the run goes on). Works from any process (`runs.wait`)."""
+        from orchestrator.runs.wait import wait
+
+        return wait(self.run_id, timeout)
+
 
 def new_run_id() -> str:
     return f"run_{ULID()}"
@@ -248,6 +255,26 @@ def start_run(
             return answer
         transaction.on_commit(lambda: _publish(definition, handle))
     return handle
+
+
+def run_and_wait(
+    task_id: str,
+    input: Mapping[str, Any] | None,
+    *,
+    timeout: float,
+    trigger: TriggerKind | Mapping[str, Any] = TriggerKind.MANUAL,
+    priority: int | None = None,
+    idempotency_key: str | None = None,
+) -> Any:
+    """`start_run` and `wait` in one: the run's result, or RunFailed / TimeoutError. Not inside
+    a transaction: the run is published when it commits, so a caller's open one would wait
+    for a run that cannot start."""
+    if connection.in_atomic_block:
+        raise StartRefused("run_and_wait inside a transaction would wait for a run not yet sent")
+    handle = start_run(
+        task_id, input, trigger=trigger, priority=priority, idempotency_key=idempotency_key
+    )
+    return handle.wait(timeout)
 
 
 class _LiveRun(NamedTuple):

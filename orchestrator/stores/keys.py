@@ -46,6 +46,11 @@ def run_log_seq(run_id: str) -> str:
     return f"task:log:{run_id}:seq"
 
 
+def run_ended(run_id: str) -> str:
+    """Pub/sub: the run ended (the message is its terminal state); `runs.wait` listens."""
+    return f"task:ended:{run_id}"
+
+
 def run_log_feed(run_id: str) -> str:
     """Pub/sub: a run's log grew (the message is the last line's sequence number)."""
     return f"task:logfeed:{run_id}"
