@@ -17,6 +17,7 @@ install: $(STAMP)
 # The Procfile's commands find python, celery and uvicorn on PATH: the virtualenv's first.
 # Flower's credentials: the demo user's unless FLOWER_BASIC_AUTH is set.
 run: export FLOWER_BASIC_AUTH ?= demo:lumastra-demo
+run: export LUMASTRA_METRICS_TOKEN ?= lumastra-demo-metrics
 run: install
 	$(BIN)/python -m lumastra.preflight
 	$(BIN)/python manage.py migrate --noinput

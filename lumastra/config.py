@@ -199,6 +199,12 @@ class Config:
         _positive_int,
         "a run's changing progress reaches its row at least this often",
     )
+    metrics_token: str = _env(
+        "LUMASTRA_METRICS_TOKEN",
+        "",
+        str,
+        "bearer token /metrics asks for; unset: /metrics is disabled",
+    )
     sse_keepalive_s: int = _env(
         "LUMASTRA_SSE_KEEPALIVE_S",
         "15",

@@ -132,3 +132,6 @@ CELERY_TASK_ROUTES = {"*": {"priority": 5}}
 # Loops of the apps above the engine, run by the worker role's loops process
 # (`orchestrator.loops`): dotted paths to `factory(cluster_seat) -> list[Loop]`.
 LUMASTRA_LOOP_FACTORIES = ["coverage.loops.loops"]
+
+# Prometheus collectors of the apps above the engine, added to /metrics at each scrape.
+LUMASTRA_METRICS_COLLECTORS = ["coverage.metrics.BacklogCollector"]

@@ -3,6 +3,7 @@ from django.urls import path, re_path
 
 from coverage import api as coverage_api
 from orchestrator.api import errors, v1
+from orchestrator.api.metrics import metrics_view
 
 # The catalog's API sits above the engine: it joins the engine's v1 API here, at the root.
 v1.api.add_router("", coverage_api.router)
@@ -10,6 +11,7 @@ v1.api.add_router("", coverage_api.router)
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", v1.urls()),
+    path("metrics", metrics_view),
     # Last: API clients get the error shape for any path no operation serves, not HTML.
     re_path(r"^api/", errors.no_endpoint),
 ]

@@ -37,7 +37,7 @@ from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks.base import Admission, Refused, RunHook, Step, checked
 from orchestrator.hooks.quotas import COUNT_TTL, Fence, day_hashes
 from orchestrator.models import TaskQuotaUsage
-from orchestrator.stores import keys, valkey
+from orchestrator.stores import counters, keys, valkey
 from tasks import registry
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ def record(task_id: str, kind: str, units: float, clock: Clock = SYSTEM) -> None
     pipe = valkey.client().pipeline(transaction=False)
     pipe.hincrbyfloat(key, kind, units)
     pipe.expire(key, COUNT_TTL)
+    counters.add(counters.COST, (task_id, kind), float(units), pipe)
     valkey.execute(pipe)
 
 

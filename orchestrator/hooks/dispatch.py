@@ -31,7 +31,7 @@ from orchestrator.hooks.base import (
     RunHook,
     Step,
 )
-from orchestrator.stores import keys, valkey
+from orchestrator.stores import counters, keys, valkey
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ def admit(admission: Admission) -> None:
         pipe = valkey.client().pipeline(transaction=False)
         pipe.hincrby(key, refused.code, 1)
         pipe.expire(key, REFUSAL_COUNT_TTL)
+        counters.add(counters.REFUSALS, (admission.definition.id, refused.code), 1, pipe)
         valkey.execute(pipe)
         raise
     except Deduplicated:

@@ -78,6 +78,7 @@ from orchestrator.recovery.repair import RepairHashes
 from orchestrator.recovery.stages import AdvanceStalledPipelines
 from orchestrator.runs import drain
 from orchestrator.runs.drain import ReplayReport
+from orchestrator.stores import counters
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,14 @@ class Reconciler:
             log.info("boot recovery: %s", report.summary())
         elif report.acted or report.orphans.errors or report.pending.errors or report.errors:
             log.info("%s tick: %s", NAME, report.summary())
+        counters.add_many(
+            counters.RECOVERY,
+            {
+                ("orphans_failed",): report.orphans.orphaned,
+                ("republished",): report.pending.republished,
+                ("pending_failed",): report.pending.failed,
+            },
+        )
         return report
 
     def release(self) -> None:

@@ -81,7 +81,7 @@ from orchestrator.cluster.locks import FencedLock, LockLost, LoopLock
 from orchestrator.models import TaskHistory
 from orchestrator.runs.settle import settle
 from orchestrator.states import IllegalTransition, RunState
-from orchestrator.stores import durable, keys, scripts, valkey
+from orchestrator.stores import counters, durable, keys, scripts, valkey
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
@@ -299,6 +299,10 @@ def replay(
     _record_pass(failed=failed)
     if report.done or report.poisoned or report.retried:
         log.info("drain: %s", report)
+        counters.add_many(
+            counters.RECOVERY,
+            {("drain_replayed",): report.done, ("poisoned",): report.poisoned},
+        )
     return report
 
 

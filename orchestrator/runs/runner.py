@@ -46,7 +46,7 @@ from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import job_id, publish
 from orchestrator.runs.watch import watching
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
-from orchestrator.stores import durable, live, valkey
+from orchestrator.stores import counters, durable, live, valkey
 from orchestrator.stores.durable import ClaimedRun
 from orchestrator.stores.live import FencedWrite
 from tasks import registry
@@ -397,6 +397,7 @@ def _not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
         terminal.cancel(definition, row.id)
     elif row.state in TERMINAL_RUN_STATES:
         log.info("run %s: already %s; duplicate message dropped", row.id, row.state)
+        counters.add(counters.DELIVERY, ("duplicate_dropped",))
     elif definition.pipeline and row.state == RunState.ACTIVE:
         # Its stages carry it now; one whose first dispatch a crash cut short is moved on by
         # recovery.stages.

@@ -46,6 +46,11 @@ def run_log_seq(run_id: str) -> str:
     return f"task:log:{run_id}:seq"
 
 
+def metrics(family: str) -> str:
+    """A cluster-wide counter family for /metrics (`stores.counters`)."""
+    return f"metrics:{family}"
+
+
 def run_ended(run_id: str) -> str:
     """Pub/sub: the run ended (the message is its terminal state); `runs.wait` listens."""
     return f"task:ended:{run_id}"

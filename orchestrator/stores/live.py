@@ -11,7 +11,7 @@ from redis.exceptions import ResponseError
 
 from orchestrator.clock import SYSTEM, Clock, to_ms
 from orchestrator.states import IllegalTransition, RunState, StageState
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import counters, keys, scripts, valkey
 
 
 class RunHash(TypedDict, total=False):
@@ -46,12 +46,21 @@ def _translate(exc: ResponseError, run_id: str, target: str) -> Exception:
 def seed(
     run_id: str, task_id: str, priority: int, stages: tuple[str, ...], clock: Clock = SYSTEM
 ) -> bool:
-    seeded = scripts.call(
-        "seed_run",
-        [keys.run_active(run_id)],
-        [run_id, task_id, priority, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, *stages],
-    )
-    return bool(seeded)
+    script_keys = [keys.run_active(run_id)]
+    args = [
+        run_id,
+        task_id,
+        priority,
+        to_ms(clock.now()),
+        settings.CONFIG.run_active_ttl_s,
+        *stages,
+    ]
+    # With the run's count as sent (/metrics), in the same round trip.
+    pipe = valkey.client().pipeline(transaction=False)
+    scripts.queue(pipe, "seed_run", script_keys, args)
+    counters.add(counters.DELIVERY, ("published",), 1, pipe)
+    reply, _ = valkey.execute(pipe, raise_on_error=False)
+    return bool(scripts.replied("seed_run", script_keys, args, reply))
 
 
 def claim(run_id: str, owner: str, clock: Clock = SYSTEM) -> None:
@@ -141,5 +150,11 @@ def read(run_id: str) -> RunHash:
 
 
 def count_delivery(run_id: str) -> int:
-    """One more delivery of the run's message; 0 when the run has no live hash."""
-    return int(scripts.call("count_delivery", [keys.run_active(run_id)], ["delivery"]))
+    """One more delivery of the run's message (and one more redelivery in /metrics, in the
+    same round trip); 0 when the run has no live hash."""
+    script_keys, args = [keys.run_active(run_id)], ["delivery"]
+    pipe = valkey.client().pipeline(transaction=False)
+    scripts.queue(pipe, "count_delivery", script_keys, args)
+    counters.add(counters.DELIVERY, ("redelivered",), 1, pipe)
+    reply, _ = valkey.execute(pipe, raise_on_error=False)
+    return int(scripts.replied("count_delivery", script_keys, args, reply))

@@ -1,0 +1,206 @@
+"""`GET /metrics`: Prometheus metrics for the whole cluster, whichever web replica is scraped.
+
+Everything is read at scrape time from the shared stores, never from the process: counters
+from Valkey (`stores.counters`: runs by task and state, run durations, cost units, refusals by
+code, deliveries, recovery), gauges from Valkey (queue depth per resource class, circuit
+state, leader seats) and Postgres (active runs per task), and the collectors of the apps above
+the engine named in `settings.LUMASTRA_METRICS_COLLECTORS` (the coverage backlog).
+
+Gated by `Authorization: Bearer $LUMASTRA_METRICS_TOKEN` (compared in constant time; a wrong
+or missing token is a 401 and counts against the client address's sign-in budget, as the
+API's tokens do). With the variable unset the endpoint answers 404, and the web role says so
+in its log at start.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.module_loading import import_string
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from orchestrator.api import throttle
+from orchestrator.cluster import leaders
+from orchestrator.hooks import circuit
+from orchestrator.models import CircuitState, TaskHistory
+from orchestrator.routing import class_queues
+from orchestrator.states import RunState
+from orchestrator.stores import broker, counters
+from tasks import registry
+from tasks.resources import RESOURCE_CLASSES
+
+log = logging.getLogger(__name__)
+
+if not settings.CONFIG.metrics_token:
+    log.warning("/metrics is disabled: LUMASTRA_METRICS_TOKEN is unset")
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    token = settings.CONFIG.metrics_token
+    if not token:
+        return JsonResponse(
+            {"detail": "metrics are disabled: set LUMASTRA_METRICS_TOKEN"}, status=404
+        )
+    address = throttle.client_address(request)
+    wait = throttle.blocked_for(address)
+    if wait is not None:
+        refused = JsonResponse({"detail": throttle.refusal(wait)}, status=429)
+        refused["Retry-After"] = str(math.ceil(wait.total_seconds()))
+        return refused
+    header = request.headers.get("Authorization", "")
+    given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        throttle.record_failure(address)
+        refused = JsonResponse({"detail": "a valid metrics bearer token is required"}, status=401)
+        refused["WWW-Authenticate"] = "Bearer"
+        return refused
+    scraped = CollectorRegistry(auto_describe=False)
+    scraped.register(EngineCollector())
+    for path in settings.LUMASTRA_METRICS_COLLECTORS:
+        scraped.register(import_string(path)())
+    return HttpResponse(generate_latest(scraped), content_type=CONTENT_TYPE_LATEST)
+
+
+class EngineCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        found = counters.read_all(
+            (
+                counters.RUNS,
+                counters.DURATION,
+                counters.COST,
+                counters.REFUSALS,
+                counters.DELIVERY,
+                counters.RECOVERY,
+            )
+        )
+        yield _counter(
+            "lumastra_task_runs", "Runs ended, by task and state", ["task", "state"], found,
+            counters.RUNS,
+        )  # fmt: skip
+        yield _histogram(found[counters.DURATION])
+        yield _counter(
+            "lumastra_task_cost_units", "Units spent (ctx.spend), by task and kind",
+            ["task", "kind"], found, counters.COST,
+        )  # fmt: skip
+        yield _counter(
+            "lumastra_task_refusals", "Starts refused at admission, by task and code",
+            ["task", "code"], found, counters.REFUSALS,
+        )  # fmt: skip
+        yield _counter(
+            "lumastra_delivery", "Run messages published, redelivered, and dropped as duplicates",
+            ["event"], found, counters.DELIVERY,
+        )  # fmt: skip
+        yield _counter(
+            "lumastra_recovery",
+            "Recovery: orphans failed, runs published again, pending runs failed, drain "
+            "writes replayed, drain entries poisoned",
+            ["event"], found, counters.RECOVERY,
+        )  # fmt: skip
+        yield self._queue_depth()
+        yield self._active_runs()
+        yield self._circuits()
+        yield from self._leaders()
+
+    @staticmethod
+    def _queue_depth() -> GaugeMetricFamily:
+        gauge = GaugeMetricFamily(
+            "lumastra_task_queue_depth",
+            "Messages waiting in the broker, by resource class",
+            labels=["resource_class"],
+        )
+        definitions = list(registry.get().values())
+        per_task = settings.CONFIG.per_task_queues
+        for resource_class in RESOURCE_CLASSES:
+            queues = class_queues(definitions, resource_class, per_task)
+            if queues:
+                gauge.add_metric([resource_class], broker.depth(queues))
+        return gauge
+
+    @staticmethod
+    def _active_runs() -> GaugeMetricFamily:
+        gauge = GaugeMetricFamily(
+            "lumastra_task_active_runs", "Runs executing now, by task", labels=["task"]
+        )
+        running = dict(
+            TaskHistory.objects.filter(state=RunState.ACTIVE)
+            .values_list("task_id")
+            .order_by()
+            .annotate(n=Count("id"))
+            .values_list("task_id", "n")
+        )
+        for task_id in registry.get():
+            gauge.add_metric([task_id], running.get(task_id, 0))
+        return gauge
+
+    @staticmethod
+    def _circuits() -> GaugeMetricFamily:
+        gauge = GaugeMetricFamily(
+            "lumastra_task_circuit_state",
+            "1 for each task's circuit state (closed, open, half_open)",
+            labels=["task", "state"],
+        )
+        for task_id, status in circuit.statuses(registry.get()).items():
+            for state in CircuitState:
+                gauge.add_metric([task_id, state.value], int(status.state == state))
+        return gauge
+
+    @staticmethod
+    def _leaders() -> Iterator[Metric]:
+        held = leaders.leaders()
+        seats = GaugeMetricFamily(
+            "lumastra_leader_seat_held", "1 when a process holds the seat", labels=["seat"]
+        )
+        holders = GaugeMetricFamily(
+            "lumastra_leader", "The process holding each seat", labels=["seat", "instance"]
+        )
+        for seat in leaders.all_seats():
+            seats.add_metric([seat], int(seat in held))
+            if seat in held:
+                holders.add_metric([seat, held[seat]], 1)
+        yield seats
+        yield holders
+
+
+def _counter(
+    name: str,
+    documentation: str,
+    labels: list[str],
+    found: dict[str, dict[tuple[str, ...], float]],
+    family: str,
+) -> CounterMetricFamily:
+    counter = CounterMetricFamily(name, documentation, labels=labels)
+    for label_values, value in sorted(found[family].items()):
+        if len(label_values) == len(labels):
+            counter.add_metric(list(label_values), value)
+    return counter
+
+
+def _histogram(fields: dict[tuple[str, ...], float]) -> HistogramMetricFamily:
+    histogram = HistogramMetricFamily(
+        "lumastra_task_duration_seconds",
+        "Run durations from claim to end, by task",
+        labels=["task"],
+    )
+    tasks = sorted({labels[0] for labels in fields if len(labels) == 2})
+    bounds = [*(str(bound) for bound in counters.DURATION_BUCKETS), "+Inf"]
+    for task in tasks:
+        cumulative = 0.0
+        buckets = []
+        for index, bound in enumerate(bounds):
+            cumulative += fields.get((task, str(index)), 0.0)
+            buckets.append((bound, cumulative))
+        histogram.add_metric([task], buckets, fields.get((task, "sum"), 0.0))
+    return histogram

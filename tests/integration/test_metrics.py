@@ -1,0 +1,179 @@
+"""`/metrics`: the token gate, the output parsed with prometheus_client's own parser, counts
+that follow real runs, and the same cluster totals from two web processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+import requests
+from django.conf import settings
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator.hooks import costs
+from orchestrator.hooks.quotas import QuotaExceeded
+from orchestrator.runs.start import start_run
+from orchestrator.runs.wait import RunFailed
+from orchestrator.stores import counters, keys, valkey
+from orchestrator.triggers import TriggerKind
+from tests.support.fixtures import ROOT, database_url
+from tests.support.servers import free_port, http_status, serving
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOKEN = "metrics-token-for-tests"
+
+
+@pytest.fixture(autouse=True)
+def _token() -> Iterator[None]:
+    config = settings.CONFIG
+    settings.CONFIG = dataclasses.replace(config, metrics_token=TOKEN)
+    yield
+    settings.CONFIG = config
+
+
+def _scrape(client: Client | None = None) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    response = (client or Client()).get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain")
+    return _samples(response.content.decode())
+
+
+def _samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sorted(sample.labels.items()))
+            found.setdefault(sample.name, {})[labels] = sample.value
+    return found
+
+
+def test_the_token_gates_the_endpoint() -> None:
+    client = Client()
+
+    assert client.get("/metrics").status_code == 401
+    wrong = client.get("/metrics", HTTP_AUTHORIZATION="Bearer not-it")
+    assert wrong.status_code == 401 and wrong["WWW-Authenticate"] == "Bearer"
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, metrics_token="")
+    disabled = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert disabled.status_code == 404
+    assert "LUMASTRA_METRICS_TOKEN" in disabled.json()["detail"]
+
+
+def test_every_family_is_there_and_parses() -> None:
+    samples = _scrape()
+
+    for name in (
+        "lumastra_task_queue_depth",
+        "lumastra_task_active_runs",
+        "lumastra_task_circuit_state",
+        "lumastra_leader_seat_held",
+        "lumastra_coverage_rows",
+        "lumastra_coverage_oldest_due_seconds",
+    ):
+        assert name in samples, name
+    circuit_noop = {
+        labels: value
+        for labels, value in samples["lumastra_task_circuit_state"].items()
+        if ("task", "test-noop") in labels
+    }
+    assert sum(circuit_noop.values()) == 1  # exactly one state is current
+    assert (("stage", "test-probe"), ("status", "pending")) in samples["lumastra_coverage_rows"]
+
+
+@pytest.mark.worker
+def test_counts_follow_real_runs(celery_worker: object) -> None:
+    before = _scrape()
+    runs = [start_run("test-noop", {}, trigger=TriggerKind.API) for _ in range(3)]
+    failed = start_run("test-fail", {"how": "permanent"}, trigger=TriggerKind.API)
+    for handle in runs:
+        handle.wait(timeout=30)
+    with pytest.raises(RunFailed):
+        failed.wait(timeout=30)
+    after = _scrape()
+
+    def delta(name: str, *labels: tuple[str, str]) -> float:
+        key = tuple(sorted(labels))
+        return after.get(name, {}).get(key, 0) - before.get(name, {}).get(key, 0)
+
+    assert delta("lumastra_task_runs_total", ("task", "test-noop"), ("state", "completed")) == 3
+    assert delta("lumastra_task_runs_total", ("task", "test-fail"), ("state", "failed")) == 1
+    assert delta("lumastra_task_duration_seconds_count", ("task", "test-noop")) == 3
+    assert (
+        delta("lumastra_task_duration_seconds_bucket", ("task", "test-noop"), ("le", "+Inf")) == 3
+    )
+    assert delta("lumastra_delivery_total", ("event", "published")) == 4
+
+
+def test_refusals_and_spend_are_counted() -> None:
+    valkey.client().delete(keys.metrics(counters.REFUSALS), keys.metrics(counters.COST))
+    costs.record("test-noop", "cpu_seconds", 1.5)
+    costs.record("test-noop", "cpu_seconds", 2.0)
+    refused = 0
+    for _ in range(10):  # test-quota allows a few runs a day, then refuses
+        try:
+            start_run("test-quota", {"how": "permanent"}, trigger=TriggerKind.API)
+        except QuotaExceeded:
+            refused += 1
+
+    samples = _scrape()
+
+    spent = samples["lumastra_task_cost_units_total"]
+    assert spent[(("kind", "cpu_seconds"), ("task", "test-noop"))] == 3.5
+    refusals = samples["lumastra_task_refusals_total"]
+    assert refused > 0
+    assert refusals[(("code", QuotaExceeded.code), ("task", "test-quota"))] == refused
+
+
+def test_two_web_processes_report_the_same_cluster_totals() -> None:
+    counters.add(counters.RUNS, ("test-noop", "completed"), 7)
+    texts = []
+    with ExitStack() as stack:
+        urls = [stack.enter_context(_web()) for _ in range(2)]
+        for url in urls:
+            response = requests.get(
+                f"{url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+            )
+            assert response.status_code == 200
+            texts.append(response.text)
+
+    first, second = (_samples(text)["lumastra_task_runs_total"] for text in texts)
+    assert first == second
+    assert first[(("state", "completed"), ("task", "test-noop"))] >= 7
+
+
+@contextmanager
+def _web() -> Iterator[str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "DATABASE_URL": database_url(),
+        "LUMASTRA_WEB_HOST": "127.0.0.1",
+        "LUMASTRA_WEB_PORT": str(port),
+        "LUMASTRA_METRICS_TOKEN": TOKEN,
+    }
+    url = f"http://127.0.0.1:{port}"
+    with serving(
+        [str(ROOT / "deploy/start-web.sh")],
+        env,
+        f"web-metrics-{port}",
+        lambda: http_status(f"{url}/admin/login/") == 200,
+    ):
+        yield url
+
+
+def test_a_scrape_without_the_token_counts_toward_the_sign_in_budget() -> None:
+    client = Client()
+    for _ in range(settings.CONFIG.auth_failure_limit):
+        client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong")
+
+    blocked = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+
+    assert blocked.status_code == 429 and "Retry-After" in blocked
