@@ -77,6 +77,13 @@ def _parse_level(raw: str) -> str:
     return level
 
 
+def _parse_log_format(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("plain", "json"):
+        raise ValueError(f"expected plain or json, got {raw!r}")
+    return value
+
+
 def _parse_mode(raw: str) -> WorkerMode:
     return WorkerMode(raw.strip().lower())
 
@@ -198,6 +205,12 @@ class Config:
         "30",
         _positive_int,
         "a run's changing progress reaches its row at least this often",
+    )
+    log_format: str = _env(
+        "LUMASTRA_LOG_FORMAT",
+        "plain",
+        _parse_log_format,
+        "process logs as plain lines or json (one object per line)",
     )
     metrics_token: str = _env(
         "LUMASTRA_METRICS_TOKEN",

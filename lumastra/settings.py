@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 
 from lumastra import config
+from lumastra.logs import logging_config
 from orchestrator.stores import keys
 
 CONFIG = config.current()
@@ -90,13 +91,7 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 WHITENOISE_USE_FINDERS = True
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": "INFO"},
-}
+LOGGING = logging_config(CONFIG.log_format)
 
 # Celery (namespace CELERY_): the broker and the delivery guarantees of DESIGN §4.
 CELERY_BROKER_URL = CONFIG.celery_broker_url

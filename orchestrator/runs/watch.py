@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import structlog
 from django.conf import settings
 from django.db import close_old_connections
 from redis.client import PubSub
@@ -222,7 +223,12 @@ def watching(
     watcher = _watcher()
     watcher.watch(watched)
     try:
-        with logs.capturing(context.run_log):
+        with (
+            logs.capturing(context.run_log),
+            structlog.contextvars.bound_contextvars(
+                run_id=run_id, task=definition.id, stage=context.run_log.stage
+            ),
+        ):
             yield
     finally:
         watcher.unwatch(watched)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -138,3 +139,13 @@ def test_manage_check_names_a_stage_whose_condition_does_not_parse() -> None:
 
     assert checked.returncode == 1
     assert "coverage.E001" in checked.stderr and "stage 'bad-sql'" in checked.stderr
+
+
+def test_with_the_json_format_every_line_of_a_role_is_a_json_object() -> None:
+    process = _loops("--once", LUMASTRA_LOG_FORMAT="json")
+    output, _ = process.communicate(timeout=60)
+
+    assert process.returncode == 0, output
+    lines = [json.loads(line) for line in output.splitlines() if line.strip()]
+    assert lines and all({"event", "level", "logger", "instance"} <= set(line) for line in lines)
+    assert any("boot recovery" in line["event"] for line in lines)
