@@ -212,6 +212,21 @@ class Config:
         _parse_log_format,
         "process logs as plain lines or json (one object per line)",
     )
+    webhook_interval_s: int = _env(
+        "LUMASTRA_WEBHOOK_INTERVAL_S", "2", _positive_int, "seconds between webhook loop passes"
+    )
+    webhook_max_attempts: int = _env(
+        "LUMASTRA_WEBHOOK_MAX_ATTEMPTS",
+        "8",
+        _positive_int,
+        "failed sends of a webhook delivery before it is dead",
+    )
+    webhook_timeout_s: int = _env(
+        "LUMASTRA_WEBHOOK_TIMEOUT_S",
+        "10",
+        _positive_int,
+        "seconds a webhook endpoint has to answer",
+    )
     metrics_token: str = _env(
         "LUMASTRA_METRICS_TOKEN",
         "",

@@ -176,6 +176,10 @@ def uvicorn_arguments(settings: Config) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
+    if not current().metrics_token:
+        print(
+            "lumastra web: /metrics is disabled: LUMASTRA_METRICS_TOKEN is unset", file=sys.stderr
+        )
     uvicorn.main.main(args=[*uvicorn_arguments(current()), *argv], prog_name="uvicorn")
 
 

@@ -17,6 +17,8 @@ races for `lock:orch:<class>` for each class this host serves and for `lock:orch
 - `scheduler` (`orchestrator.scheduler.dynamic`), on every worker host (its bucket locks make
   one fire per slot, so it needs no seat): its first tick is the static schedules' boot
   catch-up and a tick; then it fires due dynamic-schedule rows every LUMASTRA_SCHEDULER_TICK_S.
+- `webhooks` (`orchestrator.webhooks.delivery`), on the cluster leader only: run events out to
+  the webhook endpoints every LUMASTRA_WEBHOOK_INTERVAL_S.
 - the loops of the apps above the engine, from `settings.LUMASTRA_LOOP_FACTORIES`: the coverage
   `stage-sweep` and `outbox-dispatcher` (`coverage.loops`), on the cluster leader only.
 
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.recovery.reconciler import Reconciler
     from orchestrator.runs import drain
     from orchestrator.scheduler.dynamic import Scheduler
+    from orchestrator.webhooks.delivery import Deliverer
 
     config = settings.CONFIG
     # Compared by value: the engine reads its configuration through settings and never
@@ -149,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = elector.fence(leaders.CLUSTER)
     reconciler = Reconciler(lock=cluster)
     scheduler = Scheduler()
+    deliverer = Deliverer()
     stop = threading.Event()
     loops = [
         Loop(
@@ -171,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
             leader=leaders.CLUSTER,
         ),
         Loop("scheduler", config.scheduler_tick_s, scheduler.tick, first=scheduler.boot),
+        Loop(
+            "webhooks",
+            config.webhook_interval_s,
+            lambda: deliverer.tick(fence=cluster),
+            leader=leaders.CLUSTER,
+        ),
     ]
     # Loops of the apps above the engine (the coverage sweep and dispatcher), named in
     # settings so the engine never imports them; a factory that refuses stops the start.

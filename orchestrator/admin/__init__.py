@@ -1,5 +1,5 @@
 """The Django admin: runs (read-only, with cancel and retry actions), the operator pages
-(Start a run, Tasks with force-enable, Nodes) and API tokens, one module each.
+(Start a run, Tasks with force-enable, Nodes), API tokens and webhooks, one module each.
 
 Every run page and action checks `orchestrator.api.access` like the API does: reading (the runs
 list and detail, Tasks, Nodes) needs view, acting (start, cancel, retry, force-enable) needs
@@ -18,6 +18,6 @@ import django_stubs_ext
 django_stubs_ext.monkeypatch()
 
 # Importing the modules registers their model admins and the site's login wrapper.
-from orchestrator.admin import runs, site, tokens  # noqa: E402
+from orchestrator.admin import runs, site, tokens, webhooks  # noqa: E402
 
-__all__ = ["runs", "site", "tokens"]
+__all__ = ["runs", "site", "tokens", "webhooks"]

@@ -9,13 +9,12 @@ the engine named in `settings.LUMASTRA_METRICS_COLLECTORS` (the coverage backlog
 Gated by `Authorization: Bearer $LUMASTRA_METRICS_TOKEN` (compared in constant time; a wrong
 or missing token is a 401 and counts against the client address's sign-in budget, as the
 API's tokens do). With the variable unset the endpoint answers 404, and the web role says so
-in its log at start.
+at start (`lumastra.web`).
 """
 
 from __future__ import annotations
 
 import hmac
-import logging
 import math
 from collections.abc import Iterator
 
@@ -41,11 +40,6 @@ from orchestrator.states import RunState
 from orchestrator.stores import broker, counters
 from tasks import registry
 from tasks.resources import RESOURCE_CLASSES
-
-log = logging.getLogger(__name__)
-
-if not settings.CONFIG.metrics_token:
-    log.warning("/metrics is disabled: LUMASTRA_METRICS_TOKEN is unset")
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

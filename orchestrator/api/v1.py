@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
 
-from orchestrator.api import errors, logs, runs, tasks
+from orchestrator.api import errors, logs, runs, tasks, webhooks
 from orchestrator.api.auth import AUTH
 
 api = NinjaAPI(
@@ -19,6 +19,7 @@ errors.install(api)
 api.add_router("", runs.router)
 api.add_router("", logs.router)
 api.add_router("", tasks.router)
+api.add_router("", webhooks.router)
 
 
 def urls() -> tuple[list[URLPattern | URLResolver], str, str]:

@@ -1,0 +1,96 @@
+"""Webhook endpoints (add one: its secret is shown once, on the next page) and the delivery
+history, with the dead letters and their redeliver action. View to read, operate to act."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest
+
+from orchestrator.api import access
+from orchestrator.api.access import Access
+from orchestrator.models import WebhookDelivery, WebhookEndpoint
+from orchestrator.webhooks.delivery import InvalidEndpoint, create_endpoint, redeliver
+
+
+class _Guarded:
+    def has_view_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return access.allows(request.user, Access.VIEW)
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return access.allows(request.user, Access.OPERATE)
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(_Guarded, admin.ModelAdmin[WebhookEndpoint]):
+    list_display = ("id", "url", "states", "tasks", "enabled", "description", "created_at")
+    list_editable = ("enabled",)
+    fields = ("url", "states", "tasks", "description", "enabled")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return access.allows(request.user, Access.OPERATE)
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return access.allows(request.user, Access.OPERATE)
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return access.allows(request.user, Access.OPERATE)
+
+    def save_model(
+        self, request: HttpRequest, obj: WebhookEndpoint, form: ModelForm[Any], change: bool
+    ) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        try:
+            made, secret = create_endpoint(
+                obj.url, states=list(obj.states), tasks=list(obj.tasks), description=obj.description
+            )
+        except InvalidEndpoint as exc:
+            self.message_user(request, f"not created: {exc}", messages.ERROR)
+            return
+        obj.pk = made.pk
+        self.message_user(
+            request,
+            f"Signing secret of {made.url} (shown once; keep it for the receiver): {secret}",
+            messages.WARNING,
+        )
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(_Guarded, admin.ModelAdmin[WebhookDelivery]):
+    list_display = (
+        "id",
+        "endpoint",
+        "event_type",
+        "run_id",
+        "status",
+        "attempts",
+        "last_status_code",
+        "next_attempt_at",
+        "delivered_at",
+    )
+    list_filter = ("status", "endpoint")
+    search_fields = ("run_id", "event_id")
+    readonly_fields = ("last_error", "envelope")
+    show_full_result_count = False
+    actions = ["redeliver_deliveries"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    @admin.action(description="Redeliver selected deliveries now", permissions=["operate"])
+    def redeliver_deliveries(
+        self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]
+    ) -> None:
+        count = redeliver(list(queryset.values_list("id", flat=True)))
+        self.message_user(request, f"{count} deliveries to be sent again")

@@ -1,0 +1,257 @@
+"""The webhook loop: run events out to the endpoints that want them, signed, at least once.
+
+A trigger on task_history writes each change of a run's state as a CloudEvents 1.0 envelope
+to `run_event_outbox`, in the change's own transaction, while any endpoint is enabled
+(`orchestrator.models`). Every LUMASTRA_WEBHOOK_INTERVAL_S, on the cluster leader:
+
+1. **Fan out**: the oldest events (`FOR UPDATE SKIP LOCKED`, batches of BATCH) become one
+   `webhook_delivery` per enabled endpoint whose filter (states, tasks) matches, and leave
+   the outbox, in one transaction.
+2. **Send**: due deliveries are leased (LEASE) and POSTed, a few at a time, with
+   `Content-Type: application/cloudevents+json` and `X-Lumastra-Signature`
+   (`webhooks.signing`). A 2xx answer delivers; anything else, a timeout
+   (LUMASTRA_WEBHOOK_TIMEOUT_S) or a refused connection is retried with exponential backoff
+   and jitter, and after LUMASTRA_WEBHOOK_MAX_ATTEMPTS the delivery is dead: the admin lists
+   it and redelivers it.
+3. **Prune**: delivered rows older than HISTORY are deleted, at most hourly.
+
+A run never waits for any of this. A worker that dies mid-send leaves its leased deliveries
+to be sent again once the lease passes: receivers see at least once and deduplicate by the
+event's `id`. Not guaranteed: the order of deliveries, even to one endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+
+from orchestrator.backoff import jittered_backoff
+from orchestrator.clock import SYSTEM, Clock
+from orchestrator.cluster.locks import Fence
+from orchestrator.models import (
+    DeliveryStatus,
+    RunEventOutbox,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+from orchestrator.states import RunState
+from orchestrator.webhooks.signing import HEADER, sign
+from tasks import registry
+from tasks.policies import Retry
+
+log = logging.getLogger(__name__)
+
+BATCH = 200
+LEASE = timedelta(minutes=2)
+SENDERS = 4
+HISTORY = timedelta(days=7)
+PRUNE_EVERY_S = 3600
+# The backoff between attempts (how many: LUMASTRA_WEBHOOK_MAX_ATTEMPTS).
+BACKOFF = Retry(max_attempts=1, base=timedelta(seconds=10), cap=timedelta(hours=1))
+
+
+class InvalidEndpoint(ValueError):
+    pass
+
+
+def create_endpoint(
+    url: str, *, states: list[str], tasks: list[str], description: str = ""
+) -> tuple[WebhookEndpoint, str]:
+    """A new enabled endpoint and its signing secret (shown to the caller once)."""
+    if not url.startswith(("http://", "https://")):
+        raise InvalidEndpoint("url must be an http:// or https:// URL")
+    known_states = {state.value for state in RunState}
+    if unknown := sorted(set(states) - known_states):
+        raise InvalidEndpoint(f"unknown states {unknown}; known: {sorted(known_states)}")
+    if unknown := sorted(set(tasks) - set(registry.get())):
+        raise InvalidEndpoint(f"unknown tasks {unknown}")
+    secret = "whsec_" + secrets.token_urlsafe(32)
+    endpoint = WebhookEndpoint.objects.create(
+        url=url, secret=secret, states=states, tasks=tasks, description=description
+    )
+    return endpoint, secret
+
+
+def redeliver(delivery_ids: list[int]) -> int:
+    """Dead (or pending) deliveries sent again now, attempts from zero."""
+    return (
+        WebhookDelivery.objects.filter(id__in=delivery_ids)
+        .exclude(status=DeliveryStatus.DELIVERED)
+        .update(
+            status=DeliveryStatus.PENDING,
+            attempts=0,
+            next_attempt_at=SYSTEM.now(),
+            leased_until=None,
+            last_error="",
+        )
+    )
+
+
+@dataclass
+class DeliveryReport:
+    fanned_out: int = 0
+    delivered: int = 0
+    failed: int = 0
+    dead: int = 0
+
+
+@dataclass(frozen=True)
+class _Sent:
+    status_code: int | None
+    error: str
+
+
+class Deliverer:
+    def __init__(self, clock: Clock = SYSTEM) -> None:
+        self.clock = clock
+        self._pruned_at = 0.0
+
+    def tick(self, fence: Fence | None = None) -> DeliveryReport:
+        """One pass; with `fence` (the cluster seat), none unless this process still leads."""
+        if fence is not None:
+            fence.check()
+        report = DeliveryReport()
+        self.fan_out(report)
+        while self.send_due(report) == BATCH:
+            pass
+        if time.monotonic() - self._pruned_at > PRUNE_EVERY_S:
+            self._pruned_at = time.monotonic()
+            self._prune()
+        if report.fanned_out or report.delivered or report.failed:
+            log.info(
+                "webhooks: %d deliveries made, %d delivered, %d failed (%d dead)",
+                report.fanned_out,
+                report.delivered,
+                report.failed,
+                report.dead,
+            )
+        return report
+
+    def fan_out(self, report: DeliveryReport) -> None:
+        with transaction.atomic():
+            events = list(
+                RunEventOutbox.objects.select_for_update(skip_locked=True).order_by("created_at")[
+                    :BATCH
+                ]
+            )
+            if not events:
+                return
+            endpoints = list(WebhookEndpoint.objects.filter(enabled=True))
+            now = self.clock.now()
+            made = []
+            for event in events:
+                envelope = event.envelope
+                state = str(envelope["type"]).rsplit(".", 1)[-1]
+                task_id = str(envelope.get("data", {}).get("task", ""))
+                made += [
+                    WebhookDelivery(
+                        endpoint=endpoint,
+                        event_id=event.id,
+                        event_type=envelope["type"],
+                        run_id=envelope["subject"],
+                        envelope=envelope,
+                        next_attempt_at=now,
+                    )
+                    for endpoint in endpoints
+                    if endpoint.wants(state, task_id)
+                ]
+            WebhookDelivery.objects.bulk_create(made, ignore_conflicts=True)
+            RunEventOutbox.objects.filter(id__in=[event.id for event in events]).delete()
+        report.fanned_out += len(made)
+
+    def send_due(self, report: DeliveryReport) -> int:
+        """Lease and send one batch of due deliveries; returns how many it took."""
+        now = self.clock.now()
+        with transaction.atomic():
+            due = list(
+                WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
+                .select_related("endpoint")
+                .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
+                .filter(Q(leased_until__isnull=True) | Q(leased_until__lt=now))
+                .order_by("next_attempt_at")[:BATCH]
+            )
+            WebhookDelivery.objects.filter(id__in=[d.id for d in due]).update(
+                leased_until=now + LEASE
+            )
+        if not due:
+            return 0
+        with ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="webhook") as pool:
+            outcomes = list(pool.map(_send, due))
+        for delivery, sent in zip(due, outcomes, strict=True):
+            self._record(delivery, sent, report)
+        return len(due)
+
+    def _record(self, delivery: WebhookDelivery, sent: _Sent, report: DeliveryReport) -> None:
+        now = self.clock.now()
+        attempts = delivery.attempts + 1
+        if sent.status_code is not None and 200 <= sent.status_code < 300:
+            WebhookDelivery.objects.filter(id=delivery.id).update(
+                status=DeliveryStatus.DELIVERED,
+                attempts=attempts,
+                delivered_at=now,
+                last_status_code=sent.status_code,
+                last_error="",
+                leased_until=None,
+            )
+            report.delivered += 1
+            return
+        dead = attempts >= settings.CONFIG.webhook_max_attempts
+        WebhookDelivery.objects.filter(id=delivery.id).update(
+            status=DeliveryStatus.DEAD if dead else DeliveryStatus.PENDING,
+            attempts=attempts,
+            next_attempt_at=now + jittered_backoff(BACKOFF, attempts),
+            last_status_code=sent.status_code,
+            last_error=sent.error[:2000],
+            leased_until=None,
+        )
+        report.failed += 1
+        report.dead += dead
+        log.warning(
+            "webhook delivery %s of %s to %s failed (attempt %d%s): %s",
+            delivery.id,
+            delivery.event_id,
+            delivery.endpoint.url,
+            attempts,
+            ", dead" if dead else "",
+            sent.error,
+        )
+
+    def _prune(self) -> None:
+        old = WebhookDelivery.objects.filter(
+            status=DeliveryStatus.DELIVERED, delivered_at__lt=self.clock.now() - HISTORY
+        ).values_list("id", flat=True)[:10_000]
+        WebhookDelivery.objects.filter(id__in=list(old)).delete()
+
+
+def _send(delivery: WebhookDelivery) -> _Sent:
+    body = json.dumps(delivery.envelope, separators=(",", ":")).encode()
+    request = urllib.request.Request(  # noqa: S310 (create_endpoint allows http(s) only)
+        delivery.endpoint.url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/cloudevents+json",
+            HEADER: sign(body, delivery.endpoint.secret),
+            "User-Agent": "lumastra-webhooks/1",
+        },
+    )
+    try:
+        with urllib.request.urlopen(  # noqa: S310
+            request, timeout=settings.CONFIG.webhook_timeout_s
+        ) as response:
+            return _Sent(int(response.status), "")
+    except urllib.error.HTTPError as exc:
+        return _Sent(exc.code, f"HTTP {exc.code}")
+    except (OSError, ValueError) as exc:
+        return _Sent(None, f"{type(exc).__name__}: {exc}")
