@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
 
-from orchestrator.api import errors, logs, runs, tasks, webhooks
+from orchestrator.api import errors, events, logs, runs, tasks, webhooks
 from orchestrator.api.auth import AUTH
 
 api = NinjaAPI(
@@ -18,6 +18,7 @@ api = NinjaAPI(
 errors.install(api)
 api.add_router("", runs.router)
 api.add_router("", logs.router)
+api.add_router("", events.router)
 api.add_router("", tasks.router)
 api.add_router("", webhooks.router)
 

@@ -2,7 +2,8 @@
 
 `ctx.report_progress(done, total=None, item=None)` may be called in a tight loop. The latest
 report always wins, but it reaches:
-- the live hash (`progress` field, `set_progress.lua`) at most once per
+- the live hash (`progress` field, `set_progress.lua`, and a `progress` event for the
+  followers of `GET /events`) at most once per
   LUMASTRA_PROGRESS_WRITE_MS (250 ms): a report inside that window waits, and the watch tick
   (about once a second) or the run's end sends it;
 - the run's row (`task_history.progress`) at least every LUMASTRA_PROGRESS_FORCE_S (30 s)
@@ -26,7 +27,7 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock, to_ms
-from orchestrator.stores import durable, keys, scripts
+from orchestrator.stores import durable, keys, live, scripts, valkey
 
 # Weight of the newest interval in the smoothed rate.
 RATE_WEIGHT = 0.3
@@ -81,11 +82,13 @@ class Progress:
             if row_due:
                 self._row_written_at = now
                 self._row_stale = False
-        scripts.call(
-            "set_progress",
-            [keys.run_active(self.run_id)],
-            [json.dumps(document), to_ms(self._clock.now())],
-        )
+        script_keys = [keys.run_active(self.run_id)]
+        args = [json.dumps(document), to_ms(self._clock.now())]
+        pipe = valkey.client().pipeline(transaction=False)
+        scripts.queue(pipe, "set_progress", script_keys, args)
+        live.queue_event(pipe, {"type": "progress", "run_id": self.run_id, "progress": document})
+        reply, _ = valkey.execute(pipe, raise_on_error=False)
+        scripts.replied("set_progress", script_keys, args, reply)
         if row_due:
             durable.record_progress(self.run_id, document)
 

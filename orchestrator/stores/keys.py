@@ -51,6 +51,11 @@ def metrics(family: str) -> str:
     return f"metrics:{family}"
 
 
+def run_events() -> str:
+    """Pub/sub: runs' live events (progress, stage moves) for `GET /events` followers."""
+    return "task:events"
+
+
 def run_ended(run_id: str) -> str:
     """Pub/sub: the run ended (the message is its terminal state); `runs.wait` listens."""
     return f"task:ended:{run_id}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, TypedDict, cast
 
@@ -123,15 +124,25 @@ def queue_transition(
 def transition_stage(
     run_id: str, stage: str, target: StageState, clock: Clock = SYSTEM
 ) -> StageState:
+    script_keys = [keys.run_active(run_id)]
+    args = [stage, target.value, to_ms(clock.now())]
+    # Postgres made the move already: followers of /events hear of it in the same round trip.
+    pipe = valkey.client().pipeline(transaction=False)
+    scripts.queue(pipe, "transition_stage", script_keys, args)
+    queue_event(pipe, {"type": "stage", "run_id": run_id, "stage": stage, "state": target.value})
+    reply, _ = valkey.execute(pipe, raise_on_error=False)
     try:
-        previous = scripts.call(
-            "transition_stage", [keys.run_active(run_id)], [stage, target.value, to_ms(clock.now())]
-        )
+        previous = scripts.replied("transition_stage", script_keys, args, reply)
     except ResponseError as exc:
         if str(exc).startswith("NO_STAGE"):
             raise IllegalTransition(run_id, None, f"{stage}:{target}", "valkey") from None
         raise _translate(exc, run_id, f"{stage}:{target.value}") from None
     return StageState(previous)
+
+
+def queue_event(pipe: Pipeline, event: dict[str, Any]) -> None:
+    """A run's live event (progress, a stage move) for the followers of `GET /events`."""
+    pipe.publish(keys.run_events(), json.dumps(event))
 
 
 def progress_of(run_ids: list[str]) -> list[str | None]:

@@ -1,0 +1,157 @@
+"""`GET /events`: runs' events over Server-Sent Events, for all runs or one task or one run, so
+a page can follow them without polling.
+
+Two sources, merged on the web role's event loop (no thread per client):
+- **State changes** (`event: run`: created as pending, started, cancelling, completed, failed,
+  cancelled) come from `task_history_audit`, which Postgres itself writes with every change
+  of a run's state: durable and ordered, each with `id: <audit id>`, so a client that
+  reconnects with `Last-Event-ID` gets every change it missed (the audit is kept with the
+  runs). A new stream starts after the latest change.
+- **Live events** (`event: progress`, `event: stage`) come from Valkey (`task:events`,
+  published with each progress write and stage move): live only, without ids.
+
+The audit is read every POLL_S after the last change it returned (one indexed query), and a
+`: keep-alive` comment goes out every LUMASTRA_SSE_KEEPALIVE_S while nothing happens.
+
+Not guaranteed: live events sent while a client is away are not replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, StreamingHttpResponse
+from ninja import Router
+
+from orchestrator.api.auth import VIEW
+from orchestrator.api.errors import ApiError, answers
+from orchestrator.models import TaskHistory, TaskHistoryAudit
+from orchestrator.runs.start import is_run_id
+from orchestrator.stores import keys, valkey
+from tasks import registry
+
+router = Router(tags=["runs"])
+
+POLL_S = 0.5
+BATCH = 500
+
+
+@router.get(
+    "/events",
+    auth=VIEW,
+    response=answers({200: None}, 404, 422),
+    openapi_extra={"responses": {"200": {"content": {"text/event-stream": {}}}}},
+)
+def events(
+    request: HttpRequest, task: str | None = None, run: str | None = None
+) -> StreamingHttpResponse:
+    """Runs' events as Server-Sent Events: `run` (state changes, with ids: `Last-Event-ID`
+    resumes), `progress` and `stage` (live). `task` or `run` narrows them to one task or run."""
+    if task is not None and task not in registry.get():
+        raise ApiError(404, f"unknown task {task!r}")
+    if run is not None and not is_run_id(run):
+        raise ApiError(404, f"no run {run!r}")
+    resume = request.headers.get("Last-Event-ID", "").strip()
+    if resume and (not resume.isdigit() or len(resume) > 18):
+        raise ApiError(422, "Last-Event-ID must be the id of an event this stream sent")
+    after = int(resume) if resume else _latest_change()
+    response = StreamingHttpResponse(_stream(after, task, run), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+def _latest_change() -> int:
+    latest = TaskHistoryAudit.objects.order_by("-id").values_list("id", flat=True).first()
+    return latest or 0
+
+
+async def _stream(after: int, task: str | None, run: str | None) -> AsyncIterator[str]:
+    pubsub = valkey.async_client().pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(keys.run_events())
+    tasks_of: dict[str, str] = {}
+    try:
+        last = after
+        quiet_since = time.monotonic()
+        next_poll = 0.0
+        while True:
+            sent = False
+            if time.monotonic() >= next_poll:
+                changes, last = await _changes(last, task, run)
+                for change in changes:
+                    yield _event("run", change, change["id"])
+                    sent = True
+                next_poll = time.monotonic() + POLL_S
+            message = await pubsub.get_message(timeout=POLL_S)
+            if message is not None:
+                live = json.loads(message["data"])
+                if await _wanted(live, task, run, tasks_of):
+                    yield _event(live["type"], live)
+                    sent = True
+            if sent:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= settings.CONFIG.sse_keepalive_s:
+                quiet_since = time.monotonic()
+                yield ": keep-alive\n\n"
+    finally:
+        await pubsub.unsubscribe()
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+def _event(name: str, data: dict[str, Any], event_id: int | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {name}\ndata: {json.dumps(data, default=str)}\n\n"
+
+
+@sync_to_async
+def _changes(after: int, task: str | None, run: str | None) -> tuple[list[dict[str, Any]], int]:
+    """The state changes after audit id `after` that the stream wants, and the last id read."""
+    found = TaskHistoryAudit.objects.filter(id__gt=after).order_by("id")
+    if run is not None:
+        found = found.filter(run_id=run)
+    rows = list(found.values("id", "run_id", "from_state", "to_state", "at")[:BATCH])
+    task_ids = dict(
+        TaskHistory.objects.filter(id__in={row["run_id"] for row in rows}).values_list(
+            "id", "task_id"
+        )
+    )
+    wanted = [
+        {
+            "id": row["id"],
+            "run_id": row["run_id"],
+            "task": task_ids.get(row["run_id"], ""),
+            "from": row["from_state"],
+            "state": row["to_state"],
+            "at": row["at"].isoformat(),
+        }
+        for row in rows
+        if task is None or task_ids.get(row["run_id"]) == task
+    ]
+    return wanted, (rows[-1]["id"] if rows else after)
+
+
+async def _wanted(
+    event: dict[str, Any], task: str | None, run: str | None, tasks_of: dict[str, str]
+) -> bool:
+    run_id = str(event.get("run_id", ""))
+    if run is not None and run_id != run:
+        return False
+    if task is None:
+        return True
+    if run_id not in tasks_of:
+        if len(tasks_of) > 10_000:
+            tasks_of.clear()
+        tasks_of[run_id] = await _task_of(run_id)
+    event["task"] = tasks_of[run_id]
+    return tasks_of[run_id] == task
+
+
+@sync_to_async
+def _task_of(run_id: str) -> str:
+    found = TaskHistory.objects.filter(id=run_id).values_list("task_id", flat=True).first()
+    return found or ""

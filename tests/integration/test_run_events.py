@@ -1,0 +1,126 @@
+"""`GET /events` on real processes: a client follows a run's state changes and progress as a
+worker runs it, then resumes from a Last-Event-ID without a gap or a repeat."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from orchestrator.api import tokens
+from orchestrator.runs.start import start_run
+from orchestrator.triggers import TriggerKind
+from tests.support.fixtures import ROOT, database_url
+from tests.support.servers import free_port, http_status, serving
+from tests.support.users import operator
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+@pytest.fixture
+def web() -> Iterator[str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "DATABASE_URL": database_url(),
+        "LUMASTRA_WEB_HOST": "127.0.0.1",
+        "LUMASTRA_WEB_PORT": str(port),
+    }
+    url = f"http://127.0.0.1:{port}"
+    with serving(
+        [str(ROOT / "deploy/start-web.sh")],
+        env,
+        "web-events",
+        lambda: http_status(f"{url}/admin/login/") == 200,
+    ):
+        yield url
+
+
+def _session() -> requests.Session:
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {tokens.issue(operator(), 'events')[1]}"
+    return session
+
+
+def _read(
+    response: requests.Response, until: Any, found: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Events of an open stream until `until(event)` holds."""
+    found = [] if found is None else found
+    event: dict[str, Any] = {}
+    for raw in response.iter_lines(decode_unicode=True):
+        if raw == "":
+            if event:
+                found.append(event)
+                if until(event):
+                    return found
+            event = {}
+        elif not raw.startswith(":"):
+            name, _, value = raw.partition(": ")
+            event[name] = json.loads(value) if name == "data" else value
+    return found
+
+
+def test_a_client_follows_a_run_and_resumes_from_the_last_id(
+    web: str, celery_worker: object
+) -> None:
+    session = _session()
+    url = f"{web}/api/v1/events?task=slow-progress"
+    with session.get(url, stream=True, timeout=60) as stream:
+        assert stream.status_code == 200
+        ready = threading.Event()
+        handle_box: list[str] = []
+
+        def start() -> None:
+            ready.wait(5)
+            handle = start_run(
+                "slow-progress", {"steps": 3, "step_seconds": 0.4}, trigger=TriggerKind.API
+            )
+            handle_box.append(handle.run_id)
+
+        starter = threading.Thread(target=start)
+        starter.start()
+        ready.set()
+        events = _read(
+            stream,
+            lambda e: e.get("event") == "run" and e["data"]["state"] == "completed",
+        )
+        starter.join()
+
+    run_id = handle_box[0]
+    mine = [e for e in events if e["data"]["run_id"] == run_id]
+    states = [e["data"]["state"] for e in mine if e["event"] == "run"]
+    assert states == ["pending", "active", "completed"]
+    assert all(e["data"]["task"] == "slow-progress" for e in mine if e["event"] == "run")
+    progress = [e for e in mine if e["event"] == "progress"]
+    assert progress and progress[-1]["data"]["progress"]["total"] == 3
+
+    first_id = next(e["id"] for e in mine if e["event"] == "run")
+    with session.get(
+        f"{web}/api/v1/events?run={run_id}",
+        headers={"Last-Event-ID": first_id},
+        stream=True,
+        timeout=60,
+    ) as resumed:
+        again = _read(
+            resumed, lambda e: e.get("event") == "run" and e["data"]["state"] == "completed"
+        )
+    assert [e["data"]["state"] for e in again if e["event"] == "run"] == ["active", "completed"]
+
+
+def test_bad_requests_for_events_get_clear_errors(web: str) -> None:
+    session = _session()
+
+    assert session.get(f"{web}/api/v1/events?task=no-such-task", timeout=10).status_code == 404
+    assert session.get(f"{web}/api/v1/events?run=run_nope", timeout=10).status_code == 404
+    bad = session.get(f"{web}/api/v1/events", headers={"Last-Event-ID": "x"}, timeout=10)
+    assert bad.status_code == 422
+    assert requests.get(f"{web}/api/v1/events", timeout=10).status_code == 401
