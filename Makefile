@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck check bench bench-memory bench-pipeline bench-sweep
+.PHONY: install run test lint typecheck check bench bench-memory bench-pipeline bench-sweep bench-observability
 
 $(STAMP): requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -67,3 +67,6 @@ bench-pipeline: install
 
 bench-sweep: install
 	$(BIN)/python bench/sweep.py
+
+bench-observability: install
+	$(BIN)/python bench/observability.py

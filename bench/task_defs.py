@@ -2,7 +2,8 @@
 
 They do nothing, so what a benchmark measures is the engine around them: start_run, the
 broker, the worker pool and the runner's reads and writes; for `bench-pipe4`, a pipeline's
-stage claims, ends and advances (bench/pipeline.py).
+stage claims, ends and advances (bench/pipeline.py); for `bench-chatty`, the live log and
+progress (bench/observability.py).
 """
 
 from __future__ import annotations
@@ -27,3 +28,13 @@ pipe4 = define_task(
         Stage(name="d", execute=_noop, after=("c",)),
     ],
 )
+
+
+def _chatty(ctx: TaskContext, params: NoInput) -> None:
+    """What an observable handler does: 100 log lines and 100 progress reports."""
+    for step in range(100):
+        ctx.log(f"step {step}")
+        ctx.report_progress(step + 1, 100, item=f"step {step}")
+
+
+chatty = define_task(id="bench-chatty", resource_class="io", execute=_chatty)

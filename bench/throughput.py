@@ -251,6 +251,7 @@ def lumastra_side(
     args: argparse.Namespace,
     profile_to: Path | None = None,
     task_id: str = TASK_ID,
+    prepare: Callable[[], object] | None = None,
 ) -> Side:
     from celery import current_app
     from django.conf import settings
@@ -267,6 +268,8 @@ def lumastra_side(
     queue = queue_name(registry.get()[task_id], settings.CONFIG.per_task_queues)
     fresh_redis()
     fresh_tables()
+    if prepare is not None:
+        prepare()
     with workers.worker(
         current_app,
         "lumastra",

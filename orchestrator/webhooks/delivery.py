@@ -4,10 +4,11 @@ A trigger on task_history writes each change of a run's state as a CloudEvents 1
 to `run_event_outbox`, in the change's own transaction, while any endpoint is enabled
 (`orchestrator.models`). Every LUMASTRA_WEBHOOK_INTERVAL_S, on the cluster leader:
 
-1. **Fan out**: the oldest events (`FOR UPDATE SKIP LOCKED`, batches of BATCH) become one
+1. **Fan out**: the oldest events (`FOR UPDATE SKIP LOCKED`, batches of BATCH, at most
+   MAX_BATCHES a pass) become one
    `webhook_delivery` per enabled endpoint whose filter (states, tasks) matches, and leave
    the outbox, in one transaction.
-2. **Send**: due deliveries are leased (LEASE) and POSTed, a few at a time, with
+2. **Send**: due deliveries are leased (LEASE) and POSTed, SENDERS at a time, with
    `Content-Type: application/cloudevents+json` and `X-Lumastra-Signature`
    (`webhooks.signing`). A 2xx answer delivers; anything else, a timeout
    (LUMASTRA_WEBHOOK_TIMEOUT_S) or a refused connection is retried with exponential backoff
@@ -52,9 +53,11 @@ from tasks.policies import Retry
 
 log = logging.getLogger(__name__)
 
-BATCH = 200
+BATCH = 500
+# Batches one pass takes at most, of events and of deliveries each; the rest wait for the next.
+MAX_BATCHES = 20
 LEASE = timedelta(minutes=2)
-SENDERS = 4
+SENDERS = 8
 HISTORY = timedelta(days=7)
 PRUNE_EVERY_S = 3600
 # The backoff between attempts (how many: LUMASTRA_WEBHOOK_MAX_ATTEMPTS).
@@ -122,9 +125,12 @@ class Deliverer:
         if fence is not None:
             fence.check()
         report = DeliveryReport()
-        self.fan_out(report)
-        while self.send_due(report) == BATCH:
-            pass
+        for _ in range(MAX_BATCHES):
+            if self.fan_out(report) < BATCH:
+                break
+        for _ in range(MAX_BATCHES):
+            if self.send_due(report) < BATCH:
+                break
         if time.monotonic() - self._pruned_at > PRUNE_EVERY_S:
             self._pruned_at = time.monotonic()
             self._prune()
@@ -138,7 +144,8 @@ class Deliverer:
             )
         return report
 
-    def fan_out(self, report: DeliveryReport) -> None:
+    def fan_out(self, report: DeliveryReport) -> int:
+        """One batch of events into deliveries; returns how many events it took."""
         with transaction.atomic():
             events = list(
                 RunEventOutbox.objects.select_for_update(skip_locked=True).order_by("created_at")[
@@ -146,7 +153,7 @@ class Deliverer:
                 ]
             )
             if not events:
-                return
+                return 0
             endpoints = list(WebhookEndpoint.objects.filter(enabled=True))
             now = self.clock.now()
             made = []
@@ -169,6 +176,7 @@ class Deliverer:
             WebhookDelivery.objects.bulk_create(made, ignore_conflicts=True)
             RunEventOutbox.objects.filter(id__in=[event.id for event in events]).delete()
         report.fanned_out += len(made)
+        return len(events)
 
     def send_due(self, report: DeliveryReport) -> int:
         """Lease and send one batch of due deliveries; returns how many it took."""
