@@ -98,27 +98,8 @@ class ExternalIdAdmin(admin.ModelAdmin[ExternalId]):
 # actions call coverage.backlog and coverage.dispatcher.
 
 
-class _OperatorOnly:
-    """Read with the view permission; act (the `operate` actions) with operate; never edit."""
-
-    def has_view_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return access.allows(request.user, Access.VIEW)
-
-    def has_operate_permission(self, request: HttpRequest) -> bool:
-        return access.allows(request.user, Access.OPERATE)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-
 @admin.register(MediaItemStageState)
-class MediaItemStageStateAdmin(_OperatorOnly, admin.ModelAdmin[MediaItemStageState]):
+class MediaItemStageStateAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[MediaItemStageState]):
     list_display = (
         "item",
         "stage",
@@ -210,7 +191,7 @@ class MediaItemStageStateAdmin(_OperatorOnly, admin.ModelAdmin[MediaItemStageSta
 
 
 @admin.register(EventOutbox)
-class EventOutboxAdmin(_OperatorOnly, admin.ModelAdmin[EventOutbox]):
+class EventOutboxAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[EventOutbox]):
     list_display = ("id", "kind", "item_id", "created_at", "attempts", "next_attempt_at", "dead_at")
     list_filter = (("dead_at", admin.EmptyFieldListFilter), "kind")
     readonly_fields = ("last_error",)

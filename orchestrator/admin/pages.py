@@ -30,6 +30,26 @@ def requires(needed: Access, view: Page) -> Page:
     return admin.site.admin_view(guarded)
 
 
+class ReadOnlyOperated:
+    """A model admin's permissions for rows only the system writes: read with view, act (the
+    actions marked `permissions=["operate"]`) with operate, never add, change or delete."""
+
+    def has_view_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return access.allows(request.user, Access.VIEW)
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return access.allows(request.user, Access.OPERATE)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 def context(request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
     """The admin's own context (navigation, user links) for a page filed under Runs."""
     return {

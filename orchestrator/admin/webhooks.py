@@ -10,22 +10,15 @@ from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 
+from orchestrator.admin import pages
 from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.models import WebhookDelivery, WebhookEndpoint
 from orchestrator.webhooks.delivery import InvalidEndpoint, create_endpoint, redeliver
 
 
-class _Guarded:
-    def has_view_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return access.allows(request.user, Access.VIEW)
-
-    def has_operate_permission(self, request: HttpRequest) -> bool:
-        return access.allows(request.user, Access.OPERATE)
-
-
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(_Guarded, admin.ModelAdmin[WebhookEndpoint]):
+class WebhookEndpointAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[WebhookEndpoint]):
     list_display = ("id", "url", "states", "tasks", "enabled", "description", "created_at")
     list_editable = ("enabled",)
     fields = ("url", "states", "tasks", "description", "enabled")
@@ -61,7 +54,7 @@ class WebhookEndpointAdmin(_Guarded, admin.ModelAdmin[WebhookEndpoint]):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(_Guarded, admin.ModelAdmin[WebhookDelivery]):
+class WebhookDeliveryAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[WebhookDelivery]):
     list_display = (
         "id",
         "endpoint",
@@ -78,15 +71,6 @@ class WebhookDeliveryAdmin(_Guarded, admin.ModelAdmin[WebhookDelivery]):
     readonly_fields = ("last_error", "envelope")
     show_full_result_count = False
     actions = ["redeliver_deliveries"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
     @admin.action(description="Redeliver selected deliveries now", permissions=["operate"])
     def redeliver_deliveries(

@@ -4,11 +4,8 @@ that follow real runs, and the same cluster totals from two web processes."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from pathlib import Path
+from contextlib import ExitStack
 
 import pytest
 import requests
@@ -22,8 +19,7 @@ from orchestrator.runs.start import start_run
 from orchestrator.runs.wait import RunFailed
 from orchestrator.stores import counters, keys, valkey
 from orchestrator.triggers import TriggerKind
-from tests.support.fixtures import ROOT, database_url
-from tests.support.servers import free_port, http_status, serving
+from tests.support.servers import web_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -135,7 +131,10 @@ def test_two_web_processes_report_the_same_cluster_totals() -> None:
     counters.add(counters.RUNS, ("test-noop", "completed"), 7)
     texts = []
     with ExitStack() as stack:
-        urls = [stack.enter_context(_web()) for _ in range(2)]
+        urls = [
+            stack.enter_context(web_process(f"web-metrics-{n}", LUMASTRA_METRICS_TOKEN=TOKEN))
+            for n in range(2)
+        ]
         for url in urls:
             response = requests.get(
                 f"{url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
@@ -146,27 +145,6 @@ def test_two_web_processes_report_the_same_cluster_totals() -> None:
     first, second = (_samples(text)["lumastra_task_runs_total"] for text in texts)
     assert first == second
     assert first[(("state", "completed"), ("task", "test-noop"))] >= 7
-
-
-@contextmanager
-def _web() -> Iterator[str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "DATABASE_URL": database_url(),
-        "LUMASTRA_WEB_HOST": "127.0.0.1",
-        "LUMASTRA_WEB_PORT": str(port),
-        "LUMASTRA_METRICS_TOKEN": TOKEN,
-    }
-    url = f"http://127.0.0.1:{port}"
-    with serving(
-        [str(ROOT / "deploy/start-web.sh")],
-        env,
-        f"web-metrics-{port}",
-        lambda: http_status(f"{url}/admin/login/") == 200,
-    ):
-        yield url
 
 
 def test_a_scrape_without_the_token_counts_toward_the_sign_in_budget() -> None:

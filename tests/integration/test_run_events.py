@@ -4,11 +4,8 @@ worker runs it, then resumes from a Last-Event-ID without a gap or a repeat."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +14,7 @@ import requests
 from orchestrator.api import tokens
 from orchestrator.runs.start import start_run
 from orchestrator.triggers import TriggerKind
-from tests.support.fixtures import ROOT, database_url
-from tests.support.servers import free_port, http_status, serving
+from tests.support.servers import web_process
 from tests.support.users import operator
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -26,21 +22,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 @pytest.fixture
 def web() -> Iterator[str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "DATABASE_URL": database_url(),
-        "LUMASTRA_WEB_HOST": "127.0.0.1",
-        "LUMASTRA_WEB_PORT": str(port),
-    }
-    url = f"http://127.0.0.1:{port}"
-    with serving(
-        [str(ROOT / "deploy/start-web.sh")],
-        env,
-        "web-events",
-        lambda: http_status(f"{url}/admin/login/") == 200,
-    ):
+    with web_process("web-events") as url:
         yield url
 
 

@@ -5,10 +5,7 @@ client follows it, disconnects, resumes with Last-Event-ID and sees `end`."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,9 +21,9 @@ from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
-from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
+from tests.support.fixtures import wait_for, worker_process
 from tests.support.round_trips import recording
-from tests.support.servers import free_port, http_status, serving
+from tests.support.servers import web_process
 from tests.support.users import operator
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -36,23 +33,8 @@ TASK = "test-logger"
 
 @pytest.fixture
 def web() -> Iterator[str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "DATABASE_URL": database_url(),
-        "LUMASTRA_WEB_HOST": "127.0.0.1",
-        "LUMASTRA_WEB_PORT": str(port),
-        "LUMASTRA_SSE_KEEPALIVE_S": "1",
-    }
-    base_url = f"http://127.0.0.1:{port}"
-    with serving(
-        [str(ROOT / "deploy/start-web.sh")],
-        env,
-        "web-logs",
-        lambda: http_status(f"{base_url}/admin/login/") == 200,
-    ):
-        yield base_url
+    with web_process("web-logs", LUMASTRA_SSE_KEEPALIVE_S="1") as url:
+        yield url
 
 
 @pytest.fixture

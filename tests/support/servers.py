@@ -6,11 +6,13 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from tests.support.fixtures import ROOT
 
@@ -64,3 +66,28 @@ def serving(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@contextmanager
+def web_process(name: str, **env: str) -> Iterator[str]:
+    """`deploy/start-web.sh` on a free port, on the test database, with `env` added; yields
+    its base URL once it serves the admin's login page."""
+    from tests.support.fixtures import database_url
+
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "DATABASE_URL": database_url(),
+        "LUMASTRA_WEB_HOST": "127.0.0.1",
+        "LUMASTRA_WEB_PORT": str(port),
+        **env,
+    }
+    url = f"http://127.0.0.1:{port}"
+    with serving(
+        [str(ROOT / "deploy/start-web.sh")],
+        full_env,
+        name,
+        lambda: http_status(f"{url}/admin/login/") == 200,
+    ):
+        yield url
