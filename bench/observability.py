@@ -15,6 +15,7 @@ ms per run over the baseline, and how many deliveries reached the receiver.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import threading
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="2", help="worker processes, or 'io'")
     parser.add_argument("--loglevel", default="WARNING")
     args = parser.parse_args(argv)
+    os.environ["LUMASTRA_WEBHOOK_ALLOW_PRIVATE"] = "true"  # the receiver is on this machine
     setup()
     args.concurrency = pool_concurrency(args.concurrency)
     from orchestrator.models import WebhookDelivery

@@ -221,6 +221,12 @@ class Config:
         _positive_int,
         "failed sends of a webhook delivery before it is dead",
     )
+    webhook_allow_private: bool = _env(
+        "LUMASTRA_WEBHOOK_ALLOW_PRIVATE",
+        "false",
+        _parse_bool,
+        "allow webhook endpoints on loopback, private and link-local addresses",
+    )
     webhook_timeout_s: int = _env(
         "LUMASTRA_WEBHOOK_TIMEOUT_S",
         "10",

@@ -4,8 +4,9 @@ LUMASTRA_LOG_FORMAT=json (one object per line: `timestamp`, `level`, `logger`, `
 records of every library (Django, Celery, ours) come out the same way.
 
 The run's fields come from structlog's context variables, bound by the run's watch around its
-handler (`orchestrator.runs.watch.watching`): every record logged while a run executes, by the
-engine or by the handler, carries them.
+handler (`orchestrator.runs.watch.watching`): every record logged in the handler's thread while
+it runs, by the engine or by the handler, carries them (the watch thread's own records, such as
+a heartbeat warning, name the run in their message instead).
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ class TaskHistory(models.Model):
                 ),
             ),
             # The run's change as a CloudEvent in the webhook outbox, in the same transaction;
-            # nothing (one index probe) while no endpoint is enabled.
+            # nothing but a read of the (small) endpoint table while none is enabled.
             pgtrigger.Trigger(
                 name="run_event_insert",
                 when=pgtrigger.After,

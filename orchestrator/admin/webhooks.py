@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
@@ -14,14 +15,35 @@ from orchestrator.admin import pages
 from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.models import WebhookDelivery, WebhookEndpoint
-from orchestrator.webhooks.delivery import InvalidEndpoint, create_endpoint, redeliver
+from orchestrator.webhooks.delivery import (
+    InvalidEndpoint,
+    check_endpoint,
+    create_endpoint,
+    redeliver,
+)
+
+
+class EndpointForm(ModelForm[WebhookEndpoint]):
+    """The same checks as the API's (`webhooks.delivery.check_endpoint`), on add and change."""
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ("url", "states", "tasks", "description", "enabled")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        try:
+            check_endpoint(cleaned.get("url"), cleaned.get("states"), cleaned.get("tasks"))
+        except InvalidEndpoint as exc:
+            raise ValidationError(str(exc)) from None
+        return cleaned
 
 
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[WebhookEndpoint]):
     list_display = ("id", "url", "states", "tasks", "enabled", "description", "created_at")
     list_editable = ("enabled",)
-    fields = ("url", "states", "tasks", "description", "enabled")
+    form = EndpointForm
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return access.allows(request.user, Access.OPERATE)
@@ -38,13 +60,10 @@ class WebhookEndpointAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[WebhookEndpo
         if change:
             super().save_model(request, obj, form, change)
             return
-        try:
-            made, secret = create_endpoint(
-                obj.url, states=list(obj.states), tasks=list(obj.tasks), description=obj.description
-            )
-        except InvalidEndpoint as exc:
-            self.message_user(request, f"not created: {exc}", messages.ERROR)
-            return
+        # The form checked it already (EndpointForm).
+        made, secret = create_endpoint(
+            obj.url, states=list(obj.states), tasks=list(obj.tasks), description=obj.description
+        )
         obj.pk = made.pk
         self.message_user(
             request,

@@ -10,10 +10,14 @@ Two sources, merged on the web role's event loop (no thread per client):
 - **Live events** (`event: progress`, `event: stage`) come from Valkey (`task:events`,
   published with each progress write and stage move): live only, without ids.
 
-The audit is read every POLL_S after the last change it returned (one indexed query), and a
-`: keep-alive` comment goes out every LUMASTRA_SSE_KEEPALIVE_S while nothing happens.
+The audit is read every POLL_S from TRAILING_IDS behind the last change seen (one indexed
+query; a change whose transaction committed late still goes out), and a `: keep-alive` comment
+goes out every LUMASTRA_SSE_KEEPALIVE_S while nothing happens.
 
-Not guaranteed: live events sent while a client is away are not replayed.
+Not guaranteed: live events sent while a client is away are not replayed; a change committed
+more than TRAILING_IDS changes late is missed by streams already past it; each stream holds a
+database connection and reads the audit itself (fine for operator pages, not for thousands
+of clients).
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ router = Router(tags=["runs"])
 
 POLL_S = 0.5
 BATCH = 500
+# Audit ids are handed out when a change is written and become visible when it commits, so a
+# change can appear behind ones already sent (a long transaction): each poll reads again this
+# many ids behind the last it saw, and sends only those it has not sent.
+TRAILING_IDS = 2000
 
 
 @router.get(
@@ -77,22 +85,28 @@ async def _stream(after: int, task: str | None, run: str | None) -> AsyncIterato
     tasks_of: dict[str, str] = {}
     try:
         last = after
+        # Ids read within the trailing window (sent, or not wanted): a late one is any other.
+        seen: set[int] = set()
         quiet_since = time.monotonic()
         next_poll = 0.0
         while True:
             sent = False
             if time.monotonic() >= next_poll:
-                changes, last = await _changes(last, task, run)
+                changes, read = await _changes(after, last, seen, task, run)
                 for change in changes:
                     yield _event("run", change, change["id"])
                     sent = True
+                last = max([last, *read])
+                seen = {i for i in (*seen, *read) if i > last - TRAILING_IDS}
                 next_poll = time.monotonic() + POLL_S
+            # Every live event that waits, not one per pass: a busy cluster must not pile up.
             message = await pubsub.get_message(timeout=POLL_S)
-            if message is not None:
+            while message is not None:
                 live = json.loads(message["data"])
                 if await _wanted(live, task, run, tasks_of):
                     yield _event(live["type"], live)
                     sent = True
+                message = await pubsub.get_message(timeout=0)
             if sent:
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= settings.CONFIG.sse_keepalive_s:
@@ -109,12 +123,18 @@ def _event(name: str, data: dict[str, Any], event_id: int | None = None) -> str:
 
 
 @sync_to_async
-def _changes(after: int, task: str | None, run: str | None) -> tuple[list[dict[str, Any]], int]:
-    """The state changes after audit id `after` that the stream wants, and the last id read."""
-    found = TaskHistoryAudit.objects.filter(id__gt=after).order_by("id")
+def _changes(
+    floor: int, last: int, seen: set[int], task: str | None, run: str | None
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """The state changes the stream wants, and every audit id read: those after `last`, and
+    those within TRAILING_IDS behind it (never at or below `floor`, where the stream began)
+    that were not `seen` (committed late)."""
+    audit = TaskHistoryAudit.objects.order_by("id")
     if run is not None:
-        found = found.filter(run_id=run)
-    rows = list(found.values("id", "run_id", "from_state", "to_state", "at")[:BATCH])
+        audit = audit.filter(run_id=run)
+    columns = ("id", "run_id", "from_state", "to_state", "at")
+    late = audit.filter(id__gt=max(floor, last - TRAILING_IDS), id__lte=last).exclude(id__in=seen)
+    rows = [*late.values(*columns), *audit.filter(id__gt=last).values(*columns)[:BATCH]]
     task_ids = dict(
         TaskHistory.objects.filter(id__in={row["run_id"] for row in rows}).values_list(
             "id", "task_id"
@@ -132,7 +152,7 @@ def _changes(after: int, task: str | None, run: str | None) -> tuple[list[dict[s
         for row in rows
         if task is None or task_ids.get(row["run_id"]) == task
     ]
-    return wanted, (rows[-1]["id"] if rows else after)
+    return wanted, [row["id"] for row in rows]
 
 
 async def _wanted(

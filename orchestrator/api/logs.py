@@ -54,8 +54,8 @@ def run_logs(
     `Last-Event-ID` (or `after`) resumes after the line with that id."""
     if not is_run_id(run_id):
         raise ApiError(404, f"no run {run_id!r}")
-    row = TaskHistory.objects.filter(id=run_id).values_list("state", "steps").first()
-    if row is None:
+    steps = TaskHistory.objects.filter(id=run_id).values_list("steps", flat=True).first()
+    if steps is None:
         raise ApiError(404, f"no run {run_id!r}")
     resume = request.headers.get("Last-Event-ID", "").strip()
     if resume:
@@ -66,7 +66,7 @@ def run_logs(
         raise ApiError(422, "after must be >= 0")
     lines = [{"seq": line.seq, **line.entry} for line in logs.read(run_id, after)]
     if not lines and after == 0:
-        lines = _kept_tail(row[1])
+        lines = _kept_tail(steps)
     if not follow:
         return JsonResponse(lines, safe=False)
     response = StreamingHttpResponse(
@@ -126,8 +126,7 @@ async def _follow(run_id: str, after: int, first: list[dict[str, Any]]) -> Async
 
 
 async def _read(client: Any, run_id: str, after: int) -> list[logs.Line]:
-    stored = await client.lrange(keys.run_log(run_id), 0, -1)
-    return [line for line in map(logs.Line.parse, stored) if line.seq > after]
+    return logs.parsed(await client.lrange(keys.run_log(run_id), 0, -1), after)
 
 
 async def _ended(client: Any, run_id: str) -> str | None:

@@ -206,7 +206,7 @@ def start_refusals() -> Iterator[None]:
 def create_run(request: HttpRequest, run: StartRunIn, wait: Query[WaitIn]) -> Status[StartedRun]:
     """Start a run: 202 with the new run; 200 with a live run that already does this work, or
     with the recorded run when backpressure dropped the start. With `wait=N` (seconds, at
-    most LUMASTRA_API_MAX_WAIT_S): 200 with the run's end (`state`, `result`, `error`) when
+    most 60): 200 with the run's end (`state`, `result`, `error`) when
     it ends within N seconds, else the usual 202 (the run goes on)."""
     with start_refusals():
         handle = start_run(

@@ -17,8 +17,7 @@ from orchestrator.api.errors import ApiError, answers
 from orchestrator.api.fields import StorableStr
 from orchestrator.models import WebhookEndpoint
 from orchestrator.states import RunState
-from orchestrator.webhooks.delivery import InvalidEndpoint, create_endpoint
-from tasks import registry
+from orchestrator.webhooks.delivery import InvalidEndpoint, UnknownTasks, create_endpoint
 
 router = Router(tags=["webhooks"])
 
@@ -66,8 +65,6 @@ def _out(endpoint: WebhookEndpoint) -> EndpointOut:
 
 @router.post("/webhooks", auth=OPERATE, response=answers({201: CreatedEndpoint}, 404, 422))
 def create(request: HttpRequest, endpoint: EndpointIn) -> Status[CreatedEndpoint]:
-    if unknown := sorted(set(endpoint.tasks) - set(registry.get())):
-        raise ApiError(404, f"unknown tasks {unknown}")
     try:
         made, secret = create_endpoint(
             endpoint.url,
@@ -75,6 +72,8 @@ def create(request: HttpRequest, endpoint: EndpointIn) -> Status[CreatedEndpoint
             tasks=list(endpoint.tasks),
             description=endpoint.description,
         )
+    except UnknownTasks as exc:
+        raise ApiError(404, str(exc)) from None
     except InvalidEndpoint as exc:
         raise ApiError(422, str(exc)) from None
     return Status(201, CreatedEndpoint(**_out(made).model_dump(), secret=secret))

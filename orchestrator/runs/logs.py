@@ -43,6 +43,7 @@ from orchestrator.stores import keys, scripts, valkey
 LOG_TTL = timedelta(hours=24)
 MAX_MESSAGE = 4000
 # Loggers whose records are the engine's or Celery's, never a run's.
+log = logging.getLogger(__name__)
 ENGINE_LOGGERS = frozenset({"orchestrator", "celery", "kombu", "billiard", "amqp", "django"})
 
 
@@ -52,8 +53,12 @@ class Line:
     entry: dict[str, Any]
 
     @classmethod
-    def parse(cls, stored: str) -> Line:
+    def parse(cls, stored: str) -> Line | None:
+        """A stored line, or None for one this version cannot read (a plain line an older
+        version wrote)."""
         seq, _, text = stored.partition("\t")
+        if not seq.isdigit():
+            return None
         return cls(int(seq), json.loads(text))
 
 
@@ -67,6 +72,9 @@ class RunLog:
         self._waiting: list[str] = []
         self._oldest_waiting = 0.0
         self._lock = threading.Lock()
+        # Held across taking a batch and sending it: two flushes (the watch tick's and a
+        # write's) never interleave, so lines keep their order in the sequence.
+        self._sending = threading.Lock()
         self.tail: deque[dict[str, Any]] = deque(maxlen=settings.CONFIG.run_log_tail)
 
     def write(self, level: str, message: str) -> None:
@@ -87,32 +95,43 @@ class RunLog:
                 or (time.monotonic() - self._oldest_waiting) * 1000 >= config.log_flush_ms
             )
         if due:
-            self.flush()
+            try:
+                self.flush()
+            except Exception:
+                # Logging must not fail the handler: the lines wait for the next flush.
+                log.warning("run %s: log lines not sent yet", self.run_id, exc_info=True)
 
     def flush(self) -> None:
-        """Send the waiting lines, if any (one round trip)."""
-        with self._lock:
-            lines, self._waiting = self._waiting, []
-        if not lines:
-            return
-        cap = settings.CONFIG.log_cap
-        try:
-            scripts.call(
-                "log_append",
-                [keys.run_log(self.run_id), keys.run_log_seq(self.run_id)],
-                [cap, span_ms(LOG_TTL), keys.run_log_feed(self.run_id), *lines],
-            )
-        except Exception:
-            with self._lock:  # kept for the next flush, at most a log's worth
-                self._waiting[:0] = lines
-                del self._waiting[:-cap]
-            raise
+        """Send the waiting lines, if any (one round trip); on failure they wait for the next
+        flush (at most a log's worth) and the error is raised."""
+        with self._sending:
+            with self._lock:
+                lines, self._waiting = self._waiting, []
+            if not lines:
+                return
+            cap = settings.CONFIG.log_cap
+            try:
+                scripts.call(
+                    "log_append",
+                    [keys.run_log(self.run_id), keys.run_log_seq(self.run_id)],
+                    [cap, span_ms(LOG_TTL), keys.run_log_feed(self.run_id), *lines],
+                )
+            except Exception:
+                with self._lock:
+                    self._waiting[:0] = lines
+                    del self._waiting[:-cap]
+                raise
 
 
 def read(run_id: str, after: int = 0) -> list[Line]:
     """The run's lines still in Valkey with a seq above `after`, oldest first."""
     stored: list[str] = valkey.client().lrange(keys.run_log(run_id), 0, -1)  # type: ignore[assignment]
-    return [line for line in map(Line.parse, stored) if line.seq > after]
+    return parsed(stored, after)
+
+
+def parsed(stored: list[str], after: int = 0) -> list[Line]:
+    """Lines as `task:log:<runId>` holds them, those with a seq above `after`."""
+    return [line for line in map(Line.parse, stored) if line is not None and line.seq > after]
 
 
 # --- the handler's own `logging` records ---

@@ -19,6 +19,7 @@ the rate follows the reports, so a handler that reports unevenly gets an uneven 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
@@ -28,6 +29,8 @@ from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock, to_ms
 from orchestrator.stores import durable, keys, live, scripts, valkey
+
+log = logging.getLogger(__name__)
 
 # Weight of the newest interval in the smoothed rate.
 RATE_WEIGHT = 0.3
@@ -61,7 +64,11 @@ class Progress:
                 settings.CONFIG.progress_write_ms
             )
         if due:
-            self.flush()
+            try:
+                self.flush()
+            except Exception:
+                # Reporting must not fail the handler: the report waits for the next flush.
+                log.warning("run %s: progress not written yet", self.run_id, exc_info=True)
 
     def flush(self, *, final: bool = False) -> None:
         """Send the latest report if one waits (the watch tick calls this); the row too when
@@ -82,15 +89,23 @@ class Progress:
             if row_due:
                 self._row_written_at = now
                 self._row_stale = False
-        script_keys = [keys.run_active(self.run_id)]
-        args = [json.dumps(document), to_ms(self._clock.now())]
-        pipe = valkey.client().pipeline(transaction=False)
-        scripts.queue(pipe, "set_progress", script_keys, args)
-        live.queue_event(pipe, {"type": "progress", "run_id": self.run_id, "progress": document})
-        reply, _ = valkey.execute(pipe, raise_on_error=False)
-        scripts.replied("set_progress", script_keys, args, reply)
-        if row_due:
-            durable.record_progress(self.run_id, document)
+        try:
+            script_keys = [keys.run_active(self.run_id)]
+            args = [json.dumps(document), to_ms(self._clock.now())]
+            pipe = valkey.client().pipeline(transaction=False)
+            scripts.queue(pipe, "set_progress", script_keys, args)
+            live.queue_event(
+                pipe, {"type": "progress", "run_id": self.run_id, "progress": document}
+            )
+            reply, _ = valkey.execute(pipe, raise_on_error=False)
+            scripts.replied("set_progress", script_keys, args, reply)
+            if row_due:
+                durable.record_progress(self.run_id, document)
+        except Exception:
+            with self._lock:  # the report waits for the next flush
+                self._waiting = True
+                self._row_stale = self._row_stale or row_due
+            raise
 
     def document(self) -> dict[str, Any] | None:
         """The latest progress, for the run's terminal write; None if it never reported."""

@@ -13,15 +13,21 @@ goes on.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from redis.client import PubSub
+from redis.exceptions import RedisError
 
 from orchestrator.models import TaskHistory
 from orchestrator.states import TERMINAL_RUN_STATES, RunState
 from orchestrator.stores import keys, valkey
 
 RECHECK_S = 5.0
+POLL_WITHOUT_VALKEY_S = 0.5
+log = logging.getLogger(__name__)
 _TERMINAL = {state.value for state in TERMINAL_RUN_STATES}
 
 
@@ -37,25 +43,48 @@ class RunFailed(Exception):
 
 
 def ended(run_id: str, timeout: float) -> TaskHistory | None:
-    """The run's row once it has ended, or None if it has not within `timeout` seconds."""
-    pubsub = valkey.client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-    pubsub.subscribe(keys.run_ended(run_id))
+    """The run's row once it has ended, or None if it has not within `timeout` seconds. A row
+    not committed yet (a deduplicated start's) is a run that has not ended; with Valkey out
+    of reach the row is read every POLL_WITHOUT_VALKEY_S instead of on the end's message."""
+    pubsub = _subscribed(run_id)
     try:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             row = (
                 TaskHistory.objects.filter(id=run_id).only("id", "state", "result", "error").first()
             )
-            if row is None:
-                raise LookupError(f"no run {run_id!r}")
-            if row.state in _TERMINAL:
+            if row is not None and row.state in _TERMINAL:
                 return row
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            pubsub.get_message(timeout=min(left, RECHECK_S))
+            pubsub = _wait_for_message(pubsub, run_id, min(left, RECHECK_S))
     finally:
+        if pubsub is not None:
+            pubsub.close()
+
+
+def _subscribed(run_id: str) -> PubSub | None:
+    try:
+        pubsub: PubSub = valkey.client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub.subscribe(keys.run_ended(run_id))  # type: ignore[no-untyped-call]
+        return pubsub
+    except RedisError as exc:
+        log.warning("run %s: waiting without Valkey (%s); polling the row", run_id, exc)
+        return None
+
+
+def _wait_for_message(pubsub: PubSub | None, run_id: str, seconds: float) -> PubSub | None:
+    if pubsub is None:
+        time.sleep(min(seconds, POLL_WITHOUT_VALKEY_S))
+        return None
+    try:
+        pubsub.get_message(timeout=seconds)
+        return pubsub
+    except RedisError as exc:
+        log.warning("run %s: waiting without Valkey (%s); polling the row", run_id, exc)
         pubsub.close()
+        return None
 
 
 def wait(run_id: str, timeout: float) -> Any:

@@ -44,7 +44,7 @@ from django.db import close_old_connections
 from redis.client import PubSub
 
 from orchestrator.hooks import concurrency
-from orchestrator.runs import logs, terminal
+from orchestrator.runs import logs, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.states import RunState
 from orchestrator.stores import durable, keys, scripts, valkey
@@ -194,12 +194,18 @@ class Watcher:
     @staticmethod
     def _end(watched: Watched, kind: ErrorKind, message: str) -> None:
         log.error("run %s: %s; failing it and killing its process", watched.run_id, message)
+        # Its last lines and progress first, as a handler that returns has them: followers
+        # see them before the end, and the row keeps its tail.
+        Watcher._flush(watched, final=True)
+        context = watched.context
         terminal.finish(
             watched.definition,
             watched.run_id,
             watched.owner,
             RunState.FAILED,
             error=terminal.error_doc(kind, message),
+            step=steps.plain_extras(context) if not watched.definition.pipeline else None,
+            progress=context.progress.document(),
         )
         _kill_this_process()
 

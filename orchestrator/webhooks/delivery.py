@@ -8,7 +8,8 @@ to `run_event_outbox`, in the change's own transaction, while any endpoint is en
    MAX_BATCHES a pass) become one
    `webhook_delivery` per enabled endpoint whose filter (states, tasks) matches, and leave
    the outbox, in one transaction.
-2. **Send**: due deliveries are leased (LEASE) and POSTed, SENDERS at a time, with
+2. **Send**: due deliveries of enabled endpoints are leased (for as long as the whole batch
+   could take) and POSTed, SENDERS at a time, with
    `Content-Type: application/cloudevents+json` and `X-Lumastra-Signature`
    (`webhooks.signing`). A 2xx answer delivers; anything else, a timeout
    (LUMASTRA_WEBHOOK_TIMEOUT_S) or a refused connection is retried with exponential backoff
@@ -16,22 +17,29 @@ to `run_event_outbox`, in the change's own transaction, while any endpoint is en
    it and redelivers it.
 3. **Prune**: delivered rows older than HISTORY are deleted, at most hourly.
 
-A run never waits for any of this. A worker that dies mid-send leaves its leased deliveries
-to be sent again once the lease passes: receivers see at least once and deduplicate by the
-event's `id`. Not guaranteed: the order of deliveries, even to one endpoint.
+Redirects are not followed (a 3xx is a failed send), and an endpoint whose host resolves to a
+loopback, private or link-local address is refused unless LUMASTRA_WEBHOOK_ALLOW_PRIVATE
+(checked at each send; a host that changes its address between the check and the connection
+is not caught). A run never waits for any of this. A worker that dies mid-send leaves its
+leased deliveries to be sent again once the lease passes: receivers see at least once and
+deduplicate by the event's `id`. Not guaranteed: the order of deliveries, even to one endpoint.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import secrets
+import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -56,7 +64,6 @@ log = logging.getLogger(__name__)
 BATCH = 500
 # Batches one pass takes at most, of events and of deliveries each; the rest wait for the next.
 MAX_BATCHES = 20
-LEASE = timedelta(minutes=2)
 SENDERS = 8
 HISTORY = timedelta(days=7)
 PRUNE_EVERY_S = 3600
@@ -68,17 +75,31 @@ class InvalidEndpoint(ValueError):
     pass
 
 
-def create_endpoint(
-    url: str, *, states: list[str], tasks: list[str], description: str = ""
-) -> tuple[WebhookEndpoint, str]:
-    """A new enabled endpoint and its signing secret (shown to the caller once)."""
-    if not url.startswith(("http://", "https://")):
+class UnknownTasks(InvalidEndpoint):
+    pass
+
+
+def check_endpoint(url: object, states: object, tasks: object) -> None:
+    """Raises InvalidEndpoint unless `url` is an http(s) URL and `states` and `tasks` are
+    lists of known run states and task ids (the API and the admin's form both ask)."""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise InvalidEndpoint("url must be an http:// or https:// URL")
+    if not isinstance(states, list) or not all(isinstance(s, str) for s in states):
+        raise InvalidEndpoint("states must be a list of run states")
+    if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+        raise InvalidEndpoint("tasks must be a list of task ids")
     known_states = {state.value for state in RunState}
     if unknown := sorted(set(states) - known_states):
         raise InvalidEndpoint(f"unknown states {unknown}; known: {sorted(known_states)}")
     if unknown := sorted(set(tasks) - set(registry.get())):
-        raise InvalidEndpoint(f"unknown tasks {unknown}")
+        raise UnknownTasks(f"unknown tasks {unknown}")
+
+
+def create_endpoint(
+    url: str, *, states: list[str], tasks: list[str], description: str = ""
+) -> tuple[WebhookEndpoint, str]:
+    """A new enabled endpoint and its signing secret (shown to the caller once)."""
+    check_endpoint(url, states, tasks)
     secret = "whsec_" + secrets.token_urlsafe(32)
     endpoint = WebhookEndpoint.objects.create(
         url=url, secret=secret, states=states, tasks=tasks, description=description
@@ -87,14 +108,17 @@ def create_endpoint(
 
 
 def redeliver(delivery_ids: list[int]) -> int:
-    """Dead (or pending) deliveries sent again now, attempts from zero."""
+    """Dead (or pending) deliveries sent again now, attempts from zero; one being sent right
+    now is left to its sender (sending it twice at once helps nobody)."""
+    now = SYSTEM.now()
     return (
         WebhookDelivery.objects.filter(id__in=delivery_ids)
         .exclude(status=DeliveryStatus.DELIVERED)
+        .exclude(leased_until__gt=now)
         .update(
             status=DeliveryStatus.PENDING,
             attempts=0,
-            next_attempt_at=SYSTEM.now(),
+            next_attempt_at=now,
             leased_until=None,
             last_error="",
         )
@@ -129,6 +153,8 @@ class Deliverer:
             if self.fan_out(report) < BATCH:
                 break
         for _ in range(MAX_BATCHES):
+            if fence is not None:
+                fence.check()
             if self.send_due(report) < BATCH:
                 break
         if time.monotonic() - self._pruned_at > PRUNE_EVERY_S:
@@ -181,30 +207,36 @@ class Deliverer:
     def send_due(self, report: DeliveryReport) -> int:
         """Lease and send one batch of due deliveries; returns how many it took."""
         now = self.clock.now()
+        lease = now + _lease()
         with transaction.atomic():
             due = list(
                 WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
                 .select_related("endpoint")
-                .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
+                .filter(
+                    status=DeliveryStatus.PENDING,
+                    next_attempt_at__lte=now,
+                    endpoint__enabled=True,
+                )
                 .filter(Q(leased_until__isnull=True) | Q(leased_until__lt=now))
                 .order_by("next_attempt_at")[:BATCH]
             )
-            WebhookDelivery.objects.filter(id__in=[d.id for d in due]).update(
-                leased_until=now + LEASE
-            )
+            WebhookDelivery.objects.filter(id__in=[d.id for d in due]).update(leased_until=lease)
         if not due:
             return 0
         with ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="webhook") as pool:
             outcomes = list(pool.map(_send, due))
         for delivery, sent in zip(due, outcomes, strict=True):
+            delivery.leased_until = lease
             self._record(delivery, sent, report)
         return len(due)
 
     def _record(self, delivery: WebhookDelivery, sent: _Sent, report: DeliveryReport) -> None:
         now = self.clock.now()
         attempts = delivery.attempts + 1
+        # Only under this pass's lease: a sender that outlived it (a failover) records nothing.
+        ours = WebhookDelivery.objects.filter(id=delivery.id, leased_until=delivery.leased_until)
         if sent.status_code is not None and 200 <= sent.status_code < 300:
-            WebhookDelivery.objects.filter(id=delivery.id).update(
+            ours.update(
                 status=DeliveryStatus.DELIVERED,
                 attempts=attempts,
                 delivered_at=now,
@@ -215,7 +247,7 @@ class Deliverer:
             report.delivered += 1
             return
         dead = attempts >= settings.CONFIG.webhook_max_attempts
-        WebhookDelivery.objects.filter(id=delivery.id).update(
+        ours.update(
             status=DeliveryStatus.DEAD if dead else DeliveryStatus.PENDING,
             attempts=attempts,
             next_attempt_at=now + jittered_backoff(BACKOFF, attempts),
@@ -242,7 +274,46 @@ class Deliverer:
         WebhookDelivery.objects.filter(id__in=list(old)).delete()
 
 
+def _lease() -> timedelta:
+    """Long enough for a whole batch to time out, SENDERS at a time, with a margin."""
+    rounds = -(-BATCH // SENDERS)
+    return timedelta(seconds=settings.CONFIG.webhook_timeout_s * rounds + 60)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer like any other non-2xx: the event is not re-sent elsewhere."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _refused_address(url: str) -> str | None:
+    """Why `url` may not be sent to: its host resolves to a loopback, private, link-local or
+    otherwise internal address (unless LUMASTRA_WEBHOOK_ALLOW_PRIVATE), or does not resolve."""
+    if settings.CONFIG.webhook_allow_private:
+        return None
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except OSError as exc:
+        return f"cannot resolve {host!r}: {exc}"
+    for address in addresses:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        if not ip.is_global:
+            return (
+                f"{host!r} resolves to {ip}, an internal address "
+                "(LUMASTRA_WEBHOOK_ALLOW_PRIVATE allows it)"
+            )
+    return None
+
+
 def _send(delivery: WebhookDelivery) -> _Sent:
+    refused = _refused_address(delivery.endpoint.url)
+    if refused is not None:
+        return _Sent(None, f"refused: {refused}")
     body = json.dumps(delivery.envelope, separators=(",", ":")).encode()
     request = urllib.request.Request(  # noqa: S310 (create_endpoint allows http(s) only)
         delivery.endpoint.url,
@@ -255,9 +326,7 @@ def _send(delivery: WebhookDelivery) -> _Sent:
         },
     )
     try:
-        with urllib.request.urlopen(  # noqa: S310
-            request, timeout=settings.CONFIG.webhook_timeout_s
-        ) as response:
+        with _OPENER.open(request, timeout=settings.CONFIG.webhook_timeout_s) as response:
             return _Sent(int(response.status), "")
     except urllib.error.HTTPError as exc:
         return _Sent(exc.code, f"HTTP {exc.code}")

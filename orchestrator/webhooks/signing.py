@@ -26,6 +26,11 @@ class WebhookVerificationError(ValueError):
     """A delivery that must not be trusted; the message says why."""
 
 
+class DuplicateDelivery(WebhookVerificationError):
+    """A genuine delivery of an event the receiver already had (delivery is at least once):
+    answer it 2xx, or it is sent again until it is dead-lettered."""
+
+
 def sign(body: bytes, secret: str, at: int | None = None) -> str:
     """The signature header's value for `body`, at `at` (unix seconds; now by default)."""
     timestamp = int(time.time()) if at is None else at
@@ -50,7 +55,7 @@ def verify(
     if not timestamp.isdigit() or not given:
         raise WebhookVerificationError(f"malformed {HEADER} header")
     expected = sign(body, secret, int(timestamp)).split("v1=", 1)[1]
-    if not hmac.compare_digest(expected, given):
+    if not hmac.compare_digest(expected.encode(), given.encode()):
         raise WebhookVerificationError("signature does not match the body and secret")
     age = (time.time() if now is None else now) - int(timestamp)
     if abs(age) > tolerance.total_seconds():
@@ -60,5 +65,5 @@ def verify(
     except ValueError:
         raise WebhookVerificationError("body is not JSON") from None
     if seen is not None and seen(str(event.get("id", ""))):
-        raise WebhookVerificationError(f"event {event.get('id')} was delivered before")
+        raise DuplicateDelivery(f"event {event.get('id')} was delivered before")
     return event

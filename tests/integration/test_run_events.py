@@ -33,12 +33,18 @@ def _session() -> requests.Session:
 
 
 def _read(
-    response: requests.Response, until: Any, found: list[dict[str, Any]] | None = None
+    stream: requests.Response | Iterator[str],
+    until: Any,
+    found: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Events of an open stream until `until(event)` holds."""
+    """Events of an open stream (a response, or its one line iterator when read in several
+    goes) until `until(event)` holds."""
     found = [] if found is None else found
     event: dict[str, Any] = {}
-    for raw in response.iter_lines(decode_unicode=True):
+    lines = (
+        stream.iter_lines(decode_unicode=True) if isinstance(stream, requests.Response) else stream
+    )
+    for raw in lines:
         if raw == "":
             if event:
                 found.append(event)
@@ -106,3 +112,43 @@ def test_bad_requests_for_events_get_clear_errors(web: str) -> None:
     bad = session.get(f"{web}/api/v1/events", headers={"Last-Event-ID": "x"}, timeout=10)
     assert bad.status_code == 422
     assert requests.get(f"{web}/api/v1/events", timeout=10).status_code == 401
+
+
+def test_a_change_that_commits_late_still_reaches_the_stream(web: str) -> None:
+    session = _session()
+    holding, release = threading.Event(), threading.Event()
+    late: list[str] = []
+
+    def slow_transaction() -> None:
+        from django.db import connection, transaction
+
+        try:
+            with transaction.atomic():
+                # Its audit row takes an id now and becomes visible only at the commit.
+                handle = start_run("test-unique", {"key": "late"}, trigger=TriggerKind.API)
+                late.append(handle.run_id)
+                holding.set()
+                release.wait(20)
+        finally:
+            connection.close()
+
+    # A read timeout under the keep-alive interval: a late change that never comes fails here.
+    with session.get(f"{web}/api/v1/events", stream=True, timeout=10) as s:
+        thread = threading.Thread(target=slow_transaction)
+        thread.start()
+        assert holding.wait(10)
+        early = start_run("test-record-order", {"label": "early"}, trigger=TriggerKind.API)
+        lines = s.iter_lines(decode_unicode=True)
+        seen = _read(lines, lambda e: e.get("data", {}).get("run_id") == early.run_id)
+        release.set()
+        thread.join()
+        seen = _read(lines, lambda e: e.get("data", {}).get("run_id") == late[0], seen)
+
+    order = [
+        e["data"]["run_id"]
+        for e in seen
+        if e.get("event") == "run" and e["data"]["run_id"] in (early.run_id, *late)
+    ]
+    assert order == [early.run_id, late[0]]  # the late one arrives after, not never
+    ids = {e["data"]["run_id"]: int(e["id"]) for e in seen if e.get("event") == "run"}
+    assert ids[late[0]] < ids[early.run_id]  # it did commit out of id order

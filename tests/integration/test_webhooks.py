@@ -19,7 +19,7 @@ from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
-from lumastra.webhooks import HEADER, WebhookVerificationError, sign, verify
+from lumastra.webhooks import HEADER, DuplicateDelivery, WebhookVerificationError, sign, verify
 from orchestrator.api import tokens
 from orchestrator.clock import FrozenClock
 from orchestrator.models import (
@@ -36,6 +36,14 @@ from orchestrator.webhooks.delivery import Deliverer, create_endpoint
 from tests.support.users import PASSWORD, operator
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _local_receivers_allowed() -> Iterator[None]:
+    config = settings.CONFIG
+    settings.CONFIG = dataclasses.replace(config, webhook_allow_private=True)
+    yield
+    settings.CONFIG = config
 
 
 @dataclass
@@ -183,6 +191,25 @@ def test_a_receiver_that_is_down_is_retried_then_dead_then_redelivered(
     assert len(receiver.received) == 4
 
 
+def test_internal_addresses_and_redirects_are_refused(receiver: Receiver) -> None:
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, webhook_allow_private=False)
+    create_endpoint(receiver.url, states=[], tasks=[])
+    start_run("test-record-order", {"label": "ssrf"}, trigger=TriggerKind.API)
+
+    Deliverer().tick()
+
+    delivery = WebhookDelivery.objects.get()
+    assert "internal address" in delivery.last_error and "127.0.0.1" in delivery.last_error
+    assert receiver.received == []
+
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, webhook_allow_private=True)
+    receiver.status = 302
+    WebhookDelivery.objects.update(next_attempt_at=timezone.now())
+    Deliverer().tick()
+    delivery.refresh_from_db()
+    assert delivery.last_status_code == 302 and delivery.status == "pending"
+
+
 def test_verify_refuses_forged_tampered_stale_and_replayed_deliveries() -> None:
     body = json.dumps({"id": "evt_1", "type": "org.lumastra.task.run.completed"}).encode()
     header = sign(body, "whsec_right")
@@ -202,7 +229,7 @@ def test_verify_refuses_forged_tampered_stale_and_replayed_deliveries() -> None:
     stale = sign(body, "whsec_right", at=int(timezone.now().timestamp()) - 600)
     with pytest.raises(WebhookVerificationError, match="past the tolerance"):
         verify(body, stale, "whsec_right")
-    with pytest.raises(WebhookVerificationError, match="delivered before"):
+    with pytest.raises(DuplicateDelivery, match="delivered before"):
         verify(body, header, "whsec_right", seen=replayed)
     with pytest.raises(WebhookVerificationError, match="malformed"):
         verify(body, "v1=abc", "whsec_right")
