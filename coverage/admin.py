@@ -7,7 +7,6 @@ from datetime import timedelta
 
 import django_stubs_ext
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models import QuerySet
 from django.http import (
     Http404,
@@ -138,7 +137,9 @@ class MediaItemStageStateAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[MediaIte
             except (LookupError, ValueError, Refused) as exc:
                 self.message_user(request, f"{stage_id} item {item_id}: {exc}", messages.WARNING)
                 continue
-            _log(request, f"rescanned item {item_id} for {stage_id}: run {handle.run_id}")
+            pages.log_action(
+                request, f"rescanned item {item_id} for {stage_id}: run {handle.run_id}"
+            )
             self.message_user(request, f"{stage_id} item {item_id}: run {handle.run_id}")
 
     def get_urls(self) -> list[URLPattern]:
@@ -185,7 +186,7 @@ class MediaItemStageStateAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[MediaIte
             healed = backlog.heal(stage)
         except backlog.UnknownStage as exc:
             raise Http404(str(exc)) from None
-        _log(request, f"healed {healed} rows of {stage}")
+        pages.log_action(request, f"healed {healed} rows of {stage}")
         self.message_user(request, f"{stage}: {healed} rows pending again")
         return HttpResponseRedirect(reverse("admin:coverage_backlog"))
 
@@ -201,15 +202,5 @@ class EventOutboxAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[EventOutbox]):
     @admin.action(description="Redeliver selected dead letters", permissions=["operate"])
     def redeliver_events(self, request: HttpRequest, queryset: QuerySet[EventOutbox]) -> None:
         count = dispatcher.redeliver(list(queryset.values_list("id", flat=True)))
-        _log(request, f"redelivered {count} outbox events")
+        pages.log_action(request, f"redelivered {count} outbox events")
         self.message_user(request, f"{count} dead-lettered events redelivered")
-
-
-def _log(request: HttpRequest, message: str) -> None:
-    """An operator's action, in the admin log under their name."""
-    LogEntry.objects.create(
-        user_id=int(request.user.pk or 0),
-        action_flag=CHANGE,
-        object_repr=message[:200],
-        change_message=message,
-    )

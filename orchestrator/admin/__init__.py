@@ -6,6 +6,9 @@ list and detail, Tasks, Nodes) needs view, acting (start, cancel, retry, force-e
 operate; staff without the permission get a 403. The site's login counts failed sign-ins per
 client address with the API's bearer tokens (`orchestrator.api.throttle`).
 
+Every operator action (start, cancel, retry, force-enable, and the coverage and webhook
+actions) is written to the admin log under the operator's name (`pages.log_action`).
+
 Only the orchestrator writes run state: the start form calls `start_run` and nothing else,
 the force-enable button `circuit.force_enable` and nothing else, and no admin page can add,
 change or delete a run row.

@@ -20,6 +20,7 @@ def force_enable_view(request: HttpRequest, task_id: str) -> HttpResponse:
     except UnknownTaskError as exc:
         raise Http404(str(exc)) from None
     until = forced.forced_until
+    pages.log_action(request, f"force-enabled the circuit of {task_id}")
     messages.success(
         request,
         f"The circuit of {task_id} is closed and force-enabled"

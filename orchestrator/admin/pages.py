@@ -7,7 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
+from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 
 from orchestrator.api import access
@@ -28,6 +31,21 @@ def requires(needed: Access, view: Page) -> Page:
         return view(request, *args, **kwargs)
 
     return admin.site.admin_view(guarded)
+
+
+def log_action(request: HttpRequest, message: str, obj: Model | None = None) -> None:
+    """An operator's action in the admin log ("Recent actions", and the object's history when
+    `obj` is given), under their name: who cancelled, retried, started, force-enabled,
+    healed, rescanned or redelivered what."""
+    content_type = ContentType.objects.get_for_model(obj) if obj is not None else None
+    LogEntry.objects.create(
+        user_id=int(request.user.pk or 0),
+        content_type=content_type,
+        object_id=str(obj.pk) if obj is not None else None,
+        object_repr=message[:200],
+        action_flag=CHANGE,
+        change_message=message,
+    )
 
 
 class ReadOnlyOperated:

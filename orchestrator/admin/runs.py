@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, reverse
 from django.utils.html import format_html
 
-from orchestrator.admin import force_enable, nodes, start_form, tasks_page
+from orchestrator.admin import force_enable, nodes, pages, start_form, tasks_page
 from orchestrator.admin.filters import OutcomeFilter, PriorityFilter, TaskFilter, TriggerKindFilter
 from orchestrator.api import access
 from orchestrator.api.access import Access
@@ -89,6 +89,7 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             except (NotCancellable, UnknownRun) as exc:
                 self.message_user(request, str(exc), messages.WARNING)
             else:
+                pages.log_action(request, f"cancelled run {run_id} (now {state})")
                 self.message_user(request, f"{run_id}: {state}")
 
     @admin.action(
@@ -101,6 +102,7 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             except (StartRefused, Refused, UnknownRun) as exc:
                 self.message_user(request, f"{run_id}: {exc}", messages.WARNING)
             else:
+                pages.log_action(request, f"retried run {run_id} as {handle.run_id}")
                 self.message_user(request, f"{run_id}: retried as {handle.run_id}")
 
     def has_view_permission(self, request: HttpRequest, obj: TaskHistory | None = None) -> bool:

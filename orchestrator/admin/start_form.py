@@ -103,6 +103,7 @@ def start_run_view(request: HttpRequest) -> HttpResponse:
                     f"A live run with this idempotency key already exists: {handle.run_id}.",
                 )
             else:
+                pages.log_action(request, f"started {handle.task_id} as {handle.run_id}")
                 messages.success(
                     request,
                     f"Started {handle.task_id} as {handle.run_id} (priority {handle.priority}).",

@@ -65,6 +65,7 @@ class WebhookEndpointAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[WebhookEndpo
             obj.url, states=list(obj.states), tasks=list(obj.tasks), description=obj.description
         )
         obj.pk = made.pk
+        pages.log_action(request, f"added webhook endpoint {made.url}", made)
         self.message_user(
             request,
             f"Signing secret of {made.url} (shown once; keep it for the receiver): {secret}",
@@ -96,4 +97,5 @@ class WebhookDeliveryAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[WebhookDeliv
         self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]
     ) -> None:
         count = redeliver(list(queryset.values_list("id", flat=True)))
+        pages.log_action(request, f"redelivered {count} webhook deliveries")
         self.message_user(request, f"{count} deliveries to be sent again")
