@@ -16,7 +16,7 @@ from tasks.definition import (
 from tasks.errors import FatalError, PermanentError, RunCancelled, TransientError
 from tasks.media import MediaFolder, MediaPath, MediaPathError, open_folder
 from tasks.pipeline import Stage
-from tasks.policies import Retry, Timeout
+from tasks.policies import Retry, Stall, Timeout
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import ScheduleRow, cron, dynamic, every
 
@@ -39,6 +39,7 @@ __all__ = [
     "RunCancelled",
     "ScheduleRow",
     "Stage",
+    "Stall",
     "TaskContext",
     "TaskDefinition",
     "Timeout",

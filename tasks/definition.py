@@ -22,7 +22,7 @@ from tasks.context import TaskContext
 from tasks.coverage import CoveredStage, normalised_stage, stage_problem
 from tasks.errors import ManifestError
 from tasks.pipeline import PipelineError, Stage, stage_order
-from tasks.policies import Retry, Timeout
+from tasks.policies import Retry, Stall, Timeout
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import Schedule, parse_schedule
 
@@ -112,6 +112,7 @@ class TaskDefinition:
     retry: Retry
     exclusive_with: tuple[str, ...]
     covers_stages: tuple[CoveredStage, ...]
+    stall: Stall = field(default_factory=Stall)
     description: str = field(default="")
 
     def stage(self, name: str) -> Stage:
@@ -154,6 +155,7 @@ def define_task(
     retry: Retry = DEFAULT_RETRY,
     exclusive_with: Sequence[str] = (),
     covers_stages: Sequence[CoveredStage] = (),
+    stall: Stall | None = None,
     description: str = "",
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
@@ -187,6 +189,9 @@ def define_task(
         raise fail("timeout", "must be Timeout(soft=timedelta, hard=timedelta), 0 < soft <= hard")
     if not _is_int(processing_version) or processing_version < 1:
         raise fail("processing_version", "must be an integer >= 1")
+    stall = Stall() if stall is None else stall
+    if problem := _stall_problem(stall):
+        raise fail("stall", problem)
     quotas = Quotas() if quotas is None else quotas
     if not isinstance(quotas, Quotas):
         raise fail("quotas", "must be Quotas(max_runs_per_day=, max_concurrent=, rate=)")
@@ -256,6 +261,7 @@ def define_task(
         retry=retry,
         exclusive_with=tuple(exclusive_with),
         covers_stages=covered,
+        stall=stall,
         description=description,
     )
 
@@ -267,6 +273,20 @@ def _stage_problem(stage: Stage) -> str | None:
         return "timeout must be Timeout(soft=timedelta, hard=timedelta), 0 < soft <= hard"
     if stage.retry is not None and not _valid_retry(stage.retry):
         return "retry must be Retry(max_attempts>=1, base=timedelta, cap=timedelta>=base)"
+    return None
+
+
+def _stall_problem(stall: object) -> str | None:
+    if not isinstance(stall, Stall):
+        return "must be Stall(warn=timedelta, fail=timedelta, auto=bool)"
+    for name in ("warn", "fail"):
+        value = getattr(stall, name)
+        if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+            return f"{name} must be a positive timedelta or None"
+    if stall.warn is not None and stall.fail is not None and stall.warn >= stall.fail:
+        return "warn must come before fail"
+    if not isinstance(stall.auto, bool):
+        return "auto must be True or False"
     return None
 
 

@@ -10,11 +10,11 @@ watched, the thread:
   claims the run again if a crash of Postgres lost its claim (`terminal.retake_lost_claim`);
 - sends the run's waiting log lines (`runs.logs`) and its latest progress report
   (`runs.progress`) about every second, and the last ones when the handler returns;
-- runs the watchdogs about every second: a stall warning after LUMASTRA_RUN_STALL_WARN_MS
-  without progress (`report_progress` or `log`), a stall failure after
-  LUMASTRA_RUN_STALL_FAIL_MS, the task's hard timeout by the wall clock (a handler that keeps
-  yielding but never ends is still stopped), and a cancel not honoured within
-  LUMASTRA_CANCEL_ESCALATE_S.
+- runs the watchdogs about every second: a stall warning after the task's `Stall.warn` (else
+  LUMASTRA_RUN_STALL_WARN_MS) without progress (`report_progress` or `log`), a stall failure
+  after its `Stall.fail` (else LUMASTRA_RUN_STALL_FAIL_MS), none with `Stall(auto=True)`;
+  the task's hard timeout by the wall clock (a handler that keeps yielding but never ends is
+  still stopped), and a cancel not honoured within LUMASTRA_CANCEL_ESCALATE_S.
 
 A watchdog ends the run through `orchestrator.runs.terminal` (Postgres first), then kills the
 process running the handler: the only way to stop a wedged thread. Celery's prefork pool
@@ -180,10 +180,15 @@ class Watcher:
         hard = watched.definition.timeout.hard
         if now - watched.started > hard.total_seconds():
             self._end(watched, ErrorKind.TIMEOUT, f"passed its hard timeout of {hard}")
+        stall = watched.definition.stall
         quiet_s = now - watched.context.progressed_at
-        if quiet_s * 1000 > config.run_stall_fail_ms:
+        fail_s = stall.fail.total_seconds() if stall.fail else config.run_stall_fail_ms / 1000
+        warn_s = stall.warn.total_seconds() if stall.warn else config.run_stall_warn_ms / 1000
+        if stall.auto:
+            pass  # a handler still running counts as alive; only the hard timeout stops it
+        elif quiet_s > fail_s:
             self._end(watched, ErrorKind.STALLED, f"no progress for {quiet_s:.0f}s")
-        elif quiet_s * 1000 > config.run_stall_warn_ms and not watched.stall_warned:
+        elif quiet_s > warn_s and not watched.stall_warned:
             watched.stall_warned = True
             log.warning("run %s: no progress for %.0fs", watched.run_id, quiet_s)
         if watched.cancel_seen is not None and now - watched.cancel_seen > config.cancel_escalate_s:

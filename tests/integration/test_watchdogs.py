@@ -6,6 +6,7 @@ import pytest
 
 from orchestrator.models import TaskHistory
 from orchestrator.runs.start import start_run
+from orchestrator.states import RunState
 from orchestrator.stores import keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process
@@ -80,3 +81,25 @@ def test_a_claim_postgres_lost_is_taken_again_at_the_next_heartbeat() -> None:
         wait_for(lambda: _row(handle.run_id).state == "completed", timeout=10)
 
     assert _row(handle.run_id).attempts == 1
+
+
+def test_a_task_sets_its_own_stall_limits_or_counts_a_running_handler_alive() -> None:
+    queues = ["task.t.test-sleepy-strict", "task.t.test-sleepy-auto"]
+    # The worker's own limits here are long: only the tasks' settings can act within the test.
+    patient = {
+        **FAST,
+        "LUMASTRA_RUN_STALL_WARN_MS": "60000",
+        "LUMASTRA_RUN_STALL_FAIL_MS": "120000",
+    }
+    deaf = {"seconds": 5, "cooperative": False, "progress": False}
+    with worker_process(queues, concurrency=2, name="stall-own", env=patient):
+        strict = start_run("test-sleepy-strict", deaf, trigger=TriggerKind.MANUAL)
+        auto = start_run(
+            "test-sleepy-auto",
+            {**deaf, "seconds": 4},
+            trigger=TriggerKind.MANUAL,
+        )
+        wait_for(lambda: _row(strict.run_id).state == RunState.FAILED, timeout=15)
+        wait_for(lambda: _row(auto.run_id).state == RunState.COMPLETED, timeout=20)
+
+    assert _row(strict.run_id).error["kind"] == "stalled"

@@ -24,6 +24,7 @@ from tasks import (
     Quotas,
     Retry,
     Stage,
+    Stall,
     TaskContext,
     Timeout,
     TransientError,
@@ -645,4 +646,22 @@ def _logger(ctx: TaskContext, params: LoggerInput) -> dict[str, int]:
 
 logger_task = define_task(
     id="test-logger", resource_class="io", execute=_logger, input_model=LoggerInput
+)
+
+
+# A deaf handler (no progress) with its own stall limits: 2 s to fail, whatever the worker's.
+sleepy_strict = define_task(
+    id="test-sleepy-strict",
+    resource_class="io",
+    execute=_sleepy,
+    input_model=SleepyInput,
+    stall=Stall(warn=timedelta(seconds=1), fail=timedelta(seconds=2)),
+)
+# The same, counted alive while it runs (an ffmpeg-like call that cannot report progress).
+sleepy_auto = define_task(
+    id="test-sleepy-auto",
+    resource_class="io",
+    execute=_sleepy,
+    input_model=SleepyInput,
+    stall=Stall(auto=True),
 )

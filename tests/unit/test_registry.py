@@ -439,3 +439,36 @@ def test_a_long_identity_is_stored_as_its_digest() -> None:
     assert identity.startswith("sha256:") and len(identity) == 71
     assert identity == definition.identity(PathInput(path=deep))
     assert definition.identity(PathInput(path="/media/a")) == "/media/a"
+
+
+def test_a_task_may_set_its_own_stall_limits() -> None:
+    from tasks import Stall
+
+    stall = Stall(warn=timedelta(minutes=5), fail=timedelta(minutes=30))
+    assert _define(stall=stall).stall == stall
+    assert _define().stall == Stall()  # the worker's defaults
+    assert _define(stall=Stall(auto=True)).stall.auto
+
+
+@pytest.mark.parametrize(
+    "stall",
+    [
+        "10m",
+        "Stall(warn=0)",
+    ],
+)
+def test_a_malformed_stall_is_refused(stall: str) -> None:
+    from tasks import Stall
+
+    bad = {
+        "10m": "10m",
+        "Stall(warn=0)": Stall(warn=timedelta(0)),
+    }[stall]
+    _rejected("stall", stall=bad)
+
+
+def test_stall_warn_must_come_before_fail() -> None:
+    from tasks import Stall
+
+    error = _rejected("stall", stall=Stall(warn=timedelta(minutes=5), fail=timedelta(minutes=1)))
+    assert "warn must come before fail" in str(error)
