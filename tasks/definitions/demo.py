@@ -119,15 +119,20 @@ slow_progress_task = define_task(
 
 
 def history_retention(ctx: TaskContext, params: NoInput) -> dict[str, int]:
-    from orchestrator.models import TaskHistory
+    from orchestrator.models import TaskHistory, TaskHistoryAudit
     from orchestrator.states import TERMINAL_RUN_STATES
 
     cutoff = timezone.now() - timedelta(days=settings.CONFIG.history_retention_days)
     deleted, _ = TaskHistory.objects.filter(
         state__in=[s.value for s in TERMINAL_RUN_STATES], finished_at__lt=cutoff
     ).delete()
-    ctx.log(f"deleted {deleted} terminal runs finished before {cutoff.isoformat()}")
-    return {"deleted": deleted}
+    # The audit is not a foreign key (it outlives its run's row): pruned by its own age.
+    audit, _ = TaskHistoryAudit.objects.filter(at__lt=cutoff).delete()
+    ctx.log(
+        f"deleted {deleted} terminal runs finished and {audit} state changes recorded "
+        f"before {cutoff.isoformat()}"
+    )
+    return {"deleted": deleted, "audit_deleted": audit}
 
 
 history_retention_task = define_task(
@@ -135,7 +140,7 @@ history_retention_task = define_task(
     resource_class="maintenance",
     execute=history_retention,
     schedule=every("1d", env_override="LUMASTRA_HISTORY_RETENTION_EVERY"),
-    description="deletes terminal runs older than LUMASTRA_HISTORY_RETENTION_DAYS",
+    description="deletes terminal runs and state changes past LUMASTRA_HISTORY_RETENTION_DAYS",
 )
 
 
