@@ -158,3 +158,36 @@ def test_lines_are_sent_in_batches_not_one_round_trip_each() -> None:
     assert [line.seq for line in stored] == list(range(1, 251))
     assert stored[-1].entry["msg"] == "line 249"
     assert len(run_log.tail) == settings.CONFIG.run_log_tail
+
+
+def test_a_handlers_logging_goes_to_its_own_run_only() -> None:
+    import logging
+    import threading
+
+    first, second = logs.RunLog("run_capture_one"), logs.RunLog("run_capture_two")
+    started = threading.Barrier(2)
+
+    def handler(run_log: logs.RunLog, name: str) -> None:
+        with logs.capturing(run_log):
+            started.wait(5)  # both runs capture at the same time, in their own threads
+            logging.getLogger("tests.capture").warning("from %s", name)
+            # The engine's own records are the engine's, never a run's.
+            logging.getLogger("orchestrator.capture").warning("engine talk")
+        run_log.flush()
+
+    threads = [
+        threading.Thread(target=handler, args=(first, "one")),
+        threading.Thread(target=handler, args=(second, "two")),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    logging.getLogger("tests.capture").warning("outside any run")
+
+    assert [line.entry["msg"] for line in logs.read("run_capture_one")] == [
+        "tests.capture: from one"
+    ]
+    assert [line.entry["msg"] for line in logs.read("run_capture_two")] == [
+        "tests.capture: from two"
+    ]
