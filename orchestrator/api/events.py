@@ -32,6 +32,7 @@ from django.conf import settings
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Router
 
+from orchestrator.api import sse
 from orchestrator.api.auth import VIEW
 from orchestrator.api.errors import ApiError, answers
 from orchestrator.models import TaskHistory, TaskHistoryAudit
@@ -94,7 +95,7 @@ async def _stream(after: int, task: str | None, run: str | None) -> AsyncIterato
             if time.monotonic() >= next_poll:
                 changes, read = await _changes(after, last, seen, task, run)
                 for change in changes:
-                    yield _event("run", change, change["id"])
+                    yield sse.event("run", change, change["id"])
                     sent = True
                 last = max([last, *read])
                 seen = {i for i in (*seen, *read) if i > last - TRAILING_IDS}
@@ -104,22 +105,17 @@ async def _stream(after: int, task: str | None, run: str | None) -> AsyncIterato
             while message is not None:
                 live = json.loads(message["data"])
                 if await _wanted(live, task, run, tasks_of):
-                    yield _event(live["type"], live)
+                    yield sse.event(live["type"], live)
                     sent = True
                 message = await pubsub.get_message(timeout=0)
             if sent:
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= settings.CONFIG.sse_keepalive_s:
                 quiet_since = time.monotonic()
-                yield ": keep-alive\n\n"
+                yield sse.KEEP_ALIVE
     finally:
         await pubsub.unsubscribe()
         await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-
-def _event(name: str, data: dict[str, Any], event_id: int | None = None) -> str:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {name}\ndata: {json.dumps(data, default=str)}\n\n"
 
 
 @sync_to_async

@@ -16,7 +16,6 @@ for them are not sent; under WSGI (the test client) the stream is consumed synch
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +24,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import Router
 
+from orchestrator.api import sse
 from orchestrator.api.auth import VIEW
 from orchestrator.api.errors import ApiError, answers
 from orchestrator.models import TaskHistory
@@ -88,9 +88,7 @@ def _kept_tail(steps: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _event(entry: dict[str, Any]) -> str:
-    seq = entry.get("seq")
-    head = f"id: {seq}\n" if seq is not None else ""
-    return f"{head}event: log\ndata: {json.dumps(entry)}\n\n"
+    return sse.event("log", entry, entry.get("seq"))
 
 
 async def _follow(run_id: str, after: int, first: list[dict[str, Any]]) -> AsyncIterator[str]:
@@ -113,13 +111,13 @@ async def _follow(run_id: str, after: int, first: list[dict[str, Any]]) -> Async
                     # Lines are sent before the run's end is written: one last read has them.
                     for line in await _read(client, run_id, last):
                         yield _event({"seq": line.seq, **line.entry})
-                    yield f"event: end\ndata: {json.dumps({'state': state})}\n\n"
+                    yield sse.event("end", {"state": state})
                     return
             message = await pubsub.get_message(timeout=STATE_CHECK_S)
             quiet = 0.0 if message is not None or fresh else quiet + STATE_CHECK_S
             if quiet >= settings.CONFIG.sse_keepalive_s:
                 quiet = 0.0
-                yield ": keep-alive\n\n"
+                yield sse.KEEP_ALIVE
     finally:
         await pubsub.unsubscribe()
         await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -28,7 +28,7 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock, to_ms
-from orchestrator.stores import durable, keys, live, scripts, valkey
+from orchestrator.stores import durable, keys, live, scripts
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +90,13 @@ class Progress:
                 self._row_written_at = now
                 self._row_stale = False
         try:
-            script_keys = [keys.run_active(self.run_id)]
-            args = [json.dumps(document), to_ms(self._clock.now())]
-            pipe = valkey.client().pipeline(transaction=False)
-            scripts.queue(pipe, "set_progress", script_keys, args)
-            live.queue_event(
-                pipe, {"type": "progress", "run_id": self.run_id, "progress": document}
+            event = {"type": "progress", "run_id": self.run_id, "progress": document}
+            scripts.call_with(
+                "set_progress",
+                [keys.run_active(self.run_id)],
+                [json.dumps(document), to_ms(self._clock.now())],
+                lambda pipe: live.queue_event(pipe, event),
             )
-            reply, _ = valkey.execute(pipe, raise_on_error=False)
-            scripts.replied("set_progress", script_keys, args, reply)
             if row_due:
                 durable.record_progress(self.run_id, document)
         except Exception:

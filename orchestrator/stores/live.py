@@ -57,11 +57,13 @@ def seed(
         *stages,
     ]
     # With the run's count as sent (/metrics), in the same round trip.
-    pipe = valkey.client().pipeline(transaction=False)
-    scripts.queue(pipe, "seed_run", script_keys, args)
-    counters.add(counters.DELIVERY, ("published",), 1, pipe)
-    reply, _ = valkey.execute(pipe, raise_on_error=False)
-    return bool(scripts.replied("seed_run", script_keys, args, reply))
+    seeded = scripts.call_with(
+        "seed_run",
+        script_keys,
+        args,
+        lambda pipe: counters.add(counters.DELIVERY, ("published",), 1, pipe),
+    )
+    return bool(seeded)
 
 
 def claim(run_id: str, owner: str, clock: Clock = SYSTEM) -> None:
@@ -127,12 +129,11 @@ def transition_stage(
     script_keys = [keys.run_active(run_id)]
     args = [stage, target.value, to_ms(clock.now())]
     # Postgres made the move already: followers of /events hear of it in the same round trip.
-    pipe = valkey.client().pipeline(transaction=False)
-    scripts.queue(pipe, "transition_stage", script_keys, args)
-    queue_event(pipe, {"type": "stage", "run_id": run_id, "stage": stage, "state": target.value})
-    reply, _ = valkey.execute(pipe, raise_on_error=False)
+    event = {"type": "stage", "run_id": run_id, "stage": stage, "state": target.value}
     try:
-        previous = scripts.replied("transition_stage", script_keys, args, reply)
+        previous = scripts.call_with(
+            "transition_stage", script_keys, args, lambda pipe: queue_event(pipe, event)
+        )
     except ResponseError as exc:
         if str(exc).startswith("NO_STAGE"):
             raise IllegalTransition(run_id, None, f"{stage}:{target}", "valkey") from None
@@ -163,9 +164,10 @@ def read(run_id: str) -> RunHash:
 def count_delivery(run_id: str) -> int:
     """One more delivery of the run's message (and one more redelivery in /metrics, in the
     same round trip); 0 when the run has no live hash."""
-    script_keys, args = [keys.run_active(run_id)], ["delivery"]
-    pipe = valkey.client().pipeline(transaction=False)
-    scripts.queue(pipe, "count_delivery", script_keys, args)
-    counters.add(counters.DELIVERY, ("redelivered",), 1, pipe)
-    reply, _ = valkey.execute(pipe, raise_on_error=False)
-    return int(scripts.replied("count_delivery", script_keys, args, reply))
+    deliveries = scripts.call_with(
+        "count_delivery",
+        [keys.run_active(run_id)],
+        ["delivery"],
+        lambda pipe: counters.add(counters.DELIVERY, ("redelivered",), 1, pipe),
+    )
+    return int(deliveries)

@@ -8,6 +8,7 @@ script gets a new version here and in its header; a unit test checks the two agr
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,19 @@ def queue(pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
     pipeline, a round trip of its own. A NOSCRIPT reply is answered by `replied` instead.
     """
     pipe.evalsha(_script(name).sha, len(keys), *keys, *args)
+
+
+def call_with(
+    name: str, keys: list[str], args: list[Any], also: Callable[[Pipeline], object]
+) -> Any:
+    """A script call and the commands `also` adds to its pipeline, in one round trip; the
+    script's reply (NOSCRIPT answered as `replied` does; the other commands' replies are not
+    read)."""
+    pipe = valkey.client().pipeline(transaction=False)
+    queue(pipe, name, keys, args)
+    also(pipe)
+    reply, *_ = valkey.execute(pipe, raise_on_error=False)
+    return replied(name, keys, args, reply)
 
 
 def replied(name: str, keys: list[str], args: list[Any], reply: Any) -> Any:
