@@ -2,7 +2,9 @@
 # The worker role (DESIGN §2): one prefork Celery worker per pool, each with its pool's budget
 # as concurrency (see lumastra/workers.py; `--print-plan` shows the pools), and the
 # orchestrator loops. Extra arguments go to every `celery worker` (e.g. --loglevel=DEBUG).
-# Runs from anywhere (deploy/python.sh).
+# Runs from anywhere (deploy/python.sh). `exec`, so SIGTERM/SIGINT reach lumastra.workers
+# itself: it stops taking messages, gives running runs LUMASTRA_SHUTDOWN_GRACE_S, hands the
+# rest back (pending, for another worker) and ends every process it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/python.sh

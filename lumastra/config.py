@@ -117,11 +117,32 @@ class Config:
     per_task_queues: bool = _env(
         "FEATURE_PER_TASK_QUEUES", "true", _parse_bool, "one queue per task; false: one per class"
     )
-    secret_key: str = _env("LUMASTRA_SECRET_KEY", "dev-insecure-change-me", str, "SECRET_KEY")
+    secret_key: str = _env(
+        "LUMASTRA_SECRET_KEY", "", str, "SECRET_KEY; the role scripts refuse to start without it"
+    )
     debug: bool = _env("LUMASTRA_DEBUG", "false", _parse_bool, "Django DEBUG")
     allowed_hosts: tuple[str, ...] = _env(
         "LUMASTRA_ALLOWED_HOSTS", "localhost,127.0.0.1", _parse_list, "comma-separated hosts"
     )
+    csrf_trusted_origins: tuple[str, ...] = _env(
+        "LUMASTRA_CSRF_TRUSTED_ORIGINS", "", _parse_list, "origins trusted for unsafe requests"
+    )
+    https: bool = _env(
+        "LUMASTRA_HTTPS", "false", _parse_bool, "served over HTTPS: secure cookies, redirect"
+    )
+    proxy_ssl_header: bool = _env(
+        "LUMASTRA_PROXY_SSL_HEADER",
+        "false",
+        _parse_bool,
+        "trust X-Forwarded-Proto from the TLS-terminating proxy",
+    )
+    hsts_seconds: int = _env(
+        "LUMASTRA_HSTS_SECONDS", "0", _non_negative_int, "Strict-Transport-Security max-age"
+    )
+    hsts_include_subdomains: bool = _env(
+        "LUMASTRA_HSTS_INCLUDE_SUBDOMAINS", "false", _parse_bool, "HSTS includeSubDomains"
+    )
+    hsts_preload: bool = _env("LUMASTRA_HSTS_PRELOAD", "false", _parse_bool, "HSTS preload")
     task_modules: tuple[str, ...] = _env(
         "LUMASTRA_TASK_MODULES",
         "tasks.definitions.demo,tasks.definitions.catalog",
@@ -165,6 +186,9 @@ class Config:
     )
     flower_basic_auth: tuple[str, ...] = _env(
         "FLOWER_BASIC_AUTH", "", _parse_list, "Flower's user:password pairs, comma-separated"
+    )
+    flower_url: str = _env(
+        "LUMASTRA_FLOWER_URL", "http://127.0.0.1:5555", str, "where operators reach Flower"
     )
     run_active_ttl_s: int = _env(
         "LUMASTRA_RUN_ACTIVE_TTL_S", "900", _positive_int, "live run hash TTL"
@@ -233,6 +257,12 @@ class Config:
         _positive_int,
         "seconds a webhook endpoint has to answer",
     )
+    health_timeout_s: int = _env(
+        "LUMASTRA_HEALTH_TIMEOUT_S",
+        "2",
+        _positive_int,
+        "seconds /readyz and healthcheck --ready wait for each store",
+    )
     metrics_token: str = _env(
         "LUMASTRA_METRICS_TOKEN",
         "",
@@ -256,6 +286,24 @@ class Config:
         "30",
         _positive_int,
         "history-retention deletes older runs",
+    )
+    webhook_retention_days: int = _env(
+        "LUMASTRA_WEBHOOK_RETENTION_DAYS",
+        "14",
+        _positive_int,
+        "history-retention deletes older delivered or dead webhook deliveries",
+    )
+    coverage_outbox_retention_days: int = _env(
+        "LUMASTRA_COVERAGE_OUTBOX_RETENTION_DAYS",
+        "30",
+        _positive_int,
+        "history-retention deletes outbox events dead-lettered longer ago",
+    )
+    retention_batch: int = _env(
+        "LUMASTRA_RETENTION_BATCH",
+        "1000",
+        _positive_int,
+        "rows one history-retention batch (one short transaction) deletes at most",
     )
     broker_visibility_timeout_s: int = _env(
         "LUMASTRA_BROKER_VISIBILITY_TIMEOUT_S", "3600", _positive_int, "Redis transport redelivery"
@@ -304,6 +352,12 @@ class Config:
     )
     max_deliveries: int = _env(
         "LUMASTRA_MAX_DELIVERIES", "5", _positive_int, "deliveries of one run's message"
+    )
+    shutdown_grace_s: int = _env(
+        "LUMASTRA_SHUTDOWN_GRACE_S",
+        "30",
+        _positive_int,
+        "seconds a stopping worker gives its running runs before handing them back",
     )
     orphan_threshold_s: int = _env(
         "LUMASTRA_ORPHAN_THRESHOLD_S", "300", _positive_int, "heartbeat age that makes an orphan"

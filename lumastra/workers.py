@@ -7,10 +7,17 @@ the orchestrator loops (`python -m orchestrator.loops`: reconciler, boot recover
 replay). Arguments it does not know are passed on to every worker (e.g. `--loglevel=DEBUG`),
 not to the loops. `--print-plan` prints the pools and the loops, and exits.
 
-SIGTERM and SIGINT are forwarded to every worker as SIGTERM, Celery's warm shutdown: running
-tasks may finish, and with `acks_late` the messages of those that do not go back to the queue.
-When a worker or the loops process exits on its own, the others are stopped and this process
-exits non-zero.
+SIGTERM and SIGINT stop the role gracefully (a deploy, Ctrl+C):
+1. every worker gets SIGTERM, Celery's warm shutdown: it takes no new message, and its
+   reserved ones go back to their queues; the loops process stops too (releasing its seats);
+2. the runs still running get LUMASTRA_SHUTDOWN_GRACE_S to finish;
+3. then the pool processes still running are killed and their runs handed back, pending for
+   another worker (`orchestrator.runs.handback`), instead of failing or waiting for the
+   reconciler; a second signal skips the rest of the grace;
+4. a worker still alive STOP_TIMEOUT_S later is killed, and so is every process this one
+   started, and theirs: nothing it started outlives it.
+When a worker or the loops process exits on its own, the others are stopped the same way and
+this process exits non-zero.
 
 It does not restart a dead worker: a role with a pool missing would look healthy while that
 pool's queues fill up, so the whole role ends and its supervisor (honcho, compose, systemd)
@@ -38,9 +45,10 @@ from tasks import registry
 from tasks.resources import budgets
 
 POLL_INTERVAL_S = 0.5
-# A warm shutdown waits for running tasks; a worker still busy after this is killed, and
-# acks_late returns its unfinished messages to the queue.
-STOP_TIMEOUT_S = 60.0
+# After the grace and the hand back, a worker has this long to finish its shutdown before it
+# is killed (with its pool processes).
+STOP_TIMEOUT_S = 15.0
+LOOPS = "loops"
 
 
 def plan() -> list[Pool]:
@@ -83,14 +91,18 @@ def loops_argv() -> list[str]:
 class Supervisor:
     """Runs the workers; `run` returns the exit status of the role."""
 
-    def __init__(self, commands: dict[str, list[str]]) -> None:
+    def __init__(self, commands: dict[str, list[str]], *, grace_s: float) -> None:
         self._commands = commands
+        self._grace_s = grace_s
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._stopping = False
+        self._signals = 0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._stopping = True
-        self._signal_all(signal.SIGTERM)
+        self._signals += 1
+        if not self._stopping:
+            self._stopping = True
+            self._signal_all(signal.SIGTERM)
 
     def _signal_all(self, signum: int) -> None:
         for child in self._children.values():
@@ -116,21 +128,109 @@ class Supervisor:
                 self._signal_all(signal.SIGTERM)
                 break
             time.sleep(POLL_INTERVAL_S)
-        self._wait_all()
+        self._shut_down()
         return status
 
-    def _wait_all(self) -> None:
+    def _alive(self) -> dict[str, subprocess.Popen[bytes]]:
+        return {name: child for name, child in self._children.items() if child.poll() is None}
+
+    def _shut_down(self) -> None:
+        """Every child has had SIGTERM: the grace, the hand back, then no survivors."""
+        deadline = time.monotonic() + self._grace_s
+        while self._alive() and time.monotonic() < deadline and self._signals < 2:
+            time.sleep(POLL_INTERVAL_S / 5)
+        workers = {n: c for n, c in self._alive().items() if n != LOOPS}
+        if workers:
+            self._hand_back(workers)
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        for name, child in self._children.items():
-            try:
-                child.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                print(
-                    f"{name} did not stop in {STOP_TIMEOUT_S:.0f}s; killing it",
-                    file=sys.stderr,
-                )
-                child.kill()
-                child.wait()
+        while self._alive() and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_S / 5)
+        for name, child in self._alive().items():
+            print(f"{name} did not stop in time; killing it", file=sys.stderr, flush=True)
+            _kill_tree(child.pid)
+            child.wait()
+        # A pool process whose worker died first is reparented to this process (a child
+        # subreaper, see `main`), not ended: nothing this role started may outlive it.
+        _kill_tree_and_reap(os.getpid())
+
+    def _hand_back(self, workers: dict[str, subprocess.Popen[bytes]]) -> None:
+        # Imported here: it needs Django's apps, which `main` sets up first.
+        from orchestrator.runs.handback import hand_back
+
+        pids = [pid for child in workers.values() for pid in descendants(child.pid)]
+        print(
+            f"grace of {self._grace_s:.0f}s over: handing back the runs of {sorted(workers)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            report = hand_back(pids, grace_s=self._grace_s)
+        except Exception as exc:
+            # The reconciler resumes what was not handed back (its heartbeats stop).
+            print(f"hand back failed: {exc!r}", file=sys.stderr, flush=True)
+            return
+        print(f"handed back: {report}", file=sys.stderr, flush=True)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, read from /proc (Linux)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL `pid`'s descendants, then `pid` (if it still runs)."""
+    for target in [*descendants(pid), pid]:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
+def _kill_tree_and_reap(pid: int) -> None:
+    """SIGKILL every process below `pid` (this process) and reap those that were ours."""
+    for target in descendants(pid):
+        try:
+            os.kill(target, signal.SIGKILL)
+            print(f"process {target} outlived its worker; killed", file=sys.stderr, flush=True)
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            reaped, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no child left
+        if reaped == 0:
+            time.sleep(0.05)
+
+
+def become_subreaper() -> None:
+    """Orphans of this process's descendants are reparented to it, not to init (Linux), so
+    `_kill_tree_and_reap` finds a pool process whose worker died before it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         p.name: worker_argv(f"{p.name}@%h", p.concurrency, (*p.queues, SCHEDULER_QUEUE), extra)
         for p in pools
     }
-    commands["loops"] = loops_argv()
-    return Supervisor(commands).run()
+    commands[LOOPS] = loops_argv()
+    become_subreaper()
+    return Supervisor(commands, grace_s=cfg.shutdown_grace_s).run()
 
 
 if __name__ == "__main__":

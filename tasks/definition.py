@@ -114,6 +114,10 @@ class TaskDefinition:
     covers_stages: tuple[CoveredStage, ...]
     stall: Stall = field(default_factory=Stall)
     description: str = field(default="")
+    # A run whose worker died mid-run (killed, lost, drained on shutdown) goes back to pending
+    # for its next attempt while `retry.max_attempts` allows; False fails it instead, for work
+    # that must never be repeated.
+    retry_on_worker_loss: bool = True
 
     def stage(self, name: str) -> Stage:
         for stage in self.pipeline:
@@ -157,6 +161,7 @@ def define_task(
     covers_stages: Sequence[CoveredStage] = (),
     stall: Stall | None = None,
     description: str = "",
+    retry_on_worker_loss: bool = True,
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
     task_id = id
@@ -229,6 +234,8 @@ def define_task(
         raise fail("backpressure", f"{backpressure!r} is not one of {choices}") from None
     if not _valid_retry(retry):
         raise fail("retry", "must be Retry(max_attempts>=1, base=timedelta, cap=timedelta>=base)")
+    if not isinstance(retry_on_worker_loss, bool):
+        raise fail("retry_on_worker_loss", "must be True or False")
     if isinstance(exclusive_with, str):
         raise fail("exclusive_with", "must be a sequence of task ids, not one string")
     for other in exclusive_with:
@@ -263,6 +270,7 @@ def define_task(
         covers_stages=covered,
         stall=stall,
         description=description,
+        retry_on_worker_loss=retry_on_worker_loss,
     )
 
 

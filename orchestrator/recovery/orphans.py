@@ -17,7 +17,14 @@ fail), is kept and counted as `kept_alive`: one store alone never ends a run. An
 moves a run out of an ended state, so a heartbeat that lands late cannot bring back a run
 already failed.
 
-An orphan is ended Postgres first, by compare-and-set: active → failed, cancelling →
+An active orphan whose task takes runs back after a lost worker (`retry_on_worker_loss`) and
+whose attempts are not spent is resumed instead of ended (`runs.resume`): active → pending,
+fenced by its lost claim (owner, attempt count) and by the same heartbeat condition, with
+error kind `orphaned` and the attempt kept on the row, its backoff as `not_before`, and its
+message published again; a pipeline run's running stages go back to waiting the same way
+(`runs.pipeline.resume_lost_stages`) while the run stays active. Counted as `resumed`.
+
+Otherwise an orphan is ended Postgres first, by compare-and-set: active → failed, cancelling →
 cancelled (cancelling → failed is not a legal move: the cancel request wins), with error
 `{"kind": "orphaned", "message": ..., "owner": ..., "heartbeat_age_s": ...}`; the message
 gives the heartbeat's age, the threshold, the owner and what the live hash said. The UPDATE
@@ -55,9 +62,11 @@ from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
+from orchestrator.runs import pipeline, resume
 from orchestrator.runs.settle import settle
 from orchestrator.states import IllegalTransition, RunState, run_sources
 from orchestrator.stores import keys, valkey
+from tasks import registry
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
@@ -72,7 +81,8 @@ SCAN_START = (datetime(1970, 1, 1, tzinfo=UTC), "")
 _CANDIDATES = """
 (SELECT id, task_id, state, owner_instance_id, identity, priority, processing_version,
         created_at,
-        EXTRACT(EPOCH FROM now() - COALESCE(heartbeat_at, started_at, updated_at))::float8
+        EXTRACT(EPOCH FROM now() - COALESCE(heartbeat_at, started_at, updated_at))::float8,
+        attempts, stages <> '{}'
    FROM task_history
   WHERE state = ANY(%(stale_states)s)
     AND COALESCE(heartbeat_at, started_at, updated_at)
@@ -85,7 +95,8 @@ _CANDIDATES = """
 UNION ALL
 (SELECT id, task_id, state, owner_instance_id, identity, priority, processing_version,
         created_at,
-        EXTRACT(EPOCH FROM now() - GREATEST(updated_at, not_before))::float8
+        EXTRACT(EPOCH FROM now() - GREATEST(updated_at, not_before))::float8,
+        attempts, stages <> '{}'
    FROM task_history
   WHERE state = 'pending'
     AND GREATEST(updated_at, not_before) < now() - %(pending_after_s)s * interval '1 second'
@@ -120,6 +131,8 @@ class Candidate:
     # Seconds, by the Postgres clock: since the last heartbeat (active, cancelling), or since
     # the run became pending (pending).
     age_s: float
+    attempts: int = 0  # claims so far (the lost attempt's number, for an active run)
+    pipeline: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,6 +158,7 @@ class LiveView:
 
 @dataclass
 class OrphanReport:
+    resumed: int = 0  # active → pending for the next attempt (a pipeline: its running stages)
     orphaned: int = 0  # active → failed
     cancelled: int = 0  # cancelling → cancelled
     kept_alive: int = 0  # stale in Postgres, but the live hash still beats
@@ -172,7 +186,9 @@ def candidates(
         cursor.execute(_CANDIDATES, params)
         rows = cursor.fetchall()
     found = [
-        Candidate(r[0], r[1], RunState(r[2]), r[3], r[4], r[5], r[6], r[7], float(r[8]))
+        Candidate(
+            r[0], r[1], RunState(r[2]), r[3], r[4], r[5], r[6], r[7], float(r[8]), r[9], r[10]
+        )
         for r in rows
     ]
     stale = [c for c in found if c.state != RunState.PENDING]
@@ -245,6 +261,8 @@ def end_orphans(
             continue
         if ended is None:
             report.raced += 1
+        elif ended == RunState.PENDING:
+            report.resumed += 1
         elif ended == RunState.FAILED:
             report.orphaned += 1
         else:
@@ -253,6 +271,8 @@ def end_orphans(
 
 
 def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> RunState | None:
+    """End the orphan, or resume it: PENDING for a run (or a pipeline run's stages) put back
+    for its next attempt, None when it moved on since it was judged."""
     target = RunState.FAILED if candidate.state == RunState.ACTIVE else RunState.CANCELLED
     if candidate.state not in run_sources(target):
         raise IllegalTransition(candidate.run_id, candidate.state, target, "postgres")
@@ -261,6 +281,10 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
         f"its worker stopped heartbeating: last heartbeat {candidate.age_s:.0f}s ago "
         f"(threshold {threshold_s}s), owner {owner}, {reason}"
     )
+    if candidate.state == RunState.ACTIVE:
+        resumed = _resume(candidate, threshold_s, message)
+        if resumed is not _NOT_RESUMABLE:
+            return resumed
     if target == RunState.CANCELLED:
         message = f"cancel requested, and {message}"
     error = {
@@ -295,3 +319,33 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
         clock=clock,
     )
     return target
+
+
+# `_resume` when the run may not be tried again: the caller ends it as an orphan.
+_NOT_RESUMABLE = RunState.FAILED
+
+
+def _resume(candidate: Candidate, threshold_s: int, message: str) -> RunState | None:
+    """Put an orphan back for its next attempt (`runs.resume`; a pipeline run's running
+    stages, `pipeline.resume_lost_stages`) while its task allows it: PENDING when it did,
+    None when the run moved on, `_NOT_RESUMABLE` when it may not be resumed."""
+    definition = registry.get().get(candidate.task_id)
+    if definition is None:
+        return _NOT_RESUMABLE
+    if candidate.pipeline:
+        moved = pipeline.resume_lost_stages(definition, candidate.run_id, message, threshold_s)
+        if moved is None:
+            return _NOT_RESUMABLE
+        return RunState.PENDING if moved else None
+    if not resume.may_resume(definition, candidate.attempts):
+        return _NOT_RESUMABLE
+    lost = resume.Lost(
+        candidate.run_id,
+        candidate.owner,
+        candidate.attempts,
+        candidate.identity,
+        candidate.priority,
+    )
+    if resume.put_back(definition, lost, ErrorKind.ORPHANED, message, stale_after_s=threshold_s):
+        return RunState.PENDING
+    return None

@@ -60,8 +60,7 @@ from orchestrator.cluster.locks import Fence, LockLost
 from orchestrator.models import TaskHistory
 from orchestrator.recovery.orphans import Candidate
 from orchestrator.routing import queue_name
-from orchestrator.runs.publish import job_id, publish
-from orchestrator.runs.runner import MAX_BROKER_DELAY
+from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
 from orchestrator.runs.settle import settle
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys, live, scripts, valkey

@@ -115,7 +115,8 @@ class TickReport:
     def acted(self) -> int:
         """Runs this tick changed or published."""
         return (
-            self.orphans.orphaned
+            self.orphans.resumed
+            + self.orphans.orphaned
             + self.orphans.cancelled
             + self.pending.republished
             + self.pending.failed
@@ -126,7 +127,8 @@ class TickReport:
 
     def summary(self) -> str:
         return (
-            f"{self.orphans.orphaned} orphans failed, {self.orphans.cancelled} cancelled, "
+            f"{self.orphans.orphaned} orphans failed, {self.orphans.resumed} resumed, "
+            f"{self.orphans.cancelled} cancelled, "
             f"{self.orphans.kept_alive} kept alive by their live hash, "
             f"{self.pending.republished} pending runs published again, "
             f"{self.pending.failed} failed past the pending deadline, "
@@ -194,6 +196,7 @@ class Reconciler:
         counters.add_many(
             counters.RECOVERY,
             {
+                ("orphans_resumed",): report.orphans.resumed,
                 ("orphans_failed",): report.orphans.orphaned,
                 ("republished",): report.pending.republished,
                 ("pending_failed",): report.pending.failed,

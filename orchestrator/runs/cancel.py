@@ -6,7 +6,9 @@ A running run goes to `cancelling` in both stores and its handler is told on
 `task:cancel:<runId>`; the context's flag trips, `raise_if_cancelled()` and `ctx.sleep()`
 stop the handler. A handler that does not stop within LUMASTRA_CANCEL_ESCALATE_S is ended by
 its watch thread (Postgres `cancelled` first, then its process is killed); if its worker is
-already dead, the reconciler ends it when the heartbeat goes stale.
+already dead, the reconciler ends it when the heartbeat goes stale. An operator may skip the
+cooperative wait (`kill=True`, "kill now"): the watch then ends the run and kills its process
+as soon as it hears, as the escalation would.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
 from orchestrator.runs import pipeline, terminal
 from orchestrator.states import IllegalTransition, RunState
-from orchestrator.stores import broker, durable, keys, scripts
+from orchestrator.stores import broker, durable, keys, scripts, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 
@@ -39,8 +41,10 @@ class NotCancellable(ValueError):
         self.state = state
 
 
-def request_cancel(run_id: str, *, actor: str) -> RunState:
-    """Ask a run to stop; returns its state afterwards (cancelled or cancelling)."""
+def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
+    """Ask a run to stop; returns its state afterwards (cancelled or cancelling). With `kill`,
+    a running handler is not waited for: its watch ends the run and kills its process at once
+    (also for a run already cancelling)."""
     row = TaskHistory.objects.filter(id=run_id).values_list("task_id", "state").first()
     if row is None:
         raise UnknownRun(run_id)
@@ -54,14 +58,17 @@ def request_cancel(run_id: str, *, actor: str) -> RunState:
             was_pending = False
         except IllegalTransition as exc:
             if exc.current == RunState.CANCELLING:
+                if kill:
+                    _kill_now(run_id)
                 return RunState.CANCELLING
             raise NotCancellable(run_id, exc.current) from None
     _signal(run_id, actor)
     error = terminal.error_doc(ErrorKind.CANCELLED, f"cancelled by {actor}")
     if not was_pending:
-        if definition.pipeline:
-            return pipeline.discard(definition, run_id, error)
-        return RunState.CANCELLING
+        state = pipeline.discard(definition, run_id, error) if definition.pipeline else None
+        if kill and state != RunState.CANCELLED:
+            _kill_now(run_id)
+        return state or RunState.CANCELLING
     broker.remove_waiting(queue_name(definition, settings.CONFIG.per_task_queues), run_id)
     terminal.cancel(definition, run_id, error=error)
     return RunState.CANCELLED
@@ -78,6 +85,14 @@ def _signal(run_id: str, actor: str) -> None:
     except ResponseError as exc:
         # A lost hash cannot stop the cancel Postgres has recorded; the heartbeat re-reads it.
         log.warning("run %s: cancel recorded in Postgres, live hash refused: %s", run_id, exc)
+
+
+def _kill_now(run_id: str) -> None:
+    # After the cancel itself, on the same channel: the watch has tripped the handler's flag
+    # (or will, from its heartbeat) and now stops waiting for it.
+    listeners = valkey.client().publish(keys.cancel_channel(run_id), keys.CANCEL_KILL)
+    if not listeners:
+        log.info("run %s: kill requested but no watch listens; the reconciler will end it", run_id)
 
 
 def cancel_waiting(run_ids: Iterable[str], kind: ErrorKind, message: str) -> int:

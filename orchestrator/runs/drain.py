@@ -30,7 +30,8 @@ What a replay does with an entry:
   cluster-wide, doubling from LUMASTRA_DRAIN_INTERVAL_S up to BACKOFF_CAP.
 - poisoned: MAX_ATTEMPTS transient failures, any other error, or an entry that cannot be read.
   It moves to `task:drain:poison` (newest first, at most POISON_CAP) for an operator;
-  `poisoned()` lists them for the admin.
+  `poisoned()` lists them for the admin, `replay_poisoned()` puts one back on the pending
+  list (attempts from zero; once the cause is fixed) and `discard_poisoned()` drops one.
 
 One process applies entries at a time: a pass runs under the cluster leadership
 (`lock:orch:cluster`, orchestrator/leader.py): in the loops process only the cluster leader
@@ -61,6 +62,7 @@ Not guaranteed:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -157,6 +159,22 @@ class PoisonedEntry:
     attempts: int
     error: str
     poisoned_at: str
+    # Names the record for replay_poisoned / discard_poisoned (a digest of the record).
+    record_id: str = ""
+    # False for an entry that could not be read: it can only be discarded.
+    replayable: bool = False
+
+
+class PoisonGone(LookupError):
+    """The poisoned record is no longer listed (replayed or discarded by someone else)."""
+
+
+class NotReplayable(ValueError):
+    """The poisoned record holds no readable entry (it can only be discarded)."""
+
+
+class DrainFull(RuntimeError):
+    """The pending list is at MAX_ENTRIES: a replayed entry would not fit."""
 
 
 @dataclass
@@ -233,22 +251,70 @@ def waiting_run_ids() -> set[str]:
 
 def poisoned(limit: int = 100) -> list[PoisonedEntry]:
     """The newest poisoned entries first, for the admin's triage page."""
-    found = []
     records = cast(list[str], valkey.client().lrange(keys.drain_poison(), 0, limit - 1))
-    for record in records:
-        data = json.loads(record)
-        entry = data.get("entry") or {}
-        found.append(
-            PoisonedEntry(
-                raw=str(data.get("raw", "")),
-                run_id=str(entry.get("run_id", "")),
-                target=str(entry.get("target", "")),
-                attempts=int(entry.get("attempts", 0)),
-                error=str(data.get("error", "")),
-                poisoned_at=str(data.get("poisoned_at", "")),
-            )
-        )
+    return [_read_poisoned(record) for record in records]
+
+
+def replay_poisoned(record_id: str) -> PoisonedEntry:
+    """Put a poisoned entry back on the pending list, attempts from zero, for the next pass
+    (once the cause is fixed). Atomic with its removal from the poison list
+    (`drain_unpoison.lua`). Its run may have ended otherwise meanwhile (the reconciler fails a
+    poisoned run as an orphan): the replay then drops it as superseded.
+    Raises PoisonGone, NotReplayable or DrainFull (nothing changed)."""
+    record, found = _find_poisoned(record_id)
+    if not found.replayable:
+        raise NotReplayable(f"poisoned record {record_id} holds no readable entry")
+    entry = dataclasses.replace(Entry.from_json(found.raw), attempts=0)
+    _unpoison(record, record_id, entry.to_json())
+    log.warning("run %s: poisoned drain entry %s replayed by an operator", found.run_id, record_id)
     return found
+
+
+def discard_poisoned(record_id: str) -> PoisonedEntry:
+    """Drop a poisoned entry for good; the record is logged first. Raises PoisonGone."""
+    record, found = _find_poisoned(record_id)
+    log.warning("drain: poisoned record %s discarded by an operator: %s", record_id, record)
+    _unpoison(record, record_id, "")
+    return found
+
+
+def _read_poisoned(record: str) -> PoisonedEntry:
+    data = json.loads(record)
+    entry = data.get("entry") or {}
+    return PoisonedEntry(
+        raw=str(data.get("raw", "")),
+        run_id=str(entry.get("run_id", "")),
+        target=str(entry.get("target", "")),
+        attempts=int(entry.get("attempts", 0)),
+        error=str(data.get("error", "")),
+        poisoned_at=str(data.get("poisoned_at", "")),
+        record_id=_record_id(record),
+        replayable=bool(entry),
+    )
+
+
+def _record_id(record: str) -> str:
+    return hashlib.sha1(record.encode(), usedforsecurity=False).hexdigest()
+
+
+def _find_poisoned(record_id: str) -> tuple[str, PoisonedEntry]:
+    records = cast(list[str], valkey.client().lrange(keys.drain_poison(), 0, POISON_CAP - 1))
+    for record in records:
+        if _record_id(record) == record_id:
+            return record, _read_poisoned(record)
+    raise PoisonGone(f"poisoned record {record_id} is no longer listed")
+
+
+def _unpoison(record: str, record_id: str, pushed: str) -> None:
+    done = scripts.call(
+        "drain_unpoison",
+        [keys.drain_poison(), keys.drain_pending()],
+        [record, pushed, MAX_ENTRIES],
+    )
+    if done == 0:
+        raise PoisonGone(f"poisoned record {record_id} is no longer listed")
+    if done == -1:
+        raise DrainFull(f"the drain holds {MAX_ENTRIES} entries; try again once it drained")
 
 
 def replay(
@@ -378,9 +444,11 @@ def _apply(entry: Entry, lock_timeout: timedelta) -> tuple[str, str | None]:
                 cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"])
             outcome = "applied"
             try:
-                durable.transition(entry.run_id, target, **fields)
+                # Fenced by the claim that wrote it: a run put back to pending after that
+                # claim's worker was lost, and claimed anew, is not ended by it (`runs.resume`).
+                durable.transition(entry.run_id, target, owner=entry.owner, **fields)
             except IllegalTransition as exc:
-                if exc.current != RunState.CANCELLING:
+                if exc.current != RunState.CANCELLING or not _still_owned(entry):
                     raise
                 # A cancel raced the handler's end: the run ends once, as cancelled.
                 finished_at = fields.get("finished_at") or timezone.now()
@@ -395,6 +463,11 @@ def _apply(entry: Entry, lock_timeout: timedelta) -> tuple[str, str | None]:
         )
         return "superseded", None
     return outcome, task_id
+
+
+def _still_owned(entry: Entry) -> bool:
+    rows = TaskHistory.objects.filter(id=entry.run_id)
+    return not entry.owner or rows.filter(owner_instance_id=entry.owner).exists()
 
 
 def _landed(run_id: str, fields: dict[str, Any]) -> bool:

@@ -38,10 +38,18 @@ completed. A run stalled between stages (a due stage's message lost, an advance 
 short) is moved on by the reconciler (`recovery.stages`); a stage whose claimer died on this
 host is tried again when its message comes back (`_claim_refused`).
 
-Not guaranteed: a stage whose claimer died on another host ends its run through the orphan
-path (failed, `orphaned`), as a plain run does; `when` may be asked more than once for a
-stage (a recovery after a crash asks it again); a stage's message carries no delay once the
-recovery publishes it again, so a retry's backoff can be cut short after a crash.
+A stage whose claimer died on another host is found by the reconciler (the run's heartbeat
+stale in both stores, `recovery.orphans`): each running stage goes back to waiting and is
+published again while it has attempts (`resume_lost_stages`), and the run fails as an orphan
+only when one has none left. Every move of an attempt is fenced by its claim (the step
+record's `owner`), so a claimer that was only stopped, not dead, cannot end the stage its
+successor runs. A task with `retry_on_worker_loss=False` fails instead of retrying.
+
+Not guaranteed: `when` may be asked more than once for a stage (a recovery after a crash asks
+it again); a stage's message carries no delay once the recovery publishes it again, so a
+retry's backoff can be cut short after a crash; a stopped claimer (SIGSTOP) keeps beating for
+the run when it wakes (a stage shares its run's claim), so it runs its stage to its end,
+beside the successor, and only its writes are refused.
 """
 
 from __future__ import annotations
@@ -231,7 +239,12 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
         _stage_failed(attempt, ErrorKind.PERMANENT, str(exc))
     except Exception as exc:
         log.exception("run %s: stage %s raised", run_id, name)
-        _stage_failed(attempt, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")
+        _stage_failed(
+            attempt,
+            ErrorKind.INTERNAL,
+            f"{type(exc).__name__}: {exc}",
+            traceback=terminal.traceback_tail(exc),
+        )
     else:
         _stage_completed(attempt, result)
 
@@ -253,8 +266,24 @@ class _Attempt:
     def retry(self) -> Retry:
         return self.stage.retry or self.run.definition.retry
 
+    @property
+    def claimer(self) -> str | None:
+        """The process whose claim this attempt is: its moves are fenced by it."""
+        owner = self.step.get("owner")
+        return str(owner) if owner else None
+
+    def may_resume(self) -> bool:
+        """Its worker lost, the stage may be tried again (`runs.resume`, for stages)."""
+        return self.run.definition.retry_on_worker_loss and self.number < self.retry.max_attempts
+
     def ended(self, status: StepStatus, error: dict[str, Any] | None = None) -> dict[str, Any]:
         return steps.attempt_ended(self.step, self.context, status, timezone.now(), error)
+
+
+def resume_dead_stage(definition: TaskDefinition, run_id: str, name: str) -> None:
+    """A stage whose claimer, a process of this host, is dead (killed at a worker's shutdown,
+    `runs.handback`): tried again while it has attempts, else failed with its run."""
+    _claim_refused(definition, run_id, definition.stage(name))
 
 
 def _claim_refused(definition: TaskDefinition, run_id: str, stage: Stage) -> None:
@@ -290,7 +319,7 @@ def _claim_refused(definition: TaskDefinition, run_id: str, stage: Stage) -> Non
     context = RunContext(run_id, model, task_id=definition.id)
     attempt = _Attempt(run, stage, record, context)
     message = f"its worker {claimer} stopped mid-stage"
-    if attempt.number < attempt.retry.max_attempts:
+    if attempt.may_resume():
         _stage_retry(attempt, message, ErrorKind.WORKER_LOST)
     else:
         _stage_failed(attempt, ErrorKind.WORKER_LOST, message)
@@ -348,6 +377,7 @@ def _stage_completed(attempt: _Attempt, result: Any) -> None:
             result=result,
             step=attempt.ended(StepStatus.OK),
             cost=attempt.context.cost,
+            claimer=attempt.claimer,
         )
     except IllegalTransition as exc:
         log.info("run %s: stage %s completed, not recorded (%s)", run.run_id, name, exc)
@@ -356,14 +386,14 @@ def _stage_completed(attempt: _Attempt, result: Any) -> None:
     _advance(run, stages, ended=(name,))
 
 
-def _stage_failed(attempt: _Attempt, kind: ErrorKind, message: str) -> None:
+def _stage_failed(attempt: _Attempt, kind: ErrorKind, message: str, **extra: Any) -> None:
     """The stage fails, its step record first; then the run fails with the stage named."""
     run, name = attempt.run, attempt.stage.name
     if kind is ErrorKind.TRANSIENT and attempt.number > 1:
         message = (
             f"{message} (attempts exhausted: {attempt.number} of {attempt.retry.max_attempts})"
         )
-    error = terminal.error_doc(kind, f"stage {name}: {message}", stage=name)
+    error = terminal.error_doc(kind, f"stage {name}: {message}", stage=name, **extra)
     try:
         durable.move_stage(
             run.run_id,
@@ -371,6 +401,7 @@ def _stage_failed(attempt: _Attempt, kind: ErrorKind, message: str) -> None:
             StageState.FAILED,
             step=attempt.ended(StepStatus.FAILED, error),
             cost=attempt.context.cost,
+            claimer=attempt.claimer,
         )
     except IllegalTransition as exc:
         log.info("run %s: stage %s failed, not recorded (%s)", run.run_id, name, exc)
@@ -379,10 +410,17 @@ def _stage_failed(attempt: _Attempt, kind: ErrorKind, message: str) -> None:
     terminal.finish(run.definition, run.run_id, run.owner, RunState.FAILED, error=error)
 
 
-def _stage_retry(attempt: _Attempt, message: str, kind: ErrorKind = ErrorKind.TRANSIENT) -> None:
+def _stage_retry(
+    attempt: _Attempt,
+    message: str,
+    kind: ErrorKind = ErrorKind.TRANSIENT,
+    *,
+    stale_after_s: float | None = None,
+) -> bool:
     """A TransientError (or a lost worker) with attempts left: the stage alone waits for its
     next attempt (active → waiting), with the stage's backoff, and its message is published
-    again with that delay."""
+    again with that delay. The move is fenced by the attempt's claim and, with
+    `stale_after_s`, by the run's heartbeat being still that old. Returns whether it moved."""
     run, name = attempt.run, attempt.stage.name
     delay = jittered_backoff(attempt.retry, attempt.number)
     error = terminal.error_doc(
@@ -393,15 +431,66 @@ def _stage_retry(attempt: _Attempt, message: str, kind: ErrorKind = ErrorKind.TR
     step = attempt.ended(StepStatus.WAITING, error)
     try:
         durable.move_stage(
-            run.run_id, name, StageState.WAITING, step=step, cost=attempt.context.cost
+            run.run_id,
+            name,
+            StageState.WAITING,
+            step=step,
+            cost=attempt.context.cost,
+            claimer=attempt.claimer,
+            stale_after_s=stale_after_s,
         )
     except IllegalTransition as exc:
         log.info("run %s: stage %s retry not recorded (%s)", run.run_id, name, exc)
         _finish_discard(run.definition, run.run_id)
-        return
+        return False
     _follow(run.run_id, name, StageState.WAITING)
     log.info("run %s: stage %s %s; retry in %s", run.run_id, name, kind.value, delay)
     publish_stage(run.definition, attempt.stage, run.run_id, run.identity, run.priority, delay)
+    return True
+
+
+def resume_lost_stages(
+    definition: TaskDefinition, run_id: str, why: str, stale_after_s: float
+) -> int | None:
+    """The reconciler found this pipeline run's heartbeat stale in both stores while a stage
+    of it was running: its claimer is gone, on whatever host. Each running stage goes back
+    to waiting for its next attempt (fenced by its claim and by the heartbeat still being
+    stale) and is published again with its backoff. None, and nothing written, when a running
+    stage may not be tried again (attempts spent, or the task opted out): the caller ends the
+    run as an orphan. Otherwise the number of stages put back (0: it moved on meanwhile)."""
+    found = (
+        TaskHistory.objects.filter(id=run_id, state=RunState.ACTIVE)
+        .values_list("stages", "steps", "input", "owner_instance_id", "identity", "priority")
+        .first()
+    )
+    if found is None:
+        return 0
+    stages, records, input_, owner, identity, priority = found
+    running = [name for name in definition.stage_order if stages.get(name) == StageState.ACTIVE]
+    model = definition.input_model.model_validate(input_)
+    run = _Run(definition, run_id, owner, identity, priority, model)
+    attempts = [
+        _Attempt(
+            run,
+            definition.stage(name),
+            records.get(name, {}),
+            RunContext(run_id, model, task_id=definition.id),
+        )
+        for name in running
+    ]
+    if not attempts or not all(attempt.may_resume() for attempt in attempts):
+        return None
+    moved = 0
+    for index, attempt in enumerate(attempts):
+        message = f"{why}; its worker {attempt.claimer or 'unknown'} was running it"
+        # The first move stamps the run's heartbeat: the stale heartbeat is checked by it, the
+        # later stages' moves are fenced by their claims alone.
+        stale = stale_after_s if index == 0 else None
+        if _stage_retry(attempt, message, ErrorKind.ORPHANED, stale_after_s=stale):
+            moved += 1
+        elif index == 0:
+            return 0  # it moved on since it was judged: a heartbeat landed, or a stage ended
+    return moved
 
 
 def _advance(run: _Run, stages: Stages, ended: Iterable[str], queued: Collection[str] = ()) -> int:

@@ -23,6 +23,9 @@ from orchestrator.stores import broker
 from tasks.definition import TaskDefinition
 from tasks.pipeline import Stage
 
+# The longest a message waits in the broker for a retry; a longer backoff takes several hops,
+# so a worker that dies holding a delayed message strands it for seconds, not an hour.
+MAX_BROKER_DELAY = timedelta(seconds=10)
 # The message body's third part: no callbacks, errbacks, chain or chord (Celery's "embed").
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 

@@ -13,7 +13,8 @@ live hash to seed again). So a duplicate of an ended run takes a concurrency slo
 back at once, and a retry delivered before its time costs a claim and its give-back.
 
 A TransientError puts the run back to pending for its next attempt, with backoff, until the
-task's retry policy is spent.
+task's retry policy is spent; so does a redelivery of a run whose worker died mid-run
+(`runs.resume`), unless the task opted out (`retry_on_worker_loss=False`).
 
 Database connections are checked before each run without a round trip
 (`durable.check_connections`) and closed after it if broken or too old, so a connection dropped
@@ -41,9 +42,9 @@ from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup, Postpone
 from orchestrator.models import TaskHistory
-from orchestrator.runs import pipeline, steps, terminal
+from orchestrator.runs import pipeline, resume, steps, terminal
 from orchestrator.runs.context import RunContext
-from orchestrator.runs.publish import job_id, publish
+from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
 from orchestrator.runs.watch import watching
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import counters, durable, live, valkey
@@ -58,9 +59,6 @@ log = logging.getLogger(__name__)
 # A message from a newer deploy goes back to the queue for a newer worker; the pause keeps
 # an all-old pool from spinning on it during a rolling deploy.
 REQUEUE_PAUSE_S = 1.0
-# The longest a message waits in the broker for a retry; a longer backoff takes several hops,
-# so a worker that dies holding a delayed message strands it for seconds, not an hour.
-MAX_BROKER_DELAY = timedelta(seconds=10)
 
 
 def run_message(
@@ -201,8 +199,10 @@ def _republish(
 def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> None:
     owner = pickup.owner
 
-    def end(target: RunState, kind: ErrorKind | None = None, message: str = "") -> None:
-        error = None if kind is None else terminal.error_doc(kind, message)
+    def end(
+        target: RunState, kind: ErrorKind | None = None, message: str = "", **extra: Any
+    ) -> None:
+        error = None if kind is None else terminal.error_doc(kind, message, **extra)
         step = progress = None
         if context is not None:
             step, progress = steps.plain_extras(context), context.progress.document()
@@ -256,7 +256,12 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
         )
     except Exception as exc:
         log.exception("run %s: handler raised", run.run_id)
-        end(RunState.FAILED, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}")
+        end(
+            RunState.FAILED,
+            ErrorKind.INTERNAL,
+            f"{type(exc).__name__}: {exc}",
+            traceback=terminal.traceback_tail(exc),
+        )
     else:
         end(RunState.COMPLETED)
 
@@ -273,11 +278,16 @@ def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, me
         durable.transition(
             run.run_id,
             RunState.PENDING,
+            owner=pickup.owner,
             error=error,
             not_before=timezone.now() + delay,
             owner_instance_id="",
         )
     except IllegalTransition as exc:
+        if exc.current is not None and not terminal.still_ours(run.run_id, pickup.owner):
+            log.warning("run %s: no longer ours (%s); retry not recorded", run.run_id, exc.current)
+            hooks.release(pickup)
+            return
         if exc.current == RunState.CANCELLING:
             terminal.cancel(definition, run.run_id, pickup.owner)
             return
@@ -369,7 +379,9 @@ def _abandoned_claim(run_id: str) -> bool:
     delivery can take the run."""
     snapshot = live.read(run_id)
     claimed_ms = snapshot.get("started_at")
-    if snapshot.get("heartbeat_at") or not claimed_ms:
+    beat_ms = snapshot.get("heartbeat_at")
+    # A heartbeat older than the claim is an earlier attempt's (a run put back to pending).
+    if not claimed_ms or (beat_ms and int(str(beat_ms)) >= int(claimed_ms)):
         return False
     now_ms = valkey.time_ms(cast(tuple[int, int], valkey.client().time()))
     if now_ms - int(claimed_ms) < settings.CONFIG.heartbeat_interval_s * 1000:
@@ -402,16 +414,23 @@ def _not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
         # Its stages carry it now; one whose first dispatch a crash cut short is moved on by
         # recovery.stages.
         log.info("run %s: pipeline under way; its run message again dropped", row.id)
-    elif is_dead_here(row.owner_instance_id) or _heartbeat_is_stale(row):
+    elif (dead := is_dead_here(row.owner_instance_id)) or _heartbeat_is_stale(row):
         # Redelivered because its worker died mid-run (reject on worker lost), and nobody
-        # is beating for it: end it here rather than wait for the reconciler.
+        # is beating for it: resume it or end it here rather than wait for the reconciler.
         # Written as the dead owner, so its fence matches and its concurrency slot is freed.
         owner = row.owner_instance_id
-        error = terminal.error_doc(ErrorKind.WORKER_LOST, f"worker {owner} stopped mid-run")
+        why = f"worker {owner} stopped mid-run"
         if row.state == RunState.CANCELLING:
+            error = terminal.error_doc(ErrorKind.WORKER_LOST, why)
             terminal.cancel(definition, row.id, owner, error=error)
+        elif dead or not resume.may_resume(definition, row.attempts):
+            lost = resume.Lost(row.id, owner, row.attempts, row.identity, row.priority)
+            resume.resume_or_fail(definition, lost, why)
         else:
-            terminal.finish(definition, row.id, owner, RunState.FAILED, error=error)
+            # Silent in Postgres only, on another host: it may be alive and cut off, and a
+            # new attempt must not run beside it. The reconciler resumes it once both
+            # stores agree it is gone (`recovery.orphans`).
+            log.info("run %s: redelivered, owner %s silent; left to the reconciler", row.id, owner)
     else:
         log.info("run %s: redelivered while %s with a live owner; dropped", row.id, row.state)
 

@@ -180,4 +180,6 @@ def _stage_step(
         "warnings": record.get("warnings", []),
         **({"error": record["error"]} if "error" in record else {}),
         **({"reason": record["reason"]} if "reason" in record else {}),
+        # A resumed run's stage that the original completed: its record is the original's.
+        **({"reused_from": record["reused_from"]} if "reused_from" in record else {}),
     }

@@ -9,11 +9,15 @@ hooks run). A writer that finds the run already ended (someone else won) writes 
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Any
 
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
+from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks.base import Pickup
+from orchestrator.models import TaskHistory
 from orchestrator.runs import drain
 from orchestrator.runs.settle import settle
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
@@ -22,6 +26,17 @@ from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
+
+
+# A crash's traceback is kept on the error, its last lines only: the frames nearest the raise.
+TRACEBACK_MAX_CHARS = 4000
+
+
+def traceback_tail(exc: BaseException) -> str:
+    """The end of `exc`'s formatted traceback, for an error document: operators see where a
+    handler crashed without the worker's log."""
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    return text if len(text) <= TRACEBACK_MAX_CHARS else "…" + text[-TRACEBACK_MAX_CHARS:]
 
 
 def error_doc(kind: ErrorKind, message: str, **extra: Any) -> dict[str, Any]:
@@ -55,6 +70,7 @@ def finish(
             error=error,
             step=step,
             progress=progress,
+            owner=owner,
         )
 
     try:
@@ -78,15 +94,36 @@ def finish(
             log.error("run %s: terminal write %s lost; the reconciler will end it", run_id, target)
         return target
     except IllegalTransition as exc:
-        if exc.current == RunState.CANCELLING:
-            cancel(definition, run_id, owner)
-            return RunState.CANCELLED
         if exc.current in TERMINAL_RUN_STATES:
             log.info("run %s: already ended %s; %s not recorded", run_id, exc.current, target)
             return RunState(exc.current)
+        if exc.current is not None and not still_ours(run_id, owner):
+            # Put back to pending after this claim's worker was judged lost (`runs.resume`),
+            # and perhaps claimed again since: the run is another attempt's now.
+            log.warning(
+                "run %s: no longer ours (%s, claimed anew); %s not recorded",
+                run_id,
+                exc.current,
+                target,
+            )
+            # What this claim took (its concurrency slot) is not the next attempt's to keep.
+            hooks.release(Pickup(definition, run_id, owner))
+            return RunState(exc.current)
+        if exc.current == RunState.CANCELLING:
+            cancel(definition, run_id, owner)
+            return RunState.CANCELLED
         raise
     settle(run_id, definition.id, target, owner=owner, error_kind=kind)
     return target
+
+
+def still_ours(run_id: str, owner: str) -> bool:
+    """Postgres still names `owner` as the run's claim ('' claims nothing and is always
+    answered yes)."""
+    if not owner:
+        return True
+    found = TaskHistory.objects.filter(id=run_id).values_list("owner_instance_id", flat=True)
+    return found.first() == owner
 
 
 def retake_lost_claim(run_id: str, owner: str) -> bool:

@@ -20,7 +20,12 @@ A watchdog ends the run through `orchestrator.runs.terminal` (Postgres first), t
 process running the handler: the only way to stop a wedged thread. Celery's prefork pool
 replaces the child; the message comes back (reject on worker lost) and is dropped because the
 run has ended. A heartbeat that finds the run owned by someone else, or gone, kills the
-handler too: its late writes would be refused anyway, and it must not run beside a successor.
+handler too (so does a hash put back to pending: `runs.resume`): its late writes would be
+refused anyway, and it must not run beside a successor.
+
+A handler cut off from both stores (no heartbeat confirmed by Postgres or Valkey) for half of
+LUMASTRA_ORPHAN_THRESHOLD_S is killed as well: at the threshold the reconciler puts its run
+back for another attempt (`runs.resume`), and the two must not run side by side.
 
 Not guaranteed: needs the prefork pool (a kill in a thread pool would take every run of the
 worker with it); watchdogs look about once a second and heartbeats once an interval; a
@@ -71,10 +76,13 @@ class Watched:
     next_beat: float = 0.0
     cancel_seen: float | None = None
     stall_warned: bool = False
+    # monotonic time a store last confirmed the run is ours (the claim, then each beat).
+    confirmed: float = 0.0
 
     def __post_init__(self) -> None:
         # The claim stamped the first heartbeat.
         self.next_beat = self.started + settings.CONFIG.heartbeat_interval_s
+        self.confirmed = self.started
 
 
 class Watcher:
@@ -128,6 +136,8 @@ class Watcher:
                 return channel
             if message is not None:
                 self._cancel_requested(watched)
+                if message.get("data") == keys.CANCEL_KILL:
+                    self._kill_now(watched)
             if time.monotonic() >= watched.next_beat:
                 self._beat(watched)
             self._watchdogs(watched)
@@ -149,9 +159,17 @@ class Watcher:
     def _beat(self, watched: Watched) -> None:
         watched.next_beat = time.monotonic() + settings.CONFIG.heartbeat_interval_s
         close_old_connections()
+        # Each store alone: the reconciler judges a run lost only when both stopped hearing
+        # it, so a beat that reaches one of them keeps the run ours.
         try:
-            if not durable.heartbeat(watched.run_id, watched.owner):
-                terminal.retake_lost_claim(watched.run_id, watched.owner)
+            if durable.heartbeat(watched.run_id, watched.owner) or terminal.retake_lost_claim(
+                watched.run_id, watched.owner
+            ):
+                watched.confirmed = time.monotonic()
+        except Exception:
+            # A missed beat is survivable: the thresholds span several.
+            log.exception("run %s: heartbeat failed (Postgres)", watched.run_id)
+        try:
             state, _, _ = scripts.call(
                 "heartbeat_run",
                 [keys.run_active(watched.run_id)],
@@ -159,10 +177,13 @@ class Watcher:
             )
             concurrency.refresh(watched.run_id)
         except Exception:
-            # A missed beat is survivable: the thresholds span several.
-            log.exception("run %s: heartbeat failed", watched.run_id)
+            log.exception("run %s: heartbeat failed (Valkey)", watched.run_id)
             return
-        if state in ("", "fenced"):
+        if state in (RunState.ACTIVE, RunState.CANCELLING):
+            watched.confirmed = time.monotonic()
+        # Pending: the run was put back for another attempt, its worker judged lost
+        # (`runs.resume`); this handler must not run beside the next one.
+        if state in ("", "fenced", RunState.PENDING):
             log.error("run %s: no longer ours (live state %r); stopping it", watched.run_id, state)
             _kill_this_process()
         elif state == RunState.CANCELLING:
@@ -174,9 +195,28 @@ class Watcher:
             watched.cancel_seen = time.monotonic()
             watched.context.trip_cancel()
 
+    @staticmethod
+    def _kill_now(watched: Watched) -> None:
+        log.warning("run %s: kill requested by an operator; killing its process", watched.run_id)
+        Watcher._flush(watched, final=True)
+        terminal.cancel(watched.definition, watched.run_id, watched.owner)
+        _kill_this_process()
+
     def _watchdogs(self, watched: Watched) -> None:
         config = settings.CONFIG
         now = time.monotonic()
+        cut_off_s = now - watched.confirmed
+        if cut_off_s > config.orphan_threshold_s / 2:
+            # Neither store has heard this run for half the orphan threshold: the reconciler
+            # will soon put it back for another attempt elsewhere (`runs.resume`), and this
+            # handler must not still be running then.
+            log.error(
+                "run %s: no heartbeat confirmed for %.0fs (orphan threshold %ss); stopping it",
+                watched.run_id,
+                cut_off_s,
+                config.orphan_threshold_s,
+            )
+            _kill_this_process()
         hard = watched.definition.timeout.hard
         if now - watched.started > hard.total_seconds():
             self._end(watched, ErrorKind.TIMEOUT, f"passed its hard timeout of {hard}")

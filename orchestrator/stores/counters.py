@@ -21,7 +21,8 @@ DURATION = "duration"  # task (histogram buckets, sum, count: metrics_end.lua)
 COST = "cost_units_total"  # task, kind
 REFUSALS = "refusals_total"  # task, code
 DELIVERY = "delivery_total"  # event: published, redelivered, duplicate_dropped
-RECOVERY = "recovery_total"  # event: orphans_failed, republished, drain_replayed, poisoned
+# event: orphans_resumed, orphans_failed, republished, drain_replayed, poisoned
+RECOVERY = "recovery_total"
 # Upper bounds (seconds) of the run duration histogram's buckets.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 

@@ -121,11 +121,14 @@ def end(
     error: dict[str, Any] | None = None,
     step: dict[str, Any] | None = None,
     progress: dict[str, Any] | None = None,
+    owner: str = "",
 ) -> None:
     """The run ends in `target` (completed or failed) with this result and error, replacing
     what it had, a plain run's step extras (warnings, counters, cost, log tail; `runs.steps`)
     and its latest progress (when it reported any); an illegal move raises IllegalTransition
-    with the state that refused it."""
+    with the state that refused it. With `owner`, only while the run is that claim's: a run
+    put back to pending after its worker was lost, and claimed again, refuses the old
+    claim's late end (the refusal then names the run's live state)."""
     if target not in (RunState.COMPLETED, RunState.FAILED):
         raise ValueError(f"end() writes completed or failed, not {target}")
     params = {
@@ -138,6 +141,7 @@ def end(
         "cost": _json_out(step.get("cost") or None) if step else None,
         "progress": _json_out(progress),
         "finished_at": finished_at,
+        "owner": owner,
     }
     _guarded(queries.END_RUN, params, run_id, target)
 
@@ -162,18 +166,25 @@ def _guarded(
 
 
 def transition(
-    run_id: str, target: RunState, *, only_from: RunState | None = None, **fields: Any
+    run_id: str,
+    target: RunState,
+    *,
+    only_from: RunState | None = None,
+    owner: str = "",
+    **fields: Any,
 ) -> None:
     """`UPDATE … WHERE id = %s AND state = ANY(sources)`; an illegal move raises.
 
     `only_from` narrows the sources to one legal state, for callers whose next step depends
-    on where the run was (a cancel before pickup ends at once, a running one does not)."""
+    on where the run was (a cancel before pickup ends at once, a running one does not).
+    `owner` fences the move to that claim's run, as `end` does."""
     sources = run_sources(target)
     if only_from is not None:
         sources = [s for s in sources if s == only_from]
-    updated = TaskHistory.objects.filter(id=run_id, state__in=sources).update(
-        state=target, updated_at=timezone.now(), **fields
-    )
+    rows = TaskHistory.objects.filter(id=run_id, state__in=sources)
+    if owner:
+        rows = rows.filter(owner_instance_id=owner)
+    updated = rows.update(state=target, updated_at=timezone.now(), **fields)
     if updated != 1:
         raise IllegalTransition(run_id, state_of(run_id), target, "postgres")
 
@@ -230,10 +241,15 @@ def move_stage(
     result: Any = None,
     step: dict[str, Any] | None = None,
     cost: dict[str, float] | None = None,
+    claimer: str | None = None,
+    stale_after_s: float | None = None,
 ) -> Stages:
     """Move one stage of a live run, with its result, its step record's new fields and this
     attempt's cost, if any; an illegal move raises IllegalTransition whose `current` is the
-    stage's state, or None when the run is missing or ended or has no such stage."""
+    stage's state, or None when the run is missing or ended or has no such stage. With
+    `claimer`, only while that process's claim is the stage's latest (its step record's
+    `owner`): a stage retried after its claimer was lost refuses the old claim's late end.
+    With `stale_after_s`, only while the run's heartbeat is at least that old."""
     live_states = sorted(s.value for s in LIVE_RUN_STATES)
     params = {
         "run_id": run_id,
@@ -244,6 +260,8 @@ def move_stage(
         "result": _json_out(result),
         "step": _json_out(step),
         "cost": _json_out(cost or None),
+        "claimer": claimer,
+        "stale_s": stale_after_s,
     }
     with connection.cursor() as cursor:
         cursor.execute(queries.MOVE_STAGE, params)

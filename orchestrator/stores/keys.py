@@ -67,7 +67,12 @@ def run_log_feed(run_id: str) -> str:
 
 
 def cancel_channel(run_id: str) -> str:
+    """Pub/sub: "cancel" asks the run's handler to stop (request_cancel.lua); CANCEL_KILL
+    tells its watch not to wait for it."""
     return f"task:cancel:{run_id}"
+
+
+CANCEL_KILL = "kill"
 
 
 def orchestrator_lock(resource_class: str) -> str:

@@ -47,6 +47,7 @@ PINNED_VERSIONS = {
     "lock_renew": 1,
     "lock_release": 1,
     "drain_push": 1,
+    "drain_unpoison": 1,
     "broker_run_ids": 1,
 }
 _VERSION = re.compile(r"^-- @version (\d+)$", re.MULTILINE)

@@ -13,6 +13,10 @@
   run was claimed (`attempts`), and never twice under one claim owner (side effects recorded
   by the fault tasks, see `tests/support/task_defs.py`); the same for each pipeline stage,
   against the stage's attempts (its step record);
+- **never twice at the same time**: no handler (or stage) was entered while another process
+  was still inside it for the same run (the fault tasks' entry lock, a `flock` the kernel
+  releases when its holder dies); an entry beside a process the scenario had SIGSTOPped is
+  reported apart (`frozen_pids`: that process executes nothing while stopped);
 - **no stage left open**: an ended pipeline run has no stage still waiting or active.
 
 It also reports what it saw (runs, states, error kinds, recovery time), which the driver
@@ -67,6 +71,7 @@ class Execution:
     owner: str
     pid: int
     at: float
+    overlap_with: int | None = None  # a process still inside the same handler at entry
 
 
 def read_effects(path: Path) -> list[Execution]:
@@ -84,6 +89,7 @@ def read_effects(path: Path) -> list[Execution]:
                     entry["owner"],
                     int(entry["pid"]),
                     entry["at"],
+                    entry.get("overlap_with"),
                 )
             )
         except (ValueError, KeyError, TypeError):
@@ -106,6 +112,7 @@ class Report:
     illegal: list[str] = field(default_factory=list)
     not_once_terminal: list[str] = field(default_factory=list)
     over_executed: list[str] = field(default_factory=list)
+    overlapping: list[str] = field(default_factory=list)
     stages_open: list[str] = field(default_factory=list)
     valkey_disagrees: list[str] = field(default_factory=list)
     recovery_s: float | None = None  # last fault → every run terminal
@@ -127,7 +134,8 @@ class Report:
             f"{self.scenario}: runs {self.runs} (started {self.started}, refused starts "
             f"{self.refused_starts}), faults {kills} {dict(self.faults)}, lost {len(self.lost)}, "
             f"stuck {len(self.stuck)}, illegal transitions {len(self.illegal)}, "
-            f"over-executed {len(self.over_executed)}, executions {self.executions}, "
+            f"over-executed {len(self.over_executed)}, "
+            f"executed twice at once {len(self.overlapping)}, executions {self.executions}, "
             f"Valkey behind Postgres {len(self.valkey_disagrees)}, "
             f"states {dict(self.states)}, error kinds {dict(self.error_kinds)}, "
             f"max recovery {recovery}, took {self.duration_s:.0f} s"
@@ -151,6 +159,7 @@ def check(
     since: Any,
     effects: Sequence[Execution],
     compare_valkey: bool = True,
+    frozen_pids: Iterable[int] = (),
 ) -> Report:
     """Fill `report` with the figures and the problems of the runs started since `since`."""
     with connection.cursor() as cursor:
@@ -221,6 +230,22 @@ def check(
                 f"{run_id}: {len(entries)} executions, {attempts} claims, owners {dict(owners)}"
             )
 
+    frozen = set(frozen_pids)
+    beside_frozen = 0
+    for execution in effects:
+        if execution.overlap_with is None or execution.run not in rows:
+            continue
+        if execution.overlap_with in frozen:
+            beside_frozen += 1
+            continue
+        where = f" stage {execution.stage}" if execution.stage else ""
+        report.overlapping.append(
+            f"{execution.run}{where}: entered by pid {execution.pid} ({execution.owner}) while "
+            f"pid {execution.overlap_with} was still inside it"
+        )
+    if frozen:
+        report.notes["entries while a SIGSTOPped claimer was frozen"] = beside_frozen
+
     if compare_valkey:
         for run_id, (state, _, _) in rows.items():
             seen = live.read(run_id).get("state")
@@ -234,6 +259,7 @@ def check(
         ("illegal transitions", report.illegal),
         ("not exactly one terminal state", report.not_once_terminal),
         ("executed more than once per claim", report.over_executed),
+        ("executed twice at the same time", report.overlapping),
         ("pipeline runs ended with stages open", report.stages_open),
     ):
         if found:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
         effects.unlink(missing_ok=True)
+        shutil.rmtree(f"{effects}.locks", ignore_errors=True)
 
 
 def _run(name: str, scale: float, server: object, effects: Path, report_path: Path | None) -> int:
@@ -116,6 +118,7 @@ def _run(name: str, scale: float, server: object, effects: Path, report_path: Pa
         started=harness.started,
         since=harness.since,
         effects=checker.read_effects(effects),
+        frozen_pids=harness.frozen_pids,
     )
     report.duration_s = round(time.monotonic() - began, 1)
     print(report.summary(), flush=True)

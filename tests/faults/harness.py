@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from celery import current_app
 from django.db import close_old_connections, connection, connections
 
+from lumastra.workers import descendants
 from orchestrator.hooks.base import Refused
 from orchestrator.runs.start import start_run
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.triggers import TriggerKind
-from tests.faults.servers import ValkeyServer, descendants
+from tests.faults.servers import ValkeyServer
 from tests.support.fixtures import ROOT, worker_process
 
 QUEUES = (
@@ -37,6 +39,7 @@ QUEUES = (
     "task.t.test-fault-limited",
     "task.t.test-fault-pipe",
     "task.t.test-fault-pipe.b",
+    "task.t.test-fault-resume",
 )
 LOG_DIR = ROOT / ".pytest_cache"
 
@@ -77,6 +80,8 @@ class Harness:
     faults: Counter[str] = field(default_factory=Counter)
     last_fault: float | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+    # Processes the scenario SIGSTOPped: an entry beside one of them is reported apart.
+    frozen_pids: set[int] = field(default_factory=set)
     since: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _loops: subprocess.Popen[bytes] | None = None
@@ -97,6 +102,40 @@ class Harness:
         process = stack.enter_context(
             worker_process(list(QUEUES), concurrency=concurrency, name=label, env=env)
         )
+        worker = Worker(label, process, stack)
+        self.workers.append(worker)
+        self._worker_names.append(label)
+        return worker
+
+    def role(self, *, concurrency: int = 2, env: Mapping[str, str] | None = None) -> Worker:
+        """A worker role as a deploy runs it (`tests.faults.role`: the role's supervisor, its
+        graceful shutdown, around one `celery worker` on the fault queues)."""
+        self._worker_count += 1
+        label = f"faults-{self.scenario}-role-{self._worker_count}"
+        hostname = f"{label}-{os.getpid()}@localhost"
+        log = open(LOG_DIR / f"worker-{label}-{os.getpid()}.log", "wb")  # noqa: SIM115
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.faults.role",
+                hostname,
+                str(concurrency),
+                ",".join(QUEUES),
+            ],
+            cwd=ROOT,
+            env={**os.environ, **self.database_env(), **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        stack = ExitStack()
+        stack.callback(log.close)
+        stack.callback(_stop, process)
+        deadline = time.monotonic() + 30
+        while not current_app.control.ping(destination=[hostname], timeout=0.5):
+            if process.poll() is not None or time.monotonic() > deadline:
+                stack.close()
+                raise RuntimeError(f"worker role {hostname} did not start; see {log.name}")
         worker = Worker(label, process, stack)
         self.workers.append(worker)
         self._worker_names.append(label)
@@ -297,6 +336,16 @@ class Harness:
         _kill(pid)
         self.fault("SIGKILL pool child")
         return True
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it is still there a minute later."""
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _kill(pid: int, signum: int = signal.SIGKILL) -> None:

@@ -84,6 +84,26 @@ def test_a_deaf_handler_is_killed_after_the_escalation_delay() -> None:
     assert live.read(deaf.run_id)["state"] == "cancelled"
 
 
+def test_kill_now_ends_a_deaf_handler_without_waiting_for_the_escalation() -> None:
+    slow_escalation = {**FAST, "LUMASTRA_CANCEL_ESCALATE_S": "60"}
+    with worker_process([QUEUE], concurrency=1, name="kill-now", env=slow_escalation):
+        deaf = start_run(
+            "test-sleepy", {"seconds": 60, "cooperative": False}, trigger=TriggerKind.MANUAL
+        )
+        pid = int(wait_for(lambda: valkey.client().hget(SLEEPY_PIDS_KEY, deaf.run_id)))
+        assert request_cancel(deaf.run_id, actor="ops") == "cancelling"
+        time.sleep(1.5)
+        assert _state(deaf.run_id) == "cancelling"  # the handler does not listen
+
+        # Again, with kill: no 60 s wait.
+        assert request_cancel(deaf.run_id, actor="ops", kill=True) == "cancelling"
+
+        wait_for(lambda: _state(deaf.run_id) == "cancelled", timeout=10)
+        wait_for(lambda: not _alive(pid), timeout=10)
+
+    assert live.read(deaf.run_id)["state"] == "cancelled"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

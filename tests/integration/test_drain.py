@@ -180,6 +180,20 @@ def test_a_write_for_a_run_that_ended_otherwise_is_dropped() -> None:
     assert drain.depth() == (0, 0)
 
 
+def test_a_write_of_a_claim_put_back_and_claimed_anew_is_dropped() -> None:
+    """Fenced by the claim that wrote it: OWNER's worker was judged lost, its run put back
+    and claimed by another process (`runs.resume`); OWNER's deferred end must not end it."""
+    run_id = _active_run()
+    drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
+    TaskHistory.objects.filter(id=run_id).update(owner_instance_id="host-c:1:NEWCLAIM", attempts=2)
+
+    report = drain.replay()
+
+    assert report.superseded == 1
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.owner_instance_id) == ("active", "host-c:1:NEWCLAIM")
+
+
 def test_the_drain_is_bounded() -> None:
     client = valkey.client()
     entry = drain.Entry("run_filler", "completed", {}, OWNER).to_json()

@@ -25,8 +25,8 @@ from orchestrator.recovery import orphans
 from orchestrator.recovery.reconciler import Reconciler
 from orchestrator.runs import drain
 from orchestrator.runs.start import new_run_id, start_run
-from orchestrator.states import RunState
-from orchestrator.stores import broker, keys, live, valkey
+from orchestrator.states import IllegalTransition, RunState, StageState
+from orchestrator.stores import broker, durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -121,7 +121,9 @@ TABLE = [
 ]
 
 
-def _seed(row: Row, task_id: str = "test-noop") -> str:
+def _seed(row: Row, task_id: str = "test-noop", attempts: int = 3) -> str:
+    """One row as `row` says. `attempts` defaults to test-noop's last (3 of 3), so an orphan
+    ends: resuming orphans with attempts left has its own tests below."""
     run_id = new_run_id()
     started = row.started_age is not None
     TaskHistory.objects.create(
@@ -134,6 +136,7 @@ def _seed(row: Row, task_id: str = "test-noop") -> str:
         identity=run_id,
         owner_instance_id=OWNER if started else "",
         error={"kind": "permanent", "message": "before"} if row.state == "failed" else None,
+        attempts=attempts if started else 0,
     )
     _age(
         run_id,
@@ -549,3 +552,127 @@ def test_extra_steps_run_under_the_lock_each_alone() -> None:
     assert report.steps == {"repair": 0, "pipelines": 0, "probe": 2}
     assert report.errors == 1
     reconciler.release()
+
+
+# --- resuming orphans with attempts left (runs.resume) ------------------------------------------
+
+RESUME_TABLE = [
+    Row("active, stale, hash gone", "active", 400, 500, "gone", "pending"),
+    Row("active, stale, hash heartbeat stale too", "active", 400, 500, "stale", "pending"),
+    Row("active, stale, stray live heartbeat", "active", 400, 500, "fresh", "active"),
+    Row("active, beating", "active", 10, 500, "fresh", "active"),
+    Row("cancelling, stale, hash gone", "cancelling", 400, 500, "gone", "cancelled"),
+]
+
+
+def test_one_tick_resumes_the_orphans_with_attempts_left() -> None:
+    seeded = {row.label: _seed(row, PRIVATE, attempts=1) for row in RESUME_TABLE}
+
+    report = Reconciler().tick()
+
+    outcomes = {label: TaskHistory.objects.get(id=run_id).state for label, run_id in seeded.items()}
+    assert outcomes == {row.label: row.expected for row in RESUME_TABLE}
+    assert (report.orphans.resumed, report.orphans.orphaned, report.orphans.cancelled) == (2, 0, 1)
+    resumed = [seeded[row.label] for row in RESUME_TABLE if row.expected == "pending"]
+    for run_id in resumed:
+        row = TaskHistory.objects.get(id=run_id)
+        assert (row.owner_instance_id, row.attempts, row.finished_at) == ("", 1, None)
+        assert row.error["kind"] == "orphaned" and row.error["owner"] == OWNER
+        assert "stopped heartbeating" in row.error["message"]
+        assert "attempt 1 of 3; retrying in" in row.error["message"]
+        assert row.not_before > timezone.now()
+    # Published again, each once; a hash Valkey still had follows to pending, a lost one is
+    # seeded again by the pickup.
+    assert sorted(_waiting_messages()) == sorted(resumed)
+    assert live.read(seeded["active, stale, hash heartbeat stale too"])["state"] == "pending"
+    assert live.read(seeded["active, stale, hash gone"]) == {}
+    # Resumed runs did not end: the hooks counted no failure.
+    assert _failed_count(PRIVATE) == 0
+
+
+def test_an_orphan_of_a_task_that_opted_out_fails() -> None:
+    run_id = _seed(Row("x", "active", 400, 500, "gone", "failed"), "test-no-resume", attempts=1)
+
+    report = Reconciler().tick()
+
+    assert report.orphans.orphaned == 1 and report.orphans.resumed == 0
+    assert TaskHistory.objects.get(id=run_id).error["kind"] == "orphaned"
+
+
+def test_a_resume_is_fenced_by_the_heartbeat_and_the_claim() -> None:
+    beat = _seed(Row("beat", "active", 400, 500, "gone", "pending"), PRIVATE, attempts=1)
+    claimed = _seed(Row("claimed", "active", 400, 500, "gone", "pending"), PRIVATE, attempts=1)
+    lock = LoopLock("reconciler-test", timedelta(seconds=30))
+    assert lock.hold()
+    stale, _ = orphans.candidates(stale_after_s=THRESHOLD, pending_after_s=60, limit=100)
+    assert {c.run_id for c in stale} == {beat, claimed}
+
+    _age(beat, heartbeat_at=1)  # its worker beat meanwhile
+    TaskHistory.objects.filter(id=claimed).update(owner_instance_id="host-b:1:NEWCLAIM")
+
+    report = orphans.end_orphans(stale, THRESHOLD, fence=lock)
+
+    assert (report.raced, report.resumed, report.errors) == (2, 0, 0)
+    assert TaskHistory.objects.get(id=beat).state == "active"
+    assert TaskHistory.objects.get(id=claimed).owner_instance_id == "host-b:1:NEWCLAIM"
+    assert _waiting_messages() == []
+
+
+PIPE = "test-fault-pipe"
+PIPE_QUEUE = f"task.t.{PIPE}"
+STAGE_CLAIMER = "host-b:77:STAGECLM"
+
+
+def _pipeline_orphan(stage_attempts: int) -> str:
+    """A pipeline run whose stage `a` was claimed by a process of another host that stopped
+    heartbeating (its run's heartbeat 400 s old, no live hash)."""
+    run_id = start_run(PIPE, {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
+    broker.client().delete(*(keys.broker_queue(PIPE_QUEUE, s) for s in keys.BROKER_PRIORITY_STEPS))
+    valkey.client().delete(keys.run_active(run_id))
+    TaskHistory.objects.filter(id=run_id).update(
+        state="active",
+        owner_instance_id=OWNER,
+        attempts=1,
+        stages={"a": "active", "b": "waiting", "c": "waiting", "d": "waiting"},
+        steps={"a": {"owner": STAGE_CLAIMER, "attempts": stage_attempts, "status": "running"}},
+    )
+    _age(run_id, heartbeat_at=400, started_at=500)
+    return run_id
+
+
+def _stage_messages() -> list[str]:
+    found = []
+    for step in keys.BROKER_PRIORITY_STEPS:
+        for raw in broker.client().lrange(keys.broker_queue(PIPE_QUEUE, step), 0, -1):
+            found.append(json.loads(raw)["headers"]["id"])
+    return found
+
+
+def test_a_stage_whose_claimer_went_silent_is_tried_again_not_its_run_failed() -> None:
+    run_id = _pipeline_orphan(stage_attempts=1)
+
+    report = Reconciler().tick()
+
+    row = TaskHistory.objects.get(id=run_id)
+    assert (report.orphans.resumed, report.orphans.orphaned) == (1, 0)
+    assert row.state == "active" and row.stages["a"] == "waiting"
+    record = row.steps["a"]
+    assert (record["status"], record["attempts"]) == ("waiting", 1)
+    assert record["error"]["kind"] == "orphaned" and STAGE_CLAIMER in record["error"]["message"]
+    assert len(_stage_messages()) == 1
+    # The stage's move stamped the run's heartbeat: the next tick leaves it alone.
+    assert Reconciler().tick().stale == 0
+    # The silent claimer's late end is refused: the stage is the next attempt's now.
+    with pytest.raises(IllegalTransition):
+        durable.move_stage(run_id, "a", StageState.COMPLETED, claimer=STAGE_CLAIMER)
+
+
+def test_a_stage_with_no_attempt_left_fails_its_run_as_an_orphan() -> None:
+    run_id = _pipeline_orphan(stage_attempts=3)
+
+    report = Reconciler().tick()
+
+    row = TaskHistory.objects.get(id=run_id)
+    assert (report.orphans.resumed, report.orphans.orphaned) == (0, 1)
+    assert (row.state, row.error["kind"]) == ("failed", "orphaned")
+    assert _stage_messages() == []

@@ -9,7 +9,9 @@ from orchestrator.runs.start import new_run_id
 
 
 def seed_orphan(heartbeat_age_s: int) -> str:
-    """An active run whose worker is gone, last heartbeat `heartbeat_age_s` ago (Postgres clock)."""
+    """An active run whose worker is gone, last heartbeat `heartbeat_age_s` ago (Postgres clock),
+    on its last attempt (test-noop's third), so the reconciler fails it rather than putting it
+    back for another attempt (`orchestrator.runs.resume`)."""
     run_id = new_run_id()
     TaskHistory.objects.create(
         id=run_id,
@@ -20,6 +22,7 @@ def seed_orphan(heartbeat_age_s: int) -> str:
         priority=5,
         identity=run_id,
         owner_instance_id="gone-host:1:X",
+        attempts=3,
     )
     with connection.cursor() as cursor:
         cursor.execute(

@@ -292,6 +292,26 @@ flaky = define_task(
 )
 
 
+# --- resuming after a lost worker (test_redelivery, test_reconciler; run in the test's process)
+
+# test-sleepy with a short backoff, so a resumed run is due again within a test.
+resumable = define_task(
+    id="test-resumable",
+    resource_class="io",
+    execute=_sleepy,
+    input_model=SleepyInput,
+    retry=Retry(max_attempts=3, base=timedelta(milliseconds=200), cap=timedelta(seconds=1)),
+)
+# The same, opted out: work that must never be repeated fails when its worker is lost.
+no_resume = define_task(
+    id="test-no-resume",
+    resource_class="io",
+    execute=_sleepy,
+    input_model=SleepyInput,
+    retry_on_worker_loss=False,
+)
+
+
 # --- the fault battery (tests/faults) ---------------------------------------------------------
 
 # The file each handler entry is appended to, set by the battery for its workers; unset, the
@@ -304,7 +324,12 @@ def _record_execution(run_id: str, stage: str = "") -> None:
     """The side effect the battery counts: one line per handler (or stage) entry, with the
     claiming process's instance id (the claim's owner). A file, not Valkey or Postgres, so it
     survives what the battery breaks; an O_APPEND write of one short line is never
-    interleaved."""
+    interleaved.
+
+    Each entry also takes an exclusive `flock` on a file of its own run (or stage) until the
+    handler leaves (`_left`): a lock the kernel releases when its process dies, so a second
+    entry that finds it held ran while another process was still inside the handler for the
+    same work, and records that process's pid (`overlap_with`). The checker fails on those."""
     path = os.environ.get(FAULT_EFFECTS_ENV)
     if not path:
         return
@@ -314,11 +339,42 @@ def _record_execution(run_id: str, stage: str = "") -> None:
         "owner": instance_id(),
         "pid": os.getpid(),
         "at": time.time(),
+        "overlap_with": _enter(path, run_id, stage),
     }
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(line) + "\n").encode())
     finally:
+        os.close(fd)
+
+
+# The entry locks this process holds, by run (and stage): released when the handler leaves.
+_inside: dict[str, int] = {}
+
+
+def _enter(path: str, run_id: str, stage: str) -> int | None:
+    """Take the work's entry lock; None, or the pid of the process holding it already."""
+    import fcntl
+
+    name = f"{run_id}.{stage}" if stage else run_id
+    folder = f"{path}.locks"
+    os.makedirs(folder, exist_ok=True)
+    fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        return int(holder) if holder.isdigit() else -1
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _inside[name] = fd
+    return None
+
+
+def _left(run_id: str, stage: str = "") -> None:
+    fd = _inside.pop(f"{run_id}.{stage}" if stage else run_id, None)
+    if fd is not None:
         os.close(fd)
 
 
@@ -330,12 +386,29 @@ class FaultWorkInput(BaseModel, extra="forbid"):
 
 def _fault_work(ctx: TaskContext, params: FaultWorkInput) -> dict[str, int]:
     _record_execution(ctx.run_id)
-    ctx.report_progress(0, 1)
-    if params.deaf:
-        time.sleep(params.ms / 1000)
-    else:
-        ctx.sleep(params.ms / 1000)
-    return {"pid": os.getpid()}
+    try:
+        ctx.report_progress(0, 1)
+        if params.deaf:
+            time.sleep(params.ms / 1000)
+        else:
+            ctx.sleep(params.ms / 1000)
+        return {"pid": os.getpid()}
+    finally:
+        _left(ctx.run_id)
+
+
+def _fault_slow_progress(ctx: TaskContext, params: FaultWorkInput) -> dict[str, int]:
+    """Like the demo's slow-progress: a long run that reports progress in small steps."""
+    _record_execution(ctx.run_id)
+    try:
+        steps = max(1, params.ms // 100)
+        for done in range(steps):
+            ctx.report_progress(done, steps)
+            ctx.sleep(0.1)
+        ctx.report_progress(steps, steps)
+        return {"pid": os.getpid()}
+    finally:
+        _left(ctx.run_id)
 
 
 fault_work = define_task(
@@ -350,11 +423,25 @@ fault_work = define_task(
 def _fault_stage(name: str) -> Any:
     def execute(ctx: TaskContext, params: FaultWorkInput) -> dict[str, int]:
         _record_execution(ctx.run_id, name)
-        ctx.sleep(params.ms / 1000)
-        return {"pid": os.getpid()}
+        try:
+            ctx.sleep(params.ms / 1000)
+            return {"pid": os.getpid()}
+        finally:
+            _left(ctx.run_id, name)
 
     return execute
 
+
+# The resume scenario: runs of seconds, killed again and again; attempts enough that none runs
+# out of them under the scenario's kills, and a short backoff.
+fault_resume = define_task(
+    id="test-fault-resume",
+    resource_class="io",
+    execute=_fault_slow_progress,
+    input_model=FaultWorkInput,
+    timeout=FAULT_TIMEOUT,
+    retry=Retry(max_attempts=6, base=timedelta(milliseconds=300), cap=timedelta(seconds=2)),
+)
 
 # The pipeline scenarios: a → b (cpu) and a → c, c → d; every stage records its entries.
 fault_pipe = define_task(
@@ -403,11 +490,14 @@ def _allocate_too_much() -> None:
 
 def _poison(ctx: TaskContext, params: PoisonInput) -> None:
     _record_execution(ctx.run_id)
-    if params.how == "exit":
-        os._exit(70)  # the pool child vanishes mid-run, as a segfault or the OOM killer would
-    if params.how == "alloc":
-        _allocate_too_much()
-    raise RuntimeError(f"poison payload ({params.how})")
+    try:
+        if params.how == "exit":
+            os._exit(70)  # the pool child vanishes mid-run, as a segfault or the OOM killer would
+        if params.how == "alloc":
+            _allocate_too_much()
+        raise RuntimeError(f"poison payload ({params.how})")
+    finally:
+        _left(ctx.run_id)
 
 
 # Two tasks, two circuits: one fed every kind of poison, one that only ever exits.
@@ -664,4 +754,13 @@ sleepy_auto = define_task(
     execute=_sleepy,
     input_model=SleepyInput,
     stall=Stall(auto=True),
+)
+
+# Two tasks sharing the io pool, each on its own queue (private: no shared worker takes them),
+# recording the order they run in: tests/integration/test_fair_pools.py.
+fair_a = define_task(
+    id="test-fair-a", resource_class="io", execute=_record_order, input_model=LabelInput
+)
+fair_b = define_task(
+    id="test-fair-b", resource_class="io", execute=_record_order, input_model=LabelInput
 )

@@ -40,6 +40,7 @@ CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "lock_renew": (1, 2, 2),
     "lock_release": (1, 1, 1),
     "drain_push": (1, 2, 2),
+    "drain_unpoison": (2, 3, 3),
     "broker_run_ids": (1, 2, 2),
 }
 

@@ -65,6 +65,7 @@ def test_a_minimal_definition_gets_the_documented_defaults() -> None:
     assert definition.pipeline == () and definition.stage_order == ()
     assert definition.backpressure is Backpressure.FAIL_FAST
     assert definition.exclusive_with == ()
+    assert definition.retry_on_worker_loss is True
 
 
 def test_options_are_keyword_only() -> None:
@@ -184,6 +185,16 @@ def test_unknown_backpressure(policy: object) -> None:
 @pytest.mark.parametrize("policy", ["drop", "fail-fast", "shed-oldest", Backpressure.DROP])
 def test_known_backpressure(policy: object) -> None:
     assert _define(backpressure=policy).backpressure is Backpressure(policy)
+
+
+@pytest.mark.parametrize("value", [None, 0, 1, "no", "False"])
+def test_retry_on_worker_loss_is_a_bool(value: object) -> None:
+    error = _rejected("retry_on_worker_loss", retry_on_worker_loss=value)
+    assert "True or False" in error.problem
+
+
+def test_a_task_may_opt_out_of_resuming_after_a_lost_worker() -> None:
+    assert _define(retry_on_worker_loss=False).retry_on_worker_loss is False
 
 
 @pytest.mark.parametrize("others", [["Not An Id"], [""], [5]])

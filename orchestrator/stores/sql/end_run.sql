@@ -6,8 +6,11 @@
 -- A plain run's warnings, counters and cost, when it recorded any (`step`, else NULL), become
 -- its step record and are added to its cost_breakdown (`cost`); its latest progress, when it
 -- reported any (`progress`), replaces the row's.
+-- Fenced by the claim (`owner`, '' for a writer that holds none): a run put back to pending
+-- after its worker was lost and claimed again has a new owner, so the old claim's late end
+-- is refused (`runs.resume`).
 -- Parameters: run_id, target, sources, result, error, step, cost, progress (JSON text or NULL
--- each), finished_at.
+-- each), finished_at, owner.
 UPDATE task_history
    SET state = %(target)s,
        result = %(result)s::jsonb,
@@ -21,3 +24,4 @@ UPDATE task_history
        updated_at = now()
  WHERE id = %(run_id)s
    AND state = ANY(%(sources)s)
+   AND (%(owner)s::text = '' OR owner_instance_id = %(owner)s::text)

@@ -5,8 +5,12 @@
 -- row lock, and each returns the stages as its own move left them: the last move of a run
 -- sees every stage's end, which is how exactly one writer learns that the run is done.
 -- No row comes back when the move is refused (the run ended, or the stage is elsewhere).
+-- `claimer` (NULL: any) fences a stage's own end to its latest claim (the step record's
+-- `owner`): a stage retried after its claimer was lost refuses the old claim's late end.
+-- `stale_s` (NULL: no condition) moves it only while the run's heartbeat is at least that many
+-- seconds old by the Postgres clock (the reconciler's retry of a stage whose claimer is gone).
 -- Parameters: run_id, stage, target, sources, live (run states), result, step, cost (JSON
--- text or NULL each).
+-- text or NULL each), claimer, stale_s.
 UPDATE task_history
    SET stages = jsonb_set(stages, ARRAY[%(stage)s], to_jsonb(%(target)s::text)),
        stage_results = CASE WHEN %(result)s::jsonb IS NULL THEN stage_results
@@ -22,4 +26,8 @@ UPDATE task_history
  WHERE id = %(run_id)s
    AND state = ANY(%(live)s)
    AND stages ->> %(stage)s = ANY(%(sources)s)
+   AND (%(claimer)s::text IS NULL OR steps -> %(stage)s ->> 'owner' = %(claimer)s::text)
+   AND (%(stale_s)s::float8 IS NULL
+        OR COALESCE(heartbeat_at, started_at, updated_at)
+           < now() - %(stale_s)s::float8 * interval '1 second')
 RETURNING stages, stage_results
