@@ -41,7 +41,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     broker_transport_options={
         "priority_steps": [1, 2, 3, 5, 7],
-        "queue_order_strategy": "priority",
+        "queue_order_strategy": "round_robin",  # as lumastra/settings.py
         "visibility_timeout": 3600,
     },
     task_default_priority=5,

@@ -21,7 +21,14 @@ def _stage_conditions(app_configs: Any = None, databases: Any = None, **kwargs: 
     (the worker's loops refuse to start otherwise)."""
     if not databases:
         return []
+    from django.db import connection
+
+    from coverage.models import MediaItem
     from coverage.stages import EligibilityError, check_eligibility, covered
+
+    # `migrate` runs the database checks before it creates the catalog: nothing to plan yet.
+    if MediaItem._meta.db_table not in connection.introspection.table_names():
+        return []
 
     try:
         check_eligibility(covered())

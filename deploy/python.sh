@@ -20,4 +20,11 @@ if ! missing="$("$PYTHON" -c 'import django, celery, uvicorn' 2>&1)"; then
     "into that Python, or point LUMASTRA_PYTHON at one that has them." >&2
   exit 1
 fi
+# Every role signs sessions and CSRF tokens with the same secret: a role never starts on the
+# development fallback of lumastra/settings.py. `make run` exports the demo's own.
+if [[ -z "${LUMASTRA_SECRET_KEY:-}" ]]; then
+  echo "lumastra: LUMASTRA_SECRET_KEY is not set: give every role the same long random value" \
+    "(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(50))'); see docs/environment.md." >&2
+  exit 1
+fi
 export PYTHON

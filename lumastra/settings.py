@@ -14,9 +14,27 @@ from orchestrator.stores import keys
 CONFIG = config.current()
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = CONFIG.secret_key
+# The role scripts refuse to start without LUMASTRA_SECRET_KEY (deploy/python.sh; `make run`
+# sets the demo's). Tools on a development machine (manage.py, mypy's Django plugin) fall back
+# to a key named so that `check --deploy` flags it (security.W009).
+DEVELOPMENT_SECRET_KEY = "django-insecure-lumastra-development-only"  # noqa: S105 (on purpose)
+SECRET_KEY = CONFIG.secret_key or DEVELOPMENT_SECRET_KEY
 DEBUG = CONFIG.debug
 ALLOWED_HOSTS = list(CONFIG.allowed_hosts)
+CSRF_TRUSTED_ORIGINS = list(CONFIG.csrf_trusted_origins)
+
+# Production (docs/operations.md): behind HTTPS, cookies never travel in clear and plain HTTP
+# is redirected. Off by default, since `make run` serves plain HTTP on 127.0.0.1. The probes
+# (/healthz, /readyz) are answered before the redirect (orchestrator.api.health).
+SESSION_COOKIE_SECURE = CONFIG.https
+CSRF_COOKIE_SECURE = CONFIG.https
+SECURE_SSL_REDIRECT = CONFIG.https
+if CONFIG.proxy_ssl_header:
+    # Only behind a proxy that sets this header itself and drops a client's.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_HSTS_SECONDS = CONFIG.hsts_seconds
+SECURE_HSTS_INCLUDE_SUBDOMAINS = CONFIG.hsts_include_subdomains
+SECURE_HSTS_PRELOAD = CONFIG.hsts_preload
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -36,6 +54,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: /healthz and /readyz answer probes that use the container's address as Host.
+    "orchestrator.api.health.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "orchestrator.api.limits.BodySizeLimitMiddleware",
@@ -115,10 +135,15 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # values 1|2|3|5|7 so none is rounded into another. A message published without a priority
 # gets 5 (scheduled work): the default priority covers `apply_async`, the catch-all route
 # covers `send_task`, which ignores the default.
+# A worker's BRPOP lists every (queue, step) priority-major, so a lower number goes first
+# across all of a pool's queues whatever the queue order. Within one step the first listed
+# queue wins: `round_robin` moves the queue just served to the back, so tasks sharing a pool
+# take turns; "priority" (the spine's choice, which priorities never needed) kept the order
+# fixed and one task's backlog starved its pool-mates (issue 14, test_fair_pools.py).
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "priority_steps": list(keys.BROKER_PRIORITY_STEPS),
     "sep": keys.BROKER_PRIORITY_SEPARATOR,
-    "queue_order_strategy": "priority",
+    "queue_order_strategy": "round_robin",
     "visibility_timeout": CONFIG.broker_visibility_timeout_s,
 }
 CELERY_TASK_DEFAULT_PRIORITY = 5
@@ -130,3 +155,7 @@ LUMASTRA_LOOP_FACTORIES = ["coverage.loops.loops"]
 
 # Prometheus collectors of the apps above the engine, added to /metrics at each scrape.
 LUMASTRA_METRICS_COLLECTORS = ["coverage.metrics.BacklogCollector"]
+
+# Dead-letter sections of the apps above the engine, on the admin's Dead letters page
+# (`orchestrator.admin.dead_letters`): dotted paths to `source(limit) -> Section`.
+LUMASTRA_DEAD_LETTER_SOURCES = ["coverage.dead_letters.outbox_section"]

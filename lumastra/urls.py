@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import path, re_path
 
 from coverage import api as coverage_api
-from orchestrator.api import errors, v1
+from orchestrator.api import errors, health, v1
 from orchestrator.api.metrics import metrics_view
 
 # The catalog's API sits above the engine: it joins the engine's v1 API here, at the root.
@@ -12,6 +12,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", v1.urls()),
     path("metrics", metrics_view),
+    # Probes (also answered by health.ProbeMiddleware before host validation).
+    path("healthz", health.healthz),
+    path("readyz", health.readyz),
     # Last: API clients get the error shape for any path no operation serves, not HTML.
     re_path(r"^api/", errors.no_endpoint),
 ]

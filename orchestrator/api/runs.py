@@ -48,9 +48,7 @@ MAX_WAIT_S = 60
 MAX_PAGE = 200
 # A bound on the key keeps it well inside what the unique index on it can hold.
 MAX_IDEMPOTENCY_KEY = 200
-IdempotencyKey = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY), Storable()
-]
+IdempotencyKey = Annotated[str, StringConstraints(max_length=MAX_IDEMPOTENCY_KEY), Storable()]
 
 
 class StartRunIn(Schema):
@@ -62,7 +60,8 @@ class StartRunIn(Schema):
     )
     idempotency_key: IdempotencyKey | None = Field(
         default=None,
-        description="while a run with this key is live, starting again returns that run",
+        description="while a run with this key is live, starting again returns that run; "
+        "an empty or blank key is no key (no deduplication)",
     )
     priority: PriorityIn | None = Field(
         default=None, description="1 most urgent … 7 least; default: the task's, else 2"
@@ -70,9 +69,11 @@ class StartRunIn(Schema):
 
     @field_validator("idempotency_key")
     @classmethod
-    def _not_blank(cls, key: str | None) -> str | None:
+    def _blank_is_absent(cls, key: str | None) -> str | None:
+        # A client that always sends the field, empty when it has no key, gets no dedup
+        # rather than a refusal (or, worse, every such start sharing the key "").
         if key is not None and not key.strip():
-            raise ValueError("must not be blank")
+            return None
         return key
 
 

@@ -180,9 +180,11 @@ def start_run(
     model = validate_input(definition, input)
     normalised = model.model_dump(mode="json")
     kind, trigger_doc = _trigger_document(trigger)
+    # An empty or blank key means "no key" (DESIGN: dedup only on a key the caller chose):
+    # a form or client that sends "" must not make every such start share one key.
+    if idempotency_key is not None and not idempotency_key.strip():
+        idempotency_key = None
     if idempotency_key is not None:
-        if not idempotency_key.strip():
-            raise StartRefused("idempotency key must not be empty")
         if reason := unstorable(idempotency_key):
             raise StartRefused(f"idempotency key {reason}")
         trigger_doc["idempotencyKey"] = idempotency_key

@@ -119,20 +119,24 @@ slow_progress_task = define_task(
 
 
 def history_retention(ctx: TaskContext, params: NoInput) -> dict[str, int]:
-    from orchestrator.models import TaskHistory, TaskHistoryAudit
-    from orchestrator.states import TERMINAL_RUN_STATES
+    # Each table in short batches of their own transactions (orchestrator.stores.retention).
+    from coverage.retention import prune_dead_events
+    from orchestrator.stores.retention import prune_history
 
-    cutoff = timezone.now() - timedelta(days=settings.CONFIG.history_retention_days)
-    deleted, _ = TaskHistory.objects.filter(
-        state__in=[s.value for s in TERMINAL_RUN_STATES], finished_at__lt=cutoff
-    ).delete()
-    # The audit is not a foreign key (it outlives its run's row): pruned by its own age.
-    audit, _ = TaskHistoryAudit.objects.filter(at__lt=cutoff).delete()
+    history = prune_history()
+    dead_events = prune_dead_events()
     ctx.log(
-        f"deleted {deleted} terminal runs finished and {audit} state changes recorded "
-        f"before {cutoff.isoformat()}"
+        f"deleted {history.runs} ended runs and {history.audit} state changes older than "
+        f"{settings.CONFIG.history_retention_days} days, {history.webhook_deliveries} webhook "
+        f"deliveries older than {settings.CONFIG.webhook_retention_days} days, {dead_events} "
+        f"outbox events dead for more than {settings.CONFIG.coverage_outbox_retention_days} days"
     )
-    return {"deleted": deleted, "audit_deleted": audit}
+    return {
+        "deleted": history.runs,
+        "audit_deleted": history.audit,
+        "webhook_deliveries_deleted": history.webhook_deliveries,
+        "dead_events_deleted": dead_events,
+    }
 
 
 history_retention_task = define_task(
@@ -140,7 +144,8 @@ history_retention_task = define_task(
     resource_class="maintenance",
     execute=history_retention,
     schedule=every("1d", env_override="LUMASTRA_HISTORY_RETENTION_EVERY"),
-    description="deletes terminal runs and state changes past LUMASTRA_HISTORY_RETENTION_DAYS",
+    description="deletes old ended runs, state changes, webhook deliveries and dead outbox "
+    "events, each past its retention setting, in short batches",
 )
 
 

@@ -16,7 +16,7 @@ from django.db import transaction
 from orchestrator.hooks.dedup import ExclusiveRunning
 from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.models import TaskHistory
-from orchestrator.runs.start import StartRefused, start_run
+from orchestrator.runs.start import start_run
 from orchestrator.stores import keys, scripts, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
@@ -109,10 +109,15 @@ def test_exclusive_tasks_share_an_identity_space() -> None:
     assert TaskHistory.objects.filter(task_id="test-excl-b").count() == 1
 
 
-def test_an_empty_idempotency_key_is_refused() -> None:
-    with pytest.raises(StartRefused, match="idempotency key must not be empty"):
-        start_run("test-noop", {}, trigger=TriggerKind.API, idempotency_key="  ")
-    assert TaskHistory.objects.count() == 0
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_an_empty_or_blank_idempotency_key_is_no_key(blank: str) -> None:
+    first = start_run("test-noop", {}, trigger=TriggerKind.API, idempotency_key=blank)
+    second = start_run("test-noop", {}, trigger=TriggerKind.API, idempotency_key=blank)
+
+    assert not first.deduplicated and not second.deduplicated
+    assert first.run_id != second.run_id
+    # Not stored as a key either: the live-key unique index never sees "".
+    assert [r.trigger for r in TaskHistory.objects.all()] == [{"kind": "api"}] * 2
 
 
 def _short_provisional_ttl(settings: LazySettings, seconds: int) -> None:
