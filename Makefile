@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck check bench bench-memory bench-pipeline bench-sweep bench-observability
+.PHONY: install run test screenshots lint typecheck check bench bench-memory bench-pipeline bench-sweep bench-observability bench-console
 
 $(STAMP): requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,9 +15,11 @@ $(STAMP): requirements.lock
 install: $(STAMP)
 
 # The Procfile's commands find python, celery and uvicorn on PATH: the virtualenv's first.
-# Flower's credentials: the demo user's unless FLOWER_BASIC_AUTH is set.
+# Flower's credentials: the demo user's unless FLOWER_BASIC_AUTH is set; a demo SECRET_KEY likewise
+# (the role scripts refuse to start without one).
 run: export FLOWER_BASIC_AUTH ?= demo:lumastra-demo
 run: export LUMASTRA_METRICS_TOKEN ?= lumastra-demo-metrics
+run: export LUMASTRA_SECRET_KEY ?= lumastra-demo-secret-key-not-for-production
 run: install
 	$(BIN)/python -m lumastra.preflight
 	$(BIN)/python manage.py migrate --noinput
@@ -46,6 +48,11 @@ test: install
 	cat .pytest_cache/faults-run.log; \
 	test $$rest -eq 0 && test $$faults -eq 0
 
+# The README's pictures of the console (docs/screenshots/), taken by the browser tests: only
+# here, so `make test` never rewrites the tracked PNGs.
+screenshots: install
+	LUMASTRA_SCREENSHOTS=1 $(BIN)/python -m pytest tests/browser -q
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -67,6 +74,9 @@ bench-pipeline: install
 
 bench-sweep: install
 	$(BIN)/python bench/sweep.py
+
+bench-console: install
+	$(BIN)/python bench/console.py
 
 bench-observability: install
 	$(BIN)/python bench/observability.py

@@ -4,9 +4,11 @@ per-item coverage: the rows, the backlog page (heal), rescans and the outbox's d
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import django_stubs_ext
 from django.contrib import admin, messages
+from django.db import connection
 from django.db.models import QuerySet
 from django.http import (
     Http404,
@@ -19,8 +21,9 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.views.decorators.http import require_POST
 
-from coverage import backlog, dispatcher
+from coverage import backlog, dead_letters, dispatcher, queries
 from coverage.models import (
     CoverageStatus,
     EpgSource,
@@ -31,7 +34,9 @@ from coverage.models import (
     MediaItem,
     MediaItemStageState,
 )
+from coverage.stages import covered
 from orchestrator.admin import pages
+from orchestrator.admin.paginator import EstimatedCountPaginator
 from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.clock import describe
@@ -52,17 +57,61 @@ class EpgSourceAdmin(admin.ModelAdmin[EpgSource]):
     prepopulated_fields = {"slug": ("name",)}
 
 
-# The catalog can hold a million items: no full counts, and foreign keys as raw ids (a select
-# of every item would be enormous).
+class _IndexedValuesFilter(admin.SimpleListFilter):
+    """A filter on a column with few values, listed by a named query that skips along the
+    column's index (`coverage/sql/<query>.sql`) instead of the admin's DISTINCT over every
+    row."""
+
+    query: str
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        with connection.cursor() as cursor:
+            cursor.execute(queries.render(self.query))
+            return [(value, value) for (value,) in cursor.fetchall()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(**{str(self.parameter_name): value}) if value else queryset
+
+
+class LibraryFilter(_IndexedValuesFilter):
+    title = "library"
+    parameter_name = "library"
+    query = "libraries"
+
+
+class ProviderFilter(_IndexedValuesFilter):
+    title = "provider"
+    parameter_name = "provider"
+    query = "providers"
+
+
+class StageFilter(admin.SimpleListFilter):
+    # The covered stages from the registry: a DISTINCT over the rows would read all of them.
+    title = "stage"
+    parameter_name = "stage"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(c.id, c.id) for c in sorted(covered(), key=lambda c: c.id)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(stage=value) if value else queryset
+
+
+# The catalog can hold a million items: no full counts, counts past 10,000 rows estimated
+# (EstimatedCountPaginator), and foreign keys as raw ids (a select of every item would be
+# enormous).
 
 
 @admin.register(MediaItem)
 class MediaItemAdmin(admin.ModelAdmin[MediaItem]):
     list_display = ("id", "kind", "title", "year", "index_number", "library", "parent")
-    list_filter = ("kind", "library")
+    list_filter = ("kind", LibraryFilter)
     search_fields = ("title",)
     raw_id_fields = ("parent",)
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     list_select_related = ("parent",)
 
 
@@ -72,6 +121,7 @@ class MediaFileAdmin(admin.ModelAdmin[MediaFile]):
     list_filter = ("is_missing",)
     search_fields = ("path",)
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
 
 
 @admin.register(MediaFileItem)
@@ -79,16 +129,18 @@ class MediaFileItemAdmin(admin.ModelAdmin[MediaFileItem]):
     list_display = ("id", "file", "item")
     raw_id_fields = ("file", "item")
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     list_select_related = ("file", "item")
 
 
 @admin.register(ExternalId)
 class ExternalIdAdmin(admin.ModelAdmin[ExternalId]):
     list_display = ("id", "item", "provider", "value")
-    list_filter = ("provider",)
+    list_filter = (ProviderFilter,)
     search_fields = ("value",)
     raw_id_fields = ("item",)
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     list_select_related = ("item",)
 
 
@@ -109,10 +161,11 @@ class MediaItemStageStateAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[MediaIte
         "run_link",
         "short_error",
     )
-    list_filter = ("stage", "status")
+    list_filter = (StageFilter, "status")
     search_fields = ("item__title",)
     list_select_related = ("item",)
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     actions = ["rescan_items"]
     change_list_template = "admin/coverage/stage_state_change_list.html"
 
@@ -135,12 +188,14 @@ class MediaItemStageStateAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[MediaIte
             try:
                 handle = backlog.rescan(stage_id, item_id, trigger)
             except (LookupError, ValueError, Refused) as exc:
-                self.message_user(request, f"{stage_id} item {item_id}: {exc}", messages.WARNING)
+                self.message_user(
+                    request, f"Stage {stage_id}, item {item_id}: {exc}", messages.WARNING
+                )
                 continue
             pages.log_action(
                 request, f"rescanned item {item_id} for {stage_id}: run {handle.run_id}"
             )
-            self.message_user(request, f"{stage_id} item {item_id}: run {handle.run_id}")
+            self.message_user(request, f"Stage {stage_id}, item {item_id}: run {handle.run_id}")
 
     def get_urls(self) -> list[URLPattern]:
         return [
@@ -187,7 +242,7 @@ class MediaItemStageStateAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[MediaIte
         except backlog.UnknownStage as exc:
             raise Http404(str(exc)) from None
         pages.log_action(request, f"healed {healed} rows of {stage}")
-        self.message_user(request, f"{stage}: {healed} rows pending again")
+        self.message_user(request, f"Stage {stage}: {healed} rows pending again")
         return HttpResponseRedirect(reverse("admin:coverage_backlog"))
 
 
@@ -197,6 +252,7 @@ class EventOutboxAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[EventOutbox]):
     list_filter = (("dead_at", admin.EmptyFieldListFilter), "kind")
     readonly_fields = ("last_error",)
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     actions = ["redeliver_events"]
 
     @admin.action(description="Redeliver selected dead letters", permissions=["operate"])
@@ -204,3 +260,11 @@ class EventOutboxAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[EventOutbox]):
         count = dispatcher.redeliver(list(queryset.values_list("id", flat=True)))
         pages.log_action(request, f"redelivered {count} outbox events")
         self.message_user(request, f"{count} dead-lettered events redelivered")
+
+    def get_urls(self) -> list[URLPattern]:
+        # The Dead letters page's redeliver button (coverage.dead_letters).
+        redeliver = pages.requires(Access.OPERATE, require_POST(dead_letters.redeliver_view))
+        return [
+            path("dead-letters/redeliver/", redeliver, name="coverage_outbox_redeliver"),
+            *super().get_urls(),
+        ]

@@ -339,8 +339,9 @@ class MediaItemStageState(models.Model):
                 condition=models.Q(status=CoverageStatus.RUNNING),
             ),
             models.Index("run_id", name="stage_state_run"),
-            # Backlog counts per stage and status.
-            models.Index("stage", "status", name="stage_state_backlog"),
+            # Backlog counts per stage and status (an index-only scan), and the admin's rows of
+            # one stage and status, newest first (its drill-down).
+            models.Index("stage", "status", "id", name="stage_state_status_id"),
         ]
 
     def __str__(self) -> str:

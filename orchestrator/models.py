@@ -79,6 +79,22 @@ class TaskHistory(models.Model):
             models.Index(KT("trigger__kind"), "created_at", name="task_history_trigger_kind"),
             # The reconciler's hash repair reads the runs that ended since its last tick.
             models.Index(fields=["finished_at"], name="task_history_finished"),
+            # The runs list's priority filter: its page, and its count up to the paginator's
+            # cap, from the index alone instead of the whole table.
+            models.Index(fields=["priority", "-created_at"], name="task_history_priority_created"),
+            # A run's page lists the operator retries that name it (`trigger->>'retryOf'`).
+            models.Index(
+                KT("trigger__retryOf"),
+                name="task_history_retry_of",
+                condition=Q(trigger__has_key="retryOf"),
+            ),
+            # The dead letters (retries exhausted), newest first: the dead-letters page and the
+            # runs list's "outcome" filter, without reading every failed run.
+            models.Index(
+                fields=["-created_at"],
+                name="task_history_dead_letters",
+                condition=Q(state="failed", error__exhausted=True),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -258,6 +274,10 @@ class SchedulerState(models.Model):
     # The sync disabled this schedule's PeriodicTask (its definition went away); only such a
     # row is enabled again when the definition comes back, never one an operator disabled.
     sync_disabled = models.BooleanField(default=False)
+    # An operator disabled this row of a dynamic schedule (`scheduler.switch`): the tick skips
+    # it. A static schedule is switched on its PeriodicTask row (`enabled`) instead. A
+    # database default: the fire path's upsert (claim_slot.sql) does not name the column.
+    disabled = models.BooleanField(default=False, db_default=False)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -353,6 +373,12 @@ class WebhookDelivery(models.Model):
                 condition=Q(status="pending"),
             ),
             models.Index(fields=["endpoint", "-created_at"], name="webhook_delivery_history"),
+            # The dead letters, newest first (the dead-letters page), without the delivered.
+            models.Index(
+                fields=["-created_at"],
+                name="webhook_delivery_dead",
+                condition=Q(status="dead"),
+            ),
         ]
         constraints = [
             models.UniqueConstraint("endpoint", "event_id", name="webhook_delivery_once"),

@@ -1,10 +1,12 @@
-"""The Django admin: runs (read-only, with cancel and retry actions), the operator pages
-(Start a run, Tasks with force-enable, Nodes), API tokens and webhooks, one module each.
+"""The Django admin as the operator console (docs/console.md): runs (the list, and each run's
+page with cancel, kill, retry and resume), the operator pages (Start a run, Tasks with
+force-enable, Cluster, Dead letters, Schedules), API tokens and webhooks, one module each.
 
 Every run page and action checks `orchestrator.api.access` like the API does: reading (the runs
-list and detail, Tasks, Nodes) needs view, acting (start, cancel, retry, force-enable) needs
-operate; staff without the permission get a 403. The site's login counts failed sign-ins per
-client address with the API's bearer tokens (`orchestrator.api.throttle`).
+list and a run's page, Tasks, Cluster, Dead letters, Schedules) needs view, acting (start,
+cancel, kill, retry, resume, force-enable, requeue, replay, discard, redeliver, switch a
+schedule) needs operate; staff without the permission get a 403. The site's login counts
+failed sign-ins per client address with the API's bearer tokens (`orchestrator.api.throttle`).
 
 Every operator action (start, cancel, retry, force-enable, and the coverage and webhook
 actions) is written to the admin log under the operator's name (`pages.log_action`).

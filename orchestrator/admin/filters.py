@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.definition import Priority
+from tasks.resources import RESOURCE_CLASSES
 
 
 class TaskFilter(admin.SimpleListFilter):
@@ -67,3 +68,19 @@ class PriorityFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         return queryset.filter(priority=int(value)) if value and value.isdigit() else queryset
+
+
+class ResourceClassFilter(admin.SimpleListFilter):
+    # A run's class is its task's, from the registry: the filter is a task_id IN (…).
+    title = "class"
+    parameter_name = "class"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in sorted(RESOURCE_CLASSES)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if not value:
+            return queryset
+        tasks = [d.id for d in registry.get().values() if d.resource_class == value]
+        return queryset.filter(task_id__in=tasks)

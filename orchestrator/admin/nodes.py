@@ -1,11 +1,15 @@
-"""The "Nodes" page (view permission): the node roster and the leader of each seat,
-read-only."""
+"""The "Cluster" page (view permission), read-only: the live nodes (host, role, pools,
+version, started, last beat), the leader of each seat, and each worker pool's queue depth
+and running runs, with a link to Flower for the queues' own view."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
@@ -14,12 +18,19 @@ from orchestrator.admin import pages
 from orchestrator.api.access import Access
 from orchestrator.clock import describe
 from orchestrator.cluster import leaders, roster
+from orchestrator.models import TaskHistory
+from orchestrator.routing import plan_pools, pool_of
+from orchestrator.states import RunState
+from orchestrator.stores import broker
+from tasks import registry
+from tasks.resources import budgets
 
 
 @dataclass(frozen=True)
 class _NodeRow:
     node: roster.Node
     age: str
+    last_beat: str
     leads: tuple[str, ...]  # the seats this node holds
 
 
@@ -30,13 +41,56 @@ class _SeatRow:
     live: bool  # the leader is in the roster (False: none, or its announcement expired)
 
 
+@dataclass(frozen=True)
+class _PoolRow:
+    name: str
+    concurrency: int
+    queues: int
+    waiting: int
+    running: int
+
+
 def _age(started: datetime | None, now: datetime) -> str:
     return "-" if started is None else describe(max(timedelta(0), now - started))
+
+
+def _pools() -> list[_PoolRow]:
+    """Each pool of the plan the worker role starts: its budget, its queues' depth, and its
+    active runs (a run counts in its task's pool)."""
+    config = settings.CONFIG
+    definitions = registry.get()
+    plan = plan_pools(
+        definitions.values(),
+        budgets(config.concurrency_overrides, config.queue_depth_cap_overrides),
+        config.per_task_queues,
+    )
+    running: Counter[str] = Counter()
+    active = (
+        TaskHistory.objects.filter(state=RunState.ACTIVE)
+        .values_list("task_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for task_id, count in active:
+        definition = definitions.get(task_id)
+        if definition is not None:
+            running[pool_of(definition.resource_class, config.per_task_queues)] += count
+    return [
+        _PoolRow(
+            pool.name,
+            pool.concurrency,
+            len(pool.queues),
+            broker.depth(list(pool.queues)),
+            running[pool.name],
+        )
+        for pool in plan
+    ]
 
 
 def nodes_view(request: HttpRequest) -> HttpResponse:
     now = datetime.now(UTC)
     nodes = sorted(roster.roster(), key=lambda n: (n.role, n.host, n.pid))
+    beats = roster.last_beats(nodes)
     leading = leaders.leaders()
     by_instance: dict[str, list[str]] = {}
     for seat, instance in leading.items():
@@ -44,15 +98,22 @@ def nodes_view(request: HttpRequest) -> HttpResponse:
     live = {n.instance_id for n in nodes}
     page = pages.context(
         request,
-        "Nodes",
+        "Cluster",
         nodes=[
-            _NodeRow(n, _age(n.started, now), tuple(by_instance.get(n.instance_id, ())))
+            _NodeRow(
+                n,
+                _age(n.started, now),
+                f"{describe(beats[n.instance_id])} ago" if n.instance_id in beats else "-",
+                tuple(by_instance.get(n.instance_id, ())),
+            )
             for n in nodes
         ],
         seats=[
             _SeatRow(seat, leading.get(seat), leading.get(seat) in live)
             for seat in leaders.all_seats()
         ],
+        pools=_pools(),
+        flower_url=settings.CONFIG.flower_url,
     )
     return TemplateResponse(request, "admin/orchestrator/nodes.html", page)
 

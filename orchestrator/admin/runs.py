@@ -1,6 +1,7 @@
-"""Runs in the admin: the list (filters, search by run id, cancel and retry actions) and each
-run's read-only detail. The operator pages live beside it, one module each, under the runs'
-URLs (`start/`, `tasks/`, `nodes/`)."""
+"""Runs in the admin: the list (filters, search by run id, bulk cancel and retry, progress and
+ETA of running runs from their live hashes, refreshed in place by `console.js`) and each run's
+page (`run_detail`). The operator pages live beside it, one module each, under the runs' URLs
+(`start/`, `tasks/`, `nodes/`, …)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,24 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, reverse
 from django.utils.html import format_html
 
-from orchestrator.admin import force_enable, nodes, pages, start_form, tasks_page
-from orchestrator.admin.filters import OutcomeFilter, PriorityFilter, TaskFilter, TriggerKindFilter
+from orchestrator.admin import (
+    dead_letters,
+    force_enable,
+    nodes,
+    pages,
+    run_detail,
+    schedules,
+    start_form,
+    tasks_page,
+)
+from orchestrator.admin.filters import (
+    OutcomeFilter,
+    PriorityFilter,
+    ResourceClassFilter,
+    TaskFilter,
+    TriggerKindFilter,
+)
+from orchestrator.admin.paginator import EstimatedCountPaginator
 from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.hooks.base import Refused
@@ -26,7 +43,12 @@ from orchestrator.runs import report
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import StartRefused
+from orchestrator.states import RunState
+from orchestrator.stores import live
+from tasks import registry
 
+# The created_at filter's own parameters: the date range form sets them.
+DATE_RANGE = ("created_at__gte", "created_at__lt")
 _RUN_ID = re.compile(r"run_[0-9A-Za-z]{26}")
 
 
@@ -45,11 +67,33 @@ def _json_display(field_name: str) -> Callable[[Any, TaskHistory], str]:
 
 @admin.register(TaskHistory)
 class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
-    list_display = ["id", "state", "task_id", "trigger_kind", "priority", "created_at", "duration"]
-    list_filter = ["state", OutcomeFilter, TaskFilter, TriggerKindFilter, PriorityFilter]
+    list_display = [
+        "id",
+        "state_badge",
+        "task_id",
+        "resource_class",
+        "trigger_kind",
+        "priority",
+        "progress_bar",
+        "duration",
+        "cost",
+        "error_kind",
+        "created_at",
+    ]
+    list_filter = [
+        "state",
+        OutcomeFilter,
+        TaskFilter,
+        ResourceClassFilter,
+        TriggerKindFilter,
+        PriorityFilter,
+        ("created_at", admin.DateFieldListFilter),
+    ]
     search_fields = ["task_id", "identity"]
     ordering = ["-created_at"]
     list_per_page = 50
+    # Counting a filter's rows reads them all: past 10,000 the planner's estimate is shown.
+    paginator = EstimatedCountPaginator
     # Spares the second, unfiltered COUNT(*) over the whole table behind "N total".
     show_full_result_count = False
     fields = [
@@ -80,6 +124,9 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
 
     actions = ["cancel_runs", "retry_runs"]
 
+    class Media:
+        js = ["orchestrator/console.js"]
+
     @admin.action(description="Cancel selected runs", permissions=["operate"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[TaskHistory]) -> None:
         # The orchestrator owns run state: each run goes through request_cancel.
@@ -90,7 +137,7 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
                 self.message_user(request, str(exc), messages.WARNING)
             else:
                 pages.log_action(request, f"cancelled run {run_id} (now {state})")
-                self.message_user(request, f"{run_id}: {state}")
+                self.message_user(request, f"Run {run_id}: {state}")
 
     @admin.action(
         description="Retry selected runs (new runs at priority 1)", permissions=["operate"]
@@ -100,10 +147,10 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
             try:
                 handle = rerun(run_id, actor=request.user.get_username())
             except (StartRefused, Refused, UnknownRun) as exc:
-                self.message_user(request, f"{run_id}: {exc}", messages.WARNING)
+                self.message_user(request, f"Run {run_id}: {exc}", messages.WARNING)
             else:
                 pages.log_action(request, f"retried run {run_id} as {handle.run_id}")
-                self.message_user(request, f"{run_id}: retried as {handle.run_id}")
+                self.message_user(request, f"Run {run_id}: retried as {handle.run_id}")
 
     def has_view_permission(self, request: HttpRequest, obj: TaskHistory | None = None) -> bool:
         return access.allows(request.user, Access.VIEW)
@@ -130,9 +177,31 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
         posted = request.POST.get("action") if request.method == "POST" else None
         if posted in self.actions and not can_operate:
             raise PermissionDenied(access.refusal(Access.OPERATE))
-        return super().changelist_view(
-            request, {**(extra_context or {}), "can_operate": can_operate}
+        response = super().changelist_view(
+            request,
+            {
+                **(extra_context or {}),
+                "can_operate": can_operate,
+                "date_range": {k: request.GET.get(k, "") for k in DATE_RANGE},
+                "date_range_keep": [(k, v) for k, v in request.GET.items() if k not in DATE_RANGE],
+            },
         )
+        changelist = getattr(response, "context_data", {}).get("cl")
+        if changelist is not None:
+            _attach_live_progress(changelist.result_list)
+        return response
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        # The run's own page instead of a read-only form: runs are never edited here.
+        if not self.has_view_permission(request):
+            raise PermissionDenied(access.refusal(Access.VIEW))
+        return run_detail.detail_view(request, object_id)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[TaskHistory], search_term: str
@@ -166,6 +235,38 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
     def trigger_kind(self, run: TaskHistory) -> str:
         return str(run.trigger.get("kind", ""))
 
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, run: TaskHistory) -> str:
+        return format_html('<span class="run-state state-{0}">{0}</span>', run.state)
+
+    @admin.display(description="class")
+    def resource_class(self, run: TaskHistory) -> str:
+        # From the registry at render time: a task removed since shows nothing.
+        definition = registry.get().get(run.task_id)
+        return definition.resource_class if definition else "-"
+
+    @admin.display(description="progress")
+    def progress_bar(self, run: TaskHistory) -> str:
+        document = getattr(run, "live_progress", None) or run.progress
+        if not isinstance(document, dict) or "done" not in document:
+            return "-"
+        return format_html(
+            '<span class="run-progress" data-run="{}">{}</span>',
+            run.id,
+            run_detail.progress_html(document),
+        )
+
+    @admin.display(description="cost")
+    def cost(self, run: TaskHistory) -> str:
+        spent = run.cost_breakdown or {}
+        return ", ".join(f"{kind} {units:g}" for kind, units in sorted(spent.items())) or "-"
+
+    @admin.display(description="error")
+    def error_kind(self, run: TaskHistory) -> str:
+        error = run.error or {}
+        kind = str(error.get("kind", ""))
+        return kind + (" (dead letter)" if error.get("exhausted") else "") if kind else "-"
+
     @admin.display(description="duration", ordering="run_duration")
     def duration(self, run: TaskHistory) -> str | None:
         seconds = run.duration_s
@@ -184,5 +285,27 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
     def get_urls(self) -> list[URLPattern]:
         # Before the defaults: their `<path:object_id>/` would take "start/" or "tasks/" as a
         # run id.
-        operator_pages = [page.url() for page in (start_form, tasks_page, force_enable, nodes)]
+        operator_pages = [
+            page.url()
+            for page in (
+                start_form,
+                tasks_page,
+                force_enable,
+                nodes,
+                run_detail,
+                dead_letters,
+                schedules,
+            )
+        ]
         return [*operator_pages, *super().get_urls()]
+
+
+def _attach_live_progress(rows: Any) -> None:
+    """The running runs' progress from their live hashes (fresher than their rows), in one
+    round trip, for `progress_bar`."""
+    running = [run for run in rows if run.state == RunState.ACTIVE]
+    if not running:
+        return
+    for run, fresh in zip(running, live.progress_of([r.id for r in running]), strict=True):
+        if fresh:
+            run.live_progress = json.loads(fresh)

@@ -1,5 +1,14 @@
-"""The "Start a run" page (operate permission): a task, its input as JSON, a priority and an
-idempotency key; the run is created by `start_run`, never here."""
+"""The "Start a run" page (operate permission): a task, its input, a priority and an
+idempotency key; the run is created by `start_run`, never here.
+
+`?task=<id>` chooses the task (the Tasks page links here so); the chosen task's input is then
+asked field by field, the fields generated from its input schema (`input_fields`), and the
+model's errors are shown on the fields they name. The whole input may instead be given as one
+JSON object in "Input as JSON", which wins when it is not blank (for inputs the fields cannot
+say, and for scripts that post the form). Changing the task reloads the page with the new
+task's fields (`orchestrator/start_form.js`); without JavaScript, the table below the form
+links each task's fields.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +18,12 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
+from django.forms import BoundField
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from orchestrator.admin import pages
+from orchestrator.admin import input_fields, pages
 from orchestrator.api.access import Access
 from orchestrator.hooks.base import Refused
 from orchestrator.runs.start import InvalidInput, StartRefused, start_run
@@ -22,34 +32,14 @@ from tasks import registry
 from tasks.definition import Priority, TaskDefinition
 
 
-class _InputField(forms.JSONField):
-    """A JSON field that refuses a document too deep for Python's parser as invalid JSON: the
-    parser gives up past about a thousand levels with RecursionError, which Django's field
-    does not expect."""
-
-    default_error_messages = {"too_deep": "Enter valid JSON: it is nested too deeply."}
-
-    def to_python(self, value: Any) -> Any:
-        try:
-            return super().to_python(value)
-        except RecursionError:
-            raise forms.ValidationError(self.error_messages["too_deep"], code="too_deep") from None
-
-    def bound_data(self, data: Any, initial: Any) -> Any:
-        # Shown back as typed, like any other text that is not JSON.
-        try:
-            return super().bound_data(data, initial)
-        except RecursionError:
-            return forms.fields.InvalidJSONInput(data)
-
-
 class StartRunForm(forms.Form):
     task = forms.ChoiceField()
-    input = _InputField(
+    input = input_fields.JsonValueField(
         required=False,
-        initial=dict,
-        widget=forms.Textarea(attrs={"rows": 8, "cols": 70, "class": "vLargeTextField"}),
-        help_text="A JSON object for the task's input; empty means {}.",
+        label="Input as JSON",
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 70, "class": "vLargeTextField"}),
+        help_text="Optional: the whole input as one JSON object, used instead of the fields "
+        "above when given. Empty, with no task fields, means {}.",
     )
     priority = forms.TypedChoiceField(
         required=False,
@@ -65,35 +55,79 @@ class StartRunForm(forms.Form):
         help_text="While a run of this task with this key is live, it is returned instead.",
     )
 
-    def __init__(self, *args: Any, tasks: Iterable[TaskDefinition], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        tasks: Iterable[TaskDefinition],
+        chosen: TaskDefinition | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.chosen = chosen
         task_field = self.fields["task"]
         assert isinstance(task_field, forms.ChoiceField)
-        task_field.choices = [(d.id, f"{d.id} ({d.resource_class})") for d in tasks]
+        listed = [(d.id, f"{d.id} ({d.resource_class})") for d in tasks]
+        task_field.choices = listed if chosen else [("", "---------"), *listed]
+        task_field.initial = chosen.id if chosen else None
+        self.input_names: list[str] = []
+        if chosen is not None:
+            generated = input_fields.fields_of(chosen.input_model)
+            self.fields.update(generated)
+            self.input_names = list(generated)
+
+    def task_fields(self) -> list[BoundField]:
+        return [self["task"]]
+
+    def generated_fields(self) -> list[BoundField]:
+        return [self[name] for name in self.input_names]
+
+    def other_fields(self) -> list[BoundField]:
+        return [self[name] for name in ("input", "priority", "idempotency_key")]
+
+    def json_given(self) -> bool:
+        return bool(str(self.data.get("input", "")).strip())
+
+    def run_input(self) -> Any:
+        """The input to start with: the JSON when given, else what the task's fields say."""
+        data = self.cleaned_data
+        if self.json_given() or self.chosen is None:
+            return data["input"]
+        return input_fields.values_of(self.chosen.input_model, data)
+
+    def add_input_error(self, error: dict[str, Any]) -> None:
+        """A model error on the field it names, else on the JSON input."""
+        loc = [str(part) for part in error.get("loc", [])]
+        name = input_fields.PREFIX + loc[0] if loc else ""
+        if name in self.input_names and not self.json_given():
+            where = ".".join(loc[1:])
+            self.add_error(name, f"{where}: {error['msg']}" if where else str(error["msg"]))
+        else:
+            self.add_error("input", f"{'.'.join(loc)}: {error['msg']}" if loc else error["msg"])
 
 
-def _describe(error: dict[str, Any]) -> str:
-    where = ".".join(str(part) for part in error.get("loc", []))
-    return f"{where}: {error['msg']}" if where else str(error["msg"])
+def _chosen(name: object) -> TaskDefinition | None:
+    return registry.get().get(name) if isinstance(name, str) else None
 
 
 def start_run_view(request: HttpRequest) -> HttpResponse:
     """Operate permission; the run is created by `start_run`, never here."""
     definitions = sorted(registry.get().values(), key=lambda d: d.id)
-    form = StartRunForm(request.POST or None, tasks=definitions)
-    if request.method == "POST" and form.is_valid():
+    posted = request.method == "POST"
+    chosen = _chosen(request.POST.get("task") if posted else request.GET.get("task"))
+    form = StartRunForm(request.POST if posted else None, tasks=definitions, chosen=chosen)
+    if posted and form.is_valid():
         data = form.cleaned_data
         try:
             handle = start_run(
                 data["task"],
-                data["input"],
+                form.run_input(),
                 trigger={"kind": TriggerKind.ADMIN.value, "actor": request.user.get_username()},
                 priority=data["priority"],
                 idempotency_key=data["idempotency_key"] or None,
             )
         except InvalidInput as exc:
             for error in exc.errors:
-                form.add_error("input", _describe(error))
+                form.add_input_error(error)
         except (StartRefused, Refused) as exc:
             form.add_error(None, str(exc))
         else:
@@ -115,6 +149,7 @@ def start_run_view(request: HttpRequest) -> HttpResponse:
         request,
         "Start a run",
         form=form,
+        chosen=chosen,
         tasks=[
             {
                 "id": d.id,

@@ -23,7 +23,7 @@ import threading
 import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -120,6 +120,20 @@ def roster() -> list[Node]:
                 known[name] = tuple(known.get(name) or ())
             nodes.append(Node(**known))
     return nodes
+
+
+def last_beats(nodes: Sequence[Node]) -> dict[str, timedelta]:
+    """How long ago each node last announced itself, from its key's remaining TTL (each
+    announcement sets it to NODE_TTL_S): one round trip."""
+    pipe = valkey.client().pipeline(transaction=False)
+    for node in nodes:
+        pipe.pttl(keys.cluster_node(node.instance_id))
+    remaining: list[int] = valkey.execute(pipe) if nodes else []
+    return {
+        node.instance_id: timedelta(milliseconds=max(0, NODE_TTL_S * 1000 - left))
+        for node, left in zip(nodes, remaining, strict=True)
+        if left >= 0
+    }
 
 
 def keep_announcing(node: Node, stop: threading.Event | None = None) -> threading.Thread:

@@ -4,7 +4,8 @@ The original keeps its history; the new run's trigger names it (`retryOf`). Only
 run that did not complete can be retried: failed, or cancelled. A pipeline run is resumed:
 the new run reuses the stages the original completed, with their results, and runs only the
 failed stage and what follows it (`runs.pipeline.reuse_completed`; nothing is reused when the
-task's processing_version changed since).
+task's processing_version changed since), unless the operator asks for a fresh start
+(`reuse=False`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class NotRetryable(StartRefused):
     """The run is live or completed."""
 
 
-def rerun(run_id: str, *, actor: str) -> RunHandle:
+def rerun(run_id: str, *, actor: str, reuse: bool = True) -> RunHandle:
     row = (
         TaskHistory.objects.filter(id=run_id)
         .values_list(
@@ -49,7 +50,7 @@ def rerun(run_id: str, *, actor: str) -> RunHandle:
             trigger={"kind": TriggerKind.OPERATOR_RETRY.value, "actor": actor, "retryOf": run_id},
             priority=Priority.OPERATOR,
         )
-        if definition.pipeline and not (handle.deduplicated or handle.dropped):
+        if reuse and definition.pipeline and not (handle.deduplicated or handle.dropped):
             original = pipeline.ReusableRun(version, stages, results, steps)
             pipeline.reuse_completed(definition, handle.run_id, run_id, original)
     return handle

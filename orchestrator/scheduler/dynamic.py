@@ -10,8 +10,11 @@ Each tick, for each task whose definition declares `dynamic(loader)`:
 
 A row fires once per slot of its own interval, at the first tick in the slot: a new row
 fires at once, and a row whose slots were missed (the loops were down) fires once, not once
-per missed slot. Every loops process runs this loop; the bucket locks and the slot claim
-make one fire per row and slot across the cluster, so it needs no leader.
+per missed slot. A row an operator switched off (`scheduler_state.disabled`,
+`scheduler.switch`) is skipped while off, at the cost of one query per tick; switched on
+again, it fires at the next tick if its current slot has not fired. Every loops process runs
+this loop; the bucket locks and the slot claim make one fire per row and slot across the
+cluster, so it needs no leader.
 
 The loop's first tick (`boot`) runs the static boot catch-up (`catchup.catch_up`) and then a
 regular tick.
@@ -59,6 +62,7 @@ class SchedulerTickReport:
     due: int = 0  # rows whose slot this process had not seen fired
     fired: list[str] = field(default_factory=list)  # state keys fired by this tick
     refused: list[str] = field(default_factory=list)  # slot claimed, no run (see last_error)
+    switched_off: list[str] = field(default_factory=list)  # due, but an operator disabled it
     errors: int = 0  # loaders that raised, malformed rows, rows that raised
     catch_up: CatchUpReport | None = None
 
@@ -143,12 +147,19 @@ class Scheduler:
         if not due:
             return
         report.due += len(due)
-        known = dict(
-            SchedulerState.objects.filter(
-                key__in=[key for _, key, _ in due], last_bucket__isnull=False
-            ).values_list("key", "last_bucket")
-        )
+        known: dict[str, int | None] = {}
+        switched_off: set[str] = set()
+        for key, last, disabled in SchedulerState.objects.filter(
+            key__in=[key for _, key, _ in due]
+        ).values_list("key", "last_bucket", "disabled"):
+            known[key] = last
+            if disabled:
+                switched_off.add(key)
         for row, key, slot in due:
+            if key in switched_off:
+                # Not remembered as fired: switched on again, it fires at the next tick.
+                report.switched_off.append(key)
+                continue
             last = known.get(key)
             if last is not None and last >= slot:
                 self._fired[key] = last

@@ -123,3 +123,6 @@ CLAIM_STAGE = _load("claim_stage")
 MOVE_STAGE = _load("move_stage")
 REUSE_STAGES = _load("reuse_stages")
 LIVE_RUN_WITH_KEY = _load("live_run_with_key")
+# Operator reads (the admin's Tasks page, `runs/stats.py`): not on a run's path.
+TASK_STATS = _load("task_stats")
+LAST_RUNS = _load("last_runs")

@@ -17,6 +17,8 @@ from django.test import Client
 from django.urls import reverse
 
 from lumastra.csp import DOCS_POLICY, PAGE_POLICY
+from orchestrator.runs.start import start_run
+from orchestrator.triggers import TriggerKind
 
 DOCS = "/api/v1/docs"
 # Executable types a browser would run; anything else (application/json) is data.
@@ -111,7 +113,12 @@ def _admin_pages(client: Client) -> list[str]:
 
 
 def test_every_admin_page_carries_the_policy_and_nothing_it_blocks(admin_client: Client) -> None:
-    pages = _admin_pages(admin_client)
+    # A run's own page too, with a pipeline's stages (it is not a model form).
+    pipeline_run = start_run("test-pipe", {}, trigger=TriggerKind.API).run_id
+    pages = [
+        *_admin_pages(admin_client),
+        reverse("admin:orchestrator_taskhistory_change", args=[pipeline_run]),
+    ]
     assert len(pages) > 8
 
     for path in pages:

@@ -20,22 +20,25 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from orchestrator.admin import tasks_page
 from orchestrator.api import tokens
-from orchestrator.clock import SYSTEM, FrozenClock
+from orchestrator.api.access import Access
+from orchestrator.clock import SYSTEM, FrozenClock, describe
 from orchestrator.hooks import concurrency, overview
 from orchestrator.hooks.base import Admission, Outcome, Pickup
 from orchestrator.hooks.circuit import CircuitBreaker, status
 from orchestrator.hooks.concurrency import ConcurrencyLimit
 from orchestrator.hooks.quotas import DailyQuota, QuotaExceeded
-from orchestrator.models import CircuitState, TaskCircuitState, TaskQuotaUsage
+from orchestrator.models import CircuitState, TaskCircuitState, TaskHistory, TaskQuotaUsage
 from orchestrator.routing import queue_name
+from orchestrator.runs import stats
 from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.errors import ErrorKind
-from tests.support.users import operator
+from tests.support.users import account, operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -369,3 +372,179 @@ def test_admin_force_enable_is_a_post_for_staff_on_known_tasks(
     assert admin.post(_admin_force_url("no-such-task")).status_code == 404
 
     assert status(CIRCUIT).state == CircuitState.OPEN
+
+
+# --- the admin: what each task is, how its runs went, where to start one ---------------------
+
+STATS_TASK = "test-noop"
+START_URL = "/admin/orchestrator/taskhistory/start/"
+
+
+def _seed_run(
+    task_id: str, state: RunState, *, ended_ago: timedelta | None, took: timedelta | None
+) -> str:
+    """A run of `task_id` in `state`, created now (Postgres clock) and, when `ended_ago` is
+    given, ended that long ago after running for `took`."""
+    run_id = new_run_id()
+    TaskHistory.objects.create(
+        id=run_id,
+        task_id=task_id,
+        state=state,
+        trigger={"kind": "manual"},
+        input={},
+        priority=5,
+        identity=run_id,
+    )
+    if ended_ago is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE task_history SET finished_at = now() - %(ago)s,"
+                " started_at = CASE WHEN %(ran)s THEN now() - %(ago)s - %(took)s END,"
+                " created_at = now() - %(ago)s - %(took)s - interval '1 second' WHERE id = %(id)s",
+                {
+                    "ago": ended_ago,
+                    "took": took or timedelta(0),
+                    "ran": took is not None,
+                    "id": run_id,
+                },
+            )
+    return run_id
+
+
+def _seed_a_day_of_runs() -> str:
+    """STATS_TASK's runs: in the last day 20 completed taking 1..20 s and one failed taking
+    21 s, two cancelled; an older completed run and a pending one that do not count. Returns
+    the newest run's id (the pending one)."""
+    for seconds in range(1, 21):
+        _seed_run(
+            STATS_TASK,
+            RunState.COMPLETED,
+            ended_ago=timedelta(hours=1, seconds=seconds),
+            took=timedelta(seconds=seconds),
+        )
+    _seed_run(STATS_TASK, RunState.FAILED, ended_ago=timedelta(hours=2), took=timedelta(seconds=21))
+    _seed_run(STATS_TASK, RunState.CANCELLED, ended_ago=timedelta(hours=3), took=None)
+    _seed_run(STATS_TASK, RunState.CANCELLED, ended_ago=timedelta(hours=3), took=timedelta(hours=5))
+    # Ended before the window: neither counted nor timed.
+    _seed_run(
+        STATS_TASK,
+        RunState.COMPLETED,
+        ended_ago=timedelta(days=1, hours=1),
+        took=timedelta(hours=9),
+    )
+    return _seed_run(STATS_TASK, RunState.PENDING, ended_ago=None, took=None)
+
+
+def test_the_last_days_runs_of_each_task() -> None:
+    newest = _seed_a_day_of_runs()
+
+    ended = stats.ended([STATS_TASK, "test-rated"])
+    last = stats.last_runs([STATS_TASK, "test-rated"])
+
+    # p50 of the 21 timed runs (1..21 s) is the 11th, p95 (at 0.95 * 20 = 19) the 20th.
+    assert ended[STATS_TASK] == stats.Ended(
+        completed=20,
+        failed=1,
+        cancelled=2,
+        p50=timedelta(seconds=11),
+        p95=timedelta(seconds=20),
+    )
+    assert ended[STATS_TASK].success_rate == 20 / 21
+    assert ended["test-rated"] == stats.NOTHING_ENDED
+    assert ended["test-rated"].success_rate is None
+    assert list(last) == [STATS_TASK]
+    assert last[STATS_TASK].run_id == newest
+    assert last[STATS_TASK].state == RunState.PENDING
+    assert last[STATS_TASK].at == last[STATS_TASK].created_at
+
+
+def test_admin_tasks_page_shows_the_last_run_and_the_last_days_stats(staff: User) -> None:
+    newest = _seed_a_day_of_runs()
+    client = Client()
+    client.force_login(staff)
+
+    page = client.get(ADMIN_TASKS).content.decode()
+
+    row = _row(page, STATS_TASK)
+    last = row[row.index('<td class="last-run">') :]
+    assert last.startswith(
+        f'<td class="last-run"><a href="/admin/orchestrator/taskhistory/{newest}/change/">'
+        f"{newest}</a><br>pending, "
+    )
+    assert '<td class="success">95.2 % (20 of 21)<br>2 cancelled</td>' in row
+    assert '<td class="durations">11 s / 20 s</td>' in row
+    idle = _row(page, "test-rated")
+    assert '<td class="last-run">never</td>' in idle
+    assert '<td class="success">-</td>' in idle
+    assert '<td class="durations">-</td>' in idle
+
+
+def test_admin_tasks_page_says_what_each_task_is(
+    staff: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LUMASTRA_HISTORY_RETENTION_EVERY", "6h")
+    client = Client()
+    client.force_login(staff)
+
+    page = client.get(ADMIN_TASKS).content.decode()
+
+    for definition in registry.get().values():
+        row = _row(page, definition.id)
+        assert f'<td class="class">{definition.resource_class}</td>' in row
+        queue = queue_name(definition, settings.CONFIG.per_task_queues)
+        assert f'<td class="queue-name"><code>{queue}</code></td>' in row
+    noop = _row(page, "test-noop")
+    assert '<td class="priority">by trigger</td>' in noop
+    assert '<td class="schedule">-</td>' in noop
+    # The schedule beat runs, its override applied as `sync_schedules` applies it.
+    assert (
+        '<td class="schedule">every 6h (from LUMASTRA_HISTORY_RETENTION_EVERY; declared 1d)</td>'
+        in _row(page, "history-retention")
+    )
+    assert '<td class="schedule">dynamic (rows from its loader)</td>' in _row(page, "epg-refresh")
+    monkeypatch.delenv("LUMASTRA_HISTORY_RETENTION_EVERY")
+    again = client.get(ADMIN_TASKS).content.decode()
+    assert '<td class="schedule">every 1d</td>' in _row(again, "history-retention")
+
+
+def test_admin_tasks_page_shows_how_long_a_force_enable_holds(
+    staff: User, clock: FrozenClock
+) -> None:
+    _open_circuit(clock)
+    client = Client()
+    client.force_login(staff)
+    client.post(_admin_force_url(CIRCUIT))
+
+    circuit = _row(client.get(ADMIN_TASKS).content.decode(), CIRCUIT)
+
+    ttl = timedelta(milliseconds=settings.CONFIG.circuit_force_enable_ttl_ms)
+    assert f"(expires in {describe(ttl)})" in circuit
+
+
+def test_operators_get_a_start_link_with_the_task_chosen(staff: User) -> None:
+    operator_client = Client()
+    operator_client.force_login(staff)
+    viewer_client = Client()
+    viewer_client.force_login(account("viewer", Access.VIEW))
+
+    page = operator_client.get(ADMIN_TASKS).content.decode()
+    viewed = viewer_client.get(ADMIN_TASKS).content.decode()
+
+    link = f"{START_URL}?task=slow-progress"
+    assert f'<a class="start-run" href="{link}">Start a run</a>' in _row(page, "slow-progress")
+    assert 'class="start-run"' not in viewed
+    form = operator_client.get(link).content.decode()
+    assert '<option value="slow-progress" selected>' in form
+    assert 'name="input-steps"' in form
+
+
+def test_the_tasks_page_reads_the_history_in_two_queries_whatever_the_runs() -> None:
+    _seed_a_day_of_runs()
+    definitions = sorted(registry.get().values(), key=lambda d: d.id)
+
+    with CaptureQueriesContext(connection) as queries:
+        found = tasks_page.rows(definitions, can_operate=True)
+
+    assert [row.definition.id for row in found] == [d.id for d in definitions]
+    # The overview's three, the last day's ends, the newest run of every task.
+    assert len(queries) == 5

@@ -124,7 +124,7 @@ def _get(path: str) -> Callable[[Client, World], HttpResponse]:
 
 def _admin_post(path: str, fields: Callable[[World], dict[str, Any]]) -> Callable[..., Any]:
     def call(client: Client, world: World) -> HttpResponse:
-        return client.post(path, fields(world))
+        return client.post(path.format(pending=world.pending, ended=world.ended), fields(world))
 
     return call
 
@@ -181,6 +181,20 @@ ADMIN_OPS = [
         302,
         World.started_one,
     ),
+    Op(
+        "run-page-cancel",
+        Access.OPERATE,
+        _admin_post(f"{ADMIN_RUNS}{{pending}}/act/cancel/", lambda w: {}),
+        302,
+        World.cancelled,
+    ),
+    Op(
+        "run-page-retry",
+        Access.OPERATE,
+        _admin_post(f"{ADMIN_RUNS}{{ended}}/act/retry/", lambda w: {}),
+        302,
+        World.started_one,
+    ),
     Op("tasks", Access.VIEW, _get(f"{ADMIN_RUNS}tasks/"), 200),
     Op(
         "force-enable",
@@ -190,6 +204,8 @@ ADMIN_OPS = [
         lambda world: _forced(),
     ),
     Op("nodes", Access.VIEW, _get(f"{ADMIN_RUNS}nodes/"), 200),
+    Op("dead-letters", Access.VIEW, _get(f"{ADMIN_RUNS}dead-letters/"), 200),
+    Op("schedules", Access.VIEW, _get(f"{ADMIN_RUNS}schedules/"), 200),
 ]
 
 

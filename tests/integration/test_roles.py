@@ -210,6 +210,10 @@ def test_bootstrap_demo_is_idempotent() -> None:
 
     demo = get_user_model().objects.get(username="demo")
     assert demo.is_superuser and demo.check_password("lumastra-demo")
+    assert set(demo.groups.values_list("name", flat=True)) == {
+        "Lumastra viewers",
+        "Lumastra operators",
+    }
     runs = list(TaskHistory.objects.all())
     assert sorted(r.task_id for r in runs) == [
         "demo-pipeline",

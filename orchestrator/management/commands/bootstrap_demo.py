@@ -13,9 +13,11 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 
 from lumastra import config
+from orchestrator.api import access
 from orchestrator.runs.start import start_run
 from orchestrator.triggers import TriggerKind
 
@@ -93,10 +95,13 @@ class Command(BaseCommand):
 
     def _ensure_user(self) -> None:
         users = get_user_model().objects
-        if users.filter(username=DEMO_USERNAME).exists():
+        user = users.filter(username=DEMO_USERNAME).first()
+        if user is not None:
             self.stdout.write(f"demo user {DEMO_USERNAME!r} exists; left as it is")
-            return
-        users.create_superuser(
-            username=DEMO_USERNAME, email="demo@example.invalid", password=DEMO_PASSWORD
-        )
-        self.stdout.write(f"created demo superuser {DEMO_USERNAME!r}")
+        else:
+            user = users.create_superuser(
+                username=DEMO_USERNAME, email="demo@example.invalid", password=DEMO_PASSWORD
+            )
+            self.stdout.write(f"created demo superuser {DEMO_USERNAME!r}")
+        # In both groups too, so the console shows what each grants (the superuser has all).
+        user.groups.add(*Group.objects.filter(name__in=(access.VIEWERS, access.OPERATORS)))
