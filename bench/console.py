@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ RUNS = "/admin/orchestrator/taskhistory/"
 ROWS = "/admin/coverage/mediaitemstagestate/"
 # The pages timed, one line each: (label, URL). `{run}` is a finished run with steps and
 # progress, `{dead}` a dead letter, `{retried}` a failed run an operator retried, `{item}` a
-# catalog item with coverage rows.
+# catalog item with coverage rows, `{week_ago}` the date seven days ago.
 PAGES: list[tuple[str, str]] = [
     ("runs", RUNS),
     ("runs: state failed", RUNS + "?state__exact=failed"),
@@ -68,6 +69,8 @@ PAGES: list[tuple[str, str]] = [
     ("runs: state + task + kind", RUNS + "?state__exact=failed&task=epg-refresh&trigger=schedule"),
     ("runs: search run id", RUNS + "?q={run}"),
     ("runs: page 200", RUNS + "?p=200"),
+    ("runs: class cpu", RUNS + "?class=cpu"),
+    ("runs: created last 7 days", RUNS + "?created_at__gte={week_ago}"),
     ("run detail", RUNS + "{run}/change/"),
     ("run detail: dead letter", RUNS + "{dead}/change/"),
     ("run detail: retried", RUNS + "{retried}/change/"),
@@ -260,7 +263,14 @@ def _placeholders() -> dict[str, str]:
     retry = TaskHistory.objects.filter(trigger__has_key="retryOf").values("trigger").first()
     retried = retry["trigger"]["retryOf"] if retry else None
     item = MediaItemStageState.objects.values_list("item_id", flat=True).first()
-    return {"run": str(run), "dead": str(dead), "retried": str(retried), "item": str(item)}
+    week_ago = (datetime.now(UTC) - timedelta(days=7)).date().isoformat()
+    return {
+        "run": str(run),
+        "dead": str(dead),
+        "retried": str(retried),
+        "item": str(item),
+        "week_ago": week_ago,
+    }
 
 
 def time_pages(pages: list[tuple[str, str]], repeat: int, explain: bool) -> list[Timing]:
