@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from coverage import counts as stage_counts
 from coverage import queries
 from coverage.models import CoverageStage, CoverageStatus, MediaItem, MediaItemStageState
 from coverage.stages import Covered, covered, find, sync
@@ -62,17 +63,17 @@ def stage_or_404(stage_id: str) -> Covered:
 
 
 def overview() -> list[StageBacklog]:
-    """Every covered stage with its counts per status and its oldest due row; two queries."""
+    """Every covered stage with its counts per status (kept as rows change, `coverage.counts`)
+    and its oldest due row; two queries."""
     stages = covered()
     counts: dict[str, dict[str, int]] = {
         c.id: dict.fromkeys(CoverageStatus.values, 0) for c in stages
     }
+    for (stage_id, status), count in stage_counts.read().items():
+        if stage_id in counts:
+            counts[stage_id][status] = count
     oldest: dict[str, datetime | None] = {}
     with connection.cursor() as cursor:
-        cursor.execute(queries.render("backlog_counts"))
-        for stage_id, status, count in cursor.fetchall():
-            if stage_id in counts:
-                counts[stage_id][status] = count
         cursor.execute(
             queries.render("backlog_oldest"),
             {"stages": [c.id for c in stages], "now": timezone.now()},

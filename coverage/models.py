@@ -343,9 +343,80 @@ class MediaItemStageState(models.Model):
             # one stage and status, newest first (its drill-down).
             models.Index("stage", "status", "id", name="stage_state_status_id"),
         ]
+        # The backlog's counts per stage and status, kept as it changes (`coverage.counts`):
+        # each statement appends one delta row per (stage, status) it changed, net.
+        triggers = [
+            _outbox_trigger(
+                "stage_counts_inserted",
+                pgtrigger.Insert,
+                "INSERT INTO coverage_stage_count_delta (stage, status, delta)"
+                " SELECT stage, status, count(*) FROM new_rows GROUP BY stage, status;",
+            ),
+            _outbox_trigger(
+                "stage_counts_deleted",
+                pgtrigger.Delete,
+                "INSERT INTO coverage_stage_count_delta (stage, status, delta)"
+                " SELECT stage, status, -count(*) FROM old_rows GROUP BY stage, status;",
+            ),
+            # Every update, not only of status or stage: PostgreSQL refuses transition tables on
+            # a trigger with a column list. Rows whose status and stage stay net to zero.
+            _outbox_trigger(
+                "stage_counts_updated",
+                pgtrigger.Update,
+                "INSERT INTO coverage_stage_count_delta (stage, status, delta)"
+                " SELECT stage, status, sum(d) FROM ("
+                " SELECT stage, status, 1 AS d FROM new_rows"
+                " UNION ALL SELECT stage, status, -1 FROM old_rows) AS moved"
+                " GROUP BY stage, status HAVING sum(d) <> 0;",
+            ),
+            # A TRUNCATE fires no delete trigger: the counts start again from nothing.
+            pgtrigger.Trigger(
+                name="stage_counts_truncated",
+                level=pgtrigger.Statement,
+                when=pgtrigger.After,
+                operation=pgtrigger.Truncate,
+                func="DELETE FROM coverage_stage_count; DELETE FROM coverage_stage_count_delta;"
+                " RETURN NULL;",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.stage} {self.item_id}: {self.status}"
+
+
+class CoverageStageCount(models.Model):
+    """The backlog's rows per stage and status as of the last fold; the rows changed since are
+    in `CoverageStageCountDelta`. Read, folded and recounted by `coverage.counts` only."""
+
+    stage = models.CharField(max_length=64)
+    status = models.CharField(max_length=20)
+    n = models.BigIntegerField()
+
+    class Meta:
+        db_table = "coverage_stage_count"
+        constraints = [
+            models.UniqueConstraint("stage", "status", name="coverage_stage_count_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.stage} {self.status}: {self.n}"
+
+
+class CoverageStageCountDelta(models.Model):
+    """A change to the counts by one statement on `media_item_stage_state`, appended by its
+    triggers (never an update of a shared row: concurrent runs' ends do not queue on a lock);
+    folded into `CoverageStageCount` by the stage-sweep's tick."""
+
+    id = models.BigAutoField(primary_key=True)
+    stage = models.CharField(max_length=64)
+    status = models.CharField(max_length=20)
+    delta = models.BigIntegerField()
+
+    class Meta:
+        db_table = "coverage_stage_count_delta"
+
+    def __str__(self) -> str:
+        return f"{self.stage} {self.status}: {self.delta:+d}"
 
 
 class EventOutbox(models.Model):

@@ -26,6 +26,8 @@ Each tick, for each stage the registry declares (`coverage.stages`):
 5. **Wedged rows**: rows `running` for LUMASTRA_COVERAGE_WEDGED_AFTER_S whose run is no
    longer live become `failed_transient` with a fresh backoff (also at boot, the loop's first
    tick).
+6. **Counts**: the backlog's count deltas appended since the last tick are folded into its
+   base counts (`coverage.counts`), so reading them stays cheap.
 
 Each stage's candidates are locked and disposed of in one short transaction; their runs then
 start one by one, each committed (and published) on its own, with no row lock held, so a
@@ -51,6 +53,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
+from coverage import counts as stage_counts
 from coverage import queries
 from coverage.models import CoverageStage, CoverageStatus, MediaItem, MediaItemStageState
 from coverage.stages import Covered, covered, sync
@@ -165,6 +168,11 @@ class Sweep:
                 log.exception("stage-sweep: stage %s failed this tick", stage.id)
                 report.errors[stage.id] += 1
         self.reclaim_wedged(report)
+        # The backlog's counts: this tick's changes, and the runs' since the last, into the base.
+        try:
+            stage_counts.fold()
+        except Exception:
+            log.exception("stage-sweep: folding the backlog counts failed this tick")
         at = self.clock.now().isoformat()
         for stage in stages:
             skipped = stage.task.resource_class in report.skipped_classes

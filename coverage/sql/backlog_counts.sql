@@ -1,5 +1,7 @@
--- Rows per stage and status (the backlog page and API). An index-only scan of
--- stage_state_status_id when the visibility map is current (autovacuum keeps it so).
-SELECT stage, status, count(*)
-  FROM media_item_stage_state
+-- Rows per stage and status (the backlog page, the API, /metrics): the base counts as of the
+-- last fold plus the deltas appended since (coverage.counts); both tables are small.
+SELECT stage, status, sum(n)::bigint
+  FROM (SELECT stage, status, n FROM coverage_stage_count
+        UNION ALL
+        SELECT stage, status, delta FROM coverage_stage_count_delta) AS counts
  GROUP BY stage, status
