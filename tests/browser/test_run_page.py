@@ -6,7 +6,6 @@ page; a pipeline's stages show their states."""
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 
@@ -19,6 +18,7 @@ from orchestrator.stores import valkey
 from tests.browser.seed import retry_of, start, state_of, until
 from tests.support.browser import Console, RunsList
 from tests.support.fixtures import wait_for
+from tests.support.processes import alive
 from tests.support.task_defs import PIPE_CALLS_KEY, SLEEPY_PIDS_KEY
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -110,7 +110,7 @@ def test_kill_now_ends_a_run_whose_handler_ignores_cancel(console: Console) -> N
     console.eventually(lambda: run.state() == "cancelled", reload=False)
     took = time.monotonic() - began
     assert took < settings.CONFIG.cancel_escalate_s / 4, took  # not the escalation's doing
-    wait_for(lambda: not _alive(pid), timeout=5)  # the handler's process is gone
+    wait_for(lambda: not alive(pid), timeout=5)  # the handler's process is gone
 
 
 def test_retry_on_a_failed_runs_page_links_the_new_run(console: Console) -> None:
@@ -156,11 +156,3 @@ def test_a_pipelines_stages_and_resuming_it_after_a_failed_stage(console: Consol
         "probe",
         "left",
     }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -14,6 +13,7 @@ from orchestrator.runs.start import start_run
 from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process
+from tests.support.processes import alive
 from tests.support.task_defs import SLEEPY_PIDS_KEY
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -61,7 +61,7 @@ def test_a_running_handler_stops_cooperatively() -> None:
         wait_for(lambda: _state(handle.run_id) == "cancelled", timeout=10)
         # The channel tripped ctx.sleep well before the 2 s escalation would have.
         assert time.monotonic() - asked < 2
-        assert _alive(int(valkey.client().hget(SLEEPY_PIDS_KEY, handle.run_id)))  # not killed
+        assert alive(int(valkey.client().hget(SLEEPY_PIDS_KEY, handle.run_id)))  # not killed
 
     assert live.read(handle.run_id)["state"] == "cancelled"
 
@@ -76,7 +76,7 @@ def test_a_deaf_handler_is_killed_after_the_escalation_delay() -> None:
         request_cancel(deaf.run_id, actor="ops")
 
         wait_for(lambda: _state(deaf.run_id) == "cancelled", timeout=15)
-        wait_for(lambda: not _alive(pid), timeout=10)
+        wait_for(lambda: not alive(pid), timeout=10)
         # The pool replaced the killed child and keeps working.
         after = start_run("test-sleepy", {"seconds": 0}, trigger=TriggerKind.MANUAL)
         wait_for(lambda: _state(after.run_id) == "completed", timeout=20)
@@ -99,17 +99,9 @@ def test_kill_now_ends_a_deaf_handler_without_waiting_for_the_escalation() -> No
         assert request_cancel(deaf.run_id, actor="ops", kill=True) == "cancelling"
 
         wait_for(lambda: _state(deaf.run_id) == "cancelled", timeout=10)
-        wait_for(lambda: not _alive(pid), timeout=10)
+        wait_for(lambda: not alive(pid), timeout=10)
 
     assert live.read(deaf.run_id)["state"] == "cancelled"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_an_operator_retry_is_a_new_urgent_run_linked_to_the_original() -> None:

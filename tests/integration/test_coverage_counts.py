@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
@@ -30,8 +31,12 @@ STAGE = "test-probe"
 
 @pytest.fixture(autouse=True)
 def _test_stages() -> Iterator[None]:
+    # Only the test stages are driven here; the configuration is put back for later tests
+    # (test_coverage_demo's sweep drives the demo stages).
+    config = settings.CONFIG
     only_test_stages_driven()
     yield
+    settings.CONFIG = config
     empty_queues()
 
 

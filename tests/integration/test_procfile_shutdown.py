@@ -15,23 +15,10 @@ import pytest
 
 from lumastra.workers import descendants
 from tests.support.fixtures import ROOT, database_url
+from tests.support.processes import ONE_PROCESS_PER_POOL, alive
 from tests.support.servers import free_port, http_status
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
-
-# One process per pool keeps the whole cluster light on a shared machine.
-ONE_EACH = {
-    f"LUMASTRA_CONCURRENCY_{c}": "1"
-    for c in ("CPU", "IO", "INGEST", "EMBEDDING", "MAINTENANCE", "BULK", "ANALYSIS", "DISCOVERY")
-}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @contextmanager
@@ -39,7 +26,7 @@ def _every_role(web_port: int, flower_port: int) -> Iterator[subprocess.Popen[by
     venv_bin = ROOT / ".venv" / "bin"
     env = {
         **os.environ,
-        **ONE_EACH,
+        **ONE_PROCESS_PER_POOL,
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}",
         "DATABASE_URL": database_url(),
         "LUMASTRA_SECRET_KEY": os.environ.get("LUMASTRA_SECRET_KEY", "test-" + "x" * 50),
@@ -95,7 +82,7 @@ def test_stopping_make_runs_roles_leaves_no_process_behind(stop: str) -> None:
         honcho.wait(timeout=60)
 
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert [pid for pid in tree if _alive(pid)] == []
+        assert [pid for pid in tree if alive(pid)] == []
         assert http_status(f"http://127.0.0.1:{web_port}/healthz") is None

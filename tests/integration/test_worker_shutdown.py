@@ -20,30 +20,18 @@ from orchestrator.recovery.pending import in_broker_lists
 from orchestrator.runs.start import start_run
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import ROOT, database_url, wait_for
+from tests.support.processes import ONE_PROCESS_PER_POOL, alive
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 GRACE_S = 2
-# One process per pool, so the role is light on a shared machine.
-ONE_EACH = {
-    f"LUMASTRA_CONCURRENCY_{c}": "1"
-    for c in ("CPU", "IO", "INGEST", "EMBEDDING", "MAINTENANCE", "BULK", "ANALYSIS", "DISCOVERY")
-}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @contextmanager
 def _worker_role(name: str) -> Iterator[subprocess.Popen[bytes]]:
     env = {
         **os.environ,
-        **ONE_EACH,
+        **ONE_PROCESS_PER_POOL,
         "DATABASE_URL": database_url(),
         "LUMASTRA_SHUTDOWN_GRACE_S": str(GRACE_S),
         "LUMASTRA_SECRET_KEY": os.environ.get("LUMASTRA_SECRET_KEY", "test-" + "x" * 50),
@@ -90,7 +78,7 @@ def test_a_stopped_worker_role_leaves_no_process_behind(signum: int) -> None:
         role.send_signal(signum)
         role.wait(timeout=GRACE_S + 30)
 
-        survivors = [pid for pid in tree if _alive(pid)]
+        survivors = [pid for pid in tree if alive(pid)]
         assert survivors == []
         assert role.returncode == 0
 

@@ -1,0 +1,18 @@
+"""Processes the tests start and look for: alive or gone, and a light worker role."""
+
+from __future__ import annotations
+
+# One process per pool keeps a whole worker role light on a shared machine.
+ONE_PROCESS_PER_POOL = {
+    f"LUMASTRA_CONCURRENCY_{c}": "1"
+    for c in ("CPU", "IO", "INGEST", "EMBEDDING", "MAINTENANCE", "BULK", "ANALYSIS", "DISCOVERY")
+}
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs: a zombie (ended, not yet reaped by its parent) does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
