@@ -147,7 +147,7 @@ class Supervisor:
             time.sleep(POLL_INTERVAL_S / 5)
         for name, child in self._alive().items():
             print(f"{name} did not stop in time; killing it", file=sys.stderr, flush=True)
-            _kill_tree(child.pid)
+            kill_tree(child.pid)
             child.wait()
         # A pool process whose worker died first is reparented to this process (a child
         # subreaper, see `main`), not ended: nothing this role started may outlive it.
@@ -194,7 +194,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> None:
     """SIGKILL `pid`'s descendants, then `pid` (if it still runs)."""
     for target in [*descendants(pid), pid]:
         try:

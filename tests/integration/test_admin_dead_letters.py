@@ -34,6 +34,7 @@ from orchestrator.stores import durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from orchestrator.webhooks.delivery import Deliverer, create_endpoint
 from tests.support.fixtures import database_url, wait_for, worker_process
+from tests.support.runs import clean_drain
 from tests.support.task_defs import FLAKY_KEY
 from tests.support.users import PASSWORD, account, operator
 
@@ -46,14 +47,7 @@ OWNER = "host-b:777:CAFEBABE"
 
 @pytest.fixture(autouse=True)
 def _clean_drain() -> None:
-    valkey.client().delete(
-        keys.orchestrator_lock(CLUSTER),
-        keys.drain_pending(),
-        keys.drain_inflight(),
-        keys.drain_poison(),
-        keys.drain_backoff(),
-        keys.drain_failures(),
-    )
+    clean_drain(CLUSTER)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from orchestrator.runs.start import new_run_id
 from orchestrator.states import RunState
 from orchestrator.stores import durable, keys, live, valkey
 from tests.support.fixtures import database_url
+from tests.support.runs import clean_drain
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -38,14 +39,7 @@ FINISHED_AT = datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)
 
 @pytest.fixture(autouse=True)
 def _clean() -> None:
-    valkey.client().delete(
-        keys.orchestrator_lock(CLUSTER),
-        keys.drain_pending(),
-        keys.drain_inflight(),
-        keys.drain_poison(),
-        keys.drain_backoff(),
-        keys.drain_failures(),
-    )
+    clean_drain(CLUSTER)
 
 
 def _active_run() -> str:

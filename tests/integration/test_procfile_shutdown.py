@@ -9,11 +9,11 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 
 import pytest
 
-from lumastra.workers import descendants
+from lumastra.workers import descendants, kill_tree
 from tests.support.fixtures import ROOT, database_url
 from tests.support.processes import ONE_PROCESS_PER_POOL, alive
 from tests.support.servers import free_port, http_status
@@ -47,9 +47,7 @@ def _every_role(web_port: int, flower_port: int) -> Iterator[subprocess.Popen[by
     try:
         yield process
     finally:
-        for pid in [*descendants(process.pid), process.pid]:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(process.pid)
         process.wait()
         log.close()
 

@@ -10,11 +10,11 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 
 import pytest
 
-from lumastra.workers import descendants
+from lumastra.workers import descendants, kill_tree
 from orchestrator.models import TaskHistory
 from orchestrator.recovery.pending import in_broker_lists
 from orchestrator.runs.start import start_run
@@ -47,9 +47,7 @@ def _worker_role(name: str) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield process
     finally:
-        for pid in [*descendants(process.pid), process.pid]:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(process.pid)
         process.wait()
         log.close()
 

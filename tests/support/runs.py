@@ -6,6 +6,7 @@ from django.db import connection
 
 from orchestrator.models import TaskHistory
 from orchestrator.runs.start import new_run_id
+from orchestrator.stores import keys, valkey
 
 
 def seed_orphan(heartbeat_age_s: int) -> str:
@@ -31,3 +32,16 @@ def seed_orphan(heartbeat_age_s: int) -> str:
             [heartbeat_age_s, run_id],
         )
     return run_id
+
+
+def clean_drain(cluster_seat: str) -> None:
+    """No drain entries (pending, in flight, poisoned, backing off, failure counts) and no
+    cluster leader left from an earlier test: the drain starts empty."""
+    valkey.client().delete(
+        keys.orchestrator_lock(cluster_seat),
+        keys.drain_pending(),
+        keys.drain_inflight(),
+        keys.drain_poison(),
+        keys.drain_backoff(),
+        keys.drain_failures(),
+    )
