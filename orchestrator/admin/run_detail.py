@@ -44,7 +44,7 @@ from orchestrator.states import TERMINAL_RUN_STATES, RunState, StageState
 from orchestrator.stores import live
 from tasks import registry
 from tasks.definition import TaskDefinition
-from tasks.pipeline import Stage
+from tasks.pipeline import stage_order
 
 RETRIES_SHOWN = 20
 CANCELLABLE = (RunState.PENDING, RunState.ACTIVE)
@@ -77,21 +77,17 @@ def _timeline(run: TaskHistory) -> list[Moment]:
     return sorted(moments, key=lambda m: m.at)
 
 
-def _levels(definition: TaskDefinition, run: TaskHistory) -> list[list[StageBox]]:
+def _levels(
+    definition: TaskDefinition, run: TaskHistory, records: dict[str, dict[str, Any]]
+) -> list[list[StageBox]]:
     """The pipeline's stages by depth (a stage sits one column right of its deepest
-    dependency): the DAG as columns, each box with its state and step record."""
-    records = {r["stage"]: r for r in report.step_records(run)}
+    dependency): the DAG as columns, each box with its state and step record. In dependency
+    order, a stage's dependencies have their depth before it is asked."""
     depth: dict[str, int] = {}
-
-    def depth_of(stage: Stage) -> int:
-        if stage.name not in depth:
-            by_name = {s.name: s for s in definition.pipeline}
-            depth[stage.name] = 1 + max((depth_of(by_name[d]) for d in stage.after), default=-1)
-        return depth[stage.name]
-
     columns: list[list[StageBox]] = []
-    for stage in definition.pipeline:
-        level = depth_of(stage)
+    for name in stage_order(definition.pipeline):
+        stage = definition.stage(name)
+        level = depth[name] = 1 + max((depth[d] for d in stage.after), default=-1)
         while len(columns) <= level:
             columns.append([])
         columns[level].append(
@@ -159,6 +155,7 @@ def detail_view(request: HttpRequest, run_id: str) -> HttpResponse:
     pipeline = bool(definition and definition.pipeline)
     can_operate = access.allows(request.user, Access.OPERATE)
     error = run.error or {}
+    steps = report.step_records(run)
     page = pages.context(
         request,
         f"Run {run.id}",
@@ -167,8 +164,10 @@ def detail_view(request: HttpRequest, run_id: str) -> HttpResponse:
         queue=queue_name(definition, settings.CONFIG.per_task_queues) if definition else None,
         live=state not in TERMINAL_RUN_STATES,
         timeline=_timeline(run),
-        columns=_levels(definition, run) if definition and pipeline else [],
-        steps=report.step_records(run),
+        columns=_levels(definition, run, {s["stage"]: s for s in steps})
+        if definition and pipeline
+        else [],
+        steps=steps,
         input=_pretty(run.input),
         result=_pretty(run.result),
         error=error,
