@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test screenshots lint typecheck check bench bench-memory bench-pipeline bench-sweep bench-observability bench-console
+.PHONY: install run test screenshots lint typecheck check bench bench-peers bench-memory bench-pipeline bench-sweep bench-observability bench-console
 
 $(STAMP): requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -63,8 +63,25 @@ typecheck: install
 
 check: lint typecheck test
 
-bench: install
+# The benchmarks' peers (bench/peers.py), never installed by `make install`: django-celery-results
+# into the project's virtualenv; Procrastinate into one of its own inside it, .venv/peers, because
+# with psycopg 3 importable Django would leave psycopg2 for it, project and tests included.
+PEERS := $(VENV)/peers
+PEERS_STAMP := $(VENV)/.peers-installed
+
+$(PEERS_STAMP): $(STAMP) bench/requirements-peers.lock bench/requirements-peers-procrastinate.lock
+	$(BIN)/python -m pip install --quiet -r bench/requirements-peers.lock
+	test -x $(PEERS)/bin/python || $(BIN)/python -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/bin/python -m pip install --quiet -r bench/requirements-peers-procrastinate.lock
+	touch $(PEERS_STAMP)
+
+bench: $(PEERS_STAMP)
 	$(BIN)/python bench/throughput.py --json
+	$(BIN)/python bench/peers.py --json
+
+bench-peers: $(PEERS_STAMP)
+	$(BIN)/python bench/peers.py
 
 bench-memory: install
 	$(BIN)/python bench/memory.py
