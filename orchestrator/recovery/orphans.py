@@ -3,7 +3,8 @@
 A run is an orphan when both stores say that nobody runs it any more:
 
 1. Postgres: its heartbeat is older than the threshold, judged in SQL against the Postgres
-   server's `now()`, so no host's clock takes part. The heartbeat is `task_history.heartbeat_at`
+   server's `now()` (`lumastra_heartbeat_stale`, the one definition every reader uses), so
+   no host's clock takes part. The heartbeat is `task_history.heartbeat_at`
    (stamped by the run's watch thread with the Postgres clock); until the first one lands,
    `started_at`; for a run cancelled before it ever started, the moment of the cancel
    request (`updated_at`).
@@ -28,8 +29,8 @@ Otherwise an orphan is ended Postgres first, by compare-and-set: active → fail
 cancelled (cancelling → failed is not a legal move: the cancel request wins), with error
 `{"kind": "orphaned", "message": ..., "owner": ..., "heartbeat_age_s": ...}`; the message
 gives the heartbeat's age, the threshold, the owner and what the live hash said. The UPDATE
-repeats the heartbeat condition, so a heartbeat landing between the check and the write
-keeps the run alive; that condition is why this is not a plain `durable.transition`. Then the
+(`durable.end_orphan`) repeats the heartbeat condition, so a heartbeat landing between the
+check and the write keeps the run alive, and ends a pipeline run's stages with it. Then the
 run is settled (`runs.settle`): the live hash follows (no owner fence, since its owner is
 gone; a missing hash is fine), then the `finished` hooks give back the run's concurrency slot
 and identity. An orphan can be retried like any failed run.
@@ -51,7 +52,6 @@ Not guaranteed:
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,8 +64,8 @@ from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
 from orchestrator.runs import pipeline, resume
 from orchestrator.runs.settle import settle
-from orchestrator.states import IllegalTransition, RunState, run_sources
-from orchestrator.stores import keys, valkey
+from orchestrator.states import IllegalTransition, RunState
+from orchestrator.stores import durable, keys, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 
@@ -81,16 +81,15 @@ SCAN_START = (datetime(1970, 1, 1, tzinfo=UTC), "")
 _CANDIDATES = """
 (SELECT id, task_id, state, owner_instance_id, identity, priority, processing_version,
         created_at,
-        EXTRACT(EPOCH FROM now() - COALESCE(heartbeat_at, started_at, updated_at))::float8,
+        EXTRACT(EPOCH FROM now() - lumastra_last_beat(task_history))::float8,
         attempts, stages <> '{}'
    FROM task_history
   WHERE state = ANY(%(stale_states)s)
-    AND COALESCE(heartbeat_at, started_at, updated_at)
-        < now() - %(stale_after_s)s * interval '1 second'
+    AND lumastra_heartbeat_stale(task_history, %(stale_after_s)s)
     -- A pipeline run between stages has nothing to heartbeat: recovery.stages moves it on.
     AND NOT (state = 'active' AND stages <> '{}'
              AND NOT jsonb_path_exists(stages, '$.* ? (@ == "active")'))
-  ORDER BY COALESCE(heartbeat_at, started_at, updated_at)
+  ORDER BY lumastra_last_beat(task_history)
   LIMIT %(limit)s)
 UNION ALL
 (SELECT id, task_id, state, owner_instance_id, identity, priority, processing_version,
@@ -103,18 +102,6 @@ UNION ALL
     AND (created_at, id) > (%(after_created)s, %(after_id)s)
   ORDER BY created_at, id
   LIMIT %(limit)s)
-"""
-
-# Compare-and-set: the run is still in the state it was judged in, and its Postgres heartbeat
-# is still older than the threshold (a heartbeat that landed since keeps it alive).
-_END_ORPHAN = """
-UPDATE task_history
-   SET state = %(target)s, error = %(error)s::jsonb, finished_at = now(), updated_at = now(),
-       stages = lumastra_close_stages(stages)
- WHERE id = %(run_id)s
-   AND state = %(source)s
-   AND COALESCE(heartbeat_at, started_at, updated_at)
-       < now() - %(threshold_s)s * interval '1 second'
 """
 
 
@@ -274,8 +261,6 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
     """End the orphan, or resume it: PENDING for a run (or a pipeline run's stages) put back
     for its next attempt, None when it moved on since it was judged."""
     target = RunState.FAILED if candidate.state == RunState.ACTIVE else RunState.CANCELLED
-    if candidate.state not in run_sources(target):
-        raise IllegalTransition(candidate.run_id, candidate.state, target, "postgres")
     owner = candidate.owner or "no worker (never started)"
     message = (
         f"its worker stopped heartbeating: last heartbeat {candidate.age_s:.0f}s ago "
@@ -293,20 +278,13 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
         "owner": candidate.owner,
         "heartbeat_age_s": round(candidate.age_s),
     }
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _END_ORPHAN,
-            {
-                "target": target.value,
-                "error": json.dumps(error),
-                "run_id": candidate.run_id,
-                "source": candidate.state.value,
-                "threshold_s": threshold_s,
-            },
+    try:
+        durable.end_orphan(
+            candidate.run_id, candidate.state, error=error, stale_after_s=threshold_s
         )
-        if cursor.rowcount != 1:
-            log.info("run %s: changed since it was judged an orphan; left alone", candidate.run_id)
-            return None
+    except IllegalTransition:
+        log.info("run %s: changed since it was judged an orphan; left alone", candidate.run_id)
+        return None
     log.warning("run %s: orphan %s: %s", candidate.run_id, target.value, message)
     # Postgres has the end; its owner is gone, so the live hash follows without a fence.
     settle(

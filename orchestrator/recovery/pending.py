@@ -22,12 +22,20 @@ and from its retry time if that is later), by the Postgres clock:
   instead, and the stranded copy is dropped by the claim when kombu restores it.
 - If Valkey lost its live hash, the hash is seeded again (`live.seed`) before any publish, in
   DESIGN §1's order.
+- A live hash that names a claimer (active, cancelling) while Postgres says pending is a claim
+  whose commit a crash of Postgres lost (the claim does not wait for its flush:
+  `stores/sql/claim_run.sql`). While its claimer's Valkey heartbeat is within the orphan
+  threshold the run is running: it is neither published again nor failed at the deadline
+  (counted `claimed`); its owner claims it again at its next heartbeat, and its end takes the
+  claim with it (`durable.end`). A silent claimer's hash is put back to pending (fenced by
+  that owner; `released`), and the run is then checked as any other, so a dead claimer's run is
+  published again rather than left until the deadline.
 
 A run recorded for an older processing_version is failed as `stale_version`, which is what the
 runner would do with its message; one recorded for a newer version is left to a newer deploy.
 
-Options: LUMASTRA_PENDING_CHECK_AFTER_S and LUMASTRA_PENDING_DEADLINE_S (the reconciler passes
-them); SLICE below.
+Options: LUMASTRA_PENDING_CHECK_AFTER_S, LUMASTRA_PENDING_DEADLINE_S and the orphan threshold
+(the reconciler passes them); SLICE below.
 
 Not guaranteed:
 - When a message was taken is the taking worker's clock (kombu's `unacked_index`), compared
@@ -48,22 +56,22 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 from django.conf import settings
-from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
 from orchestrator.models import TaskHistory
-from orchestrator.recovery.orphans import Candidate
+from orchestrator.recovery.orphans import Candidate, LiveView, live_views
 from orchestrator.routing import queue_name
 from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
 from orchestrator.runs.settle import settle
-from orchestrator.states import RunState
-from orchestrator.stores import broker, keys, live, scripts, valkey
+from orchestrator.states import IllegalTransition, RunState
+from orchestrator.stores import broker, durable, keys, live, scripts, valkey
+from orchestrator.stores.live import FencedWrite
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
@@ -71,16 +79,6 @@ from tasks.errors import ErrorKind
 log = logging.getLogger(__name__)
 
 SLICE = 1000
-
-# Compare-and-set: still pending, and still pending for at least `older_than_s` (a run put back
-# for a retry since it was read has a new `updated_at` and is left alone).
-_FAIL_PENDING = """
-UPDATE task_history
-   SET state = 'failed', error = %(error)s::jsonb, finished_at = now(), updated_at = now()
- WHERE id = %(run_id)s
-   AND state = 'pending'
-   AND GREATEST(updated_at, not_before) < now() - %(older_than_s)s * interval '1 second'
-"""
 
 
 @dataclass
@@ -91,6 +89,8 @@ class PendingReport:
     failed: int = 0  # past the deadline
     stale_version: int = 0
     skipped: int = 0  # task not registered, or recorded for a newer version
+    claimed: int = 0  # Postgres lost its claim, and its owner still beats in Valkey: left alone
+    released: int = 0  # the same, its owner silent: the live hash follows Postgres to pending
     raced: int = 0  # changed between the query and the write: left alone
     errors: int = 0  # logged with the run id
 
@@ -107,15 +107,44 @@ def check(
     pending: Sequence[Candidate],
     *,
     deadline_s: int,
+    claim_stale_after_s: int,
     fence: Fence,
     clock: Clock = SYSTEM,
 ) -> PendingReport:
-    """Fail the expired runs, re-publish those whose message is missing; each run alone."""
+    """Fail the expired runs, re-publish those whose message is missing; each run alone. A run
+    whose live hash says a worker claimed it is judged by that worker's Valkey heartbeat:
+    beating within `claim_stale_after_s` (the orphan threshold), it runs (see the module
+    docstring) and is left alone; silent, its hash goes back to pending first."""
     report = PendingReport()
     definitions = registry.get()
+    views = live_views([c.run_id for c in pending]) if pending else {}
     failures: list[_Failure] = []
     to_look_for: list[tuple[Candidate, TaskDefinition]] = []
     for candidate in pending:
+        view = views[candidate.run_id]
+        if isinstance(view, Exception):
+            report.errors += 1
+            log.error("run %s: live hash unreadable (%s); not judged", candidate.run_id, view)
+            continue
+        if view.state in (RunState.ACTIVE, RunState.CANCELLING):
+            if view.stale_reason(claim_stale_after_s) is None:
+                report.claimed += 1
+                log.warning(
+                    "run %s: pending in Postgres, claimed by %s in Valkey and beating: "
+                    "Postgres lost the claim; its owner claims it again",
+                    candidate.run_id,
+                    view.owner,
+                )
+                continue
+            try:
+                fence.check()
+                report.released += _release_claim(candidate.run_id, view)
+            except LockLost:
+                raise
+            except Exception:
+                report.errors += 1
+                log.exception("run %s: silent claim not released", candidate.run_id)
+                continue
         definition = definitions.get(candidate.task_id)
         if candidate.age_s >= deadline_s:
             message = (
@@ -165,12 +194,13 @@ def check(
             report.failed += 1
 
     if to_look_for:
-        _look_for_messages(to_look_for, report, fence, clock)
+        _look_for_messages(to_look_for, views, report, fence, clock)
     return report
 
 
 def _look_for_messages(
     to_look_for: list[tuple[Candidate, TaskDefinition]],
+    views: Mapping[str, LiveView | Exception],
     report: PendingReport,
     fence: Fence,
     clock: Clock,
@@ -179,15 +209,15 @@ def _look_for_messages(
     # Lists first, then the unacked hash: a message taken meanwhile is found in the second.
     in_broker = in_broker_lists(queues)
     in_broker |= held_by_workers(taken_within_s=stranded_after_s())
-    hashes = _have_live_hash([c.run_id for c, _ in to_look_for])
     for candidate, definition in to_look_for:
         run_id = candidate.run_id
-        if hashes[run_id] and run_id in in_broker:
+        has_hash = _has_hash(views[run_id])
+        if has_hash and run_id in in_broker:
             report.waiting += 1
             continue
         try:
             fence.check()
-            if not hashes[run_id] and _reseed(candidate, definition, clock):
+            if not has_hash and _reseed(candidate, definition, clock):
                 report.reseeded += 1
             if run_id in in_broker:
                 report.waiting += 1
@@ -264,11 +294,8 @@ def held_by_workers(taken_within_s: float | None = None) -> set[str]:
     return found
 
 
-def _have_live_hash(run_ids: list[str]) -> dict[str, bool]:
-    pipe = valkey.client().pipeline(transaction=False)
-    for run_id in run_ids:
-        pipe.exists(keys.run_active(run_id))
-    return {run_id: bool(n) for run_id, n in zip(run_ids, valkey.execute(pipe), strict=True)}
+def _has_hash(view: LiveView | Exception) -> bool:
+    return not isinstance(view, Exception) and view.state is not None
 
 
 def _reseed(candidate: Candidate, definition: TaskDefinition, clock: Clock) -> bool:
@@ -285,22 +312,33 @@ def _reseed(candidate: Candidate, definition: TaskDefinition, clock: Clock) -> b
     return seeded
 
 
+def _release_claim(run_id: str, view: LiveView) -> bool:
+    """The live hash names a claim Postgres does not have (lost in a crash of Postgres) whose
+    owner stopped beating: the hash follows Postgres back to pending, fenced by that owner, so
+    the next delivery can claim the run."""
+    try:
+        live.transition(run_id, RunState.PENDING, owner=view.owner)
+    except (IllegalTransition, FencedWrite) as exc:
+        log.info("run %s: silent claim not released (%s)", run_id, exc)
+        return False
+    log.warning(
+        "run %s: pending in Postgres, claimed by %s in Valkey, %s; live hash put back",
+        run_id,
+        view.owner,
+        view.stale_reason(0),
+    )
+    return True
+
+
 def _fail(failure: _Failure, clock: Clock) -> bool:
     """pending → failed by compare-and-set, Postgres first; False when the run moved on."""
     candidate = failure.candidate
     error = {"kind": failure.kind.value, "message": failure.message}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _FAIL_PENDING,
-            {
-                "error": json.dumps(error),
-                "run_id": candidate.run_id,
-                "older_than_s": failure.older_than_s,
-            },
-        )
-        if cursor.rowcount != 1:
-            log.info("run %s: no longer pending as judged; left alone", candidate.run_id)
-            return False
+    try:
+        durable.fail_pending(candidate.run_id, error=error, older_than_s=failure.older_than_s)
+    except IllegalTransition:
+        log.info("run %s: no longer pending as judged; left alone", candidate.run_id)
+        return False
     log.warning("run %s: failed (%s): %s", candidate.run_id, failure.kind.value, failure.message)
     settle(
         candidate.run_id, candidate.task_id, RunState.FAILED, error_kind=failure.kind, clock=clock

@@ -235,7 +235,11 @@ class Reconciler:
             )
         if waiting:
             report.pending = pending.check(
-                waiting, deadline_s=config.pending_deadline_s, fence=self.lock, clock=self.clock
+                waiting,
+                deadline_s=config.pending_deadline_s,
+                claim_stale_after_s=threshold,
+                fence=self.lock,
+                clock=self.clock,
             )
         for step in self.steps:
             try:

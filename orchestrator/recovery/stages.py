@@ -47,9 +47,8 @@ SELECT id, task_id, input, owner_instance_id, identity, priority, stages, stage_
  WHERE state = 'active'
    AND stages <> '{}'
    AND NOT jsonb_path_exists(stages, '$.* ? (@ == "active")')
-   AND COALESCE(heartbeat_at, started_at, updated_at)
-       < now() - %(after_s)s * interval '1 second'
- ORDER BY COALESCE(heartbeat_at, started_at, updated_at)
+   AND lumastra_heartbeat_stale(task_history, %(after_s)s)
+ ORDER BY lumastra_last_beat(task_history)
  LIMIT %(limit)s
 """
 

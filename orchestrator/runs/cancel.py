@@ -50,18 +50,13 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
         raise UnknownRun(run_id)
     definition = registry.get()[row[0]]
     try:
-        durable.transition(run_id, RunState.CANCELLING, only_from=RunState.PENDING)
-        was_pending = True
-    except IllegalTransition:
-        try:
-            durable.transition(run_id, RunState.CANCELLING, only_from=RunState.ACTIVE)
-            was_pending = False
-        except IllegalTransition as exc:
-            if exc.current == RunState.CANCELLING:
-                if kill:
-                    _kill_now(run_id)
-                return RunState.CANCELLING
-            raise NotCancellable(run_id, exc.current) from None
+        was_pending = durable.request_cancel(run_id) == RunState.PENDING
+    except IllegalTransition as exc:
+        if exc.current == RunState.CANCELLING:
+            if kill:
+                _kill_now(run_id)
+            return RunState.CANCELLING
+        raise NotCancellable(run_id, exc.current) from None
     _signal(run_id, actor)
     error = terminal.error_doc(ErrorKind.CANCELLED, f"cancelled by {actor}")
     if not was_pending:
@@ -105,7 +100,7 @@ def cancel_waiting(run_ids: Iterable[str], kind: ErrorKind, message: str) -> int
         if task_id is None:
             continue
         try:
-            durable.transition(run_id, RunState.CANCELLING, only_from=RunState.PENDING)
+            durable.request_cancel(run_id, sources=(RunState.PENDING,))
         except IllegalTransition as exc:
             log.info("run %s: not cancelled (%s): %s", run_id, kind.value, exc)
             continue

@@ -1,11 +1,14 @@
 """The pending-write drain: terminal writes Postgres refused on a transient error, replayed.
 
-When a run's terminal UPDATE fails with a transient database error (`TRANSIENT_ERRORS`:
-Postgres restarting or unreachable, a dropped connection, a lock timeout), the writer calls
-`push(run_id, target, fields, owner)`. The write goes, as JSON
-`{run_id, target, fields, owner, attempts}`, onto a bounded Valkey list (`task:drain:pending`,
-at most MAX_ENTRIES). `replay()` applies entries oldest first with `durable.transition`, the
-same guarded UPDATE the writer used, so a replay can never make a move DESIGN §4 forbids.
+When a run's terminal write (`durable.end`) fails with a transient database error
+(`TRANSIENT_ERRORS`: Postgres restarting or unreachable, a dropped connection, a lock timeout),
+the writer calls `push(run_id, target, args, owner)` with that call's arguments. The call goes,
+as JSON `{run_id, call: "end", target, args, owner, attempts}`, onto a bounded Valkey list
+(`task:drain:pending`, at most MAX_ENTRIES). `replay()` makes the same call again, oldest entry
+first: the same guarded statement (`stores/sql/end_run.sql`) with the same arguments, fenced by
+the same claim, closing a pipeline's stages as the writer's would have, so a replay can never
+make a move DESIGN §4 forbids nor write anything the writer would not have. Entries pushed by
+an older deploy (`{…, fields}`: the row's columns) are read as the same call.
 
 Valkey after Postgres. Valkey must never be ahead of the truth, so a writer whose Postgres
 write failed does not write the live hash; the replay settles the run once Postgres has the
@@ -73,7 +76,6 @@ from typing import Any, cast
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import DateTimeField
 from django.utils import timezone
 
 from orchestrator.backoff import exponential
@@ -101,27 +103,27 @@ FAILURES_TTL = timedelta(hours=1)
 
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 
-_FIELDS = {f.name for f in TaskHistory._meta.concrete_fields}
-_DATETIME_FIELDS = {
-    f.name for f in TaskHistory._meta.concrete_fields if isinstance(f, DateTimeField)
-}
-_PROTECTED_FIELDS = {"id", "state", "updated_at"}
+# The one call a writer defers to the drain (`durable.end`), and the arguments it is given
+# besides run_id, target and owner.
+CALL = "end"
+_ARGS = {"finished_at", "result", "error", "step", "progress", "attempt"}
 
 
 @dataclass(frozen=True)
 class Entry:
     run_id: str
     target: str
-    fields: dict[str, Any]  # JSON: datetimes as ISO 8601 strings
+    args: dict[str, Any]  # `durable.end`'s, as JSON: finished_at as an ISO 8601 string
     owner: str
-    attempts: int = 0
+    attempts: int = 0  # replays that failed on a transient error
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "run_id": self.run_id,
+                "call": CALL,
                 "target": self.target,
-                "fields": self.fields,
+                "args": self.args,
                 "owner": self.owner,
                 "attempts": self.attempts,
             }
@@ -130,23 +132,45 @@ class Entry:
     @classmethod
     def from_json(cls, raw: str) -> Entry:
         data = json.loads(raw)
-        if not isinstance(data, dict) or not isinstance(data.get("fields"), dict):
+        if not isinstance(data, dict):
             raise ValueError("not a drain entry")
+        if "fields" in data:
+            args = _legacy_args(data["fields"])
+        elif data.get("call") == CALL and isinstance(data.get("args"), dict):
+            args = data["args"]
+        else:
+            raise ValueError(f"not a drain entry of {CALL}()")
         return cls(
             run_id=str(data["run_id"]),
             target=str(data["target"]),
-            fields=data["fields"],
+            args=args,
             owner=str(data.get("owner", "")),
             attempts=int(data.get("attempts", 0)),
         )
 
-    def model_fields(self) -> dict[str, Any]:
-        """The fields as `durable.transition` takes them (datetimes parsed back)."""
-        decoded = dict(self.fields)
-        for name in _DATETIME_FIELDS & decoded.keys():
-            if isinstance(decoded[name], str):
-                decoded[name] = datetime.fromisoformat(decoded[name])
+    def call_args(self) -> dict[str, Any]:
+        """The arguments as `durable.end` takes them (finished_at parsed back)."""
+        decoded = dict(self.args)
+        if isinstance(decoded.get("finished_at"), str):
+            decoded["finished_at"] = datetime.fromisoformat(decoded["finished_at"])
         return decoded
+
+
+def _legacy_args(fields: Any) -> dict[str, Any]:
+    """An older deploy's entry held the row's columns (`result`, `error`, `finished_at`, a
+    plain run's `steps` as {task: step} with its `cost_breakdown`, `progress`): the same end.
+    Its claim's attempt count was not kept, so it cannot end a run whose claim was lost."""
+    if not isinstance(fields, dict):
+        raise ValueError("not a drain entry")
+    args = {
+        name: fields[name]
+        for name in ("result", "error", "finished_at", "progress")
+        if name in fields
+    }
+    steps = fields.get("steps")
+    if isinstance(steps, dict) and len(steps) == 1:
+        (args["step"],) = steps.values()
+    return args
 
 
 @dataclass(frozen=True)
@@ -195,21 +219,22 @@ class ReplayReport:
         return self.applied + self.already + self.cancelled + self.superseded
 
 
-def push(run_id: str, target: RunState, fields: Mapping[str, Any], owner: str) -> bool:
+def push(run_id: str, target: RunState, args: Mapping[str, Any], owner: str) -> bool:
     """Queue a terminal write Postgres refused on a transient error; False when the drain is
-    full. `fields` are TaskHistory fields with plain JSON values or datetimes (e.g. `result`,
-    `error`, `finished_at`); the write is replayed with `durable.transition(run_id, target,
-    **fields)`, then the run is settled (`runs.settle`, fenced by `owner`).
+    full. `args` are the failed `durable.end` call's keyword arguments besides `owner`
+    (`finished_at`, `result`, `error`, `step`, `progress`, `attempt`; plain JSON values or
+    datetimes); the replay makes that same call, then settles the run (`runs.settle`,
+    fenced by `owner`).
 
     For the writer: after True, skip settling the run (the replay does it once Postgres has
     the write). After False, or a redis error (Valkey is
     unreachable too), the write is lost: log it; the reconciler ends the run as an orphan.
-    Raises ValueError for a field a terminal write may not set (a bug, not an outage).
+    Raises ValueError for an argument `durable.end` does not take (a bug, not an outage).
     """
-    unknown = set(fields) - (_FIELDS - _PROTECTED_FIELDS)
+    unknown = set(args) - _ARGS
     if unknown:
-        raise ValueError(f"run {run_id}: not fields a terminal write may set: {sorted(unknown)}")
-    encoded = json.loads(json.dumps(dict(fields), cls=DjangoJSONEncoder))
+        raise ValueError(f"run {run_id}: not arguments of durable.{CALL}(): {sorted(unknown)}")
+    encoded = json.loads(json.dumps(dict(args), cls=DjangoJSONEncoder))
     entry = Entry(run_id, RunState(target).value, encoded, owner)
     length = scripts.call("drain_push", [keys.drain_pending()], [entry.to_json(), MAX_ENTRIES])
     if not length:
@@ -436,7 +461,7 @@ def _replay_one(raw: str, lock_timeout: timedelta, report: ReplayReport) -> bool
 def _apply(entry: Entry, lock_timeout: timedelta) -> tuple[str, str | None]:
     """The Postgres write, in one transaction; returns (outcome, the run's task id)."""
     target = RunState(entry.target)
-    fields = entry.model_fields()
+    args = entry.call_args()
     timeout_ms = max(1, span_ms(lock_timeout))
     try:
         with transaction.atomic():
@@ -444,19 +469,20 @@ def _apply(entry: Entry, lock_timeout: timedelta) -> tuple[str, str | None]:
                 cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"])
             outcome = "applied"
             try:
-                # Fenced by the claim that wrote it: a run put back to pending after that
-                # claim's worker was lost, and claimed anew, is not ended by it (`runs.resume`).
-                durable.transition(entry.run_id, target, owner=entry.owner, **fields)
+                # The writer's own call: fenced by its claim, so a run put back to pending after
+                # that claim's worker was lost, and claimed anew, is not ended by it
+                # (`runs.resume`).
+                durable.end(entry.run_id, target, owner=entry.owner, **args)
             except IllegalTransition as exc:
                 if exc.current != RunState.CANCELLING or not _still_owned(entry):
                     raise
                 # A cancel raced the handler's end: the run ends once, as cancelled.
-                finished_at = fields.get("finished_at") or timezone.now()
-                durable.transition(entry.run_id, RunState.CANCELLED, finished_at=finished_at)
+                finished_at = args.get("finished_at") or timezone.now()
+                durable.end_cancelled(entry.run_id, finished_at=finished_at)
                 outcome = "cancelled"
             task_id = _task_id(entry.run_id)
     except IllegalTransition as exc:
-        if exc.current == target.value and _landed(entry.run_id, fields):
+        if exc.current == target.value and _landed(entry.run_id, args):
             return "already", _task_id(entry.run_id)
         log.warning(
             "run %s: drained write %s dropped: the run is %s now", entry.run_id, target, exc.current
@@ -470,12 +496,12 @@ def _still_owned(entry: Entry) -> bool:
     return not entry.owner or rows.filter(owner_instance_id=entry.owner).exists()
 
 
-def _landed(run_id: str, fields: dict[str, Any]) -> bool:
+def _landed(run_id: str, args: dict[str, Any]) -> bool:
     """Whether the row holds this very write (its reply was lost), not the same end written
     by someone else (a watchdog, say), whose hooks have run already."""
-    compared = [name for name in ("finished_at", "error", "result") if name in fields]
+    compared = [name for name in ("finished_at", "error", "result") if name in args]
     found = TaskHistory.objects.filter(id=run_id).values(*compared).first()
-    return found is not None and all(found[name] == fields[name] for name in compared)
+    return found is not None and all(found[name] == args[name] for name in compared)
 
 
 def _task_id(run_id: str) -> str | None:
@@ -485,7 +511,7 @@ def _task_id(run_id: str) -> str | None:
 def _finish(entry: Entry, ended: RunState, task_id: str | None) -> None:
     """What the writer skipped: the run is settled (the live hash follows, hooks hear of it)."""
     kind = None
-    error = entry.fields.get("error")
+    error = entry.args.get("error")
     if ended != RunState.CANCELLED and isinstance(error, dict):
         try:
             kind = ErrorKind(error.get("kind"))

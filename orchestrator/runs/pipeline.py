@@ -113,7 +113,9 @@ def begin(definition: TaskDefinition, run: durable.ClaimedRun, owner: str) -> No
         model = definition.input_model.model_validate(run.input)
     except ValidationError as exc:
         error = terminal.error_doc(ErrorKind.VALIDATION, str(exc))
-        terminal.finish(definition, run.run_id, owner, RunState.FAILED, error=error)
+        terminal.finish(
+            definition, run.run_id, owner, RunState.FAILED, error=error, attempt=run.attempts
+        )
         return
     states = run.stages or {name: StageState.WAITING.value for name in definition.stage_order}
     for name, state in states.items():

@@ -13,13 +13,13 @@ Each calls `put_back` while the task allows it (`retry_on_worker_loss`, True by 
 its attempts are not spent (`Retry.max_attempts` counts every attempt, whatever ended it;
 `may_resume`). Then, in this order:
 
-1. Postgres, one guarded UPDATE: active → pending, fenced by the lost claim: the run is still
-   active, still that owner's, still at that attempt count (and, for the reconciler, its
-   heartbeat still older than the threshold, by the Postgres clock), so a claim that came
-   meanwhile or a heartbeat that landed keeps it as it is. The owner is cleared, `not_before`
-   is the backoff (`Retry`, jittered, as for a TransientError), and the lost attempt's error
-   (kind `worker_lost` or `orphaned`, with the attempt and the lost owner) stays on the row
-   until the run's end replaces it.
+1. Postgres, one guarded UPDATE (`durable.put_back`): active → pending, fenced by the lost
+   claim: the run is still active, still that owner's, still at that attempt count (and, for
+   the reconciler, its heartbeat still older than the threshold, by the Postgres clock), so a
+   claim that came meanwhile or a heartbeat that landed keeps it as it is. The owner is
+   cleared, `not_before` is the backoff (`Retry`, jittered, as for a TransientError), and the
+   lost attempt's error (kind `worker_lost` or `orphaned`, with the attempt and the lost
+   owner) stays on the row until the run's end replaces it.
 2. The live hash follows (active → pending, fenced by the lost owner). A lost hash is left
    lost: the next pickup seeds it again from the row.
 3. What the lost claim held is given back (`hooks.release`: its concurrency slot, its rate
@@ -30,7 +30,7 @@ The next claim counts the next attempt (`attempts + 1`) under a new owner. A pro
 lost claim that is in fact alive (stopped, cut off) can no longer write for the run: its
 heartbeat finds the hash pending or owned by another and kills its handler (`runs.watch`),
 and its terminal write, TransientError retry or stage end is refused by the owner fence of
-the guarded UPDATEs (`end_run.sql`, `durable.transition`, `move_stage.sql`).
+the guarded UPDATEs (`end_run.sql`, `put_back_run.sql`, `move_stage.sql`).
 
 When the attempts are spent, or the task opted out, the caller fails the run as before; a
 `worker_lost` end counts toward the task's circuit breaker, so a payload that keeps killing
@@ -50,18 +50,15 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db.models import Q
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from orchestrator.backoff import jittered_backoff
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
-from orchestrator.models import TaskHistory
 from orchestrator.runs import terminal
 from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
 from orchestrator.states import IllegalTransition, RunState
-from orchestrator.stores import live
+from orchestrator.stores import durable, live
 from orchestrator.stores.live import FencedWrite
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
@@ -111,27 +108,16 @@ def put_back(
         "owner": lost.owner,
         "attempt": lost.attempts,
     }
-    rows = TaskHistory.objects.filter(
-        id=lost.run_id,
-        state=RunState.ACTIVE,
-        owner_instance_id=lost.owner,
-        attempts=lost.attempts,
-    )
-    if stale_after_s is not None:
-        cutoff = Now() - timedelta(seconds=stale_after_s)
-        rows = rows.filter(
-            Q(heartbeat_at__lt=cutoff)
-            | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
-            | Q(heartbeat_at__isnull=True, started_at__isnull=True, updated_at__lt=cutoff)
+    try:
+        durable.put_back(
+            lost.run_id,
+            owner=lost.owner,
+            attempts=lost.attempts,
+            error=error,
+            not_before=timezone.now() + delay,
+            stale_after_s=stale_after_s,
         )
-    moved = rows.update(
-        state=RunState.PENDING,
-        owner_instance_id="",
-        not_before=timezone.now() + delay,
-        error=error,
-        updated_at=timezone.now(),
-    )
-    if moved != 1:
+    except IllegalTransition:
         log.info("run %s: moved on since its worker was judged lost; left alone", lost.run_id)
         return False
     log.warning(

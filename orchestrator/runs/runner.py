@@ -33,7 +33,6 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Reject
 from django.conf import settings
 from django.db import close_old_connections
-from django.db.models.functions import Now
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
@@ -215,6 +214,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
             error=error,
             step=step,
             progress=progress,
+            attempt=run.attempts,
         )
 
     result: Any = None
@@ -245,6 +245,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
                 error=error,
                 step=steps.plain_extras(context),
                 progress=context.progress.document(),
+                attempt=run.attempts,
             )
         else:
             end(RunState.FAILED, exc.kind, str(exc))
@@ -275,13 +276,12 @@ def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, me
         f"retrying in {delay.total_seconds():.1f}s)",
     )
     try:
-        durable.transition(
+        durable.put_back(
             run.run_id,
-            RunState.PENDING,
             owner=pickup.owner,
+            attempts=run.attempts,
             error=error,
             not_before=timezone.now() + delay,
-            owner_instance_id="",
         )
     except IllegalTransition as exc:
         if exc.current is not None and not terminal.still_ours(run.run_id, pickup.owner):
@@ -450,5 +450,4 @@ def _give_up(definition: TaskDefinition, row: TaskHistory, deliveries: int) -> N
 
 def _heartbeat_is_stale(row: TaskHistory) -> bool:
     """Older than three heartbeat intervals, by the Postgres clock."""
-    stale_after = timedelta(seconds=3 * settings.CONFIG.heartbeat_interval_s)
-    return TaskHistory.objects.filter(id=row.id, heartbeat_at__lt=Now() - stale_after).exists()
+    return durable.heartbeat_is_stale(row.id, 3 * settings.CONFIG.heartbeat_interval_s)

@@ -53,44 +53,30 @@ def finish(
     error: dict[str, Any] | None = None,
     step: dict[str, Any] | None = None,
     progress: dict[str, Any] | None = None,
+    attempt: int | None = None,
 ) -> RunState:
     """End a claimed run in `target`; returns the state it really ended in (a cancel that
     raced the handler wins: cancelled; a watchdog that ended it first: its state). `step`:
     a plain run's warnings, counters, cost and log tail (`runs.steps.plain_extras`);
-    `progress`: its latest progress (`runs.progress`)."""
+    `progress`: its latest progress (`runs.progress`); `attempt`: the attempt count `owner`'s
+    claim returned, so the end also lands if a crash of Postgres lost that claim
+    (`durable.end`)."""
     kind = ErrorKind(error["kind"]) if error else None
-    finished_at = timezone.now()
-
-    def write() -> None:
-        durable.end(
-            run_id,
-            target,
-            finished_at=finished_at,
-            result=result,
-            error=error,
-            step=step,
-            progress=progress,
-            owner=owner,
-        )
-
+    args: dict[str, Any] = {
+        "finished_at": timezone.now(),
+        "result": result,
+        "error": error,
+        "step": step,
+        "progress": progress,
+        "attempt": attempt,
+    }
     try:
-        try:
-            write()
-        except IllegalTransition as exc:
-            if exc.current != RunState.PENDING or not retake_lost_claim(run_id, owner):
-                raise
-            write()
+        durable.end(run_id, target, owner=owner, **args)
     except (OperationalError, InterfaceError):
-        # Postgres is away: the drain replays the write, then settles the run
-        # hooks itself, so Valkey is never ahead of Postgres.
+        # Postgres is away: the drain replays this same call, then settles the run itself,
+        # so Valkey is never ahead of Postgres.
         log.warning("run %s: terminal write %s deferred to the drain", run_id, target)
-        fields = {"result": result, "error": error, "finished_at": finished_at}
-        if step is not None:
-            # A plain run's only cost write is this one: its total is this attempt's.
-            fields |= {"steps": {definition.id: step}, "cost_breakdown": step["cost"]}
-        if progress is not None:
-            fields["progress"] = progress
-        if not drain.push(run_id, target, fields, owner):
+        if not drain.push(run_id, target, args, owner):
             log.error("run %s: terminal write %s lost; the reconciler will end it", run_id, target)
         return target
     except IllegalTransition as exc:
@@ -129,7 +115,9 @@ def still_ours(run_id: str, owner: str) -> bool:
 def retake_lost_claim(run_id: str, owner: str) -> bool:
     """Postgres says pending while Valkey says `owner` runs the run: the claim's commit, which
     does not wait for its flush (`stores/sql/claim_run.sql`), was lost in a crash of Postgres.
-    The owner claims it again. False, and nothing written, when Valkey does not say so."""
+    The owner claims it again (its heartbeat does, `runs.watch`; its end needs not: it carries
+    the claim's attempt count, `durable.end`). False, and nothing written, when Valkey does not
+    say so."""
     held = live.read(run_id)
     if not owner or held.get("state") != RunState.ACTIVE or held.get("owner") != owner:
         return False

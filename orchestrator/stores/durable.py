@@ -1,21 +1,39 @@
-"""Run state in Postgres: guarded UPDATEs that refuse what DESIGN §4 does not allow.
+"""Run state in Postgres: the one writer of `task_history.state` and of a run's stage states.
 
-The run's own path (claim, end) uses the static named queries of `stores.queries`; the other
-moves (cancel requests, retries, the drain's replays) go through `transition`, which takes any
-fields and is not on the path of every run.
+Every move of a run or a stage is one named, guarded statement here, one `.sql` file each under
+`sql/` (`stores.queries`), each refusing what DESIGN §4 (`states.py`) does not allow:
+
+- claim (`claim`, claim_run.sql): pending → active;
+- end (`end`, end_run.sql; the drain replays this same call): active → completed or failed,
+  pending → failed for a run that never started, and a claim's end whose claim a crash of
+  Postgres lost: pending → (active →) completed or failed;
+- put back (`put_back`, put_back_run.sql): active → pending for the next attempt;
+- cancel request (`request_cancel`, request_cancel.sql): pending or active → cancelling;
+- cancel end (`end_cancelled`, cancel_run.sql): cancelling → cancelled;
+- orphan end (`end_orphan`, end_orphan.sql): active → failed, cancelling → cancelled;
+- pending-deadline end (`fail_pending`, fail_pending.sql): pending → failed;
+- a stage's claim, move and reuse (`claim_stage`, `move_stage`, `reuse_stages`).
+
+Each move that ends a run ends its pipeline stages in the same statement
+(`lumastra_close_stages`, migration 0010). Whether a live run's heartbeat is stale is one SQL
+function (`lumastra_heartbeat_stale`, migration 0017) that every query judging it calls.
+Nothing else in the engine writes these columns: `tests/unit/test_one_writer.py` scans the tree.
+
+A refused move raises IllegalTransition naming the state that refused it (read only then, a
+second statement on the refusal alone); `claim` returns None instead.
 """
 
 from __future__ import annotations
 
 import json
 import select
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import connection, connections
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from orchestrator.models import TaskHistory
 from orchestrator.states import (
@@ -122,19 +140,25 @@ def end(
     step: dict[str, Any] | None = None,
     progress: dict[str, Any] | None = None,
     owner: str = "",
+    attempt: int | None = None,
 ) -> None:
     """The run ends in `target` (completed or failed) with this result and error, replacing
     what it had, a plain run's step extras (warnings, counters, cost, log tail; `runs.steps`)
     and its latest progress (when it reported any); an illegal move raises IllegalTransition
     with the state that refused it. With `owner`, only while the run is that claim's: a run
     put back to pending after its worker was lost, and claimed again, refuses the old
-    claim's late end (the refusal then names the run's live state)."""
+    claim's late end (the refusal then names the run's live state). With `attempt` too (the
+    count that claim returned), a run Postgres still calls pending one attempt below it, its
+    claim's commit lost in a crash of Postgres, ends as well, taking the claim with it."""
     if target not in (RunState.COMPLETED, RunState.FAILED):
         raise ValueError(f"end() writes completed or failed, not {target}")
     params = {
         "run_id": run_id,
         "target": target.value,
         "sources": run_sources(target),
+        # A lost claim's end replays the claim's own move (end_run.sql).
+        "claimable": run_sources(RunState.ACTIVE),
+        "attempt": attempt,
         "result": _json_out(result),
         "error": _json_out(error),
         "step": _json_out(step),
@@ -165,28 +189,83 @@ def _guarded(
         raise IllegalTransition(run_id, state_of(run_id), target, "postgres")
 
 
-def transition(
-    run_id: str,
-    target: RunState,
-    *,
-    only_from: RunState | None = None,
-    owner: str = "",
-    **fields: Any,
-) -> None:
-    """`UPDATE … WHERE id = %s AND state = ANY(sources)`; an illegal move raises.
+def request_cancel(
+    run_id: str, *, sources: Collection[RunState] = (RunState.PENDING, RunState.ACTIVE)
+) -> RunState:
+    """→ cancelling from one of `sources`; returns the state the run left (a run no handler
+    runs yet is ended at once by the caller)."""
+    allowed = set(run_sources(RunState.CANCELLING))
+    if not {s.value for s in sources} <= allowed:
+        raise ValueError(f"cancelling is reached only from {sorted(allowed)}, not {sources}")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries.REQUEST_CANCEL,
+            {"run_id": run_id, "sources": sorted(s.value for s in sources)},
+        )
+        found = cursor.fetchone()
+    if found is None:
+        raise IllegalTransition(run_id, state_of(run_id), RunState.CANCELLING, "postgres")
+    return RunState(found[0])
 
-    `only_from` narrows the sources to one legal state, for callers whose next step depends
-    on where the run was (a cancel before pickup ends at once, a running one does not).
-    `owner` fences the move to that claim's run, as `end` does."""
-    sources = run_sources(target)
-    if only_from is not None:
-        sources = [s for s in sources if s == only_from]
-    rows = TaskHistory.objects.filter(id=run_id, state__in=sources)
-    if owner:
-        rows = rows.filter(owner_instance_id=owner)
-    updated = rows.update(state=target, updated_at=timezone.now(), **fields)
-    if updated != 1:
-        raise IllegalTransition(run_id, state_of(run_id), target, "postgres")
+
+def put_back(
+    run_id: str,
+    *,
+    owner: str,
+    attempts: int,
+    error: dict[str, Any],
+    not_before: datetime,
+    stale_after_s: float | None = None,
+) -> None:
+    """active → pending for the next attempt, fenced by the claim that ran this one (`owner`,
+    and `attempts` as that claim counted them); with `stale_after_s`, only while the run's
+    heartbeat is at least that old. The owner is cleared, `error` says why, `not_before` is
+    the backoff."""
+    params = {
+        "run_id": run_id,
+        "owner": owner,
+        "attempts": attempts,
+        "error": _json_out(error),
+        "not_before": not_before,
+        "stale_s": stale_after_s,
+    }
+    _guarded(queries.PUT_BACK_RUN, params, run_id, RunState.PENDING)
+
+
+def end_orphan(
+    run_id: str, source: RunState, *, error: dict[str, Any], stale_after_s: float
+) -> RunState:
+    """An orphan ends: active → failed, cancelling → cancelled (a cancel request wins), only
+    while the run is still in `source` and its heartbeat at least `stale_after_s` old.
+    Returns the state it ended in."""
+    target = RunState.FAILED if source == RunState.ACTIVE else RunState.CANCELLED
+    if source.value not in run_sources(target):
+        raise IllegalTransition(run_id, source, target, "postgres")
+    params = {
+        "run_id": run_id,
+        "source": source.value,
+        "target": target.value,
+        "error": _json_out(error),
+        "stale_s": stale_after_s,
+    }
+    _guarded(queries.END_ORPHAN, params, run_id, target)
+    return target
+
+
+def fail_pending(run_id: str, *, error: dict[str, Any], older_than_s: float) -> None:
+    """pending → failed for a run the reconciler gives up on, only while it is still pending
+    and has been for at least `older_than_s` (by the Postgres clock)."""
+    params = {"run_id": run_id, "error": _json_out(error), "older_than_s": older_than_s}
+    _guarded(queries.FAIL_PENDING, params, run_id, RunState.FAILED)
+
+
+def heartbeat_is_stale(run_id: str, stale_after_s: float) -> bool:
+    """The run's heartbeat is at least `stale_after_s` old by the Postgres clock (the one
+    definition: `lumastra_heartbeat_stale`); False for a run Postgres does not have."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries.HEARTBEAT_STALE, {"run_id": run_id, "stale_s": stale_after_s})
+        found = cursor.fetchone()
+    return found is not None and bool(found[0])
 
 
 @dataclass(frozen=True)

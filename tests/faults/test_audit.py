@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 from django.db import connection
-from django.db.models.functions import Now
+from django.utils import timezone
 
 from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.runs.start import new_run_id, start_run
@@ -55,16 +55,16 @@ def _trail(run_id: str) -> list[tuple[str | None, str]]:
 @pytest.mark.django_db(transaction=True)
 def test_the_triggers_record_each_change_of_state_once() -> None:
     run_id = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
-    durable.transition(run_id, RunState.ACTIVE, owner_instance_id="h:1:x", started_at=Now())
+    durable.claim(run_id, "h:1:x")
     # Writes that leave the state alone record nothing: a heartbeat, a same-state UPDATE.
     durable.heartbeat(run_id, "h:1:x")
     TaskHistory.objects.filter(id=run_id).update(state="active")
     with pytest.raises(IllegalTransition):
-        durable.transition(run_id, RunState.PENDING, only_from=RunState.CANCELLING)
-    durable.transition(run_id, RunState.COMPLETED, finished_at=Now())
+        durable.end_cancelled(run_id, finished_at=timezone.now())
+    durable.end(run_id, RunState.COMPLETED, finished_at=timezone.now())
     # A guarded write the state table refuses changes nothing, so records nothing.
     with pytest.raises(IllegalTransition):
-        durable.transition(run_id, RunState.FAILED)
+        durable.end(run_id, RunState.FAILED, finished_at=timezone.now())
 
     assert _trail(run_id) == [(None, "pending"), ("pending", "active"), ("active", "completed")]
     audit = TaskHistoryAudit.objects.filter(run_id=run_id).order_by("id")
@@ -75,14 +75,14 @@ def test_the_triggers_record_each_change_of_state_once() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_the_checker_finds_an_illegal_move_written_behind_the_guards_back() -> None:
     good = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
-    durable.transition(good, RunState.CANCELLING)
-    durable.transition(good, RunState.CANCELLED)
+    durable.request_cancel(good)
+    durable.end_cancelled(good, finished_at=timezone.now())
     bad = new_run_id()
     TaskHistory.objects.create(
         id=bad, task_id="test-fault-work", trigger={}, input={}, priority=5, identity=bad
     )
-    durable.transition(bad, RunState.ACTIVE)
-    durable.transition(bad, RunState.FAILED)
+    durable.claim(bad, "h:1:x")
+    durable.end(bad, RunState.FAILED, finished_at=timezone.now())
     with connection.cursor() as cursor:  # what no engine path may do: failed → completed
         cursor.execute("UPDATE task_history SET state = 'completed' WHERE id = %s", [bad])
         cursor.execute("SELECT now() - interval '1 minute'")

@@ -12,7 +12,7 @@ from datetime import timedelta
 import psycopg2
 import pytest
 from django.db import OperationalError, connection
-from django.db.models.functions import Now
+from django.utils import timezone
 
 from orchestrator.hooks import quotas
 from orchestrator.models import TaskHistory, TaskQuotaUsage
@@ -120,9 +120,9 @@ def test_a_live_hash_left_behind_a_terminal_write_is_repaired() -> None:
     live.claim(run_id, owner)
     # The worker wrote Postgres (claim, then the end) and was SIGKILLed before it settled the run,
     # longer ago than the repair's grace for writers still at work.
-    durable.transition(run_id, RunState.ACTIVE, owner_instance_id=owner, started_at=Now())
-    ended_at = Now() - timedelta(seconds=30)
-    durable.transition(run_id, RunState.COMPLETED, finished_at=ended_at)
+    durable.claim(run_id, owner)
+    ended_at = timezone.now() - timedelta(seconds=30)
+    durable.end(run_id, RunState.COMPLETED, finished_at=ended_at, owner=owner)
 
     _tick()
 

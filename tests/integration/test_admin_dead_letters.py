@@ -14,7 +14,6 @@ import psycopg2
 import pytest
 from django.conf import settings
 from django.contrib.admin.models import LogEntry
-from django.db.models.functions import Now
 from django.test import Client
 from django.utils import timezone
 
@@ -114,7 +113,7 @@ def _active_run() -> str:
     )
     live.seed(run_id, "test-noop", 5, ())
     live.claim(run_id, OWNER)
-    durable.transition(run_id, RunState.ACTIVE, owner_instance_id=OWNER, heartbeat_at=Now())
+    assert durable.claim(run_id, OWNER) is not None
     return run_id
 
 

@@ -16,7 +16,6 @@ from typing import Any
 import psycopg2
 import pytest
 from django.db import connection
-from django.db.models.functions import Now
 
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import LoopLock
@@ -55,7 +54,7 @@ def _active_run() -> str:
     )
     live.seed(run_id, TASK, 5, ())
     live.claim(run_id, OWNER)
-    durable.transition(run_id, RunState.ACTIVE, owner_instance_id=OWNER, heartbeat_at=Now())
+    assert durable.claim(run_id, OWNER) is not None
     return run_id
 
 
@@ -118,7 +117,7 @@ def test_a_failed_write_keeps_its_error_kind() -> None:
 def test_a_write_that_had_landed_is_done_and_still_settled() -> None:
     # The UPDATE committed but its reply was lost: the writer pushed a write Postgres has.
     run_id = _active_run()
-    durable.transition(run_id, RunState.COMPLETED, **_completed_fields())
+    durable.end(run_id, RunState.COMPLETED, owner=OWNER, **_completed_fields())
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
 
     report = drain.replay()
@@ -133,7 +132,7 @@ def test_the_same_end_written_by_someone_else_is_not_reported_twice() -> None:
     # A watchdog failed the run (and told the hooks) while the runner's failed write waited.
     run_id = _active_run()
     stalled = {"kind": "stalled", "message": "no progress"}
-    durable.transition(run_id, RunState.FAILED, error=stalled, finished_at=FINISHED_AT)
+    durable.end(run_id, RunState.FAILED, error=stalled, finished_at=FINISHED_AT, owner=OWNER)
     mine = {"kind": "permanent", "message": "asked to fail"}
     later = FINISHED_AT + timedelta(seconds=1)
     drain.push(run_id, RunState.FAILED, {"error": mine, "finished_at": later}, OWNER)
@@ -147,7 +146,7 @@ def test_the_same_end_written_by_someone_else_is_not_reported_twice() -> None:
 
 def test_a_cancel_that_raced_the_end_wins() -> None:
     run_id = _active_run()
-    durable.transition(run_id, RunState.CANCELLING)
+    durable.request_cancel(run_id)
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
 
     report = drain.replay()
@@ -162,7 +161,7 @@ def test_a_cancel_that_raced_the_end_wins() -> None:
 def test_a_write_for_a_run_that_ended_otherwise_is_dropped() -> None:
     run_id = _active_run()
     orphaned = {"kind": "orphaned", "message": "its worker stopped heartbeating"}
-    durable.transition(run_id, RunState.FAILED, error=orphaned, finished_at=FINISHED_AT)
+    durable.end(run_id, RunState.FAILED, error=orphaned, finished_at=FINISHED_AT)
     gone = new_run_id()
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     drain.push(gone, RunState.COMPLETED, _completed_fields(), OWNER)
@@ -202,7 +201,7 @@ def test_the_drain_is_bounded() -> None:
     assert client.llen(keys.drain_pending()) == MAX_ENTRIES
 
 
-def test_push_refuses_fields_a_terminal_write_may_not_set() -> None:
+def test_push_refuses_what_the_terminal_write_does_not_take() -> None:
     with pytest.raises(ValueError, match="state"):
         drain.push("run_x", RunState.COMPLETED, {"state": "completed"}, OWNER)
     with pytest.raises(ValueError, match="colour"):
@@ -278,7 +277,8 @@ def test_an_unreadable_entry_is_poisoned_at_once() -> None:
 
 def test_an_entry_left_in_flight_by_a_dead_replayer_is_replayed() -> None:
     run_id = _active_run()
-    entry = drain.Entry(run_id, "completed", {"result": {"ok": True}}, OWNER).to_json()
+    args = {"result": {"ok": True}, "finished_at": FINISHED_AT.isoformat()}
+    entry = drain.Entry(run_id, "completed", args, OWNER).to_json()
     valkey.client().lpush(keys.drain_inflight(), entry)
 
     report = drain.replay()
@@ -309,3 +309,66 @@ def test_an_empty_drain_costs_no_query() -> None:
 
     assert report.done == 0
     assert queries.captured_queries == []
+
+
+def test_the_replay_is_the_writers_own_call_and_closes_a_pipelines_stages() -> None:
+    run_id = _active_run()
+    TaskHistory.objects.filter(id=run_id).update(stages={"a": "completed", "b": "waiting"})
+    step = {"warnings": ["late"], "cost": {"gpu_s": 2}}
+    args = {"finished_at": FINISHED_AT, "error": {"kind": "permanent", "message": "x"}}
+    drain.push(run_id, RunState.FAILED, {**args, "step": step, "attempt": 1}, OWNER)
+
+    (entry,) = _pending_entries()
+    assert (entry["call"], entry["target"], entry["owner"]) == ("end", "failed", OWNER)
+    assert entry["args"]["step"] == step and entry["args"]["attempt"] == 1
+    assert drain.replay().applied == 1
+
+    row = TaskHistory.objects.get(id=run_id)
+    assert row.state == "failed"
+    assert row.stages == {"a": "completed", "b": "skipped"}
+    assert row.steps[TASK]["warnings"] == ["late"]
+    assert row.cost_breakdown == {"gpu_s": 2}
+
+
+def test_a_lost_claims_deferred_end_is_replayed_with_its_attempt() -> None:
+    """Postgres lost the claim (its commit does not wait for the flush) and was away at the
+    end: the replay still takes the claim with it, as the writer's call would have."""
+    run_id = _active_run()
+    TaskHistory.objects.filter(id=run_id).update(
+        state="pending", owner_instance_id="", started_at=None, heartbeat_at=None, attempts=0
+    )
+    drain.push(run_id, RunState.COMPLETED, {**_completed_fields(), "attempt": 1}, OWNER)
+
+    assert drain.replay().applied == 1
+
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.owner_instance_id, row.attempts) == ("completed", OWNER, 1)
+    assert live.read(run_id)["state"] == "completed"
+
+
+def test_an_entry_an_older_deploy_pushed_is_replayed_as_the_same_end() -> None:
+    """A rolling deploy: the entry holds the row's columns (`fields`), as drains did before
+    entries named the writer's call."""
+    run_id = _active_run()
+    old = {
+        "run_id": run_id,
+        "target": "completed",
+        "fields": {
+            "result": {"ok": True},
+            "error": None,
+            "finished_at": FINISHED_AT.isoformat(),
+            "steps": {TASK: {"counters": {"n": 3}, "cost": {"gpu_s": 1}}},
+            "cost_breakdown": {"gpu_s": 1},
+        },
+        "owner": OWNER,
+        "attempts": 0,
+    }
+    valkey.client().lpush(keys.drain_pending(), json.dumps(old))
+
+    assert drain.replay().applied == 1
+
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.result, row.finished_at) == ("completed", {"ok": True}, FINISHED_AT)
+    assert row.steps[TASK]["counters"] == {"n": 3}
+    assert row.cost_breakdown == {"gpu_s": 1}
+    assert live.read(run_id)["state"] == "completed"

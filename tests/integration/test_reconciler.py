@@ -436,6 +436,46 @@ def test_a_pending_run_past_the_deadline_is_failed() -> None:
     assert _failed_count(PRIVATE) == 1
 
 
+def _claim_lost_by_postgres(run_id: str, beat_age_s: int) -> None:
+    """OWNER claimed the run in both stores, and a crash of Postgres lost the claim's commit
+    (it does not wait for its flush): the row is as before, Valkey names OWNER, whose last
+    Valkey heartbeat is `beat_age_s` old. Its message is with OWNER's worker, acknowledged or
+    about to be: not in the broker."""
+    _empty_queue()
+    live.claim(run_id, OWNER)
+    valkey.client().hset(keys.run_active(run_id), "heartbeat_at", _valkey_ms() - beat_age_s * 1000)
+
+
+def test_a_claim_postgres_lost_whose_owner_beats_is_a_live_claim() -> None:
+    """Nothing runs twice: no second message, and no failure at the deadline while its owner,
+    which claims the run again at its next heartbeat or its end, beats in Valkey."""
+    young = _pending("claim lost, owner beating", 90)
+    old = _pending("claim lost a day ago, owner beating", 86_400 + 100)
+    for run_id in (young, old):
+        _claim_lost_by_postgres(run_id, beat_age_s=5)
+
+    report = Reconciler().tick()
+
+    assert report.pending.claimed == 2
+    assert report.pending.republished == report.pending.failed == 0
+    assert _waiting_messages() == []
+    for run_id in (young, old):
+        assert TaskHistory.objects.get(id=run_id).state == "pending"
+        assert (live.read(run_id)["state"], live.read(run_id)["owner"]) == ("active", OWNER)
+
+
+def test_a_claim_postgres_lost_whose_owner_went_silent_is_handed_back() -> None:
+    run_id = _pending("claim lost, owner gone", 90)
+    _claim_lost_by_postgres(run_id, beat_age_s=THRESHOLD + 100)
+
+    report = Reconciler().tick()
+
+    assert report.pending.released == 1 and report.pending.republished == 1
+    assert live.read(run_id)["state"] == "pending"
+    assert _waiting_messages() == [run_id]
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+
+
 # --- the lock: one reconciler per tick, and no write without it ------------------------------
 
 

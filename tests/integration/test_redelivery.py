@@ -152,8 +152,14 @@ def test_the_lost_claims_late_writes_are_refused_once_the_run_is_claimed_anew() 
     definition = registry.get()["test-resumable"]
     lost = resume.Lost(run_id, old, 1, TaskHistory.objects.get(id=run_id).identity, 5)
     assert resume.put_back(definition, lost, ErrorKind.WORKER_LOST, "test")
-    # Before the new claim: pending, not ours; the old owner's heartbeat hears "pending".
+    # Before the new claim: pending, not ours; the old owner's heartbeat hears "pending". Its
+    # end naming the attempt it ran is refused too: the row keeps that attempt's count, so it
+    # is no lost claim (end_run.sql).
     assert terminal.finish(definition, run_id, old, RunState.COMPLETED) == RunState.PENDING
+    assert (
+        terminal.finish(definition, run_id, old, RunState.COMPLETED, attempt=1) == RunState.PENDING
+    )
+    assert TaskHistory.objects.get(id=run_id).state == RunState.PENDING
     TaskHistory.objects.filter(id=run_id).update(not_before=None)
     new = "this-host:1:newclaim"
     live.claim(run_id, new)
@@ -161,7 +167,9 @@ def test_the_lost_claims_late_writes_are_refused_once_the_run_is_claimed_anew() 
 
     assert terminal.finish(definition, run_id, old, RunState.COMPLETED) == RunState.ACTIVE
     with pytest.raises(IllegalTransition):
-        durable.transition(run_id, RunState.PENDING, owner=old)
+        durable.put_back(
+            run_id, owner=old, attempts=1, error={"kind": "transient"}, not_before=timezone.now()
+        )
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.owner_instance_id, row.attempts) == ("active", new, 2)

@@ -129,14 +129,23 @@ def _lose_claim(run_id: str) -> None:
     )
 
 
-def test_a_claim_postgres_lost_is_taken_again_by_its_owner_at_the_terminal_write() -> None:
+def test_a_claim_postgres_lost_is_taken_by_its_owners_terminal_write_in_one_statement() -> None:
     run_id = _start()
     _claim(run_id, "host-a:1")
     _lose_claim(run_id)
 
-    ended = terminal.finish(
-        registry.get()[TASK], run_id, "host-a:1", RunState.COMPLETED, result={"ok": True}
-    )
+    with CaptureQueriesContext(connection) as captured:
+        ended = terminal.finish(
+            registry.get()[TASK],
+            run_id,
+            "host-a:1",
+            RunState.COMPLETED,
+            result={"ok": True},
+            attempt=1,  # what the lost claim returned
+        )
+
+    (end,) = _statements_on_runs(captured)
+    assert end.startswith(("UPDATE task_history", "EXECUTE lumastra_end_run("))
 
     assert ended == RunState.COMPLETED
     row = TaskHistory.objects.get(id=run_id)

@@ -1,18 +1,27 @@
 """Every (from, to) pair of run and stage states, in Valkey and in Postgres (DESIGN §4).
 
-For each pair a run is put in `from` in both stores by legal moves only, then moved to `to`
-with the store's own primitive: `live.transition` / `live.claim` (Lua on the run hash) and
-`durable.transition` / `durable.move_stage` (guarded UPDATEs). A legal pair succeeds in
-both; any other raises IllegalTransition in both and leaves both exactly as they were.
+Valkey: for each pair a run is put in `from` by legal moves only, then moved to `to` with the
+Lua primitives (`live.transition`, `live.claim`, `live.transition_stage`). A legal pair
+succeeds; any other raises IllegalTransition and leaves both stores exactly as they were.
+
+Postgres: every writer of run state (`stores.durable`, one named statement per move: claim,
+end, put back, cancel request, cancel end, orphan end, pending-deadline end, and the stage
+moves) is called on a run in each state, and on a run Postgres does not have. Each makes
+exactly its moves (the `WRITERS` table, each move legal in DESIGN §4), closes a pipeline's
+stages when the move ends the run, and refuses every other source with IllegalTransition,
+changing nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from orchestrator.models import TaskHistory
 from orchestrator.runs.start import new_run_id
@@ -102,10 +111,22 @@ def _run_in(state: RunState) -> str:
             live.claim(run_id, OWNER)
         else:
             live.transition(run_id, step)
-        durable.transition(run_id, step)
+        _durable_step(run_id, step)
     assert live.read(run_id)["state"] == state
     assert TaskHistory.objects.get(id=run_id).state == state
     return run_id
+
+
+def _durable_step(run_id: str, step: RunState) -> None:
+    """The writer's move that takes a run along RUN_PATH, as OWNER's claim."""
+    if step is R.ACTIVE:
+        assert durable.claim(run_id, OWNER) is not None
+    elif step is R.CANCELLING:
+        durable.request_cancel(run_id)
+    elif step is R.CANCELLED:
+        durable.end_cancelled(run_id, finished_at=timezone.now())
+    else:
+        durable.end(run_id, step, finished_at=timezone.now(), owner=OWNER)
 
 
 def _stage_in(state: StageState) -> str:
@@ -168,25 +189,20 @@ def test_run_transition(source: RunState, target: RunState) -> None:
 
     if (source, target) in RUN_LEGAL:
         assert live.transition(run_id, target) is source
-        durable.transition(run_id, target)
 
         assert live.read(run_id)["state"] == target
-        assert TaskHistory.objects.get(id=run_id).state == target
         _assert_key_location(run_id, target)
         return
 
     with pytest.raises(IllegalTransition) as in_valkey:
         live.transition(run_id, target)
-    with pytest.raises(IllegalTransition) as in_postgres:
-        durable.transition(run_id, target)
 
-    for caught, store in ((in_valkey, "valkey"), (in_postgres, "postgres")):
-        assert caught.value.store == store
-        assert (caught.value.run_id, caught.value.current, caught.value.target) == (
-            run_id,
-            source,
-            target,
-        )
+    assert in_valkey.value.store == "valkey"
+    assert (in_valkey.value.run_id, in_valkey.value.current, in_valkey.value.target) == (
+        run_id,
+        source,
+        target,
+    )
     assert _stores(run_id) == before
     _assert_key_location(run_id, source)
 
@@ -243,11 +259,169 @@ def test_a_run_neither_store_has_cannot_move() -> None:
         live.transition(run_id, R.ACTIVE)
     with pytest.raises(IllegalTransition) as claimed:
         live.claim(run_id, OWNER)
-    with pytest.raises(IllegalTransition) as in_postgres:
-        durable.transition(run_id, R.ACTIVE)
 
-    assert in_valkey.value.current is claimed.value.current is in_postgres.value.current is None
+    assert in_valkey.value.current is claimed.value.current is None
     assert live.read(run_id) == {}
+
+
+# --- Postgres: every writer of run state, from every state ---------------------------------
+
+
+@dataclass(frozen=True)
+class Writer:
+    """One move of `stores.durable`, called as its caller calls it on a run `_run_in` made
+    (claimed by OWNER at attempt 1 once active), and the edges it makes: source → target."""
+
+    name: str
+    call: Callable[[str], object]
+    moves: dict[RunState, RunState]
+    # A lost claim's end: from pending it replays the claim (pending → active) first.
+    replays_claim: bool = False
+
+
+# A staleness threshold every heartbeat passes, even one stamped in this test's own transaction
+# (`now()` is the transaction's start); the condition itself: tests/integration/test_reconciler.py.
+ANY_BEAT = -1.0
+
+
+def _error(kind: str) -> dict[str, str]:
+    return {"kind": kind, "message": "transition table"}
+
+
+def _end(target: RunState, owner: str, attempt: int | None = None) -> Callable[[str], object]:
+    return lambda run_id: durable.end(
+        run_id, target, finished_at=timezone.now(), owner=owner, attempt=attempt
+    )
+
+
+def _claim(run_id: str) -> object:
+    if durable.claim(run_id, "worker-b:7") is None:
+        raise IllegalTransition(run_id, durable.state_of(run_id), R.ACTIVE, "postgres")
+    return None
+
+
+def _put_back(stale_after_s: float | None) -> Callable[[str], object]:
+    return lambda run_id: durable.put_back(
+        run_id,
+        owner=OWNER,
+        attempts=1,
+        error=_error("worker_lost"),
+        not_before=timezone.now(),
+        stale_after_s=stale_after_s,
+    )
+
+
+def _orphan(judged: RunState) -> Callable[[str], object]:
+    return lambda run_id: durable.end_orphan(
+        run_id, judged, error=_error("orphaned"), stale_after_s=ANY_BEAT
+    )
+
+
+WRITERS = [
+    Writer("claim", _claim, {R.PENDING: R.ACTIVE}),
+    # The claim's own end, naming the attempt its claim returned (`runs.terminal.finish`);
+    # also what the drain replays.
+    Writer(
+        "end completed",
+        _end(R.COMPLETED, OWNER, attempt=1),
+        {R.ACTIVE: R.COMPLETED, R.PENDING: R.COMPLETED},
+        replays_claim=True,
+    ),
+    Writer(
+        "end failed",
+        _end(R.FAILED, OWNER, attempt=1),
+        {R.ACTIVE: R.FAILED, R.PENDING: R.FAILED},
+        replays_claim=True,
+    ),
+    Writer("end, naming no attempt", _end(R.COMPLETED, OWNER), {R.ACTIVE: R.COMPLETED}),
+    # A writer holding no claim: a run refused before it started, a redelivery's give-up.
+    Writer("end unclaimed", _end(R.FAILED, ""), {R.PENDING: R.FAILED, R.ACTIVE: R.FAILED}),
+    Writer("put back (retry)", _put_back(None), {R.ACTIVE: R.PENDING}),
+    Writer("put back (reconciler)", _put_back(ANY_BEAT), {R.ACTIVE: R.PENDING}),
+    Writer(
+        "cancel request",
+        durable.request_cancel,
+        {R.PENDING: R.CANCELLING, R.ACTIVE: R.CANCELLING},
+    ),
+    Writer(
+        "cancel request (not started)",
+        lambda run_id: durable.request_cancel(run_id, sources=(R.PENDING,)),
+        {R.PENDING: R.CANCELLING},
+    ),
+    Writer(
+        "cancel end",
+        lambda run_id: durable.end_cancelled(run_id, finished_at=timezone.now()),
+        {R.CANCELLING: R.CANCELLED},
+    ),
+    Writer("orphan end (active)", _orphan(R.ACTIVE), {R.ACTIVE: R.FAILED}),
+    Writer("orphan end (cancelling)", _orphan(R.CANCELLING), {R.CANCELLING: R.CANCELLED}),
+    Writer(
+        "pending-deadline end",
+        lambda run_id: durable.fail_pending(
+            run_id, error=_error("orphaned"), older_than_s=ANY_BEAT
+        ),
+        {R.PENDING: R.FAILED},
+    ),
+]
+WRITER_CASES = [(w, s) for w in WRITERS for s in [*RunState, None]]
+
+
+def _case_id(case: tuple[Writer, RunState | None]) -> str:
+    writer, source = case
+    return f"{writer.name}:{source.value if source else 'missing'}"
+
+
+def test_every_writer_makes_legal_moves_only_and_every_legal_move_has_a_writer() -> None:
+    made: set[tuple[RunState, RunState]] = set()
+    for writer in WRITERS:
+        for source, target in writer.moves.items():
+            if writer.replays_claim and source is R.PENDING:
+                assert (R.PENDING, R.ACTIVE) in RUN_LEGAL and (R.ACTIVE, target) in RUN_LEGAL
+            else:
+                assert (source, target) in RUN_LEGAL, writer.name
+                made.add((source, target))
+
+    assert made == RUN_LEGAL
+
+
+def _row(run_id: str) -> dict[str, Any]:
+    return TaskHistory.objects.values().get(id=run_id)
+
+
+@pytest.mark.parametrize(("writer", "source"), WRITER_CASES, ids=map(_case_id, WRITER_CASES))
+def test_each_writer_from_each_state(writer: Writer, source: RunState | None) -> None:
+    run_id = new_run_id() if source is None else _run_in(source)
+    before = None if source is None else _row(run_id)
+
+    if source in writer.moves:
+        writer.call(run_id)
+
+        row = _row(run_id)
+        target = writer.moves[source]
+        assert row["state"] == target
+        waiting = {name: S.WAITING.value for name in STAGES}
+        if target in TERMINAL_RUN_STATES:
+            # The move that ends a run ends its stages: none started, so all skipped.
+            assert row["stages"] == {name: S.SKIPPED.value for name in STAGES}
+            assert row["finished_at"] is not None
+        else:
+            assert row["stages"] == waiting
+        if writer.replays_claim and source is R.PENDING:
+            assert (row["owner_instance_id"], row["attempts"]) == (OWNER, 1)
+        return
+
+    with pytest.raises(IllegalTransition) as caught:
+        writer.call(run_id)
+
+    assert (caught.value.run_id, caught.value.current, caught.value.store) == (
+        run_id,
+        source,
+        "postgres",
+    )
+    if source is None:
+        assert not TaskHistory.objects.filter(id=run_id).exists()
+    else:
+        assert _row(run_id) == before
 
 
 # --- stages: every (from, to) pair ------------------------------------------------------------
@@ -311,6 +485,50 @@ def test_stages_of_an_ended_run_cannot_move(ended: RunState) -> None:
 
     assert in_valkey.value.current is None and in_postgres.value.current is None
     assert _stores(run_id) == before
+
+
+@pytest.mark.parametrize("source", list(StageState))
+def test_a_stage_claim_takes_only_a_waiting_stage(source: StageState) -> None:
+    """`claim_stage.sql`, a stage worker's way to waiting → active, agrees with the table."""
+    run_id = _stage_in(source)
+    before = _row(run_id)
+
+    claimed = durable.claim_stage(run_id, STAGE, "cpu", "worker-b:7")
+
+    if (source, S.ACTIVE) in STAGE_LEGAL:
+        assert claimed is not None and claimed.owner == OWNER
+        assert _row(run_id)["stages"][STAGE] == S.ACTIVE
+    else:
+        assert claimed is None
+        assert _row(run_id) == before
+
+
+@pytest.mark.parametrize("source", list(RunState))
+def test_stages_are_claimed_only_while_the_run_is_active(source: RunState) -> None:
+    run_id = _run_in(source)
+    before = _row(run_id)
+
+    claimed = durable.claim_stage(run_id, STAGE, "cpu", "worker-b:7")
+
+    assert (claimed is not None) == (source is R.ACTIVE)
+    if claimed is None:
+        assert _row(run_id) == before
+
+
+@pytest.mark.parametrize("source", list(RunState))
+def test_completed_stages_are_reused_only_by_a_pending_run(source: RunState) -> None:
+    run_id = _run_in(source)
+    before = _row(run_id)
+    reused = {STAGE: S.COMPLETED.value}
+
+    if source is R.PENDING:
+        durable.reuse_stages(run_id, reused, {STAGE: {"n": 1}}, {STAGE: {"reused_from": "x"}})
+        assert _row(run_id)["stages"] == {STAGE: "completed", "encode": "waiting"}
+        return
+    with pytest.raises(IllegalTransition) as caught:
+        durable.reuse_stages(run_id, reused, {}, {})
+    assert caught.value.current == source
+    assert _row(run_id) == before
 
 
 def test_a_stage_name_is_data_not_sql() -> None:
@@ -381,3 +599,41 @@ def test_an_illegal_move_is_refused_before_the_fence() -> None:
 
     with pytest.raises(IllegalTransition):
         live.transition(run_id, R.FAILED, owner="worker-b:7")
+
+
+# --- a claim Postgres lost, and a claim put back -------------------------------------------
+
+
+def _end_as(run_id: str, owner: str, attempt: int) -> None:
+    durable.end(run_id, R.COMPLETED, finished_at=timezone.now(), owner=owner, attempt=attempt)
+
+
+def test_a_put_back_claims_late_end_is_not_taken_for_a_lost_claim() -> None:
+    """The row keeps the put-back claim's attempt count, so its end naming that attempt does
+    not match the lost-claim case (one below the claim's)."""
+    run_id = _run_in(R.ACTIVE)
+    _put_back(None)(run_id)
+    before = _row(run_id)
+
+    with pytest.raises(IllegalTransition) as caught:
+        _end_as(run_id, OWNER, attempt=1)
+
+    assert caught.value.current == R.PENDING
+    assert _row(run_id) == before
+
+
+def test_the_lost_claim_of_a_later_attempt_ends_and_the_earlier_claim_cannot() -> None:
+    run_id = _run_in(R.ACTIVE)
+    _put_back(None)(run_id)  # attempt 1 retried; attempt 2's claim by worker-b:7 then lost
+    with pytest.raises(IllegalTransition):
+        _end_as(run_id, OWNER, attempt=1)
+
+    _end_as(run_id, "worker-b:7", attempt=2)
+
+    row = _row(run_id)
+    assert (row["state"], row["owner_instance_id"], row["attempts"]) == (
+        "completed",
+        "worker-b:7",
+        2,
+    )
+    assert row["started_at"] is not None

@@ -86,7 +86,7 @@ class Recording:
 
 
 def _step() -> str:
-    """The two innermost project frames of the stack: `runner._claim > durable.transition`."""
+    """The two innermost project frames of the stack: `runner._claim_durable > durable.claim`."""
     names = [
         f"{Path(frame.filename).stem}.{frame.name}"
         for frame in traceback.extract_stack()

@@ -9,7 +9,8 @@
 -- half of a run's flush waits, for a claim only a crash of Postgres itself can lose, and then
 -- within wal_writer_delay (about 0.2 s); the run's next synchronous commit flushes it anyway.
 -- A lost claim leaves the row `pending` while Valkey says its owner runs it; the owner claims
--- it again at its next heartbeat or its terminal write (`runs.terminal.retake_lost_claim`).
+-- it again at its next heartbeat (`runs.terminal.retake_lost_claim`), and its end takes the
+-- lost claim with it (end_run.sql, given the attempt count this claim returned).
 -- Parameters: run_id, owner.
 UPDATE task_history
    SET state = 'active',

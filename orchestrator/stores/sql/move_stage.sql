@@ -8,7 +8,8 @@
 -- `claimer` (NULL: any) fences a stage's own end to its latest claim (the step record's
 -- `owner`): a stage retried after its claimer was lost refuses the old claim's late end.
 -- `stale_s` (NULL: no condition) moves it only while the run's heartbeat is at least that many
--- seconds old by the Postgres clock (the reconciler's retry of a stage whose claimer is gone).
+-- seconds old by the Postgres clock (`lumastra_heartbeat_stale`, migration 0017: the
+-- reconciler's retry of a stage whose claimer is gone).
 -- Parameters: run_id, stage, target, sources, live (run states), result, step, cost (JSON
 -- text or NULL each), claimer, stale_s.
 UPDATE task_history
@@ -27,7 +28,5 @@ UPDATE task_history
    AND state = ANY(%(live)s)
    AND stages ->> %(stage)s = ANY(%(sources)s)
    AND (%(claimer)s::text IS NULL OR steps -> %(stage)s ->> 'owner' = %(claimer)s::text)
-   AND (%(stale_s)s::float8 IS NULL
-        OR COALESCE(heartbeat_at, started_at, updated_at)
-           < now() - %(stale_s)s::float8 * interval '1 second')
+   AND (%(stale_s)s::float8 IS NULL OR lumastra_heartbeat_stale(task_history, %(stale_s)s::float8))
 RETURNING stages, stage_results
