@@ -29,8 +29,13 @@ class StageState(models.TextChoices):
 
 RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     # pending → failed is our addition to DESIGN §4: a run refused before it ever started
-    # (stale processing_version, input no longer valid) must still end.
-    RunState.PENDING: frozenset({RunState.ACTIVE, RunState.CANCELLING, RunState.FAILED}),
+    # (stale processing_version, input no longer valid) must still end. So is pending →
+    # completed, made only by a claim's own end when Postgres never kept that claim (its
+    # commit does not wait for its flush, so a crash of Postgres can lose it): the end takes
+    # the claim's move with it, one guarded statement (stores/sql/end_run.sql, issue 22).
+    RunState.PENDING: frozenset(
+        {RunState.ACTIVE, RunState.CANCELLING, RunState.FAILED, RunState.COMPLETED}
+    ),
     # active → pending is our addition too: a TransientError puts the run back in line for
     # its next attempt (same run, attempts + 1) rather than ending it.
     RunState.ACTIVE: frozenset(

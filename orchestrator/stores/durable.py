@@ -152,10 +152,15 @@ def end(
     claim's commit lost in a crash of Postgres, ends as well, taking the claim with it."""
     if target not in (RunState.COMPLETED, RunState.FAILED):
         raise ValueError(f"end() writes completed or failed, not {target}")
+    sources = run_sources(target)
+    if target is RunState.COMPLETED:
+        # pending → completed is only ever a claim's own end (`claimable` below): no writer
+        # completes a run that no claim started.
+        sources = [source for source in sources if source != RunState.PENDING]
     params = {
         "run_id": run_id,
         "target": target.value,
-        "sources": run_sources(target),
+        "sources": sources,
         # A lost claim's end replays the claim's own move (end_run.sql).
         "claimable": run_sources(RunState.ACTIVE),
         "attempt": attempt,

@@ -24,7 +24,7 @@ LUA_DIR = Path(__file__).parent / "lua"
 PINNED_VERSIONS = {
     "seed_run": 1,
     "claim_run": 2,
-    "transition_run": 2,
+    "transition_run": 3,
     "transition_stage": 2,
     "set_progress": 1,
     "log_append": 1,

@@ -55,6 +55,8 @@ RUN_LEGAL = {
     # a transient failure goes back in line for its next attempt.
     (R.PENDING, R.FAILED),
     (R.ACTIVE, R.PENDING),
+    # ... and a claim Postgres lost (its commit does not wait for a flush) ends by its own end.
+    (R.PENDING, R.COMPLETED),
 }
 STAGE_LEGAL = {
     (S.WAITING, S.ACTIVE),
@@ -375,11 +377,8 @@ def test_every_writer_makes_legal_moves_only_and_every_legal_move_has_a_writer()
     made: set[tuple[RunState, RunState]] = set()
     for writer in WRITERS:
         for source, target in writer.moves.items():
-            if writer.replays_claim and source is R.PENDING:
-                assert (R.PENDING, R.ACTIVE) in RUN_LEGAL and (R.ACTIVE, target) in RUN_LEGAL
-            else:
-                assert (source, target) in RUN_LEGAL, writer.name
-                made.add((source, target))
+            assert (source, target) in RUN_LEGAL, writer.name
+            made.add((source, target))
 
     assert made == RUN_LEGAL
 

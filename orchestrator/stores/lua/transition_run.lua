@@ -1,16 +1,17 @@
--- @version 2
+-- @version 3
 -- Move a run to another state if DESIGN §4 allows it. A terminal state moves the hash to
 -- task:run:terminal:<runId> (kept for the cancel/retry window).
 -- KEYS[1] task:run:active:<runId>  KEYS[2] task:run:terminal:<runId>
 -- ARGV[1] target state  ARGV[2] now (ms)  ARGV[3] active ttl (s)  ARGV[4] terminal ttl (s)
 -- ARGV[5] expected owner, or "" to skip the fence (operator actions)
 -- v2: active → pending (a transient failure waiting for its next attempt).
+-- v3: pending → completed (a claim Postgres lost, ended by its own end; states.py).
 -- Returns the previous state. Errors: NO_RUN, ILLEGAL_TRANSITION <from> <to>, FENCED <owner>.
 if #KEYS ~= 2 or #ARGV ~= 5 then
   return redis.error_reply("BAD_ARGS transition_run expects 2 keys and 5 args")
 end
 local allowed = {
-  pending = { active = true, cancelling = true, failed = true },
+  pending = { active = true, cancelling = true, failed = true, completed = true },
   active = { completed = true, failed = true, cancelling = true, pending = true },
   cancelling = { cancelled = true },
 }
