@@ -15,6 +15,12 @@ database), starts the scenario's workers and loops, lets the reconciler settle, 
 checker (`tests/faults/checker.py`) and prints the figures; `--report` writes them as JSON
 and they are appended to .pytest_cache/faults-figures.jsonl. Exit status 0 when every check
 held.
+
+A scenario that crashes Postgres itself (OWN_POSTGRES) gets a Postgres server of its own
+instead, the same way: the driver starts it (`initdb`, `pg_ctl`, `servers.PostgresServer`),
+creates and migrates a database on it (`manage.py migrate`) and points DATABASE_URL at it
+before Django is set up, so the workers, the loops, the load and the checker all use it;
+the shared Postgres is never stopped. It is removed when the scenario ends, also on failure.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +54,10 @@ THRESHOLDS = {
     "LUMASTRA_BROKER_VISIBILITY_TIMEOUT_S": "25",
 }
 
+# The scenarios that crash Postgres, on a server of their own (`scenarios.Scenario.own_postgres`).
+OWN_POSTGRES = frozenset({"pg-crash"})
+OWN_DATABASE = "lumastra_faults"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults.driver")
@@ -60,14 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
 
-    from tests.faults.servers import ValkeyServer
+    from tests.faults.servers import PostgresServer, ValkeyServer
 
     LOG_DIR.mkdir(exist_ok=True)
     aof = args.scenario.endswith("-aof")
     server = ValkeyServer(aof=aof, log_path=LOG_DIR / f"faults-{args.scenario}-valkey.log")
-    server.start()
+    postgres: PostgresServer | None = None
     effects = LOG_DIR / f"faults-{args.scenario}-{os.getpid()}-effects.jsonl"
     try:
+        server.start()
         os.environ.update(
             {
                 "VALKEY_URL": server.url(0),
@@ -78,28 +90,71 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lumastra.settings")
+        if args.scenario in OWN_POSTGRES:
+            postgres = PostgresServer(log_path=LOG_DIR / f"faults-{args.scenario}-postgres.log")
+            _own_database(postgres)
         django.setup()
-        return _run(args.scenario, args.scale, server, effects, args.report)
+        return _run(args.scenario, args.scale, server, postgres, effects, args.report)
     finally:
         server.stop()
+        if postgres is not None:
+            postgres.stop()
         effects.unlink(missing_ok=True)
         shutil.rmtree(f"{effects}.locks", ignore_errors=True)
 
 
-def _run(name: str, scale: float, server: object, effects: Path, report_path: Path | None) -> int:
+def _own_database(postgres: object) -> None:
+    """A migrated database on the scenario's own Postgres, named by DATABASE_URL from now on
+    (in this process, and in every process it starts)."""
+    from tests.faults.servers import PostgresServer
+
+    assert isinstance(postgres, PostgresServer)
+    began = time.monotonic()
+    postgres.init()
+    postgres.start()
+    postgres.create_database(OWN_DATABASE)
+    os.environ["DATABASE_URL"] = postgres.url(OWN_DATABASE)
+    log = LOG_DIR / f"{postgres.log_path.stem}-migrate.log"
+    with open(log, "wb") as out:
+        migrated = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput"],
+            cwd=ROOT,
+            env=os.environ,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
+    if migrated.returncode != 0:
+        raise RuntimeError(f"manage.py migrate failed on the own Postgres; see {log}")
+    print(
+        f"own Postgres on port {postgres.port}, migrated in {time.monotonic() - began:.1f} s",
+        flush=True,
+    )
+
+
+def _run(
+    name: str,
+    scale: float,
+    server: object,
+    postgres: object,
+    effects: Path,
+    report_path: Path | None,
+) -> int:
     from django.db import connection
 
     from tests.faults import checker
     from tests.faults.harness import Harness
     from tests.faults.scenarios import SCENARIOS
-    from tests.faults.servers import ValkeyServer
+    from tests.faults.servers import PostgresServer, ValkeyServer
 
     assert isinstance(server, ValkeyServer)
+    assert postgres is None or isinstance(postgres, PostgresServer)
     scenario = SCENARIOS[name]
     assert scenario.aof == server.aof
+    assert scenario.own_postgres == (postgres is not None)
     report = checker.Report(name)
     began = time.monotonic()
-    harness = Harness(name, server, effects, scale=scale)
+    harness = Harness(name, server, effects, scale=scale, postgres=postgres)
     with connection.cursor() as cursor:
         cursor.execute("SELECT now()")
         harness.since = cursor.fetchone()[0]

@@ -29,7 +29,7 @@ from orchestrator.hooks.base import Refused
 from orchestrator.runs.start import start_run
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.triggers import TriggerKind
-from tests.faults.servers import ValkeyServer
+from tests.faults.servers import PostgresServer, ValkeyServer
 from tests.support.fixtures import ROOT, worker_process
 
 QUEUES = (
@@ -73,6 +73,8 @@ class Harness:
     valkey: ValkeyServer
     effects_path: Path
     scale: float = 1.0
+    # The scenario's own Postgres (`Scenario.own_postgres`), which DATABASE_URL names.
+    postgres: PostgresServer | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(4))
     workers: list[Worker] = field(default_factory=list)
     started: list[str] = field(default_factory=list)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from orchestrator.runs.publish import job_id, publish
 from orchestrator.states import TERMINAL_RUN_STATES
 from orchestrator.stores import broker, keys, valkey
 from tasks import registry
+from tests.faults.checker import read_effects
 from tests.faults.harness import QUEUES, Harness, _kill
 from tests.faults.servers import PgProxy
 from tests.support.fixtures import database_url
@@ -37,6 +39,8 @@ class Scenario:
     title: str
     run: Callable[[Harness], list[str]]
     aof: bool = False
+    # Runs on a Postgres server of its own, which it crashes (tests/faults/driver.py).
+    own_postgres: bool = False
     # Longest wait after the last fault for every run to end, before the rest counts as
     # stuck: the slowest recovery path the scenario can take (see docs/reliability.md).
     bound_s: float = 60.0
@@ -326,6 +330,125 @@ def pg_outage(h: Harness) -> list[str]:
     return []
 
 
+PG_DOWN_S = 5.0
+
+
+def pg_crash(h: Harness) -> list[str]:
+    """Postgres itself crashes in the middle of a drain (`pg_ctl stop -m immediate` on the
+    scenario's own server: no checkpoint, WAL not yet flushed is lost) and starts again 5 s
+    later. The claim's commit does not wait for its flush (`stores/sql/claim_run.sql`), so
+    the claims of the last moments before the crash can come back `pending` while Valkey says
+    their owner runs them; the INSERTs and terminal writes are synchronous. Every run must
+    still complete, each handler entered at most once per claim."""
+    postgres = h.postgres
+    assert postgres is not None, "pg-crash runs on the scenario's own Postgres"
+    h.worker(concurrency=4)
+    h.worker(concurrency=4)
+    h.loops()
+    count = h.n(320)
+    with h.load(count, h.work(5, 500)):
+        pass  # every run is recorded before the crash: none is refused by it
+    h.wait(
+        lambda: _completed(h) >= count // 4 and len(h.active_runs()) >= 4,
+        60,
+        "the drain under way with runs active",
+    )
+    h.notes["completed before the crash"] = _completed(h)
+    h.notes["active in Postgres just before the crash"] = len(h.active_runs())
+    # The promise's window: a claim committed moments ago whose WAL is not written out yet.
+    waited, unwritten = _await_unwritten_claim()
+    postgres.crash()
+    h.fault("Postgres crash (pg_ctl stop -m immediate)")
+    crashed = time.monotonic()
+    # What Valkey says is claimed while Postgres is down, read at both ends of the outage: a
+    # claim kept throughout is a run that was running at the crash (a claim tried during the
+    # outage is given back when its Postgres half fails).
+    claims = _live_claims(h.started)
+    h.pause(max(0.0, crashed + PG_DOWN_S - time.monotonic()))
+    later = _live_claims(h.started)
+    claims = {run: owner for run, owner in claims.items() if later.get(run) == owner}
+    h.notes["claimed in Valkey throughout the outage"] = len(claims)
+    postgres.start()
+    h.fault("Postgres started again")
+    h.notes["Postgres down (s)"] = round(time.monotonic() - crashed, 1)
+    h.notes["waited for a claim not yet written out (s)"] = waited
+    h.notes["claims not yet written out at the crash (seen by the poll)"] = unwritten
+    # Read at once, before anything claims them again.
+    connection.close()
+    lost = _lost_claims(claims)
+    h.notes["claims lost in the crash (pending again, Valkey says claimed)"] = len(lost)
+    h.settle(SCENARIOS["pg-crash"].bound_s)
+    h.notes["terminal writes queued in the drain"] = h.log_count(None, "queued in the drain")
+    h.notes["drained writes dropped"] = h.log_count(None, "dropped: the run is")
+    h.notes["published again by the pending check"] = h.log_count(
+        None, "its message is not in the broker"
+    )
+    attempts = dict(TaskHistory.objects.filter(id__in=h.started).values_list("id", "attempts"))
+    h.notes["runs that took more than one attempt"] = sum(1 for n in attempts.values() if n > 1)
+    h.notes["most attempts of one run"] = max(attempts.values(), default=0)
+    ended = dict(TaskHistory.objects.filter(id__in=lost).values_list("id", "state"))
+    entries = Counter(e.run for e in read_effects(h.effects_path) if e.run in lost)
+    h.notes["runs whose claim was lost: state, attempts, executions"] = {
+        run: [ended.get(run), attempts.get(run), entries[run]] for run in lost
+    }
+    problems = _expect_all_completed(h, "across the Postgres crash")
+    if len(h.started) < count:
+        problems.append(f"{count - len(h.started)} runs were not started: {dict(h.refused)}")
+    return problems
+
+
+# One poll for a claim whose commit is still in Postgres's WAL buffers. A claim whose
+# transaction began after the previous poll read the WAL write position, while that position has
+# not moved since, has its commit record past it: not written out (let alone flushed), so a
+# crash of Postgres now loses it, while the next synchronous commit, or the WAL writer within
+# wal_writer_delay, would save it. (WAL written but not yet fsynced survives a crash of
+# Postgres: the kernel still holds it.) The position is read before the clock, and these
+# reads write no WAL themselves.
+_UNWRITTEN_CLAIM = """
+SELECT pg_current_wal_lsn(), clock_timestamp(),
+       ARRAY(SELECT id FROM task_history WHERE state = 'active' AND started_at > %s)
+"""
+
+
+def _await_unwritten_claim(within_s: float = 10.0) -> tuple[float, list[str]]:
+    """Poll Postgres until it holds claims not written out yet (at most `within_s`, then the
+    crash comes anyway); returns the seconds waited and those claims' runs."""
+    began = time.monotonic()
+    written, polled = None, None
+    with connection.cursor() as cursor:
+        while time.monotonic() - began < within_s:
+            cursor.execute(_UNWRITTEN_CLAIM, [polled or "infinity"])
+            lsn, at, fresh = cursor.fetchone()
+            if fresh and lsn == written:
+                return round(time.monotonic() - began, 3), list(fresh)
+            written, polled = lsn, at
+    return round(time.monotonic() - began, 3), []
+
+
+def _completed(h: Harness) -> int:
+    return TaskHistory.objects.filter(id__in=h.started, state="completed").count()
+
+
+def _live_claims(run_ids: list[str]) -> dict[str, str]:
+    """run id → owner, for the runs whose live hash says active."""
+    pipe = valkey.client().pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.hmget(keys.run_active(run_id), "state", "owner")
+    found = valkey.execute(pipe)
+    return {
+        run_id: str(owner)
+        for run_id, (state, owner) in zip(run_ids, found, strict=True)
+        if state == "active" and owner
+    }
+
+
+def _lost_claims(claims: dict[str, str]) -> list[str]:
+    """The runs Valkey says were claimed and Postgres, after its crash recovery, says are
+    pending: their claim's commit was lost with the WAL that was not flushed."""
+    rows = TaskHistory.objects.filter(id__in=list(claims), state="pending")
+    return sorted(rows.values_list("id", flat=True))
+
+
 # --- messages -----------------------------------------------------------------------------
 
 
@@ -552,6 +675,12 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario("pg-terminate", "pg_terminate_backend of the workers' connections", pg_terminate),
         Scenario("pg-outage", "Postgres unreachable for a few seconds", pg_outage),
+        Scenario(
+            "pg-crash",
+            "Postgres itself crashed (pg_ctl stop -m immediate) mid-drain, started 5 s later",
+            pg_crash,
+            own_postgres=True,
+        ),
         Scenario("duplicates", "the same message delivered many times", duplicates),
         Scenario("poison", "poison payloads and the circuit breaker", poison),
         Scenario("cancels", "cancels at random moments", cancels),

@@ -1,15 +1,18 @@
-"""What the fault battery owns and breaks: its own Valkey/Redis server, and a TCP proxy in front
-of Postgres that it can make unreachable.
+"""What the fault battery owns and breaks: its own Valkey/Redis server, its own PostgreSQL
+server, and a TCP proxy in front of Postgres that it can make unreachable.
 
 The shared Redis on 6379 and the shared Postgres are never stopped: the battery starts a
 `redis-server` of its own on a free port (crashed with SIGKILL and started again on the same
-port and directory, with or without an append-only file), and points workers at the proxy
-when Postgres has to go away.
+port and directory, with or without an append-only file), points workers at the proxy
+when Postgres has to go away, and starts a Postgres cluster of its own (`initdb`, `pg_ctl`)
+when Postgres itself has to crash.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 import shutil
 import signal
 import socket
@@ -17,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import redis
@@ -110,6 +114,122 @@ class ValkeyServer:
     def stop(self) -> None:
         self.crash()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresServer:
+    """A PostgreSQL cluster of the battery's own: `initdb` into a temporary directory, served
+    by `pg_ctl start` on a free port of 127.0.0.1 (trust authentication, user `postgres`), with
+    the server's default durability (`fsync`, `synchronous_commit` and `wal_writer_delay` as
+    shipped; only `shared_buffers` is small). `crash()` is `pg_ctl stop -m immediate`: every
+    process ends at once, without a checkpoint, and WAL still in Postgres's buffers is lost
+    (WAL written out but not yet fsynced survives: the kernel holds it); `start()` starts it
+    again on the same port and directory, and crash recovery replays the WAL that was written.
+    `stop()` ends it and removes the directory.
+
+    Postgres refuses to run as root: as root (CI and this machine), the binaries run as the
+    `postgres` OS user (`runuser`), which owns the directory; otherwise as the current user.
+    The binaries are found in /usr/lib/postgresql/<newest version>/bin, or on PATH."""
+
+    def __init__(self, *, log_path: Path) -> None:
+        self.bin = postgres_bin()
+        self._as: list[str] = []
+        owner = None
+        if os.geteuid() == 0:
+            try:
+                owner = pwd.getpwnam("postgres")
+            except KeyError:
+                raise RuntimeError(
+                    "running as root, the battery's own Postgres needs a `postgres` OS user"
+                ) from None
+            self._as = ["runuser", "-u", "postgres", "--"]
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="lumastra-faults-pg-"))
+        if owner is not None:
+            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
+        self.data = self.dir / "data"
+        self.server_log = self.dir / "server.log"
+        self.log_path = log_path
+        self.running = False
+
+    def url(self, database: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def init(self) -> None:
+        """`initdb`: a new cluster, UTF-8, trust authentication for local connections."""
+        self._run(
+            "initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
+            "--locale=C.UTF-8", "--no-instructions",
+        )  # fmt: skip
+
+    def start(self) -> None:
+        """`pg_ctl start`, waiting until it accepts connections (after crash recovery)."""
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=on "
+            "-c shared_buffers=32MB -c max_connections=100"
+        )
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.server_log), "-w", "-t", "60",
+            "-o", options, "start",
+        )  # fmt: skip
+        self.running = True
+
+    def crash(self) -> None:
+        """`pg_ctl stop -m immediate`: no checkpoint, no flush, every connection cut. Done as
+        pg_ctl does it (SIGQUIT to the postmaster named in postmaster.pid, then wait until the
+        file is gone), but without starting a process first, so the crash lands at the moment
+        the caller chose, not some milliseconds later."""
+        pid_file = self.data / "postmaster.pid"
+        os.kill(int(pid_file.read_text().split()[0]), signal.SIGQUIT)
+        deadline = time.monotonic() + 30
+        while pid_file.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Postgres did not stop; see {self.server_log}")
+            time.sleep(0.01)
+        self.running = False
+
+    def create_database(self, name: str) -> None:
+        self._run(
+            "psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", "postgres",
+            "-v", "ON_ERROR_STOP=1", "-q", "-c", f'CREATE DATABASE "{name}"',
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        """End it if it runs (`-m immediate`: nothing to keep), keep its log beside the
+        battery's others, remove its directory."""
+        try:
+            if (self.data / "postmaster.pid").exists():
+                self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            print(f"the battery's own Postgres did not stop: {exc}", flush=True)
+        finally:
+            self.running = False
+            with suppress(OSError):
+                shutil.copyfile(self.server_log, self.log_path)
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _run(self, program: str, *args: str) -> None:
+        binary = self.bin / program
+        argv = [*self._as, str(binary if binary.exists() else program), *args]
+        done = subprocess.run(argv, cwd=self.dir, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{program} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
+                f"; server log {self.server_log}"
+            )
+
+
+def postgres_bin() -> Path:
+    """The newest /usr/lib/postgresql/<version>/bin, or the directory of `pg_ctl` on PATH."""
+    versions = []
+    for found in Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"):
+        with suppress(ValueError):
+            versions.append((int(found.parent.parent.name), found.parent))
+    if versions:
+        return max(versions)[1]
+    pg_ctl = shutil.which("pg_ctl")
+    if pg_ctl is None:
+        raise RuntimeError("the fault battery's own Postgres needs initdb and pg_ctl")
+    return Path(pg_ctl).parent
 
 
 class PgProxy:

@@ -2,8 +2,9 @@
 its own Valkey and the reconciler, checked by `tests/faults/checker.py`.
 
 Each scenario runs in a driver subprocess (`python -m tests.faults.driver`), which starts its
-own `redis-server` before Django loads its settings (see the driver's docstring); this test
-only gives it the test database and reads its figures. FAULTS_SCALE multiplies the loads for a
+own `redis-server` before Django loads its settings (see the driver's docstring), and for a
+scenario that crashes Postgres itself its own Postgres server too; this test only gives it the
+test database and reads its figures. FAULTS_SCALE multiplies the loads for a
 soak (docs/reliability.md).
 """
 
