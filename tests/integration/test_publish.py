@@ -27,7 +27,7 @@ from django.db import transaction
 
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
-from orchestrator.runs.publish import job_id, publish
+from orchestrator.runs.publish import HOOK_HEADER, job_id, publish
 from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys
@@ -115,6 +115,32 @@ def test_the_message_is_the_one_send_task_sends(
         ours_eta = datetime.fromisoformat(ours["headers"]["eta"])
         celerys_eta = datetime.fromisoformat(celerys["headers"]["eta"])
         assert abs(ours_eta - celerys_eta) < timedelta(seconds=5)
+
+
+def test_admission_notes_go_as_the_custom_header_celery_hands_the_task(
+    definition: TaskDefinition,
+) -> None:
+    """`send_task(headers=...)` is how Celery users give a task `request.<header>`; the
+    runner reads an admission's notes from there (`celery_tasks.register_all`)."""
+    run_id = new_run_id()
+    job = job_id(TASK_ID, "ident", run_id)
+    notes = {"circuit_probe": True}
+
+    publish(definition, run_id, job, 3, notes=notes)
+    [(_, ours)] = _waiting(definition)
+    _empty(definition)
+    current_app.send_task(
+        TASK_ID,
+        args=[run_id, definition.processing_version],
+        task_id=job,
+        queue=_queue(definition),
+        priority=3,
+        headers={HOOK_HEADER: notes},
+    )
+    [(_, celerys)] = _waiting(definition)
+
+    assert ours["headers"][HOOK_HEADER] == notes
+    assert _comparable(ours) == _comparable(celerys)
 
 
 def test_publish_signals_are_sent_and_a_header_added_before_is_sent(
