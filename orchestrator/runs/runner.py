@@ -2,8 +2,8 @@
 
 On pickup: processing_version guard → pre-claim hooks (concurrency, rate) and the claim in
 Valkey (owner, pending → active), one pipeline → Postgres pending → active, one guarded UPDATE
-that also returns the run's input → execute with a watch thread beside it (heartbeats, cancel listener,
-watchdogs) → terminal write through `orchestrator.runs.terminal`, Postgres first.
+that also returns the run's input → execute with a watch thread beside it (heartbeats, cancel
+listener, watchdogs) → terminal write through `orchestrator.runs.terminal`, Postgres first.
 
 A first delivery reads nothing before its claim. The row is read first only for a redelivered
 message (counted, and judged by its heartbeat when its run is live), a message of an older
