@@ -85,15 +85,20 @@ def _comparable(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-@pytest.mark.parametrize("delay", [None, timedelta(seconds=30)])
+# An admission's notes go as the custom header `send_task(headers=...)` sends, which Celery
+# hands the task as `request.<header>`: the runner reads them there (`celery_tasks`).
+@pytest.mark.parametrize(
+    ("delay", "notes"),
+    [(None, None), (timedelta(seconds=30), None), (None, {"circuit_probe": True})],
+)
 def test_the_message_is_the_one_send_task_sends(
-    definition: TaskDefinition, delay: timedelta | None
+    definition: TaskDefinition, delay: timedelta | None, notes: dict[str, bool] | None
 ) -> None:
     run_id = new_run_id()
     job = job_id(TASK_ID, "ident", run_id)
     queue = _queue(definition)
 
-    publish(definition, run_id, job, 3, delay=delay)
+    publish(definition, run_id, job, 3, delay=delay, notes=notes)
     [(ours_list, ours)] = _waiting(definition)
     _empty(definition)
     current_app.send_task(
@@ -103,6 +108,7 @@ def test_the_message_is_the_one_send_task_sends(
         queue=queue,
         priority=3,
         countdown=delay.total_seconds() if delay else None,
+        headers={HOOK_HEADER: notes} if notes else None,
     )
     [(celerys_list, celerys)] = _waiting(definition)
 
@@ -111,36 +117,11 @@ def test_the_message_is_the_one_send_task_sends(
     assert ours["headers"]["task"] == TASK_ID
     assert ours["headers"]["id"] == job
     assert ours["body"] != ""
+    assert ours["headers"].get(HOOK_HEADER) == notes
     if delay is not None:
         ours_eta = datetime.fromisoformat(ours["headers"]["eta"])
         celerys_eta = datetime.fromisoformat(celerys["headers"]["eta"])
         assert abs(ours_eta - celerys_eta) < timedelta(seconds=5)
-
-
-def test_admission_notes_go_as_the_custom_header_celery_hands_the_task(
-    definition: TaskDefinition,
-) -> None:
-    """`send_task(headers=...)` is how Celery users give a task `request.<header>`; the
-    runner reads an admission's notes from there (`celery_tasks.register_all`)."""
-    run_id = new_run_id()
-    job = job_id(TASK_ID, "ident", run_id)
-    notes = {"circuit_probe": True}
-
-    publish(definition, run_id, job, 3, notes=notes)
-    [(_, ours)] = _waiting(definition)
-    _empty(definition)
-    current_app.send_task(
-        TASK_ID,
-        args=[run_id, definition.processing_version],
-        task_id=job,
-        queue=_queue(definition),
-        priority=3,
-        headers={HOOK_HEADER: notes},
-    )
-    [(_, celerys)] = _waiting(definition)
-
-    assert ours["headers"][HOOK_HEADER] == notes
-    assert _comparable(ours) == _comparable(celerys)
 
 
 def test_publish_signals_are_sent_and_a_header_added_before_is_sent(
