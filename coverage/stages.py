@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from coverage.models import CoverageStage
 from coverage.queries import render
@@ -73,11 +73,14 @@ def sync(stages: list[Covered]) -> dict[str, CoverageStage]:
 
 def check_eligibility(stages: list[Covered]) -> None:
     """Plan each stage's condition as the sweep sends it (with parameters, so a lone `%` in
-    it, which must be written `%%`, is caught here too)."""
+    it, which must be written `%%`, is caught here too). Postgres unreachable is no verdict
+    on a condition: OperationalError and InterfaceError go to the caller as they are."""
     for c in stages:
         try:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(f"EXPLAIN {render('eligible', c.stage)}", {"item": 0})
+        except (OperationalError, InterfaceError):
+            raise
         except (DatabaseError, ValueError, TypeError, IndexError) as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise EligibilityError(

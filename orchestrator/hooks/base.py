@@ -32,7 +32,7 @@ paths, call Valkey directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -63,6 +63,10 @@ class Admission:
     # Filled by hooks that displace other runs: a hook decides, `start_run` acts (cancels
     # them once its transaction commits), so no hook reaches into the run path.
     shed: list[Shed] = field(default_factory=list)
+    # What a hook needs to hear again at pickup (e.g. "this run is the circuit's probe"): the
+    # run's first message carries it (`runs.publish.HOOK_HEADER`) and the pickup hands it back
+    # (`Pickup.notes`), so a hook asks Valkey at pickup only for the runs it marked.
+    notes: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,9 @@ class Pickup:
     definition: TaskDefinition
     run_id: str
     owner: str
+    # The admission's `notes`, as the message carried them; empty for a message published
+    # again (a retry, a put back, the reconciler's), which carries none.
+    notes: Mapping[str, bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

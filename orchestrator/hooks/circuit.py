@@ -31,9 +31,11 @@ retried; such attempts are ignored, so retries of one run count once):
 
 Probe slot: taken at admission for PROBE_PROVISIONAL_TTL (30 s), long enough for start_run's
 transaction to commit; on commit, and again when a worker claims the probe, it is extended to
-the task's hard timeout. A start refused by a later hook gives the slot back (`abandoned`); a
-probe that never reports (its worker died, its caller's transaction rolled back) holds it
-until it expires, and then another start becomes the probe.
+the task's hard timeout. The probe's message says it is the probe (`Admission.notes`), so a
+pickup asks Valkey about the slot only for that run, never for the runs of a closed circuit.
+A start refused by a later hook gives the slot back (`abandoned`); a probe that never
+reports (its worker died, its caller's transaction rolled back) holds it until it expires,
+and then another start becomes the probe.
 
 Operators: `force_enable(task_id, actor=...)` closes the circuit, resets counts and backoff,
 and keeps it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS (default 24 h). Failures in
@@ -53,7 +55,9 @@ Not guaranteed:
 - The probe slot is not copied to Postgres: after Valkey lost the hash, a probe in flight may
   be joined by a second one, and its outcome then counts like any other run's. So does the
   outcome of a probe whose slot expired before it reported (a start stuck in a caller's
-  transaction for more than 30 s, or a queue wait longer than the hard timeout).
+  transaction for more than 30 s, or a queue wait longer than the hard timeout). A probe
+  published again (its retry, or its worker lost) no longer says it is the probe: its slot is
+  not extended at that pickup.
 - Runs admitted before the circuit opened still run; their outcomes update the counts, but
   only the probe closes or reopens the circuit.
 - A change whose Postgres upsert failed (Postgres unreachable), or whose start rolled back, is
@@ -101,6 +105,8 @@ BACKOFF = (
     timedelta(hours=2),
 )
 PROBE_PROVISIONAL_TTL = timedelta(seconds=30)
+# The note on a probe's message (`Admission.notes`) that has its pickup extend the slot.
+PROBE_NOTE = "circuit_probe"
 # A probe usually ends long before its slot expires; callers refused meanwhile come back sooner.
 BUSY_RETRY_AFTER = timedelta(minutes=1)
 
@@ -182,6 +188,7 @@ class CircuitBreaker(RunHook):
                 return
             circuit = _hash(reply[1:])
             if answer == "probe":
+                admission.notes[PROBE_NOTE] = True
                 log.info(
                     "run %s: admitted as the probe of task %s's circuit", admission.run_id, task_id
                 )
@@ -204,10 +211,11 @@ class CircuitBreaker(RunHook):
     def abandoned(self, admission: Admission) -> None:
         _set_probe_expiry(admission.definition.id, admission.run_id, 0)
 
-    def plan_before_claim(self, pickup: Pickup) -> Step:
-        # A probe that waited in its queue still gets its whole hard timeout to run. Sent in
-        # the pickup's one pipeline: for a run that is not the probe (every run while the
-        # circuit is closed) the script reads one field and writes nothing.
+    def plan_before_claim(self, pickup: Pickup) -> Step | None:
+        # A probe that waited in its queue still gets its whole hard timeout to run; any
+        # other run (every run while the circuit is closed) sends nothing at pickup.
+        if not pickup.notes.get(PROBE_NOTE):
+            return None
         expiry = self.clock.now() + pickup.definition.timeout.hard
         args: list[object] = [pickup.run_id, to_ms(expiry)]
         key = [keys.circuit(pickup.definition.id)]

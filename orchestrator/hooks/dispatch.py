@@ -59,24 +59,37 @@ class _Round:
         self._pipe: Pipeline | None = None
         # hook, its step, where its replies start in the pipeline, how many
         self._queued: list[tuple[RunHook, Step, int, int]] = []
+        # the caller's own step and where its replies start, received before the hooks'
+        self._last: tuple[Step, int] | None = None
 
-    def run(self, planned: Iterable[tuple[RunHook, Step | None]]) -> None:
+    def run(self, planned: Iterable[tuple[RunHook, Step | None]], last: Step | None = None) -> None:
         for hook, step in planned:
             if step is None:
                 self.passed.append(hook)
                 continue
             if step.after_replies:
                 self.flush()
-            pipe = self._pipe = self._pipe or valkey.client().pipeline(transaction=False)
-            first = len(pipe)
-            step.send(pipe)
-            self._queued.append((hook, step, first, len(pipe) - first))
+            first = len(self._pipeline())
+            step.send(self._pipeline())
+            self._queued.append((hook, step, first, len(self._pipeline()) - first))
+        if last is not None:
+            self._last = (last, len(self._pipeline()))
+            last.send(self._pipeline())
         self.flush()
+
+    def _pipeline(self) -> Pipeline:
+        if self._pipe is None:
+            self._pipe = valkey.client().pipeline(transaction=False)
+        return self._pipe
 
     def flush(self) -> None:
         queued, self._queued = self._queued, []
         pipe, self._pipe = self._pipe, None
         replies: list[Any] = valkey.execute(pipe, raise_on_error=False) if pipe else []
+        if self._last is not None:
+            last, first = self._last
+            self._last = None
+            last.receive(replies[first:])
         # Sent: their effects happened, so they are given back if a later verdict refuses.
         self.passed.extend(hook for hook, *_ in queued)
         for hook, step, first, count in queued:
@@ -123,11 +136,14 @@ def _abandon(hooks: Sequence[RunHook], admission: Admission) -> None:
         hook.abandoned(admission)
 
 
-def before_claim(pickup: Pickup) -> None:
-    """Every hook's pre-claim check; if one postpones (or fails), those that passed are released."""
+def before_claim(pickup: Pickup, *, last: Step | None = None) -> None:
+    """Every hook's pre-claim check; if one postpones (or fails), those that passed are released.
+    `last` (the caller's own command: the claim) goes after the hooks' in the same pipeline
+    and runs whatever they decide: its `receive`, called first, must not raise, and the
+    caller undoes it when a hook postpones."""
     passed: list[RunHook] = []
     try:
-        _Round(passed).run(_planned(lambda hook: hook.plan_before_claim(pickup)))
+        _Round(passed).run(_planned(lambda hook: hook.plan_before_claim(pickup)), last)
     except BaseException:
         # Not only on Postpone: a hook that failed (Valkey unreachable, the soft time limit)
         # must not leave an earlier hook's concurrency slot taken until its lease runs out.

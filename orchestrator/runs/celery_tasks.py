@@ -8,7 +8,7 @@ from typing import Any
 from celery import Task, shared_task
 
 from orchestrator.runs import pipeline, runner
-from orchestrator.runs.publish import stage_task_name
+from orchestrator.runs.publish import HOOK_HEADER, stage_task_name
 from tasks.definition import TaskDefinition
 from tasks.pipeline import Stage
 from tasks.registry import Registry
@@ -29,7 +29,8 @@ def register_all(registry: Registry) -> None:
             # kombu marks a message it restored after a lost worker or an expired
             # visibility timeout; new messages (retries, postponements) are not counted.
             redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
-            runner.run_message(task.name, run_id, processing_version, redelivered)
+            notes = task.request.get(HOOK_HEADER) or {}
+            runner.run_message(task.name, run_id, processing_version, redelivered, notes)
 
         shared_task(
             name=definition.id,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from celery.signals import after_task_publish, before_task_publish
@@ -26,6 +27,9 @@ from tasks.pipeline import Stage
 # The longest a message waits in the broker for a retry; a longer backoff takes several hops,
 # so a worker that dies holding a delayed message strands it for seconds, not an hour.
 MAX_BROKER_DELAY = timedelta(seconds=10)
+# The header that carries a run's admission notes to its pickup (`hooks.base.Admission.notes`);
+# Celery hands unknown headers to the task as `request.<name>`, and older workers ignore it.
+HOOK_HEADER = "lumastra_notes"
 # The message body's third part: no callbacks, errbacks, chain or chord (Celery's "embed").
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
@@ -52,11 +56,13 @@ def publish(
     priority: int,
     *,
     delay: timedelta | None = None,
+    notes: Mapping[str, bool] | None = None,
 ) -> None:
-    """Enqueue the run; with `delay`, a worker holds the message until then (Celery's eta)."""
+    """Enqueue the run; with `delay`, a worker holds the message until then (Celery's eta);
+    `notes`: what the admission's hooks asked its pickup to be told."""
     queue = queue_name(definition, settings.CONFIG.per_task_queues)
     args = [run_id, definition.processing_version]
-    _send(definition.id, args, queue, job_id, priority, delay)
+    _send(definition.id, args, queue, job_id, priority, delay, notes)
 
 
 def publish_stage(
@@ -88,6 +94,7 @@ def _send(
     job_id: str,
     priority: int,
     delay: timedelta | None,
+    notes: Mapping[str, bool] | None = None,
 ) -> None:
     eta = (datetime.now(UTC) + delay).isoformat() if delay and delay > timedelta(0) else None
     headers: dict[str, object] = {
@@ -113,6 +120,8 @@ def _send(
         "stamped_headers": None,
         "stamps": {},
     }
+    if notes:
+        headers[HOOK_HEADER] = dict(notes)
     properties: dict[str, object] = {"correlation_id": job_id, "reply_to": ""}
     message: tuple[list[object], dict[str, object], dict[str, None]] = (args, {}, _EMBED)
     # Celery's publish signals, as its producer sends them, for whoever listens (monitoring,

@@ -1,9 +1,9 @@
 """The runner: the body of every Celery task.
 
-On pickup: processing_version guard → pre-claim hooks (concurrency, rate) → claim in Valkey
-(owner, pending → active) → Postgres pending → active, one guarded UPDATE that also returns
-the run's input → execute with a watch thread beside it (heartbeats, cancel listener,
-watchdogs) → terminal write through `orchestrator.runs.terminal`, Postgres first.
+On pickup: processing_version guard → pre-claim hooks (concurrency, rate) and the claim in
+Valkey (owner, pending → active), one pipeline → Postgres pending → active, one guarded UPDATE
+that also returns the run's input → execute with a watch thread beside it (heartbeats, cancel
+listener, watchdogs) → terminal write through `orchestrator.runs.terminal`, Postgres first.
 
 A first delivery reads nothing before its claim. The row is read first only for a redelivered
 message (counted, and judged by its heartbeat when its run is live), a message of an older
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from enum import Enum
 from typing import Any, cast
@@ -35,11 +36,12 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
+from redis.client import Pipeline
 
 from orchestrator.backoff import jittered_backoff
 from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Pickup, Postpone
+from orchestrator.hooks.base import Pickup, Postpone, Step
 from orchestrator.models import TaskHistory
 from orchestrator.runs import pipeline, resume, steps, terminal
 from orchestrator.runs.context import RunContext
@@ -61,17 +63,27 @@ REQUEUE_PAUSE_S = 1.0
 
 
 def run_message(
-    task_id: str, run_id: str, processing_version: int, redelivered: bool = False
+    task_id: str,
+    run_id: str,
+    processing_version: int,
+    redelivered: bool = False,
+    notes: Mapping[str, bool] | None = None,
 ) -> None:
+    """Run one delivered message; `notes`: what the run's admission told its pickup hooks
+    (`hooks.base.Admission.notes`), carried by the message."""
     durable.check_connections()
     try:
-        _run(registry.get()[task_id], run_id, processing_version, redelivered)
+        _run(registry.get()[task_id], run_id, processing_version, redelivered, notes or {})
     finally:
         close_old_connections()
 
 
 def _run(
-    definition: TaskDefinition, run_id: str, processing_version: int, redelivered: bool
+    definition: TaskDefinition,
+    run_id: str,
+    processing_version: int,
+    redelivered: bool,
+    notes: Mapping[str, bool],
 ) -> None:
     if processing_version > definition.processing_version:
         time.sleep(REQUEUE_PAUSE_S)
@@ -81,31 +93,42 @@ def _run(
             requeue=True,
         )
     if redelivered or processing_version < definition.processing_version:
-        _run_from_row(definition, run_id, processing_version, redelivered)
+        _run_from_row(definition, run_id, processing_version, redelivered, notes)
         return
     # A first delivery of a current message: claim without reading the row; the claim's
     # UPDATE returns what the run needs. Only a refusal reads the row, to learn why.
-    pickup = Pickup(definition, run_id, instance_id())
+    pickup = Pickup(definition, run_id, instance_id(), notes)
+    # The Valkey claim goes last in the pickup hooks' pipeline: one round trip for both, and
+    # a postponed pickup gives it back (one more).
+    claim = _LiveClaim(run_id, pickup.owner)
     try:
-        hooks.before_claim(pickup)
+        hooks.before_claim(pickup, last=claim.step())
     except Postpone as wait:
-        _postponed_unread(definition, run_id, wait)
+        claim.give_back()
+        _postponed_unread(definition, pickup, wait)
         return
+    except BaseException:
+        claim.give_back()
+        raise
     claimed: ClaimedRun | _Refusal = _Refusal.HANDLED
     try:
-        claimed = _claim_unread(definition, run_id, pickup.owner)
+        claimed = _claim_unread(definition, claim)
     finally:
         # A refused or failed claim gives back what the pre-claim hooks took.
         if not isinstance(claimed, ClaimedRun):
             hooks.release(pickup)
     if claimed is _Refusal.READ_ROW:
-        _run_from_row(definition, run_id, processing_version, redelivered)
+        _run_from_row(definition, run_id, processing_version, redelivered, notes)
     elif isinstance(claimed, ClaimedRun):
         _execute_claimed(definition, claimed, pickup)
 
 
 def _run_from_row(
-    definition: TaskDefinition, run_id: str, processing_version: int, redelivered: bool
+    definition: TaskDefinition,
+    run_id: str,
+    processing_version: int,
+    redelivered: bool,
+    notes: Mapping[str, bool],
 ) -> None:
     """The paths that read the row first: a redelivery, a stale version, and every first
     delivery whose claim was refused."""
@@ -132,15 +155,16 @@ def _run_from_row(
         )
         return
     if row.not_before is not None and row.not_before > timezone.now():
-        _republish(definition, row.id, row.identity, row.priority, row.not_before - timezone.now())
+        delay = row.not_before - timezone.now()
+        _republish(definition, row.id, row.identity, row.priority, delay, notes)
         return
 
-    pickup = Pickup(definition, row.id, instance_id())
+    pickup = Pickup(definition, row.id, instance_id(), notes)
     try:
         hooks.before_claim(pickup)
     except Postpone as wait:
         log.info("run %s: postponed %ss (%s)", row.id, wait.delay.total_seconds(), wait.reason)
-        _republish(definition, row.id, row.identity, row.priority, wait.delay)
+        _republish(definition, row.id, row.identity, row.priority, wait.delay, notes)
         return
     claimed = None
     try:
@@ -153,9 +177,10 @@ def _run_from_row(
         _execute_claimed(definition, claimed, pickup)
 
 
-def _postponed_unread(definition: TaskDefinition, run_id: str, wait: Postpone) -> None:
+def _postponed_unread(definition: TaskDefinition, pickup: Pickup, wait: Postpone) -> None:
     """A pre-claim hook postponed a first delivery: the row, read now, says whether the run
     still waits (and for what), which the paths that read first know before the hooks."""
+    run_id = pickup.run_id
     row = TaskHistory.objects.filter(id=run_id).first()
     if row is None:
         log.error("run %s: message for a run Postgres does not have; dropped", run_id)
@@ -167,7 +192,7 @@ def _postponed_unread(definition: TaskDefinition, run_id: str, wait: Postpone) -
     if row.not_before is not None:
         delay = max(delay, row.not_before - timezone.now())
     log.info("run %s: postponed %ss (%s)", run_id, delay.total_seconds(), wait.reason)
-    _republish(definition, row.id, row.identity, row.priority, delay)
+    _republish(definition, row.id, row.identity, row.priority, delay, pickup.notes)
 
 
 def _execute_claimed(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> None:
@@ -184,14 +209,22 @@ def _execute_claimed(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup
 
 
 def _republish(
-    definition: TaskDefinition, run_id: str, identity: str, priority: int, delay: timedelta
+    definition: TaskDefinition,
+    run_id: str,
+    identity: str,
+    priority: int,
+    delay: timedelta,
+    notes: Mapping[str, bool] | None = None,
 ) -> None:
+    """The run's message again, later; a postponed first delivery keeps its admission's notes,
+    a retry carries none (`hooks.base.Pickup.notes`)."""
     publish(
         definition,
         run_id,
         job_id(definition.id, identity, run_id),
         priority,
         delay=min(delay, MAX_BROKER_DELAY),
+        notes=notes,
     )
 
 
@@ -311,20 +344,55 @@ class _Refusal(Enum):
     READ_ROW = "read_row"  # the row says why: take the paths that read it first
 
 
-def _claim_unread(definition: TaskDefinition, run_id: str, owner: str) -> ClaimedRun | _Refusal:
-    """A first delivery's claim, before anything was read: Valkey, then Postgres.
+class _LiveClaim:
+    """A first delivery's Valkey claim (`claim_run.lua`), sent as the last command of the
+    pickup hooks' pipeline; its reply is kept for the runner to judge once the hooks have."""
+
+    def __init__(self, run_id: str, owner: str) -> None:
+        self.run_id, self.owner = run_id, owner
+        self.taken = False
+        self.refused: IllegalTransition | None = None  # the run was not pending in Valkey
+        self.failed: Exception | None = None  # anything else the script answered
+        self._read: Callable[[Any], None] | None = None
+
+    def step(self) -> Step:
+        return Step(self._receive, self._send)
+
+    def _send(self, pipe: Pipeline) -> None:
+        self._read = live.queue_claim(pipe, self.run_id, self.owner)
+
+    def _receive(self, replies: list[Any]) -> None:
+        assert self._read is not None
+        try:
+            self._read(replies[0])
+            self.taken = True
+        except IllegalTransition as exc:
+            self.refused = exc
+        except Exception as exc:
+            self.failed = exc
+
+    def give_back(self) -> None:
+        if self.taken:
+            _give_back_claim(self.run_id, self.owner)
+
+
+def _claim_unread(definition: TaskDefinition, claim: _LiveClaim) -> ClaimedRun | _Refusal:
+    """A first delivery's claim, before anything was read: Valkey (sent with the pickup
+    hooks), then Postgres.
 
     Any refusal leaves both stores as they were (a Valkey claim Postgres refused goes back to
     pending) and sends the message to the paths that read the row: they re-seed a lost hash,
     take over an abandoned claim, republish a retry that came early, drop a duplicate."""
-    try:
-        live.claim(run_id, owner)
-    except IllegalTransition as exc:
-        log.debug("run %s: live claim refused (%s); reading the row", run_id, exc.current)
+    if claim.failed is not None:
+        raise claim.failed
+    if claim.refused is not None:
+        log.debug(
+            "run %s: live claim refused (%s); reading the row", claim.run_id, claim.refused.current
+        )
         return _Refusal.READ_ROW
-    claimed = _claim_durable(definition, run_id, owner)
+    claimed = _claim_durable(definition, claim.run_id, claim.owner)
     if claimed is _Refusal.READ_ROW:
-        _give_back_claim(run_id, owner)
+        _give_back_claim(claim.run_id, claim.owner)
     return claimed
 
 

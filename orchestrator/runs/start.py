@@ -255,7 +255,7 @@ def start_run(
             answer = _joined(task_id, duplicate)
             transaction.set_rollback(True)  # give back what admission took
             return answer
-        transaction.on_commit(lambda: _publish(definition, handle))
+        transaction.on_commit(lambda: _publish(definition, handle, admission.notes))
     return handle
 
 
@@ -340,10 +340,10 @@ def _live_run_with_key(task_id: str, key: str | None) -> _LiveRun | None:
     return None if row is None else _LiveRun(*row)
 
 
-def _publish(definition: TaskDefinition, handle: RunHandle) -> None:
+def _publish(definition: TaskDefinition, handle: RunHandle, notes: Mapping[str, bool]) -> None:
     try:
         live.seed(handle.run_id, definition.id, handle.priority, definition.stage_order)
-        publish(definition, handle.run_id, handle.job_id, handle.priority)
+        publish(definition, handle.run_id, handle.job_id, handle.priority, notes=notes)
     except Exception:
         # The run is committed and pending; the reconciler re-publishes runs whose message
         # is missing. The caller still gets its run id.

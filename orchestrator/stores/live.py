@@ -67,14 +67,35 @@ def seed(
 
 
 def claim(run_id: str, owner: str, clock: Clock = SYSTEM) -> None:
+    script_keys, args = _claim_call(run_id, owner, clock)
     try:
-        scripts.call(
-            "claim_run",
-            [keys.run_active(run_id), keys.run_terminal(run_id)],
-            [owner, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s],
-        )
+        scripts.call("claim_run", script_keys, args)
     except ResponseError as exc:
         raise _translate(exc, run_id, RunState.ACTIVE) from None
+
+
+def queue_claim(
+    pipe: Pipeline, run_id: str, owner: str, clock: Clock = SYSTEM
+) -> Callable[[Any], None]:
+    """`claim`, queued in `pipe` to go with other commands (the pickup hooks'); returns what
+    reads its reply (raising as `claim` would)."""
+    script_keys, args = _claim_call(run_id, owner, clock)
+    scripts.queue(pipe, "claim_run", script_keys, args)
+
+    def read(reply: Any) -> None:
+        try:
+            scripts.replied("claim_run", script_keys, args, reply)
+        except ResponseError as exc:
+            raise _translate(exc, run_id, RunState.ACTIVE) from None
+
+    return read
+
+
+def _claim_call(run_id: str, owner: str, clock: Clock) -> tuple[list[str], list[Any]]:
+    return (
+        [keys.run_active(run_id), keys.run_terminal(run_id)],
+        [owner, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s],
+    )
 
 
 def _transition_call(

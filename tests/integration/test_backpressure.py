@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -10,17 +11,25 @@ from django.conf import LazySettings
 from django.test import Client
 
 from orchestrator.api import tokens
-from orchestrator.hooks.backpressure import QueueFull
+from orchestrator.clock import FrozenClock
+from orchestrator.hooks.backpressure import DEPTH_FRESH, QueueCap, QueueFull
+from orchestrator.hooks.base import Admission
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.runs.start import start_run
+from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
+from tasks import registry
+from tests.support.round_trips import recording
 from tests.support.users import operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(autouse=True)
+def _queues_emptied() -> None:
+    _empty_queues()
+
+
 def _empty_queues() -> None:
     for task in ("test-bp-drop", "test-bp-fail", "test-bp-shed"):
         broker.client().delete(
@@ -149,3 +158,34 @@ def test_a_dropped_start_gives_its_quota_unit_back(settings: LazySettings) -> No
     assert all(handle.dropped for handle in dropped)
     usage = TaskQuotaUsage.objects.get(task_id="test-quota-drop")
     assert usage.started == 0
+
+
+def _depth_reads(cap: QueueCap, task: str, starts: int) -> int:
+    """Broker round trips `starts` admissions of `task` cost this hook."""
+    definition = registry.get()[task]
+    with recording() as caught:
+        for _ in range(starts):
+            admission = Admission(definition, new_run_id(), "i", 5, {})
+            cap.plan_admit(admission).receive([])
+    return caught.counts().broker
+
+
+def test_far_below_the_cap_a_fresh_depth_reading_stands_in_for_the_next_starts(
+    settings: LazySettings,
+) -> None:
+    _cap(settings, "discovery", 10)
+    clock = FrozenClock(datetime(2026, 12, 1, tzinfo=UTC))
+    cap = QueueCap(clock=clock)
+
+    # One reading, then starts counted on it while they keep it at most half the cap (5).
+    assert _depth_reads(cap, "test-bp-drop", 5) == 1
+    # Past half the cap every start reads the depth afresh.
+    for _ in range(6):
+        start_run("test-bp-drop", {}, trigger=TriggerKind.MANUAL)
+    assert _depth_reads(cap, "test-bp-drop", 2) == 2
+    assert cap._readings["discovery"].depth == 6
+    # A reading older than DEPTH_FRESH is read again, however far below the cap.
+    _empty_queues()
+    assert _depth_reads(cap, "test-bp-drop", 1) == 1
+    clock.advance(DEPTH_FRESH)
+    assert _depth_reads(cap, "test-bp-drop", 2) == 1

@@ -289,13 +289,23 @@ def test_claiming_the_probe_gives_it_a_whole_hard_timeout(
     _half_open(breaker, clock)
     admission = _admission()
     breaker.admit(admission)
+    # Its message carries the note (`runs.publish.HOOK_HEADER`) back to the pickup.
+    notes = admission.notes
+    assert notes
 
     clock.advance(20 * MINUTE)  # waiting in its queue
-    breaker.before_claim(Pickup(admission.definition, admission.run_id, "test-owner"))
+    breaker.before_claim(Pickup(admission.definition, admission.run_id, "test-owner", notes))
     clock.advance(HARD_TIMEOUT - timedelta(milliseconds=1))
 
     assert status(TASK, clock=clock).probe_run_id == admission.run_id
     _refusal(breaker)
+
+
+def test_only_the_probe_asks_valkey_at_pickup(breaker: CircuitBreaker, clock: FrozenClock) -> None:
+    closed = _admission()
+    breaker.admit(closed)
+    assert closed.notes == {}
+    assert breaker.plan_before_claim(Pickup(closed.definition, closed.run_id, "owner")) is None
 
 
 def test_a_probe_without_a_verdict_frees_the_slot_for_another(

@@ -15,6 +15,7 @@ from orchestrator.clock import SYSTEM
 from orchestrator.cluster.leaders import CLUSTER, all_seats
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.stores import keys, valkey
+from tests.faults.servers import free_port
 from tests.support.fixtures import ROOT, database_url, wait_for
 from tests.support.runs import seed_orphan
 
@@ -125,6 +126,26 @@ def test_a_stage_whose_condition_does_not_parse_stops_the_loops_at_start() -> No
     assert process.returncode == 2, output
     assert "task 'bad-sql-task', stage 'bad-sql': eligible_sql is not a valid condition" in output
     assert "no_such_column" in output
+
+
+def test_postgres_unreachable_at_start_is_waited_for_not_taken_for_a_bad_condition() -> None:
+    """The fault battery's Postgres outage once started a loops process mid-cut: it exited 2,
+    reporting every coverage condition invalid, and nothing replayed the drain after."""
+    process = _loops("--once", DATABASE_URL=f"postgres://postgres@127.0.0.1:{free_port()}/x")
+    try:
+        assert process.stdout is not None
+        seen = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            seen.append(line)
+            if ("Postgres unreachable" in line and "checked again" in line) or not line:
+                break
+        assert process.poll() is None, "".join(seen)
+        assert "not a valid condition" not in "".join(seen)
+    finally:
+        process.kill()
+        process.communicate(timeout=30)
 
 
 def test_manage_check_names_a_stage_whose_condition_does_not_parse() -> None:

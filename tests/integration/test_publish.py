@@ -27,7 +27,7 @@ from django.db import transaction
 
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
-from orchestrator.runs.publish import job_id, publish
+from orchestrator.runs.publish import HOOK_HEADER, job_id, publish
 from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys
@@ -85,15 +85,20 @@ def _comparable(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-@pytest.mark.parametrize("delay", [None, timedelta(seconds=30)])
+# An admission's notes go as the custom header `send_task(headers=...)` sends, which Celery
+# hands the task as `request.<header>`: the runner reads them there (`celery_tasks`).
+@pytest.mark.parametrize(
+    ("delay", "notes"),
+    [(None, None), (timedelta(seconds=30), None), (None, {"circuit_probe": True})],
+)
 def test_the_message_is_the_one_send_task_sends(
-    definition: TaskDefinition, delay: timedelta | None
+    definition: TaskDefinition, delay: timedelta | None, notes: dict[str, bool] | None
 ) -> None:
     run_id = new_run_id()
     job = job_id(TASK_ID, "ident", run_id)
     queue = _queue(definition)
 
-    publish(definition, run_id, job, 3, delay=delay)
+    publish(definition, run_id, job, 3, delay=delay, notes=notes)
     [(ours_list, ours)] = _waiting(definition)
     _empty(definition)
     current_app.send_task(
@@ -103,6 +108,7 @@ def test_the_message_is_the_one_send_task_sends(
         queue=queue,
         priority=3,
         countdown=delay.total_seconds() if delay else None,
+        headers={HOOK_HEADER: notes} if notes else None,
     )
     [(celerys_list, celerys)] = _waiting(definition)
 
@@ -111,6 +117,7 @@ def test_the_message_is_the_one_send_task_sends(
     assert ours["headers"]["task"] == TASK_ID
     assert ours["headers"]["id"] == job
     assert ours["body"] != ""
+    assert ours["headers"].get(HOOK_HEADER) == notes
     if delay is not None:
         ours_eta = datetime.fromisoformat(ours["headers"]["eta"])
         celerys_eta = datetime.fromisoformat(celerys["headers"]["eta"])

@@ -37,6 +37,11 @@ _PROJECT = tuple(str(ROOT / package) + "/" for package in ("orchestrator", "task
 _RUN_ID = re.compile(r"run_[0-9A-Z]{26}")
 _SQL_COMMENT = re.compile(r"--[^\n]*")
 _SELECT_LIST = re.compile(r"^SELECT .+? FROM ", re.DOTALL)
+_ASYNC_COMMIT = "synchronous_commit = off"
+# A statement that writes; the three prepared ones (`stores.queries`) all do.
+_WRITE = re.compile(
+    r"^\s*(SET LOCAL [^;]*;\s*)?(INSERT|UPDATE|DELETE|MERGE|EXECUTE|PREPARE)\b", re.IGNORECASE
+)
 
 
 class Counts(NamedTuple):
@@ -47,6 +52,9 @@ class Counts(NamedTuple):
     valkey_commands: int
     broker: int
     broker_commands: int
+    # Commits that wait for their WAL flush: the explicit COMMITs, and the writes sent in
+    # autocommit (each its own transaction), except those that turn synchronous_commit off.
+    sync_commits: int
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class Event:
 class Recording:
     events: list[Event] = field(default_factory=list)
     other_threads: list[Event] = field(default_factory=list)
+    sync_commits: int = 0
 
     def counts(self) -> Counts:
         def of(store: str) -> list[Event]:
@@ -72,6 +81,7 @@ class Recording:
             valkey_commands=sum(e.commands for e in of("valkey")),
             broker=len(of("broker")),
             broker_commands=sum(e.commands for e in of("broker")),
+            sync_commits=self.sync_commits,
         )
 
     def steps_table(self) -> str:
@@ -195,11 +205,23 @@ def recording() -> Iterator[Recording]:
         raw = connection.connection
         return raw is not None and raw.get_transaction_status() != TRANSACTION_STATUS_IDLE
 
+    async_transaction = False
+
     def statement(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        nonlocal async_transaction
         # psycopg2 sends BEGIN by itself before the first statement outside autocommit.
         if not connection.connection.autocommit and not in_transaction():
             note("postgres", "BEGIN")
+            async_transaction = False
         note("postgres", _sql(sql))
+        unwaited = _ASYNC_COMMIT in sql
+        if connection.connection.autocommit:
+            # Its own transaction: a write commits (and waits for its flush) at once.
+            bare = _SQL_COMMENT.sub("", sql)
+            if threading.get_ident() == caller and _WRITE.match(bare) and not unwaited:
+                caught.sync_commits += 1
+        else:
+            async_transaction = async_transaction or unwaited
         return execute(sql, params, many, context)
 
     # Instance attributes over the connection's own methods: psycopg2 sends COMMIT or
@@ -210,6 +232,8 @@ def recording() -> Iterator[Recording]:
     def counted_commit() -> None:
         if in_transaction():
             note("postgres", "COMMIT")
+            if threading.get_ident() == caller and not async_transaction:
+                caught.sync_commits += 1
         commit()
 
     def counted_rollback() -> None:
