@@ -78,6 +78,9 @@ class Watched:
     stall_warned: bool = False
     # monotonic time a store last confirmed the run is ours (the claim, then each beat).
     confirmed: float = 0.0
+    # The attempt count the run's claim returned: a watchdog's end names it, so it ends the
+    # run even if Postgres lost the claim (`durable.end`); None for a pipeline stage's watch.
+    attempt: int | None = None
 
     def __post_init__(self) -> None:
         # The claim stamped the first heartbeat.
@@ -251,6 +254,7 @@ class Watcher:
             error=terminal.error_doc(kind, message),
             step=steps.plain_extras(context) if not watched.definition.pipeline else None,
             progress=context.progress.document(),
+            attempt=watched.attempt,
         )
         _kill_this_process()
 
@@ -268,9 +272,13 @@ def _watcher() -> Watcher:
 
 @contextmanager
 def watching(
-    definition: TaskDefinition, run_id: str, owner: str, context: RunContext
+    definition: TaskDefinition,
+    run_id: str,
+    owner: str,
+    context: RunContext,
+    attempt: int | None = None,
 ) -> Iterator[None]:
-    watched = Watched(definition, run_id, owner, context)
+    watched = Watched(definition, run_id, owner, context, attempt=attempt)
     watcher = _watcher()
     watcher.watch(watched)
     try:

@@ -83,6 +83,23 @@ def test_a_claim_postgres_lost_is_taken_again_at_the_next_heartbeat() -> None:
     assert _row(handle.run_id).attempts == 1
 
 
+def test_a_watchdog_ends_a_run_whose_claim_postgres_lost() -> None:
+    # No heartbeat before the hard timeout: the watchdog's end alone must take the lost claim.
+    no_beat = {**FAST, "LUMASTRA_HEARTBEAT_INTERVAL_S": "60"}
+    with worker_process(QUEUES, concurrency=1, name="lost-hard", env=no_beat):
+        busy = start_run("test-hard-timeout", {}, trigger=TriggerKind.MANUAL)
+        wait_for(lambda: _row(busy.run_id).state == "active")
+        owner = _row(busy.run_id).owner_instance_id
+        TaskHistory.objects.filter(id=busy.run_id).update(
+            state="pending", owner_instance_id="", attempts=0
+        )
+        wait_for(lambda: _row(busy.run_id).state == "failed", timeout=20)
+
+    row = _row(busy.run_id)
+    assert row.error["kind"] == "timeout"
+    assert (row.owner_instance_id, row.attempts) == (owner, 1)
+
+
 def test_a_task_sets_its_own_stall_limits_or_counts_a_running_handler_alive() -> None:
     queues = ["task.t.test-sleepy-strict", "task.t.test-sleepy-auto"]
     # The worker's own limits here are long: only the tasks' settings can act within the test.
