@@ -2,7 +2,7 @@
 
 Counted at the connection (redis-py's, not ours): one send is one round trip, a pipeline
 included. For a task with no limits every point costs one round trip to the coordination
-Valkey (and admission one broker read for the depth), not one per hook.
+Valkey (and admission at most one broker read for the depth), not one per hook.
 """
 
 from __future__ import annotations
@@ -83,9 +83,11 @@ def test_each_point_is_one_round_trip_for_a_task_without_limits(
     dispatch.finished(Outcome(definition, run_id, "owner", RunState.COMPLETED))
     ended = dict(sends)
 
-    # Admission: circuit check and daily count together; the broker depth on its own server.
-    assert admitted == {"coordination": 1, "other": 1}
-    # Pickup: the circuit's probe check rides with the concurrency take.
+    # Admission: circuit check and daily count together; the broker depth on its own server,
+    # unless the warm-up's reading is still fresh (`backpressure.DEPTH_FRESH`).
+    assert admitted.pop("coordination") == 1
+    assert admitted in ({"other": 1}, {})
+    # Pickup: the concurrency take alone (only a circuit's probe asks about its slot).
     assert picked == {"coordination": 1}
     # End: circuit record, slot release and daily count together.
     assert ended == {"coordination": 1}
