@@ -210,15 +210,7 @@ def procrastinate_workers(processes: int, loglevel: str) -> Iterator[workers.Wor
         "--queues=bench",
     ]
     script = "trap : TERM; " + '"$@" & ' * processes + "wait; wait"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            ["sh", "-c", script, "sh", *worker],
-            cwd=ROOT,
-            env=os.environ.copy(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = workers.spawn(["sh", "-c", script, "sh", *worker], log_path)
     try:
         yield workers.Worker(process, f"procrastinate-{process.pid}", "", log_path)
     finally:

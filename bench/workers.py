@@ -71,15 +71,7 @@ def worker(
         argv = [sys.executable, "-m", "celery", *args]
     else:
         argv = [sys.executable, str(ROOT / "bench" / "profile_worker.py"), str(profile_to), *args]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=os.environ.copy(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = spawn(argv, log_path)
     try:
         deadline = time.monotonic() + 60
         while not control_app.control.ping(destination=[hostname], timeout=0.5):
@@ -88,6 +80,20 @@ def worker(
         yield Worker(process, hostname, idle_queue, log_path)
     finally:
         stop(process)
+
+
+def spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """`argv` in a process group of its own (so `stop` reaches its children and nothing
+    else), from the project's root, its output in `log_path`."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=os.environ.copy(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

@@ -304,9 +304,7 @@ def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, me
     attempt = run.attempts
     delay = jittered_backoff(definition.retry, attempt)
     error = terminal.error_doc(
-        ErrorKind.TRANSIENT,
-        f"{message} (attempt {attempt} of {definition.retry.max_attempts}; "
-        f"retrying in {delay.total_seconds():.1f}s)",
+        ErrorKind.TRANSIENT, f"{message} ({resume.retry_note(definition, attempt, delay)})"
     )
     try:
         durable.put_back(
