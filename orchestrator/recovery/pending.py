@@ -129,9 +129,11 @@ def check(
         if view.state in (RunState.ACTIVE, RunState.CANCELLING):
             if view.stale_reason(claim_stale_after_s) is None:
                 report.claimed += 1
-                log.warning(
-                    "run %s: pending in Postgres, claimed by %s in Valkey and beating: "
-                    "Postgres lost the claim; its owner claims it again",
+                # Info, not a warning: a claim whose Postgres half is still in flight (a few
+                # ms after the Lua claim) reads the same as one a crash of Postgres lost.
+                log.info(
+                    "run %s: pending in Postgres, claimed by %s in Valkey and beating: its "
+                    "Postgres claim is in flight or was lost; its owner claims it again",
                     candidate.run_id,
                     view.owner,
                 )
