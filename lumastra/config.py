@@ -415,9 +415,9 @@ class Config:
     )
     worker_max_tasks_per_child: int = _env(
         "LUMASTRA_WORKER_MAX_TASKS_PER_CHILD",
-        "1000",
-        _positive_int,
-        "runs before a child is recycled",
+        "0",
+        _non_negative_int,
+        "runs before a child is recycled (0: never, only by memory)",
     )
     worker_max_memory_per_child_kb: int = _env(
         "LUMASTRA_WORKER_MAX_MEMORY_PER_CHILD_KB",

@@ -122,7 +122,10 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Recycled children: a leak or a one-off huge run cannot keep a process bloated forever.
-CELERY_WORKER_MAX_TASKS_PER_CHILD = CONFIG.worker_max_tasks_per_child
+# Off by default (0): a child Celery recycles by count exits with the next message already
+# handed to it, and that message waits for the pool's maintenance tick, up to 5 s (issue 22's
+# "slow rounds": docs/benchmarks.md). Children are still recycled by memory.
+CELERY_WORKER_MAX_TASKS_PER_CHILD = CONFIG.worker_max_tasks_per_child or None
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = CONFIG.worker_max_memory_per_child_kb
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
