@@ -13,8 +13,8 @@ between processes divided among them: prefork children share their parent's page
 copy-on-write, so RSS counts those pages once per child and PSS does not) and peak RSS
 (VmHWM). A child's runs are counted from `task_history.owner_instance_id`, which carries the
 claiming process's pid. Children are not recycled during the measurement (the role's
-LUMASTRA_WORKER_MAX_TASKS_PER_CHILD, 1,000 by default, is raised above `n`), so each child
-measured is the one that did its runs.
+LUMASTRA_WORKER_MAX_TASKS_PER_CHILD, off by default, is set above `n` in case the environment
+set one), so each child measured is the one that did its runs.
 
 It stops only the role it started (its own process group).
 """
@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     LOG_DIR.mkdir(exist_ok=True)
     log_path = LOG_DIR / "worker-role.log"
     host = socket.gethostname()
-    # Children are recycled after LUMASTRA_WORKER_MAX_TASKS_PER_CHILD runs (1,000 by default):
-    # raised here so the children measured are the ones that did the runs.
+    # Children are recycled after LUMASTRA_WORKER_MAX_TASKS_PER_CHILD runs when it is set (off
+    # by default): set above n here so the children measured are the ones that did the runs.
     env = {**os.environ, "LUMASTRA_WORKER_MAX_TASKS_PER_CHILD": str(2 * args.runs + 100)}
     with log_path.open("wb") as log:
         role = subprocess.Popen(
