@@ -69,12 +69,14 @@ class _Round:
                 continue
             if step.after_replies:
                 self.flush()
-            first = len(self._pipeline())
-            step.send(self._pipeline())
-            self._queued.append((hook, step, first, len(self._pipeline()) - first))
+            pipe = self._pipeline()
+            first = len(pipe)
+            step.send(pipe)
+            self._queued.append((hook, step, first, len(pipe) - first))
         if last is not None:
-            self._last = (last, len(self._pipeline()))
-            last.send(self._pipeline())
+            pipe = self._pipeline()
+            self._last = (last, len(pipe))
+            last.send(pipe)
         self.flush()
 
     def _pipeline(self) -> Pipeline:
