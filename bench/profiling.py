@@ -87,9 +87,12 @@ def _runner_steps(timer: StepTimer) -> None:
     timer.wrap_if_present(runner, "close_old_connections", "close_old_connections")
     timer.wrap(QuerySet, "first", "row read (ORM first)")
     _hook_steps(timer, ("before_claim", "release", "finished"))
-    timer.wrap(live, "claim", "Lua claim_run")
-    timer.wrap(durable, "transition", lambda *a, **k: f"Postgres update -> {_target(*a, **k)}")
-    timer.wrap(live, "transition", lambda *a, **k: f"Lua transition -> {_target(*a, **k)}")
+    timer.wrap(live, "queue_claim", "Lua claim_run (queued in the pickup pipeline)")
+    timer.wrap(durable, "claim", "Postgres claim (durable.claim)")
+    timer.wrap(durable, "end", lambda *a, **k: f"Postgres end -> {_target(*a, **k)}")
+    timer.wrap(
+        live, "queue_transition", lambda _pipe, *a, **k: f"Lua transition -> {_target(*a, **k)}"
+    )
     try:
         from orchestrator.runs import terminal
     except ImportError:

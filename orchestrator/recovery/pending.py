@@ -20,10 +20,13 @@ and from its retry time if that is later), by the Postgres clock:
   with a Valkey restart. kombu would give it back only after the visibility timeout (an hour
   by default) and its own restore cadence (about every 100 s); the run is published again
   instead, and the stranded copy is dropped by the claim when kombu restores it.
-- If Valkey lost its live hash, the hash is seeded again (`live.seed`) before any publish, in
-  DESIGN §1's order.
+- If Valkey lost its live hash, the hash is seeded again (`live.seed`), and the run is
+  published (if its message is still missing) only at a later pass, in DESIGN §1's order: a
+  worker may be running it with its Postgres claim not written yet (a plain run's claim waits
+  a second, `runs.watch.CLAIM_AFTER_S`), and publishing it now could run it twice.
 - A live hash that names a claimer (active, cancelling) while Postgres says pending is a claim
-  whose commit a crash of Postgres lost (the claim does not wait for its flush:
+  not written to Postgres yet (a plain run's, for its first second: `runs.runner`) or whose
+  commit a crash of Postgres lost (the claim does not wait for its flush:
   `stores/sql/claim_run.sql`). While its claimer's Valkey heartbeat is within the orphan
   threshold the run is running: it is neither published again nor failed at the deadline
   (counted `claimed`); its owner claims it again at its next heartbeat, and its end takes the
@@ -221,6 +224,11 @@ def _look_for_messages(
             fence.check()
             if not has_hash and _reseed(candidate, definition, clock):
                 report.reseeded += 1
+                # Not published in the same pass: a worker may run it with its Postgres claim
+                # not written yet (for up to `runs.watch.CLAIM_AFTER_S`), its hash lost with a
+                # Valkey restart. By the next pass that claim is written, or the run still
+                # pending is published then if its message is still missing.
+                continue
             if run_id in in_broker:
                 report.waiting += 1
                 continue

@@ -1,7 +1,12 @@
 """Cancelling runs: an operator's request, and backpressure shedding waiting runs.
 
 A run not yet picked up ends at once: Postgres pending → cancelling → cancelled, its queued
-message removed if it still waits (if a worker already reserved it, the claim refuses it).
+message removed if it still waits (if a worker already reserved it, the claim refuses it). A
+run Postgres calls pending while Valkey names the worker running it (its claim not written
+yet) has that claim written first, and is cancelled as a running run. A cancel that races the
+pickup itself (read before the worker's Valkey claim, written after its read of the row) may
+still end the run as not started: its handler is stopped within about a second, when its
+watch finds the run gone (`runs.watch`).
 A running run goes to `cancelling` in both stores and its handler is told on
 `task:cancel:<runId>`; the context's flag trips, `raise_if_cancelled()` and `ctx.sleep()`
 stop the handler. A handler that does not stop within LUMASTRA_CANCEL_ESCALATE_S is ended by
@@ -49,6 +54,11 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
     if row is None:
         raise UnknownRun(run_id)
     definition = registry.get()[row[0]]
+    if row[1] == RunState.PENDING:
+        # A worker may be running it before Postgres heard of its claim (a short run's claim is
+        # folded into its end, `runs.runner`): the claim is written for it, so the cancel
+        # reaches its handler instead of ending the run under it.
+        terminal.write_live_claim(run_id)
     try:
         was_pending = durable.request_cancel(run_id) == RunState.PENDING
     except IllegalTransition as exc:

@@ -106,14 +106,15 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceErro
 # The one call a writer defers to the drain (`durable.end`), and the arguments it is given
 # besides run_id, target and owner.
 CALL = "end"
-_ARGS = {"finished_at", "result", "error", "step", "progress", "attempt"}
+_ARGS = {"finished_at", "result", "error", "step", "progress", "attempt", "started_at"}
+_MOMENTS = ("finished_at", "started_at")
 
 
 @dataclass(frozen=True)
 class Entry:
     run_id: str
     target: str
-    args: dict[str, Any]  # `durable.end`'s, as JSON: finished_at as an ISO 8601 string
+    args: dict[str, Any]  # `durable.end`'s, as JSON: its moments as ISO 8601 strings
     owner: str
     attempts: int = 0  # replays that failed on a transient error
 
@@ -149,10 +150,11 @@ class Entry:
         )
 
     def call_args(self) -> dict[str, Any]:
-        """The arguments as `durable.end` takes them (finished_at parsed back)."""
+        """The arguments as `durable.end` takes them (its moments parsed back)."""
         decoded = dict(self.args)
-        if isinstance(decoded.get("finished_at"), str):
-            decoded["finished_at"] = datetime.fromisoformat(decoded["finished_at"])
+        for name in _MOMENTS:
+            if isinstance(decoded.get(name), str):
+                decoded[name] = datetime.fromisoformat(decoded[name])
         return decoded
 
 
@@ -222,8 +224,8 @@ class ReplayReport:
 def push(run_id: str, target: RunState, args: Mapping[str, Any], owner: str) -> bool:
     """Queue a terminal write Postgres refused on a transient error; False when the drain is
     full. `args` are the failed `durable.end` call's keyword arguments besides `owner`
-    (`finished_at`, `result`, `error`, `step`, `progress`, `attempt`; plain JSON values or
-    datetimes); the replay makes that same call, then settles the run (`runs.settle`,
+    (`finished_at`, `result`, `error`, `step`, `progress`, `attempt`, `started_at`; plain JSON
+    values or datetimes); the replay makes that same call, then settles the run (`runs.settle`,
     fenced by `owner`).
 
     For the writer: after True, skip settling the run (the replay does it once Postgres has

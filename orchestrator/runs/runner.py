@@ -1,9 +1,16 @@
 """The runner: the body of every Celery task.
 
 On pickup: processing_version guard → pre-claim hooks (concurrency, rate) and the claim in
-Valkey (owner, pending → active), one pipeline → Postgres pending → active, one guarded UPDATE
-that also returns the run's input → execute with a watch thread beside it (heartbeats, cancel
-listener, watchdogs) → terminal write through `orchestrator.runs.terminal`, Postgres first.
+Valkey (owner, pending → active), one pipeline → the run's input from Postgres → execute with
+a watch thread beside it (heartbeats, cancel listener, watchdogs) → terminal write through
+`orchestrator.runs.terminal`, Postgres first.
+
+A plain run's Postgres claim (pending → active) is folded into its end: its first delivery
+reads what it needs (`durable.read_claimable`, no write), and the end takes the claim with it
+(`durable.end`, given the attempt count), so a short run costs one synchronous write, not two.
+A run still going after `watch.CLAIM_AFTER_S` has its claim written by its watch; so does a
+cancel (`runs.cancel`) and a retry (`_retry_later`), which move a claimed run. A pipeline run
+claims at once (its stages are claimed against it), as do the paths that read the row first.
 
 A first delivery reads nothing before its claim. The row is read first only for a redelivered
 message (counted, and judged by its heartbeat when its run is live), a message of an older
@@ -248,6 +255,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
             step=step,
             progress=progress,
             attempt=run.attempts,
+            started_at=run.deferred_since,
         )
 
     result: Any = None
@@ -260,7 +268,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
     context = RunContext(run.run_id, model, task_id=definition.id)
     try:
         assert definition.execute is not None  # a task without a pipeline has one
-        with watching(definition, run.run_id, owner, context, run.attempts):
+        with watching(definition, run.run_id, owner, context, run.attempts, run.deferred_since):
             result = _jsonable(definition.execute(context, model))
     except TaskError as exc:
         if exc.kind is ErrorKind.TRANSIENT and run.attempts < definition.retry.max_attempts:
@@ -279,6 +287,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
                 step=steps.plain_extras(context),
                 progress=context.progress.document(),
                 attempt=run.attempts,
+                started_at=run.deferred_since,
             )
         else:
             end(RunState.FAILED, exc.kind, str(exc))
@@ -306,6 +315,9 @@ def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, me
     error = terminal.error_doc(
         ErrorKind.TRANSIENT, f"{message} ({resume.retry_note(definition, attempt, delay)})"
     )
+    if run.deferred_since is not None:
+        # Put back moves a claimed run: its claim is written first, if the watch has not.
+        terminal.write_live_claim(run.run_id, pickup.owner)
     try:
         durable.put_back(
             run.run_id,
@@ -388,10 +400,25 @@ def _claim_unread(definition: TaskDefinition, claim: _LiveClaim) -> ClaimedRun |
             "run %s: live claim refused (%s); reading the row", claim.run_id, claim.refused.current
         )
         return _Refusal.READ_ROW
-    claimed = _claim_durable(definition, claim.run_id, claim.owner)
+    if definition.pipeline:
+        claimed = _claim_durable(definition, claim.run_id, claim.owner)
+    else:
+        claimed = _read_claimable(claim.run_id, claim.owner)
     if claimed is _Refusal.READ_ROW:
         _give_back_claim(claim.run_id, claim.owner)
     return claimed
+
+
+def _read_claimable(run_id: str, owner: str) -> ClaimedRun | _Refusal:
+    """A plain run's Postgres half of its claim, read and not written: the end (or the watch,
+    for a run still going) writes it. A run Postgres does not call pending and due goes to
+    the paths that read the row, which say why (a cancel before pickup ends it there)."""
+    try:
+        claimed = durable.read_claimable(run_id, since=timezone.now())
+    except Exception:
+        _give_back_claim(run_id, owner)  # as for a claim Postgres did not take
+        raise
+    return _Refusal.READ_ROW if claimed is None else claimed
 
 
 def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> ClaimedRun | None:
@@ -439,18 +466,13 @@ def _claim_durable(definition: TaskDefinition, run_id: str, owner: str) -> Claim
 
 def _abandoned_claim(run_id: str) -> bool:
     """Valkey says a worker claimed this run, Postgres (which we just read) says pending, and
-    that claim never heartbeat and is older than a heartbeat interval: its claimer, which
-    takes milliseconds from its Lua claim to its Postgres update, died in between (or never
-    got the Lua reply). The claim is handed back (compare-and-set on its owner) so this
-    delivery can take the run."""
+    that claimer is a dead process of this host, or its claim never heartbeat and is older
+    than a heartbeat interval (a plain run's Postgres claim waits a second, the watch's
+    `CLAIM_AFTER_S`, and a longer run's claim is in Postgres by then): it died before Postgres
+    heard of it (or never got the Lua reply). The claim is handed back (compare-and-set on its
+    owner) so this delivery can take the run."""
     snapshot = live.read(run_id)
-    claimed_ms = snapshot.get("started_at")
-    beat_ms = snapshot.get("heartbeat_at")
-    # A heartbeat older than the claim is an earlier attempt's (a run put back to pending).
-    if not claimed_ms or (beat_ms and int(str(beat_ms)) >= int(claimed_ms)):
-        return False
-    now_ms = valkey.time_ms(cast(tuple[int, int], valkey.client().time()))
-    if now_ms - int(claimed_ms) < settings.CONFIG.heartbeat_interval_s * 1000:
+    if not is_dead_here(snapshot.get("owner", "")) and not _silent_since_claim(snapshot):
         return False
     try:
         live.transition(run_id, RunState.PENDING, owner=snapshot.get("owner", ""))
@@ -460,6 +482,16 @@ def _abandoned_claim(run_id: str) -> bool:
         "run %s: claim by %s abandoned before Postgres; taken over", run_id, snapshot.get("owner")
     )
     return True
+
+
+def _silent_since_claim(snapshot: live.RunHash) -> bool:
+    claimed_ms = snapshot.get("started_at")
+    beat_ms = snapshot.get("heartbeat_at")
+    # A heartbeat older than the claim is an earlier attempt's (a run put back to pending).
+    if not claimed_ms or (beat_ms and int(str(beat_ms)) >= int(claimed_ms)):
+        return False
+    now_ms = valkey.time_ms(cast(tuple[int, int], valkey.client().time()))
+    return now_ms - int(claimed_ms) >= settings.CONFIG.heartbeat_interval_s * 1000
 
 
 def _give_back_claim(run_id: str, owner: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import InterfaceError, OperationalError
@@ -54,13 +55,14 @@ def finish(
     step: dict[str, Any] | None = None,
     progress: dict[str, Any] | None = None,
     attempt: int | None = None,
+    started_at: datetime | None = None,
 ) -> RunState:
     """End a claimed run in `target`; returns the state it really ended in (a cancel that
     raced the handler wins: cancelled; a watchdog that ended it first: its state). `step`:
     a plain run's warnings, counters, cost and log tail (`runs.steps.plain_extras`);
     `progress`: its latest progress (`runs.progress`); `attempt`: the attempt count `owner`'s
-    claim returned, so the end also lands if a crash of Postgres lost that claim
-    (`durable.end`)."""
+    claim returned, so the end also lands if that claim is not in Postgres (not written yet, or
+    lost in a crash), with `started_at`, when the claim was taken (`durable.end`)."""
     kind = ErrorKind(error["kind"]) if error else None
     args: dict[str, Any] = {
         "finished_at": timezone.now(),
@@ -69,6 +71,7 @@ def finish(
         "step": step,
         "progress": progress,
         "attempt": attempt,
+        "started_at": started_at,
     }
     try:
         durable.end(run_id, target, owner=owner, **args)
@@ -112,18 +115,25 @@ def still_ours(run_id: str, owner: str) -> bool:
     return found.first() == owner
 
 
-def retake_lost_claim(run_id: str, owner: str) -> bool:
-    """Postgres says pending while Valkey says `owner` runs the run: the claim's commit, which
-    does not wait for its flush (`stores/sql/claim_run.sql`), was lost in a crash of Postgres.
-    The owner claims it again (its heartbeat does, `runs.watch`; its end needs not: it carries
-    the claim's attempt count, `durable.end`). False, and nothing written, when Valkey does not
-    say so."""
+def write_live_claim(run_id: str, owner: str | None = None) -> bool:
+    """Postgres says pending while Valkey says a worker (`owner`, or whichever it names) runs
+    the run: that worker's claim is written, started when Valkey says it was. Either the claim
+    is not written yet (a short run's is folded into its end: `durable.read_claimable`) or its
+    commit, which does not wait for its flush (`stores/sql/claim_run.sql`), was lost in a crash
+    of Postgres. Its owner's heartbeat calls this (`runs.watch`), as does a cancel, which must
+    reach the handler rather than end the run under it (`runs.cancel`). False, and nothing
+    written, when Valkey does not say so or Postgres no longer calls the run pending."""
     held = live.read(run_id)
-    if not owner or held.get("state") != RunState.ACTIVE or held.get("owner") != owner:
+    holder = held.get("owner", "")
+    if held.get("state") != RunState.ACTIVE or not holder or owner not in (None, holder):
         return False
-    if durable.claim(run_id, owner) is None:
+    taken_ms = str(held.get("started_at", ""))
+    started_at = (
+        datetime.fromtimestamp(int(taken_ms) / 1000, tz=UTC) if taken_ms.isdigit() else None
+    )
+    if durable.claim(run_id, holder, started_at=started_at) is None:
         return False
-    log.warning("run %s: Postgres lost the claim by %s; claimed again", run_id, owner)
+    log.info("run %s: claim by %s written to Postgres", run_id, holder)
     return True
 
 

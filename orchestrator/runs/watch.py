@@ -5,9 +5,11 @@ and kept for the process's life, so a run pays no thread start or join. While a 
 watched, the thread:
 - listens on `task:cancel:<runId>` and trips the context's cancel flag at once (the context
   also re-reads the hash now and then, in case the message came before the subscription);
+- writes a plain run's Postgres claim once it has run for CLAIM_AFTER_S: a shorter run's end
+  takes its claim with it (`durable.read_claimable`), one write per run instead of two;
 - every LUMASTRA_HEARTBEAT_INTERVAL_S stamps `task_history.heartbeat_at` (Postgres clock),
   the live hash's `heartbeat_at` and TTL (Valkey clock) and the run's concurrency lease, and
-  claims the run again if a crash of Postgres lost its claim (`terminal.retake_lost_claim`);
+  writes the claim again if a crash of Postgres lost it (`terminal.write_live_claim`);
 - sends the run's waiting log lines (`runs.logs`) and its latest progress report
   (`runs.progress`) about every second, and the last ones when the handler returns;
 - runs the watchdogs about every second: a stall warning after the task's `Stall.warn` (else
@@ -42,6 +44,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import structlog
 from django.conf import settings
@@ -60,6 +63,11 @@ log = logging.getLogger(__name__)
 
 # How often the watchdogs look, whatever the heartbeat interval.
 CHECK_EVERY_S = 1.0
+# A plain run still going this long after its claim has its claim written to Postgres (the
+# first tick after it): until then only Valkey knows it runs, and the reconciler reads
+# "pending in Postgres, active and fresh in Valkey" as running (`recovery.pending`). Most
+# no-op and short runs end before, and their end writes the claim with it.
+CLAIM_AFTER_S = 1.0
 
 
 def _kill_this_process() -> None:
@@ -81,11 +89,17 @@ class Watched:
     # The attempt count the run's claim returned: a watchdog's end names it, so it ends the
     # run even if Postgres lost the claim (`durable.end`); None for a pipeline stage's watch.
     attempt: int | None = None
+    # When the run's claim was taken, if Postgres has not been told yet
+    # (`durable.read_claimable`); None once it has been.
+    deferred_since: datetime | None = None
+    claim_at: float | None = None  # monotonic time to write that claim
 
     def __post_init__(self) -> None:
         # The claim stamped the first heartbeat.
         self.next_beat = self.started + settings.CONFIG.heartbeat_interval_s
         self.confirmed = self.started
+        if self.deferred_since is not None:
+            self.claim_at = self.started + CLAIM_AFTER_S
 
 
 class Watcher:
@@ -141,6 +155,8 @@ class Watcher:
                 self._cancel_requested(watched)
                 if message.get("data") == keys.CANCEL_KILL:
                     self._kill_now(watched)
+            if watched.claim_at is not None and time.monotonic() >= watched.claim_at:
+                self._write_claim(watched)
             if time.monotonic() >= watched.next_beat:
                 self._beat(watched)
             self._watchdogs(watched)
@@ -159,16 +175,38 @@ class Watcher:
         except Exception:
             log.exception("run %s: progress not written", watched.run_id)
 
+    @staticmethod
+    def _write_claim(watched: Watched) -> None:
+        """The run outlived CLAIM_AFTER_S: its claim goes to Postgres, so Postgres shows it
+        running and judges it by its heartbeats from now on."""
+        try:
+            claimed = durable.claim(
+                watched.run_id, watched.owner, started_at=watched.deferred_since
+            )
+        except Exception:
+            log.exception("run %s: claim not written to Postgres; trying again", watched.run_id)
+            watched.claim_at = time.monotonic() + CHECK_EVERY_S
+            return
+        watched.claim_at = None
+        if claimed is not None:
+            watched.confirmed = time.monotonic()
+        elif not terminal.still_ours(watched.run_id, watched.owner):
+            # Not pending any more, and not claimed for it (a cancel writes the claim for
+            # its owner first, `runs.cancel`): ended or taken meanwhile.
+            log.error("run %s: Postgres no longer holds it for us; stopping it", watched.run_id)
+            _kill_this_process()
+
     def _beat(self, watched: Watched) -> None:
         watched.next_beat = time.monotonic() + settings.CONFIG.heartbeat_interval_s
         close_old_connections()
         # Each store alone: the reconciler judges a run lost only when both stopped hearing
         # it, so a beat that reaches one of them keeps the run ours.
         try:
-            if durable.heartbeat(watched.run_id, watched.owner) or terminal.retake_lost_claim(
+            if durable.heartbeat(watched.run_id, watched.owner) or terminal.write_live_claim(
                 watched.run_id, watched.owner
             ):
                 watched.confirmed = time.monotonic()
+                watched.claim_at = None
         except Exception:
             # A missed beat is survivable: the thresholds span several.
             log.exception("run %s: heartbeat failed (Postgres)", watched.run_id)
@@ -255,6 +293,7 @@ class Watcher:
             step=steps.plain_extras(context) if not watched.definition.pipeline else None,
             progress=context.progress.document(),
             attempt=watched.attempt,
+            started_at=watched.deferred_since,
         )
         _kill_this_process()
 
@@ -277,8 +316,13 @@ def watching(
     owner: str,
     context: RunContext,
     attempt: int | None = None,
+    deferred_since: datetime | None = None,
 ) -> Iterator[None]:
-    watched = Watched(definition, run_id, owner, context, attempt=attempt)
+    """`deferred_since`: when the run's claim was taken, if it is not in Postgres yet; the
+    watch writes it after CLAIM_AFTER_S, until the block ends."""
+    watched = Watched(
+        definition, run_id, owner, context, attempt=attempt, deferred_since=deferred_since
+    )
     watcher = _watcher()
     watcher.watch(watched)
     try:

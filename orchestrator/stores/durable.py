@@ -3,7 +3,9 @@
 Every move of a run or a stage is one named, guarded statement here, one `.sql` file each under
 `sql/` (`stores.queries`), each refusing what DESIGN §4 (`states.py`) does not allow:
 
-- claim (`claim`, claim_run.sql): pending → active;
+- claim (`claim`, claim_run.sql): pending → active; a short plain run's claim is folded into
+  its end instead (`read_claimable`, read_claimable.sql, reads what the run needs without
+  writing; `runs.watch` writes the claim if the run is still going after a second);
 - end (`end`, end_run.sql; the drain replays this same call): active → completed or failed,
   pending → failed for a run that never started, and a claim's end whose claim a crash of
   Postgres lost: pending → (active →) completed or failed;
@@ -58,6 +60,9 @@ class ClaimedRun:
     attempts: int  # counting the attempt this claim starts
     stages: dict[str, str]  # a pipeline run's stages (a resumed run's reused ones completed)
     results: dict[str, Any]  # their results
+    # Read by `read_claimable`: Postgres still says pending until the end (or the watch)
+    # writes this claim; when the claim was taken, for that write's `started_at`.
+    deferred_since: datetime | None = None
 
 
 def json_value(value: Any) -> Any:
@@ -109,15 +114,31 @@ def state_of(run_id: str) -> str | None:
     return None if found is None else str(found[0])
 
 
-def claim(run_id: str, owner: str) -> ClaimedRun | None:
-    """pending → active for `owner`, if the run is pending and due; None if it is not."""
+def claim(run_id: str, owner: str, *, started_at: datetime | None = None) -> ClaimedRun | None:
+    """pending → active for `owner`, if the run is pending and due; None if it is not.
+    `started_at`: when a deferred claim (`read_claimable`) was really taken (default: now)."""
     with connection.cursor() as cursor:
         queries.send(
-            cursor, queries.CLAIM_RUN, {"run_id": run_id, "owner": owner}, before=ASYNC_COMMIT
+            cursor,
+            queries.CLAIM_RUN,
+            {"run_id": run_id, "owner": owner, "started_at": started_at},
+            before=ASYNC_COMMIT,
         )
         found = cursor.fetchone()
-    if found is None:
-        return None
+    return None if found is None else _claimed(run_id, found)
+
+
+def read_claimable(run_id: str, *, since: datetime) -> ClaimedRun | None:
+    """What a claim would return, read without writing it, if the run is pending and due;
+    None if it is not. The claim itself is written later, by the run's end (`end` with the
+    returned attempt count and `started_at=since`) or by its watch (`claim`)."""
+    with connection.cursor() as cursor:
+        queries.send(cursor, queries.READ_CLAIMABLE, {"run_id": run_id})
+        found = cursor.fetchone()
+    return None if found is None else _claimed(run_id, found, since)
+
+
+def _claimed(run_id: str, found: Any, deferred_since: datetime | None = None) -> ClaimedRun:
     input_, identity, priority, attempts, stages, results = found
     return ClaimedRun(
         run_id,
@@ -127,6 +148,7 @@ def claim(run_id: str, owner: str) -> ClaimedRun | None:
         attempts,
         json_value(stages),
         json_value(results),
+        deferred_since,
     )
 
 
@@ -141,6 +163,7 @@ def end(
     progress: dict[str, Any] | None = None,
     owner: str = "",
     attempt: int | None = None,
+    started_at: datetime | None = None,
 ) -> None:
     """The run ends in `target` (completed or failed) with this result and error, replacing
     what it had, a plain run's step extras (warnings, counters, cost, log tail; `runs.steps`)
@@ -149,7 +172,8 @@ def end(
     put back to pending after its worker was lost, and claimed again, refuses the old
     claim's late end (the refusal then names the run's live state). With `attempt` too (the
     count that claim returned), a run Postgres still calls pending one attempt below it, its
-    claim's commit lost in a crash of Postgres, ends as well, taking the claim with it."""
+    claim's commit lost in a crash of Postgres or not written yet (`read_claimable`), ends as
+    well, taking the claim with it, started at `started_at` (default: now)."""
     if target not in (RunState.COMPLETED, RunState.FAILED):
         raise ValueError(f"end() writes completed or failed, not {target}")
     sources = run_sources(target)
@@ -170,6 +194,7 @@ def end(
         "cost": _json_out(step.get("cost") or None) if step else None,
         "progress": _json_out(progress),
         "finished_at": finished_at,
+        "started_at": started_at,
         "owner": owner,
     }
     _guarded(queries.END_RUN, params, run_id, target)

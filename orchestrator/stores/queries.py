@@ -4,9 +4,9 @@ Each file says what it guards and lists its parameters (pyformat: `%(name)s`). T
 once, at import; nothing here builds SQL at call time, so a run's writes cost psycopg's
 parameter binding and the round trip, not Django's query compiler.
 
-The three statements every run sends (`INSERT_RUN`, `CLAIM_RUN`, `END_RUN`) are also kept as
-server-side prepared statements on each connection that uses them often, as psycopg 3 does
-with its `prepare_threshold`: Postgres then skips parsing and planning them, which was about
+The statements every run sends (`INSERT_RUN`, `READ_CLAIMABLE` or `CLAIM_RUN`, `END_RUN`) are
+kept as server-side prepared statements on each connection that uses them often, as psycopg 3
+does with its `prepare_threshold`: Postgres then skips parsing and planning them, which was about
 40 % of their cost (issue 9, docs/benchmarks.md). `send` sends a query as text for its first
 LUMASTRA_DB_PREPARE_THRESHOLD - 1 uses on a connection, then `PREPARE` and `EXECUTE` in one
 round trip, then `EXECUTE` alone. A connection that lives for one request never prepares.
@@ -115,6 +115,7 @@ def _send_prepared(
 
 
 CLAIM_RUN = Prepared.load("claim_run")
+READ_CLAIMABLE = Prepared.load("read_claimable")
 END_RUN = Prepared.load("end_run")
 INSERT_RUN = Prepared.load("insert_run")
 CANCEL_RUN = _load("cancel_run")

@@ -389,12 +389,20 @@ def test_a_lost_live_hash_is_seeded_again() -> None:
     valkey.client().delete(keys.run_active(waiting), keys.run_active(lost))
     list_name, raw = _find_message(lost)
     broker.client().lrem(list_name, 1, raw)
+    reconciler = Reconciler()
 
-    report = Reconciler().tick()
+    report = reconciler.tick()
 
     assert report.pending.reseeded == 2
-    assert report.pending.republished == 1
+    # A worker may run a reseeded run with its Postgres claim not written yet: its message
+    # is published at the next pass, not in the one that found the hash lost.
+    assert report.pending.republished == 0
     assert live.read(waiting)["state"] == live.read(lost)["state"] == "pending"
+    assert _waiting_messages() == [waiting]
+
+    report = reconciler.tick()
+
+    assert report.pending.republished == 1
     assert sorted(_waiting_messages()) == sorted([waiting, lost])
 
 

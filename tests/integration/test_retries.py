@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from orchestrator.models import TaskHistory
+from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.runs.start import start_run
 from orchestrator.stores import valkey
 from orchestrator.triggers import TriggerKind
@@ -34,11 +34,26 @@ def test_transient_failures_retry_until_success_and_until_exhausted() -> None:
 
     assert done.state == "completed" and done.attempts == 3
     assert done.result == {"calls": 3}
+    # A failed attempt's claim is written before it is put back (`runner._retry_later`); the
+    # last attempt, a short one, ends with its claim folded into its end.
+    assert _moves(done.id) == [
+        (None, "pending"),
+        *[("pending", "active"), ("active", "pending")] * 2,
+        ("pending", "completed"),
+    ]
     assert failed.state == "failed" and failed.attempts == 3
     assert failed.error["kind"] == "transient"
     assert "attempts exhausted: 3 of 3" in failed.error["message"]
     assert failed.error["exhausted"] is True
     assert valkey.client().hget(FLAKY_KEY, "gives-up") == "3"
+
+
+def _moves(run_id: str) -> list[tuple[str | None, str]]:
+    return list(
+        TaskHistoryAudit.objects.filter(run_id=run_id)
+        .order_by("id")
+        .values_list("from_state", "to_state")
+    )
 
 
 def test_dead_letters_are_listed_in_the_admin(admin_client: Client) -> None:

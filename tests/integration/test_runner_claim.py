@@ -1,5 +1,7 @@
-"""The runner's claim of a first delivery (issue 9): one guarded UPDATE, no read before it,
-and every refusal taken back in both stores before the row decides what the message was.
+"""The runner's claim of a first delivery (issues 9, 22): Valkey's claim, then a read of what
+the run needs, its Postgres claim folded into its end (or written by the watch for a run still
+going), and every refusal taken back in both stores before the row decides what the message
+was.
 
 The runner is called in this process, as a worker's pool child would call it."""
 
@@ -16,19 +18,22 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from orchestrator.hooks.concurrency import running
-from orchestrator.models import TaskHistory
+from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.runs import terminal
+from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.runner import run_message
 from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
-from orchestrator.stores import durable, keys, live, valkey
+from orchestrator.stores import broker, durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
+from tests.support.fixtures import wait_for, worker_process
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 # test-noop without a worker on its queue: the shared worker would take the message first.
 TASK = "test-rt-plain"
+SLEEPY_QUEUE = "task.t.test-sleepy"
 
 
 def _start() -> str:
@@ -48,7 +53,7 @@ def _statements_on_runs(captured: CaptureQueriesContext) -> list[str]:
     ]
 
 
-def test_a_first_delivery_claims_and_ends_in_two_statements_without_a_read() -> None:
+def test_a_short_first_delivery_reads_and_ends_in_one_write() -> None:
     run_id = _start()
 
     with CaptureQueriesContext(connection) as captured:
@@ -56,17 +61,72 @@ def test_a_first_delivery_claims_and_ends_in_two_statements_without_a_read() -> 
 
     statements = _statements_on_runs(captured)
     assert len(statements) == 2, statements
-    claim, end = statements
-    # One round trip: the claim's own transaction does not wait for its WAL flush.
-    assert claim.startswith("SET LOCAL synchronous_commit = off;")
-    assert "UPDATE task_history" in claim or "EXECUTE lumastra_claim_run(" in claim
+    read, end = statements
+    # The claim is folded into the end: read without a write, then one guarded UPDATE.
+    assert read.startswith(("SELECT input", "EXECUTE lumastra_read_claimable("))
     assert end.startswith(("UPDATE task_history", "EXECUTE lumastra_end_run("))
     assert not any("ORDER BY" in sql for sql in statements)
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.attempts, row.error, row.result) == ("completed", 1, None, {"ok": True})
-    assert row.started_at is not None and row.heartbeat_at is not None
+    assert row.owner_instance_id != ""
+    assert row.started_at is not None and row.started_at <= row.finished_at
+    assert list(
+        TaskHistoryAudit.objects.filter(run_id=run_id)
+        .order_by("id")
+        .values_list("from_state", "to_state")
+    ) == [(None, "pending"), ("pending", "completed")]
     assert live.read(run_id)["state"] == "completed"
     assert running([TASK]) == {TASK: 0}
+
+
+@pytest.mark.worker
+def test_a_run_still_going_after_a_second_has_its_claim_written_by_its_watch() -> None:
+    broker.client().delete(
+        *(keys.broker_queue(SLEEPY_QUEUE, s) for s in keys.BROKER_PRIORITY_STEPS)
+    )
+    with worker_process([SLEEPY_QUEUE], concurrency=1, name="claim-after"):
+        run_id = start_run("test-sleepy", {"seconds": 3}, trigger=TriggerKind.MANUAL).run_id
+        held = wait_for(lambda: _active_in_valkey(run_id), timeout=30)
+
+        row = wait_for(
+            lambda: TaskHistory.objects.filter(id=run_id, state="active").first(), timeout=10
+        )
+        # Written while the handler still runs, for the claim Valkey holds, as of its moment.
+        assert live.read(run_id)["state"] == "active"
+        assert (row.owner_instance_id, row.attempts) == (held["owner"], 1)
+        assert row.started_at is not None and row.heartbeat_at is not None
+        # (Valkey's clock and the worker's: the same moment, give or take a few ms.)
+        assert abs(row.started_at.timestamp() * 1000 - int(held["started_at"])) < 100
+        wait_for(lambda: TaskHistory.objects.get(id=run_id).state == "completed", timeout=30)
+
+    assert _moves(run_id) == [(None, "pending"), ("pending", "active"), ("active", "completed")]
+
+
+def _active_in_valkey(run_id: str) -> live.RunHash | None:
+    held = live.read(run_id)
+    return held if held.get("state") == "active" else None
+
+
+def _moves(run_id: str) -> list[tuple[str | None, str]]:
+    return list(
+        TaskHistoryAudit.objects.filter(run_id=run_id)
+        .order_by("id")
+        .values_list("from_state", "to_state")
+    )
+
+
+def test_a_cancel_writes_a_claim_postgres_has_not_heard_of_and_reaches_its_handler() -> None:
+    run_id = _start()
+    # A worker's claim as the runner leaves it while the run is young: Valkey only.
+    live.claim(run_id, "worker-a")
+    assert durable.read_claimable(run_id, since=timezone.now()) is not None
+
+    assert request_cancel(run_id, actor="ops") == RunState.CANCELLING
+
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.owner_instance_id, row.attempts) == ("cancelling", "worker-a", 1)
+    assert live.read(run_id)["state"] == "cancelling"
+    assert _moves(run_id) == [(None, "pending"), ("pending", "active"), ("active", "cancelling")]
 
 
 def test_a_retry_delivered_before_its_time_is_given_back_in_both_stores() -> None:

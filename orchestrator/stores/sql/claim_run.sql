@@ -1,5 +1,8 @@
 -- A worker takes a pending run: pending → active in one guarded statement, and the claimed
--- row's fields come back with it, so a first delivery needs no read before it (issue 9).
+-- row's fields come back with it, so a delivery needs no read before it (issue 9). A plain
+-- run's first delivery reads them instead (read_claimable.sql) and this claim is written only
+-- if the run is still going a second later (`runs.watch`), with the moment it was taken
+-- (`started_at`; NULL: now); a shorter run's end takes the claim with it (end_run.sql).
 -- No row comes back when the run is not pending (cancelled, ended, claimed by someone else)
 -- or not yet due (a retry waiting for `not_before`); the caller then reads the row to see why.
 -- `attempts` comes back already counting this attempt; `stages` and `stage_results` tell a
@@ -11,11 +14,11 @@
 -- A lost claim leaves the row `pending` while Valkey says its owner runs it; the owner claims
 -- it again at its next heartbeat (`runs.terminal.retake_lost_claim`), and its end takes the
 -- lost claim with it (end_run.sql, given the attempt count this claim returned).
--- Parameters: run_id, owner.
+-- Parameters: run_id, owner, started_at (or NULL).
 UPDATE task_history
    SET state = 'active',
        owner_instance_id = %(owner)s,
-       started_at = now(),
+       started_at = COALESCE(%(started_at)s::timestamptz, now()),
        heartbeat_at = now(),
        updated_at = now(),
        attempts = attempts + 1

@@ -9,16 +9,17 @@
 -- Fenced by the claim (`owner`, '' for a writer that holds none): a run put back to pending
 -- after its worker was lost and claimed again has a new owner, so the old claim's late end
 -- is refused (`runs.resume`).
--- A claim whose commit a crash of Postgres lost (the claim does not wait for its flush:
--- claim_run.sql) left the row where the claim found it (`claimable`: pending), one attempt
+-- A claim not written yet (a short run's claim is folded into its end: read_claimable.sql), or
+-- whose commit a crash of Postgres lost (the claim does not wait for its flush:
+-- claim_run.sql), left the row where the claim found it (`claimable`: pending), one attempt
 -- below the claim's (`attempt`, the count the claim returned). That claim's own end takes the
--- claim's move with it here (owner, attempt count, and the end's moment as its start, which
--- Postgres never learnt): pending → active → target in one statement, each move legal. A run
+-- claim's move with it here (owner, attempt count, and its start: `started_at`, else the
+-- end's moment): pending → active → target in one statement, each move legal. A run
 -- put back to pending after its worker was judged lost keeps the lost claim's attempt count
 -- (put_back_run.sql), so that claim's late end does not match; nor does a writer that names
 -- no claim (`owner` '', `attempt` NULL).
 -- Parameters: run_id, target, sources, claimable, result, error, step, cost, progress (JSON
--- text or NULL each), finished_at, owner, attempt (or NULL).
+-- text or NULL each), finished_at, owner, attempt (or NULL), started_at (or NULL).
 UPDATE task_history
    SET state = %(target)s,
        owner_instance_id = CASE WHEN state = 'pending' AND %(owner)s::text <> ''
@@ -26,7 +27,8 @@ UPDATE task_history
        attempts = CASE WHEN state = 'pending' AND %(owner)s::text <> ''
                        THEN %(attempt)s::int ELSE attempts END,
        started_at = CASE WHEN state = 'pending' AND %(owner)s::text <> ''
-                         THEN now() ELSE started_at END,
+                         THEN COALESCE(%(started_at)s::timestamptz, now())
+                         ELSE started_at END,
        result = %(result)s::jsonb,
        error = %(error)s::jsonb,
        finished_at = %(finished_at)s,
