@@ -28,6 +28,7 @@ from lumastra.workers import descendants
 from orchestrator.hooks.base import Refused
 from orchestrator.runs.start import start_run
 from orchestrator.states import LIVE_RUN_STATES
+from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tests.faults.servers import PostgresServer, ValkeyServer
 from tests.support.fixtures import ROOT, worker_process
@@ -289,23 +290,32 @@ class Harness:
             return int(cursor.fetchone()[0])
 
     def active_runs(self) -> list[str]:
-        close_old_connections()
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT id FROM task_history WHERE state = 'active' AND id = ANY(%s)",
-                [list(self.started)],
-            )
-            return [r for (r,) in cursor.fetchall()]
+        """Started runs a worker runs now, as Valkey says: Postgres hears of a run's claim only
+        once it has gone on for a second (`runs.watch.CLAIM_AFTER_S`), or at its end."""
+        return list(self.live_claims(list(self.started)))
 
     def active_runs_of(self, worker: Worker) -> list[str]:
-        """Runs Postgres says are active and owned by one of `worker`'s pool children."""
+        """Started runs one of `worker`'s pool children runs now (Valkey's live claims)."""
         pids = {str(pid) for pid in worker.children()}
-        close_old_connections()
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT id, owner_instance_id FROM task_history WHERE state = 'active'")
-            rows = cursor.fetchall()
         # An owner is "<host>:<pid>:<suffix>" (orchestrator.cluster.instance).
-        return [run_id for run_id, owner in rows if owner.partition(":")[2].split(":")[0] in pids]
+        return [
+            run_id
+            for run_id, owner in self.live_claims(list(self.started)).items()
+            if owner.partition(":")[2].split(":")[0] in pids
+        ]
+
+    @staticmethod
+    def live_claims(run_ids: list[str]) -> dict[str, str]:
+        """run id → owner, for the runs whose live hash says active."""
+        pipe = valkey.client().pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hmget(keys.run_active(run_id), "state", "owner")
+        found = valkey.execute(pipe)
+        return {
+            run_id: str(owner)
+            for run_id, (state, owner) in zip(run_ids, found, strict=True)
+            if state == "active" and owner
+        }
 
     def settle(self, bound_s: float) -> float | None:
         """Wait until every run of the scenario is terminal, at most `bound_s` after the last

@@ -346,7 +346,9 @@ def pg_crash(h: Harness) -> list[str]:
     h.worker(concurrency=4)
     h.loops()
     count = h.n(320)
-    with h.load(count, h.work(5, 500)):
+    # A third of the runs go on long enough for their claim to be written (a shorter run's
+    # claim is folded into its end): those claims are what the crash may lose.
+    with h.load(count, h.work(5, 500, long_share=0.33)):
         pass  # every run is recorded before the crash: none is refused by it
     h.wait(
         lambda: _completed(h) >= count // 4 and len(h.active_runs()) >= 4,
@@ -354,7 +356,7 @@ def pg_crash(h: Harness) -> list[str]:
         "the drain under way with runs active",
     )
     h.notes["completed before the crash"] = _completed(h)
-    h.notes["active in Postgres just before the crash"] = len(h.active_runs())
+    h.notes["active (Valkey) just before the crash"] = len(h.active_runs())
     # The promise's window: a claim committed moments ago whose WAL is not written out yet.
     waited, unwritten = _await_unwritten_claim()
     postgres.crash()
@@ -363,9 +365,9 @@ def pg_crash(h: Harness) -> list[str]:
     # What Valkey says is claimed while Postgres is down, read at both ends of the outage: a
     # claim kept throughout is a run that was running at the crash (a claim tried during the
     # outage is given back when its Postgres half fails).
-    claims = _live_claims(h.started)
+    claims = h.live_claims(h.started)
     h.pause(max(0.0, crashed + PG_DOWN_S - time.monotonic()))
-    later = _live_claims(h.started)
+    later = h.live_claims(h.started)
     claims = {run: owner for run, owner in claims.items() if later.get(run) == owner}
     h.notes["claimed in Valkey throughout the outage"] = len(claims)
     postgres.start()
@@ -397,7 +399,9 @@ def pg_crash(h: Harness) -> list[str]:
     return problems
 
 
-# One poll for a claim whose commit is still in Postgres's WAL buffers. A claim whose
+# One poll for a claim whose commit is still in Postgres's WAL buffers. A claim (written by the
+# run's watch once the run has gone on for a second, `runs.watch.CLAIM_AFTER_S`, and stamping
+# `updated_at`, while its `started_at` is the earlier moment Valkey took it) whose
 # transaction began after the previous poll read the WAL write position, while that position has
 # not moved since, has its commit record past it: not written out (let alone flushed), so a
 # crash of Postgres now loses it, while the next synchronous commit, or the WAL writer within
@@ -406,7 +410,7 @@ def pg_crash(h: Harness) -> list[str]:
 # reads write no WAL themselves.
 _UNWRITTEN_CLAIM = """
 SELECT pg_current_wal_lsn(), clock_timestamp(),
-       ARRAY(SELECT id FROM task_history WHERE state = 'active' AND started_at > %s)
+       ARRAY(SELECT id FROM task_history WHERE state = 'active' AND updated_at > %s)
 """
 
 
@@ -427,19 +431,6 @@ def _await_unwritten_claim(within_s: float = 10.0) -> tuple[float, list[str]]:
 
 def _completed(h: Harness) -> int:
     return TaskHistory.objects.filter(id__in=h.started, state="completed").count()
-
-
-def _live_claims(run_ids: list[str]) -> dict[str, str]:
-    """run id → owner, for the runs whose live hash says active."""
-    pipe = valkey.client().pipeline(transaction=False)
-    for run_id in run_ids:
-        pipe.hmget(keys.run_active(run_id), "state", "owner")
-    found = valkey.execute(pipe)
-    return {
-        run_id: str(owner)
-        for run_id, (state, owner) in zip(run_ids, found, strict=True)
-        if state == "active" and owner
-    }
 
 
 def _lost_claims(claims: dict[str, str]) -> list[str]:
