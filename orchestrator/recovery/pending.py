@@ -30,9 +30,10 @@ and from its retry time if that is later), by the Postgres clock:
   `stores/sql/claim_run.sql`). While its claimer's Valkey heartbeat is within the orphan
   threshold the run is running: it is neither published again nor failed at the deadline
   (counted `claimed`); its owner claims it again at its next heartbeat, and its end takes the
-  claim with it (`durable.end`). A silent claimer's hash is put back to pending (fenced by
-  that owner; `released`), and the run is then checked as any other, so a dead claimer's run is
-  published again rather than left until the deadline.
+  claim with it (`durable.end`). A silent claimer's claim is written for it, as of its last
+  heartbeat (`silent_claims`): the run is then an orphan, resumed by the next orphan pass with
+  its lost attempt counted (or failed, by its task's policy), rather than left until the
+  deadline or run again uncounted.
 
 A run recorded for an older processing_version is failed as `stale_version`, which is what the
 runner would do with its message; one recorded for a newer version is left to a newer deploy.
@@ -72,9 +73,9 @@ from orchestrator.recovery.orphans import Candidate, LiveView, live_views
 from orchestrator.routing import queue_name
 from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
 from orchestrator.runs.settle import settle
+from orchestrator.runs.terminal import write_live_claim
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import broker, durable, keys, live, scripts, valkey
-from orchestrator.stores.live import FencedWrite
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
@@ -93,7 +94,8 @@ class PendingReport:
     stale_version: int = 0
     skipped: int = 0  # task not registered, or recorded for a newer version
     claimed: int = 0  # Postgres lost its claim, and its owner still beats in Valkey: left alone
-    released: int = 0  # the same, its owner silent: the live hash follows Postgres to pending
+    # the same, its owner silent: its claim written to Postgres, for the orphan pass to resume
+    silent_claims: int = 0
     raced: int = 0  # changed between the query and the write: left alone
     errors: int = 0  # logged with the run id
 
@@ -143,12 +145,14 @@ def check(
                 continue
             try:
                 fence.check()
-                report.released += _release_claim(candidate.run_id, view)
+                if _write_silent_claim(candidate.run_id, view):
+                    report.silent_claims += 1
+                    continue
             except LockLost:
                 raise
             except Exception:
                 report.errors += 1
-                log.exception("run %s: silent claim not released", candidate.run_id)
+                log.exception("run %s: silent claim not written", candidate.run_id)
                 continue
         definition = definitions.get(candidate.task_id)
         if candidate.age_s >= deadline_s:
@@ -322,17 +326,17 @@ def _reseed(candidate: Candidate, definition: TaskDefinition, clock: Clock) -> b
     return seeded
 
 
-def _release_claim(run_id: str, view: LiveView) -> bool:
-    """The live hash names a claim Postgres does not have (lost in a crash of Postgres) whose
-    owner stopped beating: the hash follows Postgres back to pending, fenced by that owner, so
-    the next delivery can claim the run."""
-    try:
-        live.transition(run_id, RunState.PENDING, owner=view.owner)
-    except (IllegalTransition, FencedWrite) as exc:
-        log.info("run %s: silent claim not released (%s)", run_id, exc)
+def _write_silent_claim(run_id: str, view: LiveView) -> bool:
+    """The live hash names a claim Postgres does not have (not written yet, or lost in a crash
+    of Postgres) whose owner stopped beating: the claim is written for it, as of its last
+    heartbeat (`runs.terminal.write_live_claim`), so the run is an orphan like any other,
+    its lost attempt counted: the orphan pass resumes it, or fails it by its task's policy."""
+    if write_live_claim(run_id, view.owner) is None:
+        log.info("run %s: silent claim not written (moved meanwhile)", run_id)
         return False
     log.warning(
-        "run %s: pending in Postgres, claimed by %s in Valkey, %s; live hash put back",
+        "run %s: pending in Postgres, claimed by %s in Valkey, %s; claim written for the "
+        "orphan pass",
         run_id,
         view.owner,
         view.stale_reason(0),

@@ -57,7 +57,6 @@ from orchestrator.runs.watch import watching
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import counters, durable, live, valkey
 from orchestrator.stores.durable import ClaimedRun
-from orchestrator.stores.live import FencedWrite
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind, TaskError
@@ -432,8 +431,12 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> ClaimedR
             # seed it again from the row and claim.
             live.seed(row.id, row.task_id, row.priority, tuple(row.stages))
             live.claim(row.id, owner)
-        elif exc.current == RunState.ACTIVE and _abandoned_claim(row.id):
-            live.claim(row.id, owner)
+        elif exc.current == RunState.ACTIVE and _write_abandoned_claim(row.id):
+            # Its claimer is gone: the claim is in Postgres now, and the run is a lost
+            # worker's, resumed or failed by its task's policy like any other.
+            row.refresh_from_db()
+            _not_pending(definition, row)
+            return None
         else:
             log.info("run %s: not claimed, live state is %s", row.id, exc.current)
             return None
@@ -464,23 +467,20 @@ def _claim_durable(definition: TaskDefinition, run_id: str, owner: str) -> Claim
     return _Refusal.READ_ROW
 
 
-def _abandoned_claim(run_id: str) -> bool:
+def _write_abandoned_claim(run_id: str) -> bool:
     """Valkey says a worker claimed this run, Postgres (which we just read) says pending, and
     that claimer is a dead process of this host, or its claim never heartbeat and is older
-    than a heartbeat interval (a plain run's Postgres claim waits a second, the watch's
-    `CLAIM_AFTER_S`, and a longer run's claim is in Postgres by then): it died before Postgres
-    heard of it (or never got the Lua reply). The claim is handed back (compare-and-set on its
-    owner) so this delivery can take the run."""
+    than a heartbeat interval (a plain run's claim reaches Postgres after a second, the watch's
+    `CLAIM_AFTER_S`): it died before Postgres heard of its claim, perhaps mid-run. Its claim
+    is written for it (`terminal.write_live_claim`, as of its last sign of life), so the lost
+    attempt counts. False when the claim is live, or someone else moved the run first."""
     snapshot = live.read(run_id)
-    if not is_dead_here(snapshot.get("owner", "")) and not _silent_since_claim(snapshot):
+    owner = snapshot.get("owner", "")
+    if not is_dead_here(owner) and not _silent_since_claim(snapshot):
         return False
-    try:
-        live.transition(run_id, RunState.PENDING, owner=snapshot.get("owner", ""))
-    except (IllegalTransition, FencedWrite):
-        return False  # another delivery handled it first
-    log.warning(
-        "run %s: claim by %s abandoned before Postgres; taken over", run_id, snapshot.get("owner")
-    )
+    if terminal.write_live_claim(run_id, owner) is None:
+        return False
+    log.warning("run %s: claim by %s abandoned before Postgres heard of it", run_id, owner)
     return True
 
 

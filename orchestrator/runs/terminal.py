@@ -23,6 +23,7 @@ from orchestrator.runs import drain
 from orchestrator.runs.settle import settle
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import durable, live
+from orchestrator.stores.durable import ClaimedRun
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
@@ -115,26 +116,31 @@ def still_ours(run_id: str, owner: str) -> bool:
     return found.first() == owner
 
 
-def write_live_claim(run_id: str, owner: str | None = None) -> bool:
+def write_live_claim(run_id: str, owner: str | None = None) -> ClaimedRun | None:
     """Postgres says pending while Valkey says a worker (`owner`, or whichever it names) runs
-    the run: that worker's claim is written, started when Valkey says it was. Either the claim
-    is not written yet (a short run's is folded into its end: `durable.read_claimable`) or its
-    commit, which does not wait for its flush (`stores/sql/claim_run.sql`), was lost in a crash
-    of Postgres. Its owner's heartbeat calls this (`runs.watch`), as does a cancel, which must
-    reach the handler rather than end the run under it (`runs.cancel`). False, and nothing
+    the run: that worker's claim is written, started and last heard of when Valkey says. Either
+    the claim is not written yet (a short run's is folded into its end:
+    `durable.read_claimable`) or its commit, which does not wait for its flush
+    (`stores/sql/claim_run.sql`), was lost in a crash of Postgres. Its owner's heartbeat calls
+    this (`runs.watch`); so does a cancel, which must reach the handler rather than end the run
+    under it (`runs.cancel`), and whoever finds the owner gone, so the lost attempt is counted
+    and resumed (or failed) as any other (`runs.runner`, `recovery.pending`). None, and nothing
     written, when Valkey does not say so or Postgres no longer calls the run pending."""
     held = live.read(run_id)
     holder = held.get("owner", "")
     if held.get("state") != RunState.ACTIVE or not holder or owner not in (None, holder):
-        return False
-    taken_ms = str(held.get("started_at", ""))
-    started_at = (
-        datetime.fromtimestamp(int(taken_ms) / 1000, tz=UTC) if taken_ms.isdigit() else None
-    )
-    if durable.claim(run_id, holder, started_at=started_at) is None:
-        return False
-    log.info("run %s: claim by %s written to Postgres", run_id, holder)
-    return True
+        return None
+    started_at = _moment(held.get("started_at"))
+    heard_at = _moment(held.get("heartbeat_at")) or started_at
+    claimed = durable.claim(run_id, holder, started_at=started_at, heard_at=heard_at)
+    if claimed is not None:
+        log.info("run %s: claim by %s written to Postgres", run_id, holder)
+    return claimed
+
+
+def _moment(valkey_ms: object) -> datetime | None:
+    text = str(valkey_ms or "")
+    return datetime.fromtimestamp(int(text) / 1000, tz=UTC) if text.isdigit() else None
 
 
 def cancel(

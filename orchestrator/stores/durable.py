@@ -114,14 +114,21 @@ def state_of(run_id: str) -> str | None:
     return None if found is None else str(found[0])
 
 
-def claim(run_id: str, owner: str, *, started_at: datetime | None = None) -> ClaimedRun | None:
+def claim(
+    run_id: str,
+    owner: str,
+    *,
+    started_at: datetime | None = None,
+    heard_at: datetime | None = None,
+) -> ClaimedRun | None:
     """pending → active for `owner`, if the run is pending and due; None if it is not.
-    `started_at`: when a deferred claim (`read_claimable`) was really taken (default: now)."""
+    `started_at`: when a deferred claim (`read_claimable`) was really taken; `heard_at`: when
+    its owner was last heard of, for a claim written on its behalf (both default to now)."""
     with connection.cursor() as cursor:
         queries.send(
             cursor,
             queries.CLAIM_RUN,
-            {"run_id": run_id, "owner": owner, "started_at": started_at},
+            {"run_id": run_id, "owner": owner, "started_at": started_at, "heard_at": heard_at},
             before=ASYNC_COMMIT,
         )
         found = cursor.fetchone()

@@ -472,16 +472,25 @@ def test_a_claim_postgres_lost_whose_owner_beats_is_a_live_claim() -> None:
         assert (live.read(run_id)["state"], live.read(run_id)["owner"]) == ("active", OWNER)
 
 
-def test_a_claim_postgres_lost_whose_owner_went_silent_is_handed_back() -> None:
+def test_a_claim_postgres_lost_whose_owner_went_silent_is_resumed_as_an_orphan() -> None:
     run_id = _pending("claim lost, owner gone", 90)
     _claim_lost_by_postgres(run_id, beat_age_s=THRESHOLD + 100)
+    reconciler = Reconciler()
 
-    report = Reconciler().tick()
+    report = reconciler.tick()
 
-    assert report.pending.released == 1 and report.pending.republished == 1
+    # Its claim is written for it, as of its last heartbeat: the lost attempt counts.
+    assert report.pending.silent_claims == 1 and report.pending.republished == 0
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.owner_instance_id, row.attempts) == ("active", OWNER, 1)
+
+    report = reconciler.tick()
+
+    assert report.orphans.resumed == 1
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.attempts, row.error["kind"]) == ("pending", 1, "orphaned")
     assert live.read(run_id)["state"] == "pending"
     assert _waiting_messages() == [run_id]
-    assert TaskHistory.objects.get(id=run_id).state == "pending"
 
 
 # --- the lock: one reconciler per tick, and no write without it ------------------------------

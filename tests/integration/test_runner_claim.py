@@ -8,6 +8,8 @@ The runner is called in this process, as a worker's pool child would call it."""
 from __future__ import annotations
 
 import select
+import socket
+import subprocess
 from contextlib import closing
 from datetime import timedelta
 
@@ -163,6 +165,25 @@ def test_a_duplicate_of_an_ended_run_is_dropped_and_gives_its_slot_back() -> Non
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.attempts) == ("completed", 1)
+    assert running([TASK]) == {TASK: 0}
+
+
+def test_a_redelivery_whose_claimer_died_before_postgres_heard_counts_the_lost_attempt() -> None:
+    run_id = _start()
+    # A pool child of this host claimed the run in Valkey and was killed within its first
+    # second, before its claim reached Postgres; Celery gives its message back.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead_owner = f"{socket.gethostname()}:{gone.pid}:DEADBEEF"
+    live.claim(run_id, dead_owner)
+
+    run_message(TASK, run_id, 1, redelivered=True)
+
+    row = TaskHistory.objects.get(id=run_id)
+    # Resumed as any lost worker's run: the lost attempt counted, the run due again.
+    assert (row.state, row.attempts, row.error["kind"]) == ("pending", 1, "worker_lost")
+    assert _moves(run_id) == [(None, "pending"), ("pending", "active"), ("active", "pending")]
+    assert live.read(run_id)["state"] == "pending"
     assert running([TASK]) == {TASK: 0}
 
 

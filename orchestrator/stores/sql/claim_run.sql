@@ -8,18 +8,20 @@
 -- `attempts` comes back already counting this attempt; `stages` and `stage_results` tell a
 -- pipeline run where it starts (a resumed run has stages completed already).
 -- The commit does not wait for its WAL flush (`durable.ASYNC_COMMIT`: a `SET LOCAL` sent
--- before this statement in the same round trip, for its own implicit transaction). That is
--- half of a run's flush waits, for a claim only a crash of Postgres itself can lose, and then
+-- before this statement in the same round trip, for its own implicit transaction): no run
+-- waits on a flush for its claim, which only a crash of Postgres itself can lose, and then
 -- within wal_writer_delay (about 0.2 s); the run's next synchronous commit flushes it anyway.
 -- A lost claim leaves the row `pending` while Valkey says its owner runs it; the owner claims
--- it again at its next heartbeat (`runs.terminal.retake_lost_claim`), and its end takes the
+-- it again at its next heartbeat (`runs.terminal.write_live_claim`), and its end takes the
 -- lost claim with it (end_run.sql, given the attempt count this claim returned).
--- Parameters: run_id, owner, started_at (or NULL).
+-- A claim written for its owner by someone else (`runs.terminal.write_live_claim`) carries when
+-- that owner was last heard of (`heard_at`), so Postgres judges its staleness as Valkey does.
+-- Parameters: run_id, owner, started_at (or NULL), heard_at (or NULL: now).
 UPDATE task_history
    SET state = 'active',
        owner_instance_id = %(owner)s,
        started_at = COALESCE(%(started_at)s::timestamptz, now()),
-       heartbeat_at = now(),
+       heartbeat_at = COALESCE(%(heard_at)s::timestamptz, now()),
        updated_at = now(),
        attempts = attempts + 1
  WHERE id = %(run_id)s
