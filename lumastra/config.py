@@ -311,6 +311,12 @@ class Config:
     db_conn_max_age_s: int = _env(
         "LUMASTRA_DB_CONN_MAX_AGE_S", "600", int, "persistent DB connection lifetime"
     )
+    store_timeout_s: int = _env(
+        "LUMASTRA_STORE_TIMEOUT_S",
+        "10",
+        _positive_int,
+        "a Valkey or Postgres call that hears nothing back this long fails",
+    )
     db_prepare_threshold: int = _env(
         "LUMASTRA_DB_PREPARE_THRESHOLD",
         "5",

@@ -95,6 +95,21 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# A connection whose path went dead (a partition: nothing answers, nothing says so) fails
+# within LUMASTRA_STORE_TIMEOUT_S instead of hanging its thread for the kernel's 15-minute
+# retransmission limit: a heartbeat, a claim or a terminal write must fail well inside the
+# run's lease (`orchestrator.runs.watch`). Sent data unacknowledged that long fails the call
+# (tcp_user_timeout); an idle or waiting connection is probed by keepalives. A slow query on a
+# live server is not cut: its server's kernel still answers the probes.
+DATABASES["default"]["OPTIONS"] = {
+    "connect_timeout": CONFIG.store_timeout_s,
+    "keepalives": 1,
+    "keepalives_idle": max(1, CONFIG.store_timeout_s // 2),
+    "keepalives_interval": 1,
+    "keepalives_count": max(1, CONFIG.store_timeout_s // 2),
+    "tcp_user_timeout": CONFIG.store_timeout_s * 1000,
+    **DATABASES["default"].get("OPTIONS", {}),
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # The API body limit. Under ASGI, orchestrator.api.limits.BodyLimit refuses a bigger body

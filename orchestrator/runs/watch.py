@@ -27,7 +27,11 @@ refused anyway, and it must not run beside a successor.
 
 A handler cut off from both stores (no heartbeat confirmed by Postgres or Valkey) for half of
 LUMASTRA_ORPHAN_THRESHOLD_S is killed as well: at the threshold the reconciler puts its run
-back for another attempt (`runs.resume`), and the two must not run side by side.
+back for another attempt (`runs.resume`), and the two must not run side by side. That lease is
+kept by a thread of its own, on the monotonic clock alone: it takes no lock and calls no store,
+so a heartbeat hung on a dead connection cannot stop it (a partition once kept a cut-off
+handler running for 26 s past its lease that way, DESIGN §9). Every store call fails within
+LUMASTRA_STORE_TIMEOUT_S besides (`stores/valkey.py`, the Postgres connection options).
 
 Not guaranteed: needs the prefork pool (a kill in a thread pool would take every run of the
 worker with it); watchdogs look about once a second and heartbeats once an interval; a
@@ -63,6 +67,8 @@ log = logging.getLogger(__name__)
 
 # How often the watchdogs look, whatever the heartbeat interval.
 CHECK_EVERY_S = 1.0
+# How often the lease thread looks.
+LEASE_CHECK_S = 0.25
 # A plain run still going this long after its claim has its claim written to Postgres (the
 # first tick after it): until then only Valkey knows it runs, and the reconciler reads
 # "pending in Postgres, active and fresh in Valkey" as running (`recovery.pending`). Most
@@ -109,6 +115,8 @@ class Watcher:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="run-watch", daemon=True)
         self._thread.start()
+        self._lease = threading.Thread(target=self._keep_lease, name="run-lease", daemon=True)
+        self._lease.start()
 
     def watch(self, watched: Watched) -> None:
         with self._lock:
@@ -119,6 +127,14 @@ class Watcher:
         with self._lock:
             if self._current is watched:
                 self._current = None
+
+    def _keep_lease(self) -> None:
+        while True:
+            time.sleep(LEASE_CHECK_S)
+            # Read without the lock: the watch thread holds it while it waits on a store.
+            watched = self._current
+            if watched is not None:
+                _stop_if_cut_off(watched)
 
     def _loop(self) -> None:
         pubsub: PubSub = valkey.client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
@@ -246,18 +262,6 @@ class Watcher:
     def _watchdogs(self, watched: Watched) -> None:
         config = settings.CONFIG
         now = time.monotonic()
-        cut_off_s = now - watched.confirmed
-        if cut_off_s > config.orphan_threshold_s / 2:
-            # Neither store has heard this run for half the orphan threshold: the reconciler
-            # will soon put it back for another attempt elsewhere (`runs.resume`), and this
-            # handler must not still be running then.
-            log.error(
-                "run %s: no heartbeat confirmed for %.0fs (orphan threshold %ss); stopping it",
-                watched.run_id,
-                cut_off_s,
-                config.orphan_threshold_s,
-            )
-            _kill_this_process()
         hard = watched.definition.timeout.hard
         if now - watched.started > hard.total_seconds():
             self._end(watched, ErrorKind.TIMEOUT, f"passed its hard timeout of {hard}")
@@ -294,6 +298,22 @@ class Watcher:
             progress=context.progress.document(),
             attempt=watched.attempt,
             started_at=watched.deferred_since,
+        )
+        _kill_this_process()
+
+
+def _stop_if_cut_off(watched: Watched) -> None:
+    threshold_s = settings.CONFIG.orphan_threshold_s
+    cut_off_s = time.monotonic() - watched.confirmed
+    if cut_off_s > threshold_s / 2:
+        # Neither store has heard this run for half the orphan threshold: the reconciler will
+        # soon put it back for another attempt elsewhere (`runs.resume`), and this handler
+        # must not still be running then.
+        log.error(
+            "run %s: no heartbeat confirmed for %.0fs (orphan threshold %ss); stopping it",
+            watched.run_id,
+            cut_off_s,
+            threshold_s,
         )
         _kill_this_process()
 

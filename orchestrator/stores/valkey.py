@@ -14,11 +14,23 @@ from django.conf import settings
 from redis.client import Pipeline
 
 
+def _options() -> dict[str, Any]:
+    # A connection whose path went dead (a partition) fails within the store timeout instead
+    # of hanging its thread until the kernel gives up (`lumastra/settings.py` does the same
+    # for Postgres). A pub/sub wait with its own timeout is not cut by it.
+    timeout = settings.CONFIG.store_timeout_s
+    return {
+        "decode_responses": True,
+        "health_check_interval": 30,
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "socket_keepalive": True,
+    }
+
+
 @cache
 def client() -> redis.Redis:
-    return redis.Redis.from_url(
-        settings.CONFIG.valkey_url, decode_responses=True, health_check_interval=30
-    )
+    return redis.Redis.from_url(settings.CONFIG.valkey_url, **_options())
 
 
 _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis.asyncio.Redis] = (
@@ -32,9 +44,7 @@ def async_client() -> redis.asyncio.Redis:
     loop = asyncio.get_running_loop()
     found = _async_clients.get(loop)
     if found is None:
-        found = redis.asyncio.Redis.from_url(
-            settings.CONFIG.valkey_url, decode_responses=True, health_check_interval=30
-        )
+        found = redis.asyncio.Redis.from_url(settings.CONFIG.valkey_url, **_options())
         _async_clients[loop] = found
     return found
 
