@@ -57,6 +57,19 @@ THRESHOLDS = {
 # The scenarios that crash Postgres, on a server of their own (`scenarios.Scenario.own_postgres`).
 OWN_POSTGRES = frozenset({"pg-crash"})
 OWN_DATABASE = "lumastra_faults"
+# The partition scenarios and their hosts (`scenarios.Scenario.hosts`): network namespaces
+# (`tests.faults.netns`), each running the real worker role, and both stores of their own
+# behind the bridge, so a cut drops exactly one host's packets.
+OWN_NETWORK: dict[str, tuple[str, ...]] = {"partition-full": ("hosta", "hostb")}
+# What every process of a partition scenario runs with: two pools per host (io 3, cpu 1), and
+# store calls that fail well inside the compressed lease (half the orphan threshold, 3 s).
+NETWORK_ENV = {
+    "LUMASTRA_TASK_MODULES": "tests.faults.cluster_tasks",
+    "LUMASTRA_CONCURRENCY_IO": "3",
+    "LUMASTRA_CONCURRENCY_CPU": "1",
+    "LUMASTRA_STORE_TIMEOUT_S": "2",
+    "LUMASTRA_SECRET_KEY": "faults-partition-scenarios",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,14 +84,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
 
+    from tests.faults.netns import STORES_ADDRESS, Network
     from tests.faults.servers import PostgresServer, ValkeyServer
 
     LOG_DIR.mkdir(exist_ok=True)
     aof = args.scenario.endswith("-aof")
-    server = ValkeyServer(aof=aof, log_path=LOG_DIR / f"faults-{args.scenario}-valkey.log")
+    hosts = OWN_NETWORK.get(args.scenario, ())
+    network = Network() if hosts else None
+    stores_host = STORES_ADDRESS if hosts else "127.0.0.1"
+    server = ValkeyServer(
+        aof=aof, log_path=LOG_DIR / f"faults-{args.scenario}-valkey.log", host=stores_host
+    )
     postgres: PostgresServer | None = None
     effects = LOG_DIR / f"faults-{args.scenario}-{os.getpid()}-effects.jsonl"
     try:
+        if network is not None:
+            network.up()
+            for name in hosts:
+                network.add_host(name)
+            os.environ.update(NETWORK_ENV)
         server.start()
         os.environ.update(
             {
@@ -90,15 +114,19 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lumastra.settings")
-        if args.scenario in OWN_POSTGRES:
-            postgres = PostgresServer(log_path=LOG_DIR / f"faults-{args.scenario}-postgres.log")
+        if args.scenario in OWN_POSTGRES or network is not None:
+            postgres = PostgresServer(
+                log_path=LOG_DIR / f"faults-{args.scenario}-postgres.log", host=stores_host
+            )
             _own_database(postgres)
         django.setup()
-        return _run(args.scenario, args.scale, server, postgres, effects, args.report)
+        return _run(args.scenario, args.scale, server, postgres, effects, args.report, network)
     finally:
         server.stop()
         if postgres is not None:
             postgres.stop()
+        if network is not None:
+            network.down()
         effects.unlink(missing_ok=True)
         shutil.rmtree(f"{effects}.locks", ignore_errors=True)
 
@@ -139,11 +167,13 @@ def _run(
     postgres: object,
     effects: Path,
     report_path: Path | None,
+    network: object = None,
 ) -> int:
     from django.db import connection
 
     from tests.faults import checker
     from tests.faults.harness import Harness
+    from tests.faults.netns import Network
     from tests.faults.scenarios import SCENARIOS
     from tests.faults.servers import PostgresServer, ValkeyServer
 
@@ -151,10 +181,12 @@ def _run(
     assert postgres is None or isinstance(postgres, PostgresServer)
     scenario = SCENARIOS[name]
     assert scenario.aof == server.aof
-    assert scenario.own_postgres == (postgres is not None)
+    assert scenario.own_postgres == (name in OWN_POSTGRES)
+    assert scenario.hosts == OWN_NETWORK.get(name, ())
+    assert network is None or isinstance(network, Network)
     report = checker.Report(name)
     began = time.monotonic()
-    harness = Harness(name, server, effects, scale=scale, postgres=postgres)
+    harness = Harness(name, server, effects, scale=scale, postgres=postgres, network=network)
     with connection.cursor() as cursor:
         cursor.execute("SELECT now()")
         harness.since = cursor.fetchone()[0]

@@ -30,6 +30,7 @@ from orchestrator.runs.start import start_run
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
+from tests.faults.netns import Host, Network
 from tests.faults.servers import PostgresServer, ValkeyServer
 from tests.support.fixtures import ROOT, worker_process
 
@@ -76,6 +77,8 @@ class Harness:
     scale: float = 1.0
     # The scenario's own Postgres (`Scenario.own_postgres`), which DATABASE_URL names.
     postgres: PostgresServer | None = None
+    # The partition scenarios' hosts and the cuts between them (`Scenario.hosts`).
+    network: Network | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(4))
     workers: list[Worker] = field(default_factory=list)
     started: list[str] = field(default_factory=list)
@@ -170,6 +173,33 @@ class Harness:
                     needle in line for line in path.read_text(errors="replace").splitlines()
                 )
         return count
+
+    def host_role(self, host: Host) -> Worker:
+        """The real worker role (`deploy/start-worker.sh`: a Celery worker per pool and the
+        loops, under the role's supervisor) on a host of the partition scenarios' network,
+        in its namespace and under its own hostname."""
+        assert self.network is not None, "a host role runs on the scenario's own network"
+        label = f"faults-{self.scenario}-{host.name}"
+        log = open(LOG_DIR / f"worker-{label}-{os.getpid()}.log", "wb")  # noqa: SIM115
+        process = subprocess.Popen(
+            self.network.argv(host, [str(ROOT / "deploy" / "start-worker.sh")]),
+            cwd=ROOT,
+            env={**os.environ, "LUMASTRA_PYTHON": sys.executable},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        stack = ExitStack()
+        stack.callback(log.close)
+        stack.callback(_stop, process)
+        deadline = time.monotonic() + 60
+        while not current_app.control.ping(destination=[f"io@{host.name}"], timeout=0.5):
+            if process.poll() is not None or time.monotonic() > deadline:
+                stack.close()
+                raise RuntimeError(f"worker role on {host.name} did not start; see {log.name}")
+        worker = Worker(label, process, stack)
+        self.workers.append(worker)
+        self._worker_names.append(label)
+        return worker
 
     def loops(self, env: Mapping[str, str] | None = None) -> None:
         """`python -m orchestrator.loops`: boot recovery, then the reconciler and the drain."""

@@ -41,6 +41,9 @@ class Scenario:
     aof: bool = False
     # Runs on a Postgres server of its own, which it crashes (tests/faults/driver.py).
     own_postgres: bool = False
+    # Hosts of its own network (`tests.faults.netns`), each running the real worker role; the
+    # stores (its own Valkey and Postgres) sit behind the bridge (tests/faults/driver.py).
+    hosts: tuple[str, ...] = ()
     # Longest wait after the last fault for every run to end, before the rest counts as
     # stuck: the slowest recovery path the scenario can take (see docs/reliability.md).
     bound_s: float = 60.0
@@ -637,6 +640,61 @@ def pipeline_valkey_restart(h: Harness) -> list[str]:
     return []
 
 
+# --- partitions between hosts (issue 26) ---------------------------------------------------
+
+# Longer than the orphan threshold (6 s here): host A's runs are resumed elsewhere meanwhile.
+FULL_CUT_S = 15.0
+
+
+def _slow_and_pipes(h: Harness) -> Callable[[int], Any]:
+    """Three runs in four of the slow-progress task (0.5-2.5 s of progress reports), one
+    four-stage pipeline (0.2-0.6 s a stage)."""
+
+    def make(index: int) -> tuple[str, dict[str, Any]]:
+        if index % 4 == 3:
+            return "test-fault-pipe", {"ms": h.rng.randint(200, 600)}
+        return "test-fault-resume", {"ms": h.rng.randint(500, 2500)}
+
+    return make
+
+
+def partition_full(h: Harness) -> list[str]:
+    """Host A is cut from both stores (its packets to and from Valkey and Postgres dropped,
+    as on a dead link) for longer than the orphan threshold, its handlers running. Its runs
+    must be resumed on host B; A's handlers must stop themselves at their lease, before B
+    resumes them, so nothing runs twice at once; A's late writes after the heal are refused
+    by the fences; A takes runs again once healed; every run completes."""
+    assert h.network is not None and h.postgres is not None
+    a, b = h.network.hosts["hosta"], h.network.hosts["hostb"]
+    role_a = h.host_role(a)
+    h.host_role(b)
+    count = h.n(200)
+    with h.load(count, _slow_and_pipes(h)):
+        h.wait(lambda: len(h.active_runs_of(role_a)) >= 2, 60, "host A running runs")
+    on_a = h.active_runs_of(role_a)
+    h.network.cut(a, (h.valkey.port, h.postgres.port))
+    h.fault("host A cut from Valkey and Postgres")
+    h.pause(FULL_CUT_S)
+    h.network.heal(a)
+    h.fault("host A healed")
+    healed = time.time()
+    h.notes["runs on host A at the cut"] = len(on_a)
+    h.settle(SCENARIOS["partition-full"].bound_s)
+    log_a = role_a.name
+    stopped = h.log_count(role_a, "no heartbeat confirmed")
+    h.notes["host A handlers stopped at their lease"] = stopped
+    h.notes["host A late writes refused (no longer ours / not recorded)"] = h.log_count(
+        role_a, "no longer ours"
+    ) + h.log_count(role_a, "not recorded")
+    h.notes["resumed after host A went silent (reconciler)"] = h.log_count(None, "orphaned")
+    after = [e for e in read_effects(h.effects_path) if e.at > healed]
+    h.notes["entries on host A after the heal"] = sum(e.owner.startswith("hosta:") for e in after)
+    problems = _expect_all_completed(h, f"across host A's {FULL_CUT_S:.0f} s cut ({log_a})")
+    if not stopped:
+        problems.append("no handler of host A stopped itself while cut off")
+    return problems
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -680,6 +738,13 @@ SCENARIOS: dict[str, Scenario] = {
             "pipeline-valkey-restart",
             "Valkey crash without AOF between pipeline stages",
             pipeline_valkey_restart,
+        ),
+        Scenario(
+            "partition-full",
+            "host A cut from Valkey and Postgres past the orphan threshold, handlers running",
+            partition_full,
+            hosts=("hosta", "hostb"),
+            bound_s=90.0,
         ),
         Scenario(
             "backlog",

@@ -39,15 +39,18 @@ class ValkeyServer:
     crash is there after the restart. `aof=False`: no persistence at all, so a restart is a
     Valkey that lost everything (live hashes, locks, the broker's queues)."""
 
-    def __init__(self, *, aof: bool, log_path: Path) -> None:
+    def __init__(self, *, aof: bool, log_path: Path, host: str = "127.0.0.1") -> None:
         self.aof = aof
+        # Where clients reach it: loopback, or also the partition scenarios' bridge
+        # (`tests.faults.netns`), which their hosts reach it by.
+        self.host = host
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="lumastra-faults-valkey-"))
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
     def url(self, db: int) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
+        return f"redis://{self.host}:{self.port}/{db}"
 
     def argv(self) -> list[str]:
         binary = shutil.which("redis-server") or shutil.which("valkey-server")
@@ -63,7 +66,10 @@ class ValkeyServer:
             "--port",
             str(self.port),
             "--bind",
-            "127.0.0.1",
+            " ".join(dict.fromkeys(("127.0.0.1", self.host))),
+            # Clients on the bridge are the scenario's own hosts, not the internet.
+            "--protected-mode",
+            "no",
             "--dir",
             str(self.dir),
             "--save",
@@ -130,7 +136,8 @@ class PostgresServer:
     `postgres` OS user (`runuser`), which owns the directory; otherwise as the current user.
     The binaries are found in /usr/lib/postgresql/<newest version>/bin, or on PATH."""
 
-    def __init__(self, *, log_path: Path) -> None:
+    def __init__(self, *, log_path: Path, host: str = "127.0.0.1") -> None:
+        self.host = host  # as for ValkeyServer
         self.bin = postgres_bin()
         self._as: list[str] = []
         owner = None
@@ -152,7 +159,7 @@ class PostgresServer:
         self.running = False
 
     def url(self, database: str) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+        return f"postgres://postgres@{self.host}:{self.port}/{database}"
 
     def init(self) -> None:
         """`initdb`: a new cluster, UTF-8, trust authentication for local connections."""
@@ -160,11 +167,17 @@ class PostgresServer:
             "initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
             "--locale=C.UTF-8", "--no-instructions",
         )  # fmt: skip
+        if self.host != "127.0.0.1":
+            # The scenario's hosts, on its bridge's /24 (`tests.faults.netns`).
+            subnet = self.host.rsplit(".", 1)[0] + ".0/24"
+            with open(self.data / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {subnet} trust\n")
 
     def start(self) -> None:
         """`pg_ctl start`, waiting until it accepts connections (after crash recovery)."""
         options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=on "
+            f"-p {self.port} -k {self.dir} "
+            f"-c listen_addresses={','.join(dict.fromkeys(('127.0.0.1', self.host)))} -c fsync=on "
             "-c shared_buffers=32MB -c max_connections=100"
         )
         self._run(
@@ -189,7 +202,7 @@ class PostgresServer:
 
     def create_database(self, name: str) -> None:
         self._run(
-            "psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", "postgres",
+            "psql", "-h", self.host, "-p", str(self.port), "-U", "postgres", "-d", "postgres",
             "-v", "ON_ERROR_STOP=1", "-q", "-c", f'CREATE DATABASE "{name}"',
         )  # fmt: skip
 

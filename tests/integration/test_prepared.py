@@ -20,6 +20,8 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 
 # test-noop without a worker on its queue: the shared worker would take the message first.
 TASK = "test-rt-plain"
+# A first delivery's read of what its claim needs (read_claimable.sql), sent as text.
+READ = "SELECT input, identity, priority, attempts + 1"
 
 
 def _runs(count: int) -> list[str]:
@@ -58,9 +60,8 @@ def test_a_connection_prepares_a_runs_statements_once_they_are_used_often(
 
     expected = ["text", "text", "prepare", "execute", "execute"]
     assert _forms(sent, "insert_run", "INSERT INTO task_history") == expected
-    assert _forms(sent, "claim_run", "UPDATE task_history\n   SET state = 'active'") == expected
+    assert _forms(sent, "read_claimable", READ) == expected
     assert _forms(sent, "end_run", "UPDATE task_history\n   SET state = 'completed'") == expected
-    assert not any(sql.strip().startswith("PREPARE") for sql in sent if "SET LOCAL" in sql)
     assert set(TaskHistory.objects.values_list("state", flat=True)) == {"completed"}
 
 
@@ -76,9 +77,8 @@ def test_a_statement_the_server_forgot_is_sent_again_as_text(settings: LazySetti
         start_run(TASK, {}, trigger=TriggerKind.MANUAL)
     sent = _runs(2)
 
-    # Outside a transaction (the claim, the end) it is sent again as text at once.
-    claim = "UPDATE task_history\n   SET state = 'active'"
-    assert _forms(sent, "claim_run", claim) == ["execute", "text", "text"]
+    # Outside a transaction (the claim's read, the end) it is sent again as text at once.
+    assert _forms(sent, "read_claimable", READ) == ["execute", "text", "text"]
     assert _forms(sent, "insert_run", "INSERT INTO task_history") == ["text", "text"]
     assert TaskHistory.objects.filter(state="completed").count() == 3
 
