@@ -11,23 +11,50 @@ from django.db.models.functions import Now
 
 from orchestrator.states import LIVE_RUN_STATES, RunState
 
-# The CloudEvents 1.0 envelope of a run's change of state (`webhooks.events` reads it).
-_RUN_EVENT = """
+# A claim's end that took its claim with it (end_run.sql: the row still pending, ended for the
+# claim's owner; a short run's claim is folded into its end) made two moves in one statement:
+# the triggers record both, so the audit and the events show every claim.
+_FOLDED_CLAIM = (
+    "TG_OP = 'UPDATE' AND OLD.state = 'pending' AND NEW.state IN ('completed', 'failed')"
+    " AND NEW.owner_instance_id <> ''"
+)
+
+# The CloudEvents 1.0 envelope of a run's change of state (`webhooks.events` reads it); a
+# folded claim's `active` first.
+_RUN_EVENT = f"""
 IF NOT EXISTS (SELECT 1 FROM webhook_endpoint WHERE enabled) THEN RETURN NULL; END IF;
 INSERT INTO run_event_outbox (id, envelope, created_at)
-SELECT e.id, jsonb_build_object(
-    'specversion', '1.0', 'id', e.id, 'source', '/lumastra/runs',
-    'type', 'org.lumastra.task.run.' || NEW.state,
+SELECT m.id, jsonb_build_object(
+    'specversion', '1.0', 'id', m.id, 'source', '/lumastra/runs',
+    'type', 'org.lumastra.task.run.' || m.state,
     'time', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
     'subject', NEW.id, 'datacontenttype', 'application/json',
     'data', jsonb_build_object(
-        'run_id', NEW.id, 'task', NEW.task_id, 'state', NEW.state, 'priority', NEW.priority,
+        'run_id', NEW.id, 'task', NEW.task_id, 'state', m.state, 'priority', NEW.priority,
         'trigger', NEW.trigger, 'attempts', NEW.attempts, 'created_at', NEW.created_at,
-        'started_at', NEW.started_at, 'finished_at', NEW.finished_at, 'error', NEW.error)),
+        'started_at', NEW.started_at,
+        'finished_at', CASE WHEN m.step = 1 THEN NULL ELSE NEW.finished_at END,
+        'error', CASE WHEN m.step = 1 THEN NULL ELSE NEW.error END)),
     clock_timestamp()
-  FROM (SELECT 'evt_' || replace(gen_random_uuid()::text, '-', '') AS id) AS e;
+  FROM (SELECT step, state, 'evt_' || replace(gen_random_uuid()::text, '-', '') AS id
+          FROM (VALUES (1, 'active'), (2, NEW.state::text)) AS moves(step, state)
+         WHERE step = 2 OR ({_FOLDED_CLAIM})) AS m
+ ORDER BY m.step;
 RETURN NULL;
-"""
+"""  # noqa: S608 (built from the constant above, not from input)
+
+_AUDIT_UPDATE = f"""
+IF {_FOLDED_CLAIM} THEN
+  INSERT INTO task_history_audit (run_id, from_state, to_state, at) VALUES
+    (NEW.id, 'pending', 'active', LEAST(COALESCE(NEW.started_at, clock_timestamp()),
+                                        clock_timestamp())),
+    (NEW.id, 'active', NEW.state, clock_timestamp());
+ELSE
+  INSERT INTO task_history_audit (run_id, from_state, to_state, at)
+  VALUES (NEW.id, OLD.state, NEW.state, clock_timestamp());
+END IF;
+RETURN NULL;
+"""  # noqa: S608 (built from the constant above, not from input)
 
 
 class TaskHistory(models.Model):
@@ -121,10 +148,7 @@ class TaskHistory(models.Model):
                 when=pgtrigger.After,
                 operation=pgtrigger.UpdateOf("state"),  # type: ignore[no-untyped-call]
                 condition=pgtrigger.AnyChange("state"),
-                func=(
-                    "INSERT INTO task_history_audit (run_id, from_state, to_state, at)"
-                    " VALUES (NEW.id, OLD.state, NEW.state, clock_timestamp()); RETURN NULL;"
-                ),
+                func=_AUDIT_UPDATE,
             ),
             # The run's change as a CloudEvent in the webhook outbox, in the same transaction;
             # nothing but a read of the (small) endpoint table while none is enabled.

@@ -148,6 +148,11 @@ def _run_from_row(
         # timeout shorter than the run) ends here instead of looping forever.
         _give_up(definition, row, deliveries)
         return
+    if row.state == RunState.PENDING and redelivered and _write_abandoned_claim(row.id):
+        # Back because its claimer died before Postgres heard of its claim: that claim is
+        # written now, so the run is a lost worker's (and the slot its claim took is freed)
+        # before any hook judges this delivery.
+        row.refresh_from_db()
     if row.state != RunState.PENDING:
         _not_pending(definition, row)
         return

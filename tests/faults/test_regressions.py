@@ -97,21 +97,34 @@ def test_a_message_stranded_in_unacked_is_published_again() -> None:
 
 def test_a_claim_that_reached_valkey_only_does_not_strand_the_run() -> None:
     run_id = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
-    # What a worker leaves behind when claim_run.lua ran but its Postgres claim raised
-    # (OperationalError; or the reply of the Lua call was lost): the hash says active, owned
-    # by a process that no longer runs it; Postgres says pending; the message was acknowledged.
-    live.claim(run_id, "elsewhere:1:DEADBEEF")
+    # What a worker on another host leaves behind when it died after claim_run.lua and before
+    # Postgres heard of its claim (a short run's claim is folded into its end; or the reply of
+    # the Lua call was lost): the hash says active, owned by a process that no longer runs it;
+    # Postgres says pending; the message was acknowledged.
+    owner = "elsewhere:1:DEADBEEF"
+    live.claim(run_id, owner)
     broker.client().delete(*(keys.broker_queue(QUEUE, s) for s in keys.BROKER_PRIORITY_STEPS))
-    fresh_claim_refuses = TaskHistory.objects.get(id=run_id).state
     run_message("test-fault-work", run_id, 1)  # a delivery racing a live claimer: refused
-    assert TaskHistory.objects.get(id=run_id).state == fresh_claim_refuses == "pending"
-    # The reconciler re-publishes only after its pending delay; by then the claim is old.
-    started_ms = int(live.read(run_id)["started_at"]) - 60_000
-    valkey.client().hset(keys.run_active(run_id), "started_at", started_ms)
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+    # The reconciler re-publishes only after its pending delay; by then the claim is old, and
+    # its owner has been silent for longer than the orphan threshold.
+    silent_ms = int(live.read(run_id)["started_at"]) - 400_000
+    valkey.client().hset(
+        keys.run_active(run_id), mapping={"started_at": silent_ms, "updated_at": silent_ms}
+    )
 
     run_message("test-fault-work", run_id, 1)  # the reconciler's re-published message
 
-    assert TaskHistory.objects.get(id=run_id).state == "completed"
+    # Its claim is written for it, as of its last sign of life: the lost attempt counts, and
+    # the run is an orphan the reconciler resumes; its next attempt completes.
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.owner_instance_id, row.attempts) == ("active", owner, 1)
+    _tick()
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+    TaskHistory.objects.filter(id=run_id).update(not_before=None)  # its backoff has passed
+    run_message("test-fault-work", run_id, 1)
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.attempts) == ("completed", 2)
 
 
 def test_a_live_hash_left_behind_a_terminal_write_is_repaired() -> None:
@@ -135,12 +148,13 @@ def test_a_live_hash_left_behind_a_terminal_write_is_repaired() -> None:
 
 def test_a_claim_postgres_refused_is_given_back_in_valkey() -> None:
     """pg_terminate_backend (or a Postgres outage) between the Valkey claim and the Postgres
-    one: the Valkey claim is given back, so the re-published run can still be claimed."""
+    half (its read of the run): the Valkey claim is given back, so the re-published run can
+    still be claimed."""
     run_id = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
     other = psycopg2.connect(**_dsn())
     try:
-        with other.cursor() as cursor:  # holds the row: the claim's UPDATE waits on it
-            cursor.execute("SELECT 1 FROM task_history WHERE id = %s FOR UPDATE", [run_id])
+        with other.cursor() as cursor:  # holds the table: the claim's read waits on it
+            cursor.execute("LOCK TABLE task_history IN ACCESS EXCLUSIVE MODE")
         with connection.cursor() as cursor:
             cursor.execute("SET statement_timeout = '300ms'")
         with pytest.raises(OperationalError):

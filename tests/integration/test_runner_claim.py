@@ -64,7 +64,8 @@ def test_a_short_first_delivery_reads_and_ends_in_one_write() -> None:
     statements = _statements_on_runs(captured)
     assert len(statements) == 2, statements
     read, end = statements
-    # The claim is folded into the end: read without a write, then one guarded UPDATE.
+    # The claim is folded into the end: read without a write, then one guarded UPDATE (the
+    # audit still records both moves).
     assert read.startswith(("SELECT input", "EXECUTE lumastra_read_claimable("))
     assert end.startswith(("UPDATE task_history", "EXECUTE lumastra_end_run("))
     assert not any("ORDER BY" in sql for sql in statements)
@@ -76,7 +77,7 @@ def test_a_short_first_delivery_reads_and_ends_in_one_write() -> None:
         TaskHistoryAudit.objects.filter(run_id=run_id)
         .order_by("id")
         .values_list("from_state", "to_state")
-    ) == [(None, "pending"), ("pending", "completed")]
+    ) == [(None, "pending"), ("pending", "active"), ("active", "completed")]
     assert live.read(run_id)["state"] == "completed"
     assert running([TASK]) == {TASK: 0}
 
