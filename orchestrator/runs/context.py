@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import costs
@@ -17,6 +20,10 @@ from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
 from tasks.errors import RunCancelled
 
+log = logging.getLogger(__name__)
+
+# After Valkey failed a cancel check, how long the context waits before it asks again.
+STATE_READ_BACKOFF_S = 10.0
 # Bounds on what a handler may record on its step, so a loop cannot bloat the run's row.
 MAX_WARNINGS = 50
 MAX_NAME_LENGTH = 64
@@ -90,7 +97,14 @@ class RunContext:
             raise ValueError(f"spend({kind!r}, units): units must be finite and >= 0, not {units}")
         self.cost[kind] = self.cost.get(kind, 0) + units
         if self._task_id:
-            costs.record(self._task_id, kind, units, self._clock)
+            try:
+                costs.record(self._task_id, kind, units, self._clock)
+            except RedisError:
+                # The run's row still gets it at its end (its cost_breakdown); only the day's
+                # running count in Valkey, which cost quotas read, misses it.
+                log.warning(
+                    "run %s: %s spend not counted in Valkey (unreachable)", self._run_id, kind
+                )
 
     def report_progress(
         self, done: float, total: float | None = None, item: str | None = None
@@ -104,7 +118,15 @@ class RunContext:
         # it subscribed is caught by reading the hash, at most once a second.
         if not self._cancel.is_set() and time.monotonic() - self._state_read_at > 1.0:
             self._state_read_at = time.monotonic()
-            if valkey.client().hget(keys.run_active(self._run_id), "state") == RunState.CANCELLING:
+            try:
+                state = valkey.client().hget(keys.run_active(self._run_id), "state")
+            except RedisError:
+                # Valkey away (a partition, a restart) must not fail the handler: its watch
+                # hears a cancel once Valkey answers. Not read again for a while, so a handler
+                # that checks often is not held up by the store timeout each second.
+                self._state_read_at = time.monotonic() + STATE_READ_BACKOFF_S
+                return False
+            if state == RunState.CANCELLING:
                 self._cancel.set()
         return self._cancel.is_set()
 

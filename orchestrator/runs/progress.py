@@ -71,9 +71,8 @@ class Progress:
                 log.warning("run %s: progress not written yet", self.run_id, exc_info=True)
 
     def flush(self, *, final: bool = False) -> None:
-        """Send the latest report if one waits (the watch tick calls this); the row too when
-        its forced write is due. `final`: the run is ending, its terminal write takes the row's
-        copy (`document`)."""
+        """Send the latest report to the live hash if one waits (the watch tick calls this).
+        `final`: the run is ending (its terminal write takes the row's copy, `document`)."""
         now = time.monotonic()
         with self._lock:
             if not self._waiting or self._latest is None:
@@ -81,14 +80,6 @@ class Progress:
             self._waiting = False
             self._hash_written_at = now
             document = self._with_rate(now)
-            row_due = (
-                not final
-                and self._row_stale
-                and now - self._row_written_at >= settings.CONFIG.progress_force_s
-            )
-            if row_due:
-                self._row_written_at = now
-                self._row_stale = False
         try:
             event = {"type": "progress", "run_id": self.run_id, "progress": document}
             scripts.call_with(
@@ -97,12 +88,31 @@ class Progress:
                 [json.dumps(document), to_ms(self._clock.now())],
                 lambda pipe: live.queue_event(pipe, event),
             )
-            if row_due:
-                durable.record_progress(self.run_id, document)
         except Exception:
             with self._lock:  # the report waits for the next flush
                 self._waiting = True
-                self._row_stale = self._row_stale or row_due
+            raise
+
+    def write_row(self) -> None:
+        """The row's forced write, when due: at least every LUMASTRA_PROGRESS_FORCE_S while the
+        progress keeps changing. Apart from `flush`, on the watch's Postgres thread, so a store
+        that hangs holds up only its own writes (`runs.watch`)."""
+        now = time.monotonic()
+        with self._lock:
+            if (
+                self._latest is None
+                or not self._row_stale
+                or now - self._row_written_at < settings.CONFIG.progress_force_s
+            ):
+                return
+            self._row_written_at = now
+            self._row_stale = False
+            document = self._with_rate(now, sample=False)
+        try:
+            durable.record_progress(self.run_id, document)
+        except Exception:
+            with self._lock:  # written at the next beat
+                self._row_stale = True
             raise
 
     def document(self) -> dict[str, Any] | None:

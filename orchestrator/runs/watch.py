@@ -1,15 +1,16 @@
 """The watch beside every running handler: heartbeats, the cancel listener and watchdogs.
 
-One thread per worker process (a prefork child runs one run at a time), started on first use
-and kept for the process's life, so a run pays no thread start or join. While a run is
-watched, the thread:
+Threads per worker process (a prefork child runs one run at a time: `Watcher` says which),
+started on first use and kept for the process's life, so a run pays no thread start or join.
+While a run is watched, they:
 - listens on `task:cancel:<runId>` and trips the context's cancel flag at once (the context
   also re-reads the hash now and then, in case the message came before the subscription);
 - writes a plain run's Postgres claim once it has run for CLAIM_AFTER_S: a shorter run's end
   takes its claim with it (`durable.read_claimable`), one write per run instead of two;
 - every LUMASTRA_HEARTBEAT_INTERVAL_S stamps `task_history.heartbeat_at` (Postgres clock),
-  the live hash's `heartbeat_at` and TTL (Valkey clock) and the run's concurrency lease, and
-  writes the claim again if a crash of Postgres lost it (`terminal.write_live_claim`);
+  and writes the claim again if a crash of Postgres lost it (`terminal.write_live_claim`);
+  and, from a thread of its own, the live hash's `heartbeat_at` and TTL (Valkey clock) and
+  the run's concurrency lease: a store that hangs stops only its own beat (`Watcher`);
 - sends the run's waiting log lines (`runs.logs`) and its latest progress report
   (`runs.progress`) about every second, and the last ones when the handler returns;
 - runs the watchdogs about every second: a stall warning after the task's `Stall.warn` (else
@@ -100,21 +101,35 @@ class Watched:
     deferred_since: datetime | None = None
     claim_at: float | None = None  # monotonic time to write that claim
 
+    next_postgres_beat: float = 0.0
+
     def __post_init__(self) -> None:
         # The claim stamped the first heartbeat.
         self.next_beat = self.started + settings.CONFIG.heartbeat_interval_s
+        self.next_postgres_beat = self.next_beat
         self.confirmed = self.started
         if self.deferred_since is not None:
             self.claim_at = self.started + CLAIM_AFTER_S
 
 
 class Watcher:
+    """Three threads per process: the watch (the cancel listener, the Valkey heartbeat, the
+    watchdogs, the log and progress flushes), the Postgres beat (the Postgres heartbeat and
+    the deferred claim's write) and the lease. Each store has a thread of its own, so a store
+    that hangs stops only its own beat: the other still confirms the run, as the reconciler
+    judges a run lost only when both stores stopped hearing it."""
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the watch thread's turn
+        self._postgres_lock = threading.Lock()  # the Postgres beat's turn
         self._current: Watched | None = None
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="run-watch", daemon=True)
         self._thread.start()
+        self._postgres = threading.Thread(
+            target=self._beat_postgres_loop, name="run-beat-postgres", daemon=True
+        )
+        self._postgres.start()
         self._lease = threading.Thread(target=self._keep_lease, name="run-lease", daemon=True)
         self._lease.start()
 
@@ -124,9 +139,47 @@ class Watcher:
         self._wake.set()
 
     def unwatch(self, watched: Watched) -> None:
+        # Once this returns, neither thread writes for the run (its end follows): each turn is
+        # waited for in turn, never both held at once, so a Postgres call that hangs holds up
+        # the Valkey beat of no run.
         with self._lock:
             if self._current is watched:
                 self._current = None
+        with self._postgres_lock:
+            pass
+
+    def _beat_postgres_loop(self) -> None:
+        while True:
+            time.sleep(LEASE_CHECK_S)
+            try:
+                with self._postgres_lock:
+                    watched = self._current
+                    if watched is not None:
+                        self._beat_postgres(watched)
+            except Exception:
+                log.exception("run watch: Postgres beat failed")
+
+    def _beat_postgres(self, watched: Watched) -> None:
+        now = time.monotonic()
+        if watched.claim_at is not None and now >= watched.claim_at:
+            self._write_claim(watched)
+        try:
+            watched.context.progress.write_row()
+        except Exception:
+            log.exception("run %s: progress not written to its row", watched.run_id)
+        if now < watched.next_postgres_beat:
+            return
+        watched.next_postgres_beat = now + settings.CONFIG.heartbeat_interval_s
+        close_old_connections()
+        try:
+            if durable.heartbeat(watched.run_id, watched.owner) or terminal.write_live_claim(
+                watched.run_id, watched.owner
+            ):
+                watched.confirmed = time.monotonic()
+                watched.claim_at = None
+        except Exception:
+            # A missed beat is survivable: the thresholds span several.
+            log.exception("run %s: heartbeat failed (Postgres)", watched.run_id)
 
     def _keep_lease(self) -> None:
         while True:
@@ -171,8 +224,6 @@ class Watcher:
                 self._cancel_requested(watched)
                 if message.get("data") == keys.CANCEL_KILL:
                     self._kill_now(watched)
-            if watched.claim_at is not None and time.monotonic() >= watched.claim_at:
-                self._write_claim(watched)
             if time.monotonic() >= watched.next_beat:
                 self._beat(watched)
             self._watchdogs(watched)
@@ -213,19 +264,8 @@ class Watcher:
             _kill_this_process()
 
     def _beat(self, watched: Watched) -> None:
+        """The Valkey heartbeat (Postgres has its own thread: `_beat_postgres`)."""
         watched.next_beat = time.monotonic() + settings.CONFIG.heartbeat_interval_s
-        close_old_connections()
-        # Each store alone: the reconciler judges a run lost only when both stopped hearing
-        # it, so a beat that reaches one of them keeps the run ours.
-        try:
-            if durable.heartbeat(watched.run_id, watched.owner) or terminal.write_live_claim(
-                watched.run_id, watched.owner
-            ):
-                watched.confirmed = time.monotonic()
-                watched.claim_at = None
-        except Exception:
-            # A missed beat is survivable: the thresholds span several.
-            log.exception("run %s: heartbeat failed (Postgres)", watched.run_id)
         try:
             state, _, _ = scripts.call(
                 "heartbeat_run",

@@ -26,7 +26,7 @@ from orchestrator.states import TERMINAL_RUN_STATES
 from orchestrator.stores import broker, keys, valkey
 from tasks import registry
 from tests.faults.checker import read_effects
-from tests.faults.harness import QUEUES, Harness, _kill
+from tests.faults.harness import QUEUES, Harness, Worker, _kill
 from tests.faults.servers import PgProxy
 from tests.support.fixtures import database_url
 
@@ -695,6 +695,63 @@ def partition_full(h: Harness) -> list[str]:
     return problems
 
 
+# Five orphan thresholds (6 s here): long enough that a run judged by one store alone would
+# have been resumed elsewhere several times over.
+ONE_STORE_CUT_S = 30.0
+
+
+def _partition_one_store(h: Harness, store: str) -> tuple[Worker, list[str]]:
+    """Host A cut from one store (`valkey` or `postgres`) for ONE_STORE_CUT_S under a load of
+    200 runs, the other store still reachable; host B beside it. Returns A's role and the
+    common problems: a run not completed."""
+    assert h.network is not None and h.postgres is not None
+    a = h.network.hosts["hosta"]
+    role_a = h.host_role(a)
+    h.host_role(h.network.hosts["hostb"])
+    port = h.valkey.port if store == "valkey" else h.postgres.port
+    with h.load(h.n(200), _slow_and_pipes(h)):
+        h.wait(lambda: len(h.active_runs_of(role_a)) >= 2, 60, "host A running runs")
+    h.notes["runs claimed by host A at the cut"] = len(h.active_runs_of(role_a))
+    h.network.cut(a, (port,))
+    h.fault(f"host A cut from {store}")
+    h.pause(ONE_STORE_CUT_S)
+    h.network.heal(a)
+    h.fault("host A healed")
+    h.settle(SCENARIOS[f"partition-{store}"].bound_s)
+    h.notes["host A handlers stopped at their lease"] = h.log_count(
+        role_a, "no heartbeat confirmed"
+    )
+    h.notes["leader seats lost by host A"] = h.log_count(role_a, "leader: lost")
+    h.notes["leader seats taken by host B"] = h.log_count(None, "leader: now leading") - (
+        h.log_count(role_a, "leader: now leading")
+    )
+    h.notes["terminal writes queued in the drain"] = h.log_count(None, "queued in the drain")
+    h.notes["resumed as orphans"] = h.log_count(None, "orphaned; retry in")
+    problems = _expect_all_completed(h, f"across host A's {ONE_STORE_CUT_S:.0f} s cut from {store}")
+    return role_a, problems
+
+
+def partition_valkey(h: Harness) -> list[str]:
+    """Host A cut from Valkey only (its broker too: the scenario's one server holds both) for
+    30 s, Postgres still reachable: its heartbeats reach Postgres, so its runs are not orphans
+    (the reconciler needs both stores silent) and finish there, their Valkey side repaired
+    after the heal; its leader seats move to host B. Every run completes, none twice at once."""
+    role_a, problems = _partition_one_store(h, "valkey")
+    if h.log_count(role_a, "no heartbeat confirmed"):
+        problems.append("a handler of host A stopped itself though Postgres still heard it")
+    return problems
+
+
+def partition_postgres(h: Harness) -> list[str]:
+    """Host A cut from Postgres only for 30 s, Valkey still reachable: its heartbeats reach
+    Valkey, so its runs are not orphans and finish; their terminal writes wait in the drain
+    and are replayed once Postgres is back. No run is failed for it."""
+    role_a, problems = _partition_one_store(h, "postgres")
+    if h.log_count(role_a, "no heartbeat confirmed"):
+        problems.append("a handler of host A stopped itself though Valkey still heard it")
+    return problems
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -743,6 +800,20 @@ SCENARIOS: dict[str, Scenario] = {
             "partition-full",
             "host A cut from Valkey and Postgres past the orphan threshold, handlers running",
             partition_full,
+            hosts=("hosta", "hostb"),
+            bound_s=90.0,
+        ),
+        Scenario(
+            "partition-valkey",
+            "host A cut from Valkey (and its broker) for 30 s, Postgres reachable",
+            partition_valkey,
+            hosts=("hosta", "hostb"),
+            bound_s=90.0,
+        ),
+        Scenario(
+            "partition-postgres",
+            "host A cut from Postgres for 30 s, Valkey reachable",
+            partition_postgres,
             hosts=("hosta", "hostb"),
             bound_s=90.0,
         ),

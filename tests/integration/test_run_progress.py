@@ -68,10 +68,11 @@ def test_the_row_is_forced_at_its_interval_while_progress_changes(running: str) 
     try:
         progress = Progress(running)
         progress.report(1, 10)
+        progress.write_row()  # what the watch's Postgres beat does
         assert TaskHistory.objects.get(id=running).progress is None  # not due yet
         time.sleep(1.1)
         progress.report(5, 10)
-        progress.flush()
+        progress.write_row()
     finally:
         settings.CONFIG = dataclasses.replace(settings.CONFIG, progress_force_s=30)
 
