@@ -22,8 +22,6 @@ from tasks.errors import RunCancelled
 
 log = logging.getLogger(__name__)
 
-# After Valkey failed a cancel check, how long the context waits before it asks again.
-STATE_READ_BACKOFF_S = 10.0
 # Bounds on what a handler may record on its step, so a loop cannot bloat the run's row.
 MAX_WARNINGS = 50
 MAX_NAME_LENGTH = 64
@@ -124,7 +122,7 @@ class RunContext:
                 # Valkey away (a partition, a restart) must not fail the handler: its watch
                 # hears a cancel once Valkey answers. Not read again for a while, so a handler
                 # that checks often is not held up by the store timeout each second.
-                self._state_read_at = time.monotonic() + STATE_READ_BACKOFF_S
+                self._state_read_at = time.monotonic() + valkey.OUTAGE_PAUSE_S
                 return False
             if state == RunState.CANCELLING:
                 self._cancel.set()

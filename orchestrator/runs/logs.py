@@ -76,6 +76,7 @@ class RunLog:
         # write's) never interleave, so lines keep their order in the sequence.
         self._sending = threading.Lock()
         self.tail: deque[dict[str, Any]] = deque(maxlen=settings.CONFIG.run_log_tail)
+        self._inline_after = 0.0  # monotonic: no flush from the handler's thread before
 
     def write(self, level: str, message: str) -> None:
         entry = {
@@ -90,15 +91,18 @@ class RunLog:
                 self._oldest_waiting = time.monotonic()
             self._waiting.append(json.dumps(entry))
             self.tail.append(entry)
-            due = (
+            now = time.monotonic()
+            due = now >= self._inline_after and (
                 len(self._waiting) >= config.log_flush_lines
-                or (time.monotonic() - self._oldest_waiting) * 1000 >= config.log_flush_ms
+                or (now - self._oldest_waiting) * 1000 >= config.log_flush_ms
             )
         if due:
             try:
                 self.flush()
             except Exception:
-                # Logging must not fail the handler: the lines wait for the next flush.
+                # Logging must not fail the handler, nor hold it up once per line while Valkey
+                # is away: the lines wait for the watch's flush.
+                self._inline_after = time.monotonic() + valkey.OUTAGE_PAUSE_S
                 log.warning("run %s: log lines not sent yet", self.run_id, exc_info=True)
 
     def flush(self) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock, to_ms
-from orchestrator.stores import durable, keys, live, scripts
+from orchestrator.stores import durable, keys, live, scripts, valkey
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class Progress:
         self._row_stale = False
         self._rate: float | None = None
         self._last_sample: tuple[float, float] | None = None  # (monotonic, done)
+        self._inline_after = 0.0  # monotonic: no flush from the handler's thread before
 
     def report(self, done: float, total: float | None = None, item: str | None = None) -> None:
         _check(done, total)
@@ -60,14 +61,17 @@ class Progress:
             }
             self._waiting = True
             self._row_stale = True
-            due = (time.monotonic() - self._hash_written_at) * 1000 >= (
+            now = time.monotonic()
+            due = now >= self._inline_after and (now - self._hash_written_at) * 1000 >= (
                 settings.CONFIG.progress_write_ms
             )
         if due:
             try:
                 self.flush()
             except Exception:
-                # Reporting must not fail the handler: the report waits for the next flush.
+                # Reporting must not fail the handler, nor hold it up once per report while
+                # Valkey is away: the report waits for the watch's flush.
+                self._inline_after = time.monotonic() + valkey.OUTAGE_PAUSE_S
                 log.warning("run %s: progress not written yet", self.run_id, exc_info=True)
 
     def flush(self, *, final: bool = False) -> None:

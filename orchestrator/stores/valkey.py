@@ -13,6 +13,11 @@ import redis.asyncio
 from django.conf import settings
 from redis.client import Pipeline
 
+# How long a handler's own thread sends nothing more to Valkey after a send failed (its cancel
+# check, an inline log or progress flush): the watch's threads keep trying meanwhile, so a store
+# that went away costs the handler one store timeout, not one per line or report.
+OUTAGE_PAUSE_S = 10.0
+
 
 def _options() -> dict[str, Any]:
     # A connection whose path went dead (a partition) fails within the store timeout instead

@@ -119,33 +119,9 @@ class Harness:
         self._worker_count += 1
         label = f"faults-{self.scenario}-role-{self._worker_count}"
         hostname = f"{label}-{os.getpid()}@localhost"
-        log = open(LOG_DIR / f"worker-{label}-{os.getpid()}.log", "wb")  # noqa: SIM115
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.faults.role",
-                hostname,
-                str(concurrency),
-                ",".join(QUEUES),
-            ],
-            cwd=ROOT,
-            env={**os.environ, **self.database_env(), **(env or {})},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        stack = ExitStack()
-        stack.callback(log.close)
-        stack.callback(_stop, process)
-        deadline = time.monotonic() + 30
-        while not current_app.control.ping(destination=[hostname], timeout=0.5):
-            if process.poll() is not None or time.monotonic() > deadline:
-                stack.close()
-                raise RuntimeError(f"worker role {hostname} did not start; see {log.name}")
-        worker = Worker(label, process, stack)
-        self.workers.append(worker)
-        self._worker_names.append(label)
-        return worker
+        argv = [sys.executable, "-m", "tests.faults.role", hostname, str(concurrency)]
+        env = {**os.environ, **self.database_env(), **(env or {})}
+        return self._started(label, [*argv, ",".join(QUEUES)], env, hostname, within_s=30)
 
     def retire(self, worker: Worker) -> None:
         """Stop a worker (SIGTERM, as the fixture does) and forget it."""
@@ -179,23 +155,28 @@ class Harness:
         loops, under the role's supervisor) on a host of the partition scenarios' network,
         in its namespace and under its own hostname."""
         assert self.network is not None, "a host role runs on the scenario's own network"
+        argv = self.network.argv(host, [str(ROOT / "deploy" / "start-worker.sh")])
+        env = {**os.environ, "LUMASTRA_PYTHON": sys.executable}
         label = f"faults-{self.scenario}-{host.name}"
+        return self._started(label, argv, env, f"io@{host.name}", within_s=60)
+
+    def _started(
+        self, label: str, argv: list[str], env: Mapping[str, str], node: str, *, within_s: float
+    ) -> Worker:
+        """`argv` started, its output in the scenario's log for `label`, and waited for until
+        the Celery node `node` answers a ping: one of the scenario's workers from then on."""
         log = open(LOG_DIR / f"worker-{label}-{os.getpid()}.log", "wb")  # noqa: SIM115
         process = subprocess.Popen(
-            self.network.argv(host, [str(ROOT / "deploy" / "start-worker.sh")]),
-            cwd=ROOT,
-            env={**os.environ, "LUMASTRA_PYTHON": sys.executable},
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            argv, cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT
         )
         stack = ExitStack()
         stack.callback(log.close)
         stack.callback(_stop, process)
-        deadline = time.monotonic() + 60
-        while not current_app.control.ping(destination=[f"io@{host.name}"], timeout=0.5):
+        deadline = time.monotonic() + within_s
+        while not current_app.control.ping(destination=[node], timeout=0.5):
             if process.poll() is not None or time.monotonic() > deadline:
                 stack.close()
-                raise RuntimeError(f"worker role on {host.name} did not start; see {log.name}")
+                raise RuntimeError(f"worker {node} did not start; see {log.name}")
         worker = Worker(label, process, stack)
         self.workers.append(worker)
         self._worker_names.append(label)
