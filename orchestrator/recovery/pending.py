@@ -21,9 +21,11 @@ and from its retry time if that is later), by the Postgres clock:
   by default) and its own restore cadence (about every 100 s); the run is published again
   instead, and the stranded copy is dropped by the claim when kombu restores it.
 - If Valkey lost its live hash, the hash is seeded again (`live.seed`), and the run is
-  published (if its message is still missing) only at a later pass, in DESIGN §1's order: a
-  worker may be running it with its Postgres claim not written yet (a plain run's claim waits
-  a second, `runs.watch.CLAIM_AFTER_S`), and publishing it now could run it twice.
+  published (if its message is still missing) only once the seed is a heartbeat interval and
+  a store timeout old, in DESIGN §1's order: a worker may be running it with its Postgres
+  claim not written yet (a plain run's claim waits a second, `runs.watch.CLAIM_AFTER_S`), and
+  publishing it sooner could run it twice; by then that worker has written its claim or
+  stopped itself (its Valkey beat finds its claim gone).
 - A live hash that names a claimer (active, cancelling) while Postgres says pending is a claim
   not written to Postgres yet (a plain run's, for its first second: `runs.runner`) or whose
   commit a crash of Postgres lost (the claim does not wait for its flush:
@@ -97,6 +99,7 @@ class PendingReport:
     # the same, its owner silent: its claim written to Postgres, for the orphan pass to resume
     silent_claims: int = 0
     raced: int = 0  # changed between the query and the write: left alone
+    settling: int = 0  # its hash seeded again lately: published once the seed has settled
     errors: int = 0  # logged with the run id
 
 
@@ -228,13 +231,15 @@ def _look_for_messages(
             fence.check()
             if not has_hash and _reseed(candidate, definition, clock):
                 report.reseeded += 1
-                # Not published in the same pass: a worker may run it with its Postgres claim
-                # not written yet (for up to `runs.watch.CLAIM_AFTER_S`), its hash lost with a
-                # Valkey restart. By the next pass that claim is written, or the run still
-                # pending is published then if its message is still missing.
+                # Not published yet: a worker may run it with its Postgres claim not written
+                # yet (for about `runs.watch.CLAIM_AFTER_S`), its hash lost with a Valkey
+                # restart. Published once the seed has settled (below), if still pending then.
                 continue
             if run_id in in_broker:
                 report.waiting += 1
+                continue
+            if valkey.client().exists(keys.run_reseeded(run_id)):
+                report.settling += 1
                 continue
             publish(
                 definition,
@@ -322,6 +327,14 @@ def _reseed(candidate: Candidate, definition: TaskDefinition, clock: Clock) -> b
         candidate.run_id, candidate.task_id, candidate.priority, definition.stage_order, clock
     )
     if seeded:
+        # Not published until this runs out: a worker that held a claim Valkey forgot has by
+        # then written it to Postgres (the run is no longer pending) or stopped itself (its
+        # Valkey beat found its claim gone, `runs.watch`). Published sooner, it could start a
+        # second execution beside that worker (found in the battery: a Valkey restart, then
+        # a publish 1 s later).
+        config = settings.CONFIG
+        settle_s = config.heartbeat_interval_s + config.store_timeout_s
+        valkey.client().set(keys.run_reseeded(candidate.run_id), 1, ex=settle_s)
         log.warning("run %s: live hash was missing; seeded again from Postgres", candidate.run_id)
     return seeded
 

@@ -33,6 +33,11 @@ def run_terminal(run_id: str) -> str:
     return f"task:run:terminal:{run_id}"
 
 
+def run_reseeded(run_id: str) -> str:
+    """Set while a live hash the pending check seeded again settles (`recovery.pending`)."""
+    return f"task:run:reseeded:{run_id}"
+
+
 def identity(task_id: str, formula: str) -> str:
     return f"task:identity:{task_id}:{formula}"
 

@@ -300,7 +300,8 @@ def pg_terminate(h: Harness) -> list[str]:
                 terminated += int(cursor.fetchone()[0])
             h.fault("pg_terminate_backend of the workers' connections")
     h.notes["backends terminated"] = terminated
-    return []
+    h.settle(SCENARIOS["pg-terminate"].bound_s)
+    return _expect_all_completed(h, "across terminated connections")
 
 
 def pg_outage(h: Harness) -> list[str]:
@@ -330,7 +331,7 @@ def pg_outage(h: Harness) -> list[str]:
     finally:
         h.retire_all()
         proxy.close()
-    return []
+    return _expect_all_completed(h, "across the Postgres outage")
 
 
 PG_DOWN_S = 5.0
@@ -480,7 +481,7 @@ def duplicates(h: Harness) -> list[str]:
         h.fault("duplicate messages published")
     h.wait(lambda: _broker_idle(), 60, "every duplicate consumed")
     h.notes["duplicate messages"] = copies
-    return []
+    return _expect_all_completed(h, "beside their duplicate messages")
 
 
 def _broker_idle() -> bool:

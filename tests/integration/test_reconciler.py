@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections
 from django.utils import timezone
 
@@ -394,13 +395,24 @@ def test_a_lost_live_hash_is_seeded_again() -> None:
     report = reconciler.tick()
 
     assert report.pending.reseeded == 2
-    # A worker may run a reseeded run with its Postgres claim not written yet: its message
-    # is published at the next pass, not in the one that found the hash lost.
+    # A worker may run a reseeded run with its Postgres claim not written yet: its message is
+    # published once the seed has settled (a heartbeat interval and a store timeout), not in
+    # the pass that found the hash lost, nor in the next one.
     assert report.pending.republished == 0
     assert live.read(waiting)["state"] == live.read(lost)["state"] == "pending"
     assert _waiting_messages() == [waiting]
+    report = reconciler.tick()
+    assert (report.pending.settling, report.pending.republished) == (1, 0)
+    # ... a heartbeat interval and a store timeout later:
+    assert (
+        0
+        < valkey.client().ttl(keys.run_reseeded(lost))
+        <= (settings.CONFIG.heartbeat_interval_s + settings.CONFIG.store_timeout_s)
+    )
+    valkey.client().delete(keys.run_reseeded(lost))
 
     report = reconciler.tick()
+    reconciler.release()
 
     assert report.pending.republished == 1
     assert sorted(_waiting_messages()) == sorted([waiting, lost])
@@ -485,6 +497,7 @@ def test_a_claim_postgres_lost_whose_owner_went_silent_is_resumed_as_an_orphan()
     assert (row.state, row.owner_instance_id, row.attempts) == ("active", OWNER, 1)
 
     report = reconciler.tick()
+    reconciler.release()
 
     assert report.orphans.resumed == 1
     row = TaskHistory.objects.get(id=run_id)
