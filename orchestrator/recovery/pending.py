@@ -24,8 +24,9 @@ and from its retry time if that is later), by the Postgres clock:
   published (if its message is still missing) only once the seed is a heartbeat interval and
   a store timeout old, in DESIGN §1's order: a worker may be running it with its Postgres
   claim not written yet (a plain run's claim waits a second, `runs.watch.CLAIM_AFTER_S`), and
-  publishing it sooner could run it twice; by then that worker has written its claim or
-  stopped itself (its Valkey beat finds its claim gone).
+  publishing it sooner could run it twice; by then that worker's Valkey beat has found its
+  claim gone and written it to Postgres (or stopped, if Postgres gave the run to nobody:
+  `runs.watch`).
 - A live hash that names a claimer (active, cancelling) while Postgres says pending is a claim
   not written to Postgres yet (a plain run's, for its first second: `runs.runner`) or whose
   commit a crash of Postgres lost (the claim does not wait for its flush:
@@ -328,8 +329,8 @@ def _reseed(candidate: Candidate, definition: TaskDefinition, clock: Clock) -> b
     )
     if seeded:
         # Not published until this runs out: a worker that held a claim Valkey forgot has by
-        # then written it to Postgres (the run is no longer pending) or stopped itself (its
-        # Valkey beat found its claim gone, `runs.watch`). Published sooner, it could start a
+        # then found it gone at its Valkey beat and written it to Postgres, so the run is no
+        # longer pending (`runs.watch`). Published sooner, it could start a
         # second execution beside that worker (found in the battery: a Valkey restart, then
         # a publish 1 s later).
         config = settings.CONFIG

@@ -272,7 +272,15 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
     context = RunContext(run.run_id, model, task_id=definition.id)
     try:
         assert definition.execute is not None  # a task without a pipeline has one
-        with watching(definition, run.run_id, owner, context, run.attempts, run.deferred_since):
+        with watching(
+            definition,
+            run.run_id,
+            owner,
+            context,
+            run.attempts,
+            run.deferred_since,
+            priority=run.priority,
+        ):
             result = _jsonable(definition.execute(context, model))
     except TaskError as exc:
         if exc.kind is ErrorKind.TRANSIENT and run.attempts < definition.retry.max_attempts:

@@ -22,9 +22,11 @@ While a run is watched, they:
 A watchdog ends the run through `orchestrator.runs.terminal` (Postgres first), then kills the
 process running the handler: the only way to stop a wedged thread. Celery's prefork pool
 replaces the child; the message comes back (reject on worker lost) and is dropped because the
-run has ended. A heartbeat that finds the run owned by someone else, or gone, kills the
-handler too (so does a hash put back to pending: `runs.resume`): its late writes would be
-refused anyway, and it must not run beside a successor.
+run has ended. A heartbeat that finds the run owned by someone else kills the handler too (so
+does a run put back to pending: `runs.resume`): its late writes would be refused anyway, and it
+must not run beside a successor. A hash Valkey lost (gone, or seeded again owned by nobody) is
+not someone else's: Postgres decides, and a plain run it still holds for this handler is
+claimed in Valkey again and goes on (`Watcher._claim_again`).
 
 A handler cut off from both stores (no heartbeat confirmed by Postgres or Valkey) for half of
 LUMASTRA_ORPHAN_THRESHOLD_S is killed as well: at the threshold the reconciler puts its run
@@ -60,7 +62,7 @@ from orchestrator.hooks import concurrency
 from orchestrator.runs import logs, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.states import RunState
-from orchestrator.stores import durable, keys, scripts, valkey
+from orchestrator.stores import durable, keys, live, scripts, valkey
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
@@ -100,6 +102,7 @@ class Watched:
     # (`durable.read_claimable`); None once it has been.
     deferred_since: datetime | None = None
     claim_at: float | None = None  # monotonic time to write that claim
+    priority: int = 0  # the run's, to seed its live hash again if Valkey lost it
 
     next_postgres_beat: float = 0.0
 
@@ -248,7 +251,10 @@ class Watcher:
         running and judges it by its heartbeats from now on."""
         try:
             claimed = durable.claim(
-                watched.run_id, watched.owner, started_at=watched.deferred_since
+                watched.run_id,
+                watched.owner,
+                started_at=watched.deferred_since,
+                attempt=watched.attempt,
             )
         except Exception:
             log.exception("run %s: claim not written to Postgres; trying again", watched.run_id)
@@ -276,6 +282,8 @@ class Watcher:
         except Exception:
             log.exception("run %s: heartbeat failed (Valkey)", watched.run_id)
             return
+        if state in ("", "fenced", RunState.PENDING) and self._claim_again(watched):
+            state = RunState.ACTIVE
         if state in (RunState.ACTIVE, RunState.CANCELLING):
             watched.confirmed = time.monotonic()
         # Pending: the run was put back for another attempt, its worker judged lost
@@ -285,6 +293,36 @@ class Watcher:
             _kill_this_process()
         elif state == RunState.CANCELLING:
             self._cancel_requested(watched)
+
+    @staticmethod
+    def _claim_again(watched: Watched) -> bool:
+        """Valkey lost the run's claim (a restart without persistence: the hash is gone, or the
+        reconciler seeded it again, pending and owned by nobody, because Postgres had not heard
+        of the claim yet: `recovery.pending`). A hash another owner holds is theirs. Otherwise
+        Postgres decides: a plain run it still holds for this owner, or
+        whose deferred claim it takes now for the attempt that claim read (so nobody claimed
+        it meanwhile), is claimed in Valkey again and goes on. Stopping it instead would run
+        it again with this attempt uncounted, its claim never written (found by the battery's
+        valkey-restart). False, and the caller stops the handler, when Postgres gave the run
+        to someone else, a pipeline stage lost its run's hash, or a store failed."""
+        if watched.attempt is None:
+            return False  # a pipeline's stages live in the lost hash: recovery.stages resumes
+        run_id, owner = watched.run_id, watched.owner
+        try:
+            if live.read(run_id).get("owner", "") not in ("", owner):
+                return False
+            if watched.claim_at is not None and durable.claim(
+                run_id, owner, started_at=watched.deferred_since, attempt=watched.attempt
+            ):
+                watched.claim_at = None
+            if not durable.heartbeat(run_id, owner):
+                return False
+            live.claim_again(run_id, watched.definition.id, watched.priority, owner)
+        except Exception:
+            log.exception("run %s: its lost live claim could not be taken again", run_id)
+            return False
+        log.warning("run %s: Valkey lost its claim; Postgres holds it, claimed again", run_id)
+        return True
 
     @staticmethod
     def _cancel_requested(watched: Watched) -> None:
@@ -377,11 +415,18 @@ def watching(
     context: RunContext,
     attempt: int | None = None,
     deferred_since: datetime | None = None,
+    priority: int = 0,
 ) -> Iterator[None]:
     """`deferred_since`: when the run's claim was taken, if it is not in Postgres yet; the
     watch writes it after CLAIM_AFTER_S, until the block ends."""
     watched = Watched(
-        definition, run_id, owner, context, attempt=attempt, deferred_since=deferred_since
+        definition,
+        run_id,
+        owner,
+        context,
+        attempt=attempt,
+        deferred_since=deferred_since,
+        priority=priority,
     )
     watcher = _watcher()
     watcher.watch(watched)

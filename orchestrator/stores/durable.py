@@ -120,17 +120,21 @@ def claim(
     *,
     started_at: datetime | None = None,
     heard_at: datetime | None = None,
+    attempt: int | None = None,
 ) -> ClaimedRun | None:
     """pending → active for `owner`, if the run is pending and due; None if it is not.
     `started_at`: when a deferred claim (`read_claimable`) was really taken; `heard_at`: when
-    its owner was last heard of, for a claim written on its behalf (both default to now)."""
+    its owner was last heard of, for a claim written on its behalf (both default to now);
+    `attempt`: the attempt a deferred claim read, written only if no claim came between."""
+    params = {
+        "run_id": run_id,
+        "owner": owner,
+        "started_at": started_at,
+        "heard_at": heard_at,
+        "attempt": attempt,
+    }
     with connection.cursor() as cursor:
-        queries.send(
-            cursor,
-            queries.CLAIM_RUN,
-            {"run_id": run_id, "owner": owner, "started_at": started_at, "heard_at": heard_at},
-            before=ASYNC_COMMIT,
-        )
+        queries.send(cursor, queries.CLAIM_RUN, params, before=ASYNC_COMMIT)
         found = cursor.fetchone()
     return None if found is None else _claimed(run_id, found)
 

@@ -74,6 +74,26 @@ def claim(run_id: str, owner: str, clock: Clock = SYSTEM) -> None:
         raise _translate(exc, run_id, RunState.ACTIVE) from None
 
 
+def claim_again(
+    run_id: str, task_id: str, priority: int, owner: str, clock: Clock = SYSTEM
+) -> None:
+    """A plain run's claim that Valkey lost while Postgres holds it for `owner`: its hash
+    seeded again if it is gone, then claimed (one round trip). Raises as `claim` does when
+    someone else claimed it in Valkey meanwhile."""
+    seed_keys = [keys.run_active(run_id)]
+    seed_args = [run_id, task_id, priority, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s]
+    claim_keys, claim_args = _claim_call(run_id, owner, clock)
+    pipe = valkey.client().pipeline(transaction=False)
+    scripts.queue(pipe, "seed_run", seed_keys, seed_args)
+    scripts.queue(pipe, "claim_run", claim_keys, claim_args)
+    seeded, claimed = valkey.execute(pipe, raise_on_error=False)
+    scripts.replied("seed_run", seed_keys, seed_args, seeded)
+    try:
+        scripts.replied("claim_run", claim_keys, claim_args, claimed)
+    except ResponseError as exc:
+        raise _translate(exc, run_id, RunState.ACTIVE) from None
+
+
 def queue_claim(
     pipe: Pipeline, run_id: str, owner: str, clock: Clock = SYSTEM
 ) -> Callable[[Any], None]:

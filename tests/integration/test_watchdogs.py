@@ -120,3 +120,26 @@ def test_a_task_sets_its_own_stall_limits_or_counts_a_running_handler_alive() ->
         wait_for(lambda: _row(auto.run_id).state == RunState.COMPLETED, timeout=20)
 
     assert _row(strict.run_id).error["kind"] == "stalled"
+
+
+@pytest.mark.parametrize("valkey_left", ["nothing", "a pending hash"])
+def test_a_claim_valkey_lost_is_claimed_again_while_postgres_holds_the_run(
+    valkey_left: str,
+) -> None:
+    # What a Valkey restart without persistence leaves under a running handler: its hash gone,
+    # or seeded again as pending by the reconciler (Postgres had not heard of the claim yet, a
+    # short run's first second). Stopped, it would run again with this attempt uncounted.
+    patient = {**FAST, "LUMASTRA_RUN_STALL_WARN_MS": "10000", "LUMASTRA_RUN_STALL_FAIL_MS": "20000"}
+    with worker_process(QUEUES, concurrency=1, name="reclaim", env=patient):
+        handle = start_run("test-sleepy", {"seconds": 3}, trigger=TriggerKind.MANUAL)
+        run_id = handle.run_id
+        wait_for(lambda: valkey.client().hexists(SLEEPY_PIDS_KEY, run_id), timeout=10)
+        owner = live.read(run_id)["owner"]
+        valkey.client().delete(keys.run_active(run_id))
+        if valkey_left == "a pending hash":
+            live.seed(run_id, "test-sleepy", 5, ())
+        wait_for(lambda: _row(run_id).state == "completed", timeout=15)
+
+    row = _row(run_id)
+    assert (row.owner_instance_id, row.attempts) == (owner, 1)
+    assert live.read(run_id)["state"] == "completed"

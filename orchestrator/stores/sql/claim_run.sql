@@ -16,7 +16,10 @@
 -- lost claim with it (end_run.sql, given the attempt count this claim returned).
 -- A claim written for its owner by someone else (`runs.terminal.write_live_claim`) carries when
 -- that owner was last heard of (`heard_at`), so Postgres judges its staleness as Valkey does.
--- Parameters: run_id, owner, started_at (or NULL), heard_at (or NULL: now).
+-- A deferred claim names the attempt it read (`attempt`): it is written only if nobody claimed
+-- the run meanwhile (a claim counts an attempt), so a run put back for another attempt is not
+-- claimed again by the handler that lost it. NULL: any attempt count.
+-- Parameters: run_id, owner, started_at (or NULL), heard_at (or NULL: now), attempt (or NULL).
 UPDATE task_history
    SET state = 'active',
        owner_instance_id = %(owner)s,
@@ -27,4 +30,5 @@ UPDATE task_history
  WHERE id = %(run_id)s
    AND state = 'pending'
    AND (not_before IS NULL OR not_before <= now())
+   AND (%(attempt)s::int IS NULL OR attempts = %(attempt)s::int - 1)
 RETURNING input, identity, priority, attempts, stages, stage_results
