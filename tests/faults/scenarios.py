@@ -271,7 +271,9 @@ def valkey_restart(h: Harness) -> list[str]:
             downtime.append(round(h.valkey.restart(), 2))
             h.fault("Valkey restart " + ("with AOF" if h.valkey.aof else "without AOF"))
     h.notes["Valkey down (s)"] = downtime
-    return []
+    name = "valkey-restart-aof" if h.valkey.aof else "valkey-restart"
+    h.settle(SCENARIOS[name].bound_s)
+    return _expect_all_completed(h, "across the Valkey restarts")
 
 
 # --- Postgres -----------------------------------------------------------------------------
@@ -636,9 +638,10 @@ def pipeline_valkey_restart(h: Harness) -> list[str]:
         h.pause(2.5)
         h.valkey.restart()
         h.fault("Valkey restart without AOF")
-    # A stage running across the restart is stopped by its own watch (its hash is gone) and
-    # its run fails as an orphan; the common checks say nothing was lost, stuck or left open.
-    return []
+    # A stage running across the restart is stopped by its own watch (its run's hash, with the
+    # stages' states, is gone); its run is resumed as an orphan's, the lost attempt counted.
+    h.settle(SCENARIOS["pipeline-valkey-restart"].bound_s)
+    return _expect_all_completed(h, "across the Valkey restart between stages")
 
 
 # --- partitions between hosts (issue 26) ---------------------------------------------------
