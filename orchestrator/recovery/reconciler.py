@@ -10,9 +10,9 @@ A tick, on one process of the cluster at a time:
    waiting there lands before its run could be judged an orphan;
 3. runs one query (`orphans.candidates`) for the active or cancelling runs whose heartbeat
    is older than the threshold and for one page of the runs pending for longer than
-   LUMASTRA_PENDING_CHECK_AFTER_S; an idle tick stops here. Candidates whose terminal write
-   still waits in the drain (Postgres down, the drain backing off) are left alone: their end
-   is decided, Postgres just does not have it yet;
+   LUMASTRA_PENDING_CHECK_AFTER_S; an idle tick stops here. Candidates with a write still
+   waiting in the drain (Postgres down, the drain backing off), their terminal write or a
+   stage's end, are left alone: what they did is decided, Postgres just does not have it yet;
 4. ends the orphans among the stale runs (`recovery.orphans`: the Postgres heartbeat and
    the state-hash guard must agree);
 5. re-publishes the pending runs whose message the broker lost, and fails those past
@@ -104,7 +104,7 @@ class TickReport:
     lost_lock: bool = False  # the lock was lost mid-tick; the tick stopped writing
     stale: int = 0  # active/cancelling runs past the threshold in Postgres
     pending_checked: int = 0
-    in_drain: int = 0  # candidates left alone: their terminal write waits in the drain
+    in_drain: int = 0  # candidates left alone: their end, or a stage's, waits in the drain
     orphans: OrphanReport = field(default_factory=OrphanReport)
     pending: PendingReport = field(default_factory=PendingReport)
     drain: ReplayReport = field(default_factory=ReplayReport)
@@ -223,8 +223,9 @@ class Reconciler:
         last = waiting[-1] if len(waiting) >= self.batch else None
         self._pending_after = (last.created_at, last.run_id) if last else SCAN_START
         if stale or waiting:
-            # A run whose terminal write waits in the drain has ended; Postgres just does not
-            # know yet. It is neither an orphan nor a pending run to publish again.
+            # A run whose end, or a stage's end, waits in the drain has moved on; Postgres
+            # just does not know yet. It is neither an orphan nor a pending run to publish
+            # again, and its stage is not lost.
             drained = drain.waiting_run_ids()
             report.in_drain = sum(c.run_id in drained for c in (*stale, *waiting))
             stale = [c for c in stale if c.run_id not in drained]

@@ -1,33 +1,43 @@
-"""The pending-write drain: terminal writes Postgres refused on a transient error, replayed.
+"""The pending-write drain: writes Postgres refused on a transient error, replayed.
 
-When a run's terminal write (`durable.end`) fails with a transient database error
-(`TRANSIENT_ERRORS`: Postgres restarting or unreachable, a dropped connection, a lock timeout),
-the writer calls `push(run_id, target, args, owner)` with that call's arguments. The call goes,
-as JSON `{run_id, call: "end", target, args, owner, attempts}`, onto a bounded Valkey list
+Two writes go to the drain when they fail with a transient database error
+(`TRANSIENT_ERRORS`: Postgres restarting or unreachable, a dropped connection, a lock timeout):
+a run's terminal write (`durable.end`, from `runs.terminal`) and a pipeline stage's end
+(`durable.move_stage`: completed, failed, or back to waiting for a retry, from
+`runs.pipeline`). The writer calls `push` with that call's name and arguments. The call goes,
+as JSON `{run_id, call, target, args, owner, attempts, then}`, onto a bounded Valkey list
 (`task:drain:pending`, at most MAX_ENTRIES). `replay()` makes the same call again, oldest entry
-first: the same guarded statement (`stores/sql/end_run.sql`) with the same arguments, fenced by
-the same claim, closing a pipeline's stages as the writer's would have, so a replay can never
-make a move DESIGN §4 forbids nor write anything the writer would not have. Entries pushed by
-an older deploy (`{…, fields}`: the row's columns) are read as the same call.
+first: the same guarded statement (`stores/sql/end_run.sql`, `move_stage.sql`) with the same
+arguments, fenced by the same claim (the run's `owner` for an end, the stage claim's `claimer`
+for a stage move), so a replay can never make a move DESIGN §4 forbids nor write anything the
+writer would not have. `then` holds what the writer would have used after a stage move and
+that Postgres does not keep: the run's error (a failed stage), the retry's delay. Entries
+pushed by an older deploy (`{call: "end", …}` without `then`, or `{…, fields}`: the row's
+columns) are read as the same end.
 
 Valkey after Postgres. Valkey must never be ahead of the truth, so a writer whose Postgres
-write failed does not write the live hash; the replay settles the run once Postgres has the
-write (`runs.settle`: the live hash follows, fenced by the claim's owner, then the `finished`
-hooks: concurrency slot, identity, quota counts, circuit). So after `push` returns True the writer
-returns without settling the run (Valkey write, `finished` hooks): the drain settles it, once
-per applied entry. Until then the run reads `active` in both stores and keeps its slot.
+write failed writes nothing to Valkey for it; once Postgres has the write, the replay does
+what the writer would have done next, once per applied entry. For an end: the run is settled
+(`runs.settle`: the live hash follows, fenced by the claim's owner, then the `finished` hooks:
+concurrency slot, identity, quota counts, circuit). For a stage move: what `runs.pipeline`
+registered with `on_stage_move` (the live hash follows, then the advance, the run's failure or
+the stage's next message). So after `push` returns True the writer returns without doing
+that itself. Until then the run (or the stage) reads `active` in both stores and keeps its slot,
+and the reconciler leaves it alone (`waiting_run_ids`, `waiting_stages`).
 
 What a replay does with an entry:
-- applied: Postgres took the write; the run is settled.
-- already: Postgres refused it because the run already holds this very write (the UPDATE
+- applied: Postgres took the write; what follows it is done.
+- already: Postgres refused it because it already holds this very write (the UPDATE
   committed but its reply was lost, so the writer pushed a write that had landed; told apart
-  by its `finished_at`, `error` and `result`). Done; the run is still settled, since
-  the writer skipped them.
-- cancelled: the run is `cancelling` (a cancel raced the handler's end): it ends `cancelled`,
-  as in the runner.
+  by an end's `finished_at`, `error` and `result`, by a stage move's step record and result).
+  Done; what follows it is still done, since the writer skipped it.
+- cancelled: an end whose run is `cancelling` (a cancel raced the handler's end): it ends
+  `cancelled`, as in the runner. A stage move is still made while its run is cancelling, as
+  the writer's would be, and so is what follows it: the run ends cancelled once no stage of
+  it runs (`runs.pipeline`).
 - superseded: the run ended otherwise meanwhile (failed as an orphan, cancelled, or the same
-  state written by someone else, who ran the hooks) or is gone; the entry is dropped with a
-  warning.
+  state written by someone else, who ran the hooks), its stage moved on (claimed anew after
+  its claimer was judged lost), or the run is gone; the entry is dropped with a warning.
 - retried: a transient error. The entry goes to the back of the list with attempts + 1 and
   the pass ends (Postgres is most likely down for every entry). The next pass is delayed,
   cluster-wide, doubling from LUMASTRA_DRAIN_INTERVAL_S up to BACKOFF_CAP.
@@ -40,35 +50,51 @@ One process applies entries at a time: a pass runs under the cluster leadership
 (`lock:orch:cluster`, orchestrator/leader.py): in the loops process only the cluster leader
 replays, checking its seat (`FencedLock.check`, an atomic compare in Lua) before each entry;
 called without a fence (an operator, a test), a pass takes that same lock for itself, and
-finds it busy while a leader holds it. It moves each entry to `task:drain:inflight` while
-applying it (LMOVE, atomic), so an entry whose replayer died mid-way is put back by the next
-pass instead of being lost.
+finds it busy while a leader holds it. Within the process one pass runs at a time: the drain
+loop and the reconciler's tick both replay, and a pass started beside another would put back
+the entry the other is applying, and apply it too. A pass moves each entry to
+`task:drain:inflight` while applying it (LMOVE, atomic), so an entry whose replayer died
+mid-way is put back by the next pass instead of being lost; so is one whose follow-up raised
+(a Valkey or broker error): the next pass finds its write already made and does the
+follow-up again.
 
 Options: LUMASTRA_DRAIN_INTERVAL_S (the loop in orchestrator/loops.py, and the first backoff
 step); MAX_ENTRIES, MAX_ATTEMPTS, POISON_CAP, BACKOFF_CAP, BATCH and APPLY_LOCK_TIMEOUT below.
 
 Not guaranteed:
 - A full list refuses a new entry (`push` returns False). That run stays `active` until the
-  reconciler fails it as an orphan: it ends, but without the handler's result. Valkey being
-  unreachable at push time has the same effect.
+  reconciler fails it as an orphan: it ends, but without the handler's result; a stage whose
+  end was refused is tried again as a lost stage (`runs.pipeline.resume_lost_stages`), or
+  fails its run when it has no attempt left. Valkey being unreachable at push time has the
+  same effect.
 - Hooks exactly once across a replayer crash: an entry applied by a replayer that died before
   removing it is applied again, found already ended that way, and its hooks run again (the
-  daily quota then counts the run twice).
-- Order across runs (a failed entry goes to the back). A run has one terminal write, so
-  order within a run does not arise.
+  daily quota then counts the run twice); a stage move's follow-up is done again too (a
+  stage published twice: the second message is dropped at its claim).
+- Order across runs (a failed entry goes to the back). Within a run: a run has one terminal
+  write, and a stage's next attempt or the stages after it start only once its move is
+  replayed; the ends of parallel stages may be replayed in any order (each move returns the
+  stages as it left them, so the last one advances the run).
 - With MAX_ATTEMPTS 10 and the backoff, an entry is poisoned only after several minutes of
   continuous failure (about seven with one entry); a one-minute outage poisons nothing.
   A poisoned entry's run is still `active` in Postgres: the reconciler then ends it as an
-  orphan (it ends once, but failed), and the poison list keeps what the handler produced.
+  orphan (it ends once, but failed), or tries a poisoned stage again, and the poison list
+  keeps what the handler produced.
+- A deploy older than stage moves in the drain reads a `move_stage` entry as unreadable and
+  poisons it; once the newer deploy leads, an operator replays it from the poison list.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import itertools
 import json
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -84,8 +110,9 @@ from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import FencedLock, LockLost, LoopLock
 from orchestrator.models import TaskHistory
 from orchestrator.runs.settle import settle
-from orchestrator.states import IllegalTransition, RunState
+from orchestrator.states import IllegalTransition, RunState, StageState
 from orchestrator.stores import counters, durable, keys, scripts, valkey
+from orchestrator.stores.durable import Stages
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
@@ -100,35 +127,60 @@ BATCH = 500
 APPLY_LOCK_TIMEOUT = timedelta(seconds=5)
 # Failed passes in a row, remembered across backoffs (reset by a pass without failure).
 FAILURES_TTL = timedelta(hours=1)
+# Held by this process's pass (see the module docstring).
+_PASS = threading.Lock()
 
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 
-# The one call a writer defers to the drain (`durable.end`), and the arguments it is given
-# besides run_id, target and owner.
-CALL = "end"
-_ARGS = {"finished_at", "result", "error", "step", "progress", "attempt", "started_at"}
+# The calls a writer defers to the drain, and the arguments each is given besides run_id and
+# target (and, for `end`, owner: the entry's own).
+END = "end"
+MOVE_STAGE = "move_stage"
+_ARGS = {
+    END: frozenset({"finished_at", "result", "error", "step", "progress", "attempt", "started_at"}),
+    MOVE_STAGE: frozenset({"stage", "result", "step", "cost", "claimer", "stale_after_s"}),
+}
+# `end`'s moments, kept in an entry as ISO 8601 strings (a stage's step record keeps its own
+# moments as strings already).
 _MOMENTS = ("finished_at", "started_at")
+
+
+def _checked(call: str, target: str, args: Mapping[str, Any]) -> RunState | StageState:
+    """The state `call` moves to; ValueError for a call the drain does not replay, a target
+    that call does not write, or a stage move without its stage."""
+    if call == END:
+        return RunState(target)
+    if call == MOVE_STAGE and isinstance(args.get("stage"), str):
+        return StageState(target)
+    raise ValueError(f"not a call the drain replays: {call!r} with {sorted(args)}")
 
 
 @dataclass(frozen=True)
 class Entry:
     run_id: str
-    target: str
-    args: dict[str, Any]  # `durable.end`'s, as JSON: its moments as ISO 8601 strings
+    target: str  # a run state for `end`, a stage state for `move_stage`
+    args: dict[str, Any]  # the call's, as JSON: `end`'s moments as ISO 8601 strings
+    # The run's claim: fences `end` and the settle after it; a stage move is fenced by its
+    # stage claim (`args["claimer"]`), and what follows it is written as this claim.
     owner: str
     attempts: int = 0  # replays that failed on a transient error
+    call: str = END
+    # What the writer would have used after a stage move and Postgres does not keep (the
+    # run's error for a failed stage, `error`; a retry's delay, `delay_s`, and kind, `kind`).
+    then: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "run_id": self.run_id,
-                "call": CALL,
-                "target": self.target,
-                "args": self.args,
-                "owner": self.owner,
-                "attempts": self.attempts,
-            }
-        )
+        data = {
+            "run_id": self.run_id,
+            "call": self.call,
+            "target": self.target,
+            "args": self.args,
+            "owner": self.owner,
+            "attempts": self.attempts,
+        }
+        if self.then:
+            data["then"] = self.then
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, raw: str) -> Entry:
@@ -136,26 +188,48 @@ class Entry:
         if not isinstance(data, dict):
             raise ValueError("not a drain entry")
         if "fields" in data:
-            args = _legacy_args(data["fields"])
-        elif data.get("call") == CALL and isinstance(data.get("args"), dict):
-            args = data["args"]
+            call, args = END, _legacy_args(data["fields"])
+        elif data.get("call") in _ARGS and isinstance(data.get("args"), dict):
+            call, args = data["call"], data["args"]
         else:
-            raise ValueError(f"not a drain entry of {CALL}()")
+            raise ValueError(f"not a drain entry of {sorted(_ARGS)}")
+        then = data.get("then", {})
+        if not isinstance(then, dict):
+            raise ValueError("not a drain entry: `then` is not an object")
+        target = str(data["target"])
+        _checked(call, target, args)
         return cls(
             run_id=str(data["run_id"]),
-            target=str(data["target"]),
+            target=target,
             args=args,
             owner=str(data.get("owner", "")),
             attempts=int(data.get("attempts", 0)),
+            call=call,
+            then=then,
         )
 
     def call_args(self) -> dict[str, Any]:
-        """The arguments as `durable.end` takes them (its moments parsed back)."""
+        """The arguments as the call takes them (`end`'s moments parsed back)."""
         decoded = dict(self.args)
-        for name in _MOMENTS:
-            if isinstance(decoded.get(name), str):
-                decoded[name] = datetime.fromisoformat(decoded[name])
+        if self.call == END:
+            for name in _MOMENTS:
+                if isinstance(decoded.get(name), str):
+                    decoded[name] = datetime.fromisoformat(decoded[name])
         return decoded
+
+
+# What follows a replayed stage move, as its writer would have done it, given the stages as
+# the move left them. `runs.pipeline` registers it when imported (by the app's Celery task
+# registration, so in every process): it writes through the drain, which cannot import it.
+StageFollowUp = Callable[[Entry, Stages], None]
+_stage_follow_up: StageFollowUp | None = None
+
+
+def on_stage_move(follow_up: StageFollowUp) -> StageFollowUp:
+    """Register what follows a replayed stage move (one, `runs.pipeline`'s)."""
+    global _stage_follow_up
+    _stage_follow_up = follow_up
+    return follow_up
 
 
 def _legacy_args(fields: Any) -> dict[str, Any]:
@@ -221,34 +295,54 @@ class ReplayReport:
         return self.applied + self.already + self.cancelled + self.superseded
 
 
-def push(run_id: str, target: RunState, args: Mapping[str, Any], owner: str) -> bool:
-    """Queue a terminal write Postgres refused on a transient error; False when the drain is
-    full. `args` are the failed `durable.end` call's keyword arguments besides `owner`
-    (`finished_at`, `result`, `error`, `step`, `progress`, `attempt`, `started_at`; plain JSON
-    values or datetimes); the replay makes that same call, then settles the run (`runs.settle`,
-    fenced by `owner`).
+def push(
+    run_id: str,
+    target: RunState | StageState,
+    args: Mapping[str, Any],
+    owner: str,
+    *,
+    call: str = END,
+    then: Mapping[str, Any] | None = None,
+) -> bool:
+    """Queue a write Postgres refused on a transient error; False when the drain is full.
+    `args` are the failed call's keyword arguments: for `end` (the default), besides `owner`
+    (`finished_at`, `result`, `error`, `step`, `progress`, `attempt`, `started_at`); for
+    `move_stage`, besides run_id and target (`stage`, `result`, `step`, `cost`, `claimer`,
+    `stale_after_s`), with `then` what follows the move needs (see `Entry.then`) and `owner`
+    the run's claim. Plain JSON values or datetimes. The replay makes that same call, then
+    what the writer would have done after it (see the module docstring).
 
-    For the writer: after True, skip settling the run (the replay does it once Postgres has
-    the write). After False, or a redis error (Valkey is
-    unreachable too), the write is lost: log it; the reconciler ends the run as an orphan.
-    Raises ValueError for an argument `durable.end` does not take (a bug, not an outage).
+    For the writer: after True, skip what follows the write (the replay does it once Postgres
+    has the write). After False, or a redis error (Valkey is unreachable too), the write is
+    lost: log it; the reconciler ends the run as an orphan (tries a stage again as lost).
+    Raises ValueError for an argument or a target the call does not take (a bug, not an
+    outage).
     """
-    unknown = set(args) - _ARGS
+    unknown = set(args) - _ARGS.get(call, frozenset())
     if unknown:
-        raise ValueError(f"run {run_id}: not arguments of durable.{CALL}(): {sorted(unknown)}")
+        raise ValueError(f"run {run_id}: not arguments of durable.{call}(): {sorted(unknown)}")
+    state = _checked(call, target, args)
     encoded = json.loads(json.dumps(dict(args), cls=DjangoJSONEncoder))
-    entry = Entry(run_id, RunState(target).value, encoded, owner)
+    follow = json.loads(json.dumps(dict(then or {}), cls=DjangoJSONEncoder))
+    entry = Entry(run_id, state.value, encoded, owner, call=call, then=follow)
     length = scripts.call("drain_push", [keys.drain_pending()], [entry.to_json(), MAX_ENTRIES])
+    # Worded apart: the fault battery counts each kind of deferred write from the logs.
+    if call == END:
+        what, waits = f"terminal write {entry.target}", "queued in"
+        after = "end the run as an orphan"
+    else:
+        what, waits = f"stage {args['stage']} {entry.target}", "waits in"
+        after = "try the stage again"
     if not length:
         log.error(
-            "run %s: drain full (%s entries); terminal write %s lost, the reconciler will "
-            "end the run as an orphan",
+            "run %s: drain full (%s entries); %s lost, the reconciler will %s",
             run_id,
             MAX_ENTRIES,
-            entry.target,
+            what,
+            after,
         )
         return False
-    log.warning("run %s: terminal write %s queued in the drain", run_id, entry.target)
+    log.warning("run %s: %s %s the drain", run_id, what, waits)
     return True
 
 
@@ -263,16 +357,32 @@ def depth() -> tuple[int, int]:
 
 
 def waiting_run_ids() -> set[str]:
-    """Runs whose terminal write waits in the drain (pending or in flight): the reconciler
-    must not judge them orphans, their end is already decided. One round trip when empty."""
-    client = valkey.client()
-    found: set[str] = set()
-    for name in (keys.drain_pending(), keys.drain_inflight()):
-        for raw in cast(list[str], client.lrange(name, 0, -1)):
-            try:
-                found.add(Entry.from_json(raw).run_id)
-            except (ValueError, KeyError, TypeError):
-                continue
+    """Runs with a write waiting in the drain (pending or in flight), their end or a stage's:
+    the reconciler must not judge them orphans, what they did is already decided. One round
+    trip."""
+    return {entry.run_id for entry in _waiting()}
+
+
+def waiting_stages(run_id: str) -> set[str]:
+    """The stages of `run_id` whose end waits in the drain: not lost, whatever their run's
+    heartbeat says, so not tried again. One round trip."""
+    return {
+        entry.args["stage"]
+        for entry in _waiting()
+        if entry.call == MOVE_STAGE and entry.run_id == run_id
+    }
+
+
+def _waiting() -> list[Entry]:
+    pipe = valkey.client().pipeline(transaction=False)
+    pipe.lrange(keys.drain_pending(), 0, -1)
+    pipe.lrange(keys.drain_inflight(), 0, -1)
+    found = []
+    for raw in itertools.chain.from_iterable(cast(list[list[str]], valkey.execute(pipe))):
+        try:
+            found.append(Entry.from_json(raw))
+        except (ValueError, KeyError, TypeError):
+            continue
     return found
 
 
@@ -367,6 +477,19 @@ def replay(
     if backing_off and not force:
         report.backing_off = True
         return report
+    if not _PASS.acquire(blocking=False):
+        report.busy = True
+        return report
+    try:
+        return _pass(report, limit, lock_timeout, fence)
+    finally:
+        _PASS.release()
+
+
+def _pass(
+    report: ReplayReport, limit: int, lock_timeout: timedelta, fence: FencedLock | None
+) -> ReplayReport:
+    client = valkey.client()
     lease = timedelta(seconds=settings.CONFIG.leader_ttl_s)
     lock: FencedLock = fence or LoopLock(CLUSTER, lease)
     if not lock.hold():
@@ -411,17 +534,17 @@ def _recover_inflight() -> int:
 
 
 def _replay_one(raw: str, lock_timeout: timedelta, report: ReplayReport) -> bool:
-    """Apply one in-flight entry and settle it; False ends the pass (a transient failure)."""
+    """Apply one in-flight entry and what follows it; False ends the pass (a transient
+    failure)."""
     try:
         entry = Entry.from_json(raw)
-        RunState(entry.target)
     except (ValueError, KeyError, TypeError) as exc:
         log.error("drain: unreadable entry poisoned: %r (%s)", raw[:200], exc)
         _poison(raw, None, f"unreadable: {exc}")
         report.poisoned += 1
         return True
     try:
-        outcome, task_id = _apply(entry, lock_timeout)
+        outcome, follow_up = _apply(entry, lock_timeout)
     except TRANSIENT_ERRORS as exc:
         failed = dataclasses.replace(entry, attempts=entry.attempts + 1)
         if failed.attempts >= MAX_ATTEMPTS:
@@ -453,22 +576,38 @@ def _replay_one(raw: str, lock_timeout: timedelta, report: ReplayReport) -> bool
         report.cancelled += 1
     else:
         report.superseded += 1
-    if outcome != "superseded":
-        ended = RunState.CANCELLED if outcome == "cancelled" else RunState(entry.target)
-        _finish(entry, ended, task_id)
+    if follow_up is not None:
+        follow_up()
     valkey.client().lrem(keys.drain_inflight(), 1, raw)
     return True
 
 
-def _apply(entry: Entry, lock_timeout: timedelta) -> tuple[str, str | None]:
-    """The Postgres write, in one transaction; returns (outcome, the run's task id)."""
+# What `_apply` found and what follows it (None: nothing, the entry was superseded).
+Applied = tuple[str, Callable[[], None] | None]
+
+
+def _apply(entry: Entry, lock_timeout: timedelta) -> Applied:
+    """The Postgres write, in one transaction bounded by `lock_timeout`."""
+    if entry.call == MOVE_STAGE:
+        return _apply_stage_move(entry, lock_timeout)
+    return _apply_end(entry, lock_timeout)
+
+
+@contextmanager
+def _bounded(lock_timeout: timedelta) -> Iterator[None]:
+    """A transaction whose row locks wait at most `lock_timeout` (then a transient error)."""
+    timeout_ms = max(1, span_ms(lock_timeout))
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"])
+        yield
+
+
+def _apply_end(entry: Entry, lock_timeout: timedelta) -> Applied:
     target = RunState(entry.target)
     args = entry.call_args()
-    timeout_ms = max(1, span_ms(lock_timeout))
     try:
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"])
+        with _bounded(lock_timeout):
             outcome = "applied"
             try:
                 # The writer's own call: fenced by its claim, so a run put back to pending after
@@ -485,12 +624,45 @@ def _apply(entry: Entry, lock_timeout: timedelta) -> tuple[str, str | None]:
             task_id = _task_id(entry.run_id)
     except IllegalTransition as exc:
         if exc.current == target.value and _landed(entry.run_id, args):
-            return "already", _task_id(entry.run_id)
-        log.warning(
-            "run %s: drained write %s dropped: the run is %s now", entry.run_id, target, exc.current
-        )
-        return "superseded", None
-    return outcome, task_id
+            outcome, task_id = "already", _task_id(entry.run_id)
+        else:
+            log.warning(
+                "run %s: drained write %s dropped: the run is %s now",
+                entry.run_id,
+                target,
+                exc.current,
+            )
+            return "superseded", None
+    ended = RunState.CANCELLED if outcome == "cancelled" else target
+    return outcome, functools.partial(_finish, entry, ended, task_id)
+
+
+def _apply_stage_move(entry: Entry, lock_timeout: timedelta) -> Applied:
+    follow_up = _stage_follow_up
+    if follow_up is None:
+        # Checked before writing: an entry this process could not follow up is poisoned
+        # untouched, for a process that can.
+        raise RuntimeError("no follow-up of stage moves registered (runs.pipeline not loaded)")
+    target = StageState(entry.target)
+    args = entry.call_args()
+    try:
+        with _bounded(lock_timeout):
+            # The writer's own call, fenced by its stage claim: a stage tried again after its
+            # claimer was judged lost, and claimed anew, is not ended by it.
+            stages = durable.move_stage(entry.run_id, target=target, **args)
+    except IllegalTransition as exc:
+        landed = _stage_landed(entry.run_id, args) if exc.current == target.value else None
+        if landed is None:
+            log.warning(
+                "run %s: drained stage %s %s dropped: the stage is %s now",
+                entry.run_id,
+                args["stage"],
+                target,
+                exc.current,
+            )
+            return "superseded", None
+        return "already", functools.partial(follow_up, entry, landed)
+    return "applied", functools.partial(follow_up, entry, stages)
 
 
 def _still_owned(entry: Entry) -> bool:
@@ -504,6 +676,34 @@ def _landed(run_id: str, args: dict[str, Any]) -> bool:
     compared = [name for name in ("finished_at", "error", "result") if name in args]
     found = TaskHistory.objects.filter(id=run_id).values(*compared).first()
     return found is not None and all(found[name] == args[name] for name in compared)
+
+
+def _stage_landed(run_id: str, args: dict[str, Any]) -> Stages | None:
+    """The run's stages when its row holds this very stage move (its reply was lost): the
+    stage's step record has this attempt's end, under this claim, and its result; else None.
+    A step record's `finished_at` is this attempt's own moment, so a later attempt's end or
+    another writer's move does not pass for it."""
+    stage = args["stage"]
+    found = (
+        TaskHistory.objects.filter(id=run_id)
+        .values_list("stages", "stage_results", "steps")
+        .first()
+    )
+    if found is None:
+        return None
+    states, results, records = found
+    record = records.get(stage, {})
+    step = args.get("step") or {}
+    same = all(
+        record.get(name) == step[name]
+        for name in ("finished_at", "status", "error")
+        if name in step
+    )
+    if args.get("claimer") is not None:
+        same = same and record.get("owner") == args["claimer"]
+    if args.get("result") is not None:
+        same = same and results.get(stage) == args["result"]
+    return Stages(states, results) if same else None
 
 
 def _task_id(run_id: str) -> str | None:

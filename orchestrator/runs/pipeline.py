@@ -9,7 +9,13 @@ while its stages move, each on the pool of its own resource class (`routing.stag
   stage's body runs under the run's watch, as the run's owner: heartbeats, the cancel
   listener, the watchdogs with the stage's own timeout.
 - Its end is one guarded move of the stage (state and result) that returns every stage as the
-  move left it; then the live hash follows, then the advance.
+  move left it; then the live hash follows, then the advance. A move Postgres refuses on a
+  transient error (unreachable, a dropped connection) waits in the pending-write drain
+  (`runs.drain`) as that same call; the drain makes it once Postgres is back, then what the
+  writer would have done after it (`_stage_moved`). Until then the stage reads `active` in
+  both stores, and it is not tried again as lost: the reconciler leaves the run alone while
+  a write of it waits in the drain, and `resume_lost_stages` and `_claim_refused` leave a
+  stage whose end waits there.
 - The advance looks at the stages that depend on the one that ended: one whose dependencies
   are all completed or skipped is due. A due stage whose dependencies were all skipped is
   skipped too; otherwise its `when` is asked now, just before dispatch: False skips it, True
@@ -49,7 +55,12 @@ Not guaranteed: `when` may be asked more than once for a stage (a recovery after
 it again); a stage's message carries no delay once the recovery publishes it again, so a
 retry's backoff can be cut short after a crash; a stopped claimer (SIGSTOP) keeps beating for
 the run when it wakes (a stage shares its run's claim), so it runs its stage to its end,
-beside the successor, and only its writes are refused.
+beside the successor, and only its writes are refused. A stage end the drain refused (full,
+or Valkey unreachable too) is lost: the reconciler finds the stage lost and tries it again, or
+fails the run when it has no attempt left. A stage end that reaches the drain only after the
+reconciler looked at its run (its failed Postgres write took longer than the orphan threshold;
+LUMASTRA_STORE_TIMEOUT_S is meant to be well under it) is tried again too, and the drained end
+is then dropped as superseded.
 """
 
 from __future__ import annotations
@@ -60,6 +71,7 @@ import logging
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
@@ -74,7 +86,7 @@ from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import concurrency
 from orchestrator.models import TaskHistory
 from orchestrator.routing import stage_class, stage_queue
-from orchestrator.runs import steps, terminal
+from orchestrator.runs import drain, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import publish_stage, stage_message_id
 from orchestrator.runs.steps import StepStatus
@@ -316,6 +328,9 @@ def _claim_refused(definition: TaskDefinition, run_id: str, stage: Stage) -> Non
     claimer = record.get("owner", "")
     if not claimer or not is_dead_here(claimer):
         return
+    if stage.name in drain.waiting_stages(run_id):
+        # Its claimer ended it before it died; the end waits for Postgres in the drain.
+        return
     model = definition.input_model.model_validate(input_)
     run = _Run(definition, run_id, owner, identity, priority, model)
     context = RunContext(run_id, model, task_id=definition.id)
@@ -370,46 +385,19 @@ def _keepable(result: object) -> Any:
 
 
 def _stage_completed(attempt: _Attempt, result: Any) -> None:
-    run, name = attempt.run, attempt.stage.name
-    try:
-        stages = durable.move_stage(
-            run.run_id,
-            name,
-            StageState.COMPLETED,
-            result=result,
-            step=attempt.ended(StepStatus.OK),
-            cost=attempt.context.cost,
-            claimer=attempt.claimer,
-        )
-    except IllegalTransition as exc:
-        log.info("run %s: stage %s completed, not recorded (%s)", run.run_id, name, exc)
-        return
-    _follow(run.run_id, name, StageState.COMPLETED)
-    _advance(run, stages, ended=(name,))
+    _end_stage(attempt, StageState.COMPLETED, {}, result=result, step=attempt.ended(StepStatus.OK))
 
 
 def _stage_failed(attempt: _Attempt, kind: ErrorKind, message: str, **extra: Any) -> None:
     """The stage fails, its step record first; then the run fails with the stage named."""
-    run, name = attempt.run, attempt.stage.name
+    name = attempt.stage.name
     if kind is ErrorKind.TRANSIENT and attempt.number > 1:
         message = (
             f"{message} (attempts exhausted: {attempt.number} of {attempt.retry.max_attempts})"
         )
     error = terminal.error_doc(kind, f"stage {name}: {message}", stage=name, **extra)
-    try:
-        durable.move_stage(
-            run.run_id,
-            name,
-            StageState.FAILED,
-            step=attempt.ended(StepStatus.FAILED, error),
-            cost=attempt.context.cost,
-            claimer=attempt.claimer,
-        )
-    except IllegalTransition as exc:
-        log.info("run %s: stage %s failed, not recorded (%s)", run.run_id, name, exc)
-        return
-    _follow(run.run_id, name, StageState.FAILED)
-    terminal.finish(run.definition, run.run_id, run.owner, RunState.FAILED, error=error)
+    step = attempt.ended(StepStatus.FAILED, error)
+    _end_stage(attempt, StageState.FAILED, {"error": error}, step=step)
 
 
 def _stage_retry(
@@ -422,33 +410,83 @@ def _stage_retry(
     """A TransientError (or a lost worker) with attempts left: the stage alone waits for its
     next attempt (active → waiting), with the stage's backoff, and its message is published
     again with that delay. The move is fenced by the attempt's claim and, with
-    `stale_after_s`, by the run's heartbeat being still that old. Returns whether it moved."""
-    run, name = attempt.run, attempt.stage.name
+    `stale_after_s`, by the run's heartbeat being still that old. Returns whether it moved
+    (or waits in the drain to)."""
+    run = attempt.run
     delay = jittered_backoff(attempt.retry, attempt.number)
     error = terminal.error_doc(
         kind,
         f"{message} (attempt {attempt.number} of {attempt.retry.max_attempts}; "
         f"retrying in {delay.total_seconds():.1f}s)",
     )
+    then = {"delay_s": delay.total_seconds(), "kind": kind.value}
     step = attempt.ended(StepStatus.WAITING, error)
+    if _end_stage(attempt, StageState.WAITING, then, step=step, stale_after_s=stale_after_s):
+        return True
+    _finish_discard(run.definition, run.run_id)
+    return False
+
+
+def _end_stage(attempt: _Attempt, target: StageState, then: dict[str, Any], **args: Any) -> bool:
+    """An attempt's end: its stage's move in Postgres, fenced by the attempt's claim, then
+    what follows it (`_stage_moved`, with `then`). A move Postgres refused on a transient error
+    waits in the drain, which makes the same call once Postgres is back, then what follows;
+    nothing of it reaches Valkey before. False when the move was refused as illegal."""
+    run, name = attempt.run, attempt.stage.name
+    call = {"stage": name, "cost": attempt.context.cost, "claimer": attempt.claimer, **args}
+    ids = (run.run_id, name, target.value)
     try:
-        durable.move_stage(
-            run.run_id,
-            name,
-            StageState.WAITING,
-            step=step,
-            cost=attempt.context.cost,
-            claimer=attempt.claimer,
-            stale_after_s=stale_after_s,
-        )
+        stages = durable.move_stage(run.run_id, target=target, **call)
     except IllegalTransition as exc:
-        log.info("run %s: stage %s retry not recorded (%s)", run.run_id, name, exc)
-        _finish_discard(run.definition, run.run_id)
+        log.info("run %s: stage %s %s not recorded (%s)", *ids, exc)
         return False
-    _follow(run.run_id, name, StageState.WAITING)
-    log.info("run %s: stage %s %s; retry in %s", run.run_id, name, kind.value, delay)
-    publish_stage(run.definition, attempt.stage, run.run_id, run.identity, run.priority, delay)
+    except drain.TRANSIENT_ERRORS as exc:
+        # Postgres is away: the drain makes this same move, then what follows it, so Valkey
+        # is never ahead of Postgres.
+        log.warning("run %s: stage %s %s deferred to the drain: %s", *ids, exc)
+        pushed = drain.push(run.run_id, target, call, run.owner, call=drain.MOVE_STAGE, then=then)
+        if not pushed:
+            log.error("run %s: stage %s %s lost; the reconciler will try the stage again", *ids)
+        return True
+    _stage_moved(run, attempt.stage, target, stages, then)
     return True
+
+
+def _stage_moved(
+    run: _Run, stage: Stage, target: StageState, stages: Stages, then: dict[str, Any]
+) -> None:
+    """What follows a stage's end once Postgres has it, from its writer or from the drain's
+    replay (`_replayed`): the live hash follows; then the advance (completed), the run's
+    failure with the stage's error (failed) or the stage's next message with the retry's
+    delay (back to waiting)."""
+    _follow(run.run_id, stage.name, target)
+    if target == StageState.COMPLETED:
+        _advance(run, stages, ended=(stage.name,))
+    elif target == StageState.FAILED:
+        terminal.finish(run.definition, run.run_id, run.owner, RunState.FAILED, error=then["error"])
+    else:
+        delay = timedelta(seconds=then["delay_s"])
+        log.info("run %s: stage %s %s; retry in %s", run.run_id, stage.name, then["kind"], delay)
+        publish_stage(run.definition, stage, run.run_id, run.identity, run.priority, delay)
+
+
+@drain.on_stage_move
+def _replayed(entry: drain.Entry, stages: Stages) -> None:
+    """A stage's end the drain made once Postgres was back: what its writer skipped."""
+    found = (
+        TaskHistory.objects.filter(id=entry.run_id)
+        .values_list("task_id", "input", "identity", "priority")
+        .first()
+    )
+    definition = registry.get().get(found[0]) if found else None
+    if found is None or definition is None:
+        log.warning("run %s: drained stage move of an unknown run or task; left", entry.run_id)
+        return
+    _, input_, identity, priority = found
+    model = definition.input_model.model_validate(input_)
+    run = _Run(definition, entry.run_id, entry.owner, identity, priority, model)
+    stage = definition.stage(entry.args["stage"])
+    _stage_moved(run, stage, StageState(entry.target), stages, entry.then)
 
 
 def resume_lost_stages(
@@ -459,7 +497,9 @@ def resume_lost_stages(
     to waiting for its next attempt (fenced by its claim and by the heartbeat still being
     stale) and is published again with its backoff. None, and nothing written, when a running
     stage may not be tried again (attempts spent, or the task opted out): the caller ends the
-    run as an orphan. Otherwise the number of stages put back (0: it moved on meanwhile)."""
+    run as an orphan. Otherwise the number of stages put back (0: it moved on meanwhile).
+    A stage whose end waits in the drain (`drain.waiting_stages`) is not lost: it is left
+    alone, and a run with no other stage running has moved on (0)."""
     found = (
         TaskHistory.objects.filter(id=run_id, state=RunState.ACTIVE)
         .values_list("stages", "steps", "input", "owner_instance_id", "identity", "priority")
@@ -468,7 +508,10 @@ def resume_lost_stages(
     if found is None:
         return 0
     stages, records, input_, owner, identity, priority = found
-    running = [name for name in definition.stage_order if stages.get(name) == StageState.ACTIVE]
+    active = [name for name in definition.stage_order if stages.get(name) == StageState.ACTIVE]
+    # Read after the row: a stage whose end Postgres refused is in the drain by then.
+    in_drain = drain.waiting_stages(run_id)
+    running = [name for name in active if name not in in_drain]
     model = definition.input_model.model_validate(input_)
     run = _Run(definition, run_id, owner, identity, priority, model)
     attempts = [
@@ -480,6 +523,8 @@ def resume_lost_stages(
         )
         for name in running
     ]
+    if active and not running:
+        return 0
     if not attempts or not all(attempt.may_resume() for attempt in attempts):
         return None
     moved = 0

@@ -8,6 +8,7 @@ connection so the replay's UPDATE runs into its lock timeout. Nothing of ours is
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,7 @@ from typing import Any
 
 import psycopg2
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import LoopLock
@@ -26,7 +27,7 @@ from orchestrator.runs.drain import MAX_ATTEMPTS, MAX_ENTRIES
 from orchestrator.runs.start import new_run_id
 from orchestrator.states import RunState
 from orchestrator.stores import durable, keys, live, valkey
-from tests.support.fixtures import database_url
+from tests.support.fixtures import database_url, wait_for
 from tests.support.runs import clean_drain
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -299,6 +300,40 @@ def test_one_replayer_at_a_time() -> None:
 
     holder.release()
     assert drain.replay().applied == 1
+
+
+def test_one_pass_at_a_time_in_a_process() -> None:
+    """The drain loop and the reconciler's tick both replay under the leader's seat, in one
+    process: a pass started beside another is busy, and leaves the other's entry in flight
+    (it would put it back and apply it too)."""
+    run_id = _active_run()
+    drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
+    seat = LoopLock(CLUSTER, timedelta(seconds=30))
+    assert seat.hold()
+    reports: list[drain.ReplayReport] = []
+
+    def first_pass() -> None:
+        try:
+            reports.append(drain.replay(fence=seat, lock_timeout=timedelta(seconds=20)))
+        finally:
+            connections.close_all()
+
+    with _other_connection() as other:
+        # Another transaction holds the run's row: the first pass waits on it mid-entry.
+        other.execute("SELECT 1 FROM task_history WHERE id = %s FOR UPDATE", [run_id])
+        thread = threading.Thread(target=first_pass)
+        thread.start()
+        wait_for(lambda: valkey.client().llen(keys.drain_inflight()) == 1)
+
+        second = drain.replay(fence=seat)
+
+        assert second.busy and second.recovered == 0
+        assert valkey.client().llen(keys.drain_inflight()) == 1
+    thread.join(timeout=30)
+    seat.release()
+    assert [r.applied for r in reports] == [1]
+    assert TaskHistory.objects.get(id=run_id).state == "completed"
+    assert drain.depth() == (0, 0)
 
 
 def test_an_empty_drain_costs_no_query() -> None:
