@@ -27,13 +27,13 @@ from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.models import DeliveryStatus, TaskHistory, WebhookDelivery
 from orchestrator.runs import drain
 from orchestrator.runs.drain import MAX_ATTEMPTS
-from orchestrator.runs.start import new_run_id, start_run
+from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
-from orchestrator.stores import durable, keys, live, valkey
+from orchestrator.stores import keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from orchestrator.webhooks.delivery import Deliverer, create_endpoint
 from tests.support.fixtures import database_url, wait_for, worker_process
-from tests.support.runs import clean_drain
+from tests.support.runs import clean_drain, seed_active
 from tests.support.task_defs import FLAKY_KEY
 from tests.support.users import PASSWORD, account, operator
 
@@ -100,26 +100,9 @@ def _exhausted_run() -> str:
     return handle.run_id
 
 
-def _active_run() -> str:
-    """A run claimed by OWNER in both stores, as the runner leaves it before its terminal write."""
-    run_id = new_run_id()
-    TaskHistory.objects.create(
-        id=run_id,
-        task_id="test-noop",
-        trigger={"kind": "manual"},
-        input={},
-        priority=5,
-        identity=run_id,
-    )
-    live.seed(run_id, "test-noop", 5, ())
-    live.claim(run_id, OWNER)
-    assert durable.claim(run_id, OWNER) is not None
-    return run_id
-
-
 def _poisoned_write() -> str:
     """A terminal write whose row another transaction holds through every replay."""
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     drain.push(
         run_id, RunState.COMPLETED, {"result": {"ok": True}, "finished_at": timezone.now()}, OWNER
     )

@@ -28,7 +28,7 @@ from orchestrator.runs.start import new_run_id
 from orchestrator.states import RunState
 from orchestrator.stores import durable, keys, live, valkey
 from tests.support.fixtures import database_url, wait_for
-from tests.support.runs import clean_drain
+from tests.support.runs import clean_drain, seed_active
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -40,23 +40,6 @@ FINISHED_AT = datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)
 @pytest.fixture(autouse=True)
 def _clean() -> None:
     clean_drain(CLUSTER)
-
-
-def _active_run() -> str:
-    """A run claimed by OWNER in both stores, as the runner leaves it before its terminal write."""
-    run_id = new_run_id()
-    TaskHistory.objects.create(
-        id=run_id,
-        task_id=TASK,
-        trigger={"kind": "manual"},
-        input={},
-        priority=5,
-        identity=run_id,
-    )
-    live.seed(run_id, TASK, 5, ())
-    live.claim(run_id, OWNER)
-    assert durable.claim(run_id, OWNER) is not None
-    return run_id
 
 
 def _completed_fields() -> dict[str, object]:
@@ -85,7 +68,7 @@ def _other_connection() -> Iterator[Any]:
 
 
 def test_a_pushed_write_is_applied_then_settled() -> None:
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
 
     assert drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     assert TaskHistory.objects.get(id=run_id).state == "active"
@@ -104,7 +87,7 @@ def test_a_pushed_write_is_applied_then_settled() -> None:
 
 
 def test_a_failed_write_keeps_its_error_kind() -> None:
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     error = {"kind": "permanent", "message": "asked to fail"}
     drain.push(run_id, RunState.FAILED, {"error": error, "finished_at": FINISHED_AT}, OWNER)
 
@@ -117,7 +100,7 @@ def test_a_failed_write_keeps_its_error_kind() -> None:
 
 def test_a_write_that_had_landed_is_done_and_still_settled() -> None:
     # The UPDATE committed but its reply was lost: the writer pushed a write Postgres has.
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     durable.end(run_id, RunState.COMPLETED, owner=OWNER, **_completed_fields())
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
 
@@ -131,7 +114,7 @@ def test_a_write_that_had_landed_is_done_and_still_settled() -> None:
 
 def test_the_same_end_written_by_someone_else_is_not_reported_twice() -> None:
     # A watchdog failed the run (and told the hooks) while the runner's failed write waited.
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     stalled = {"kind": "stalled", "message": "no progress"}
     durable.end(run_id, RunState.FAILED, error=stalled, finished_at=FINISHED_AT, owner=OWNER)
     mine = {"kind": "permanent", "message": "asked to fail"}
@@ -146,7 +129,7 @@ def test_the_same_end_written_by_someone_else_is_not_reported_twice() -> None:
 
 
 def test_a_cancel_that_raced_the_end_wins() -> None:
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     durable.request_cancel(run_id)
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
 
@@ -160,7 +143,7 @@ def test_a_cancel_that_raced_the_end_wins() -> None:
 
 
 def test_a_write_for_a_run_that_ended_otherwise_is_dropped() -> None:
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     orphaned = {"kind": "orphaned", "message": "its worker stopped heartbeating"}
     durable.end(run_id, RunState.FAILED, error=orphaned, finished_at=FINISHED_AT)
     gone = new_run_id()
@@ -177,7 +160,7 @@ def test_a_write_for_a_run_that_ended_otherwise_is_dropped() -> None:
 def test_a_write_of_a_claim_put_back_and_claimed_anew_is_dropped() -> None:
     """Fenced by the claim that wrote it: OWNER's worker was judged lost, its run put back
     and claimed by another process (`runs.resume`); OWNER's deferred end must not end it."""
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     TaskHistory.objects.filter(id=run_id).update(owner_instance_id="host-c:1:NEWCLAIM", attempts=2)
 
@@ -195,7 +178,7 @@ def test_the_drain_is_bounded() -> None:
     for _ in range(MAX_ENTRIES - 1):
         pipe.lpush(keys.drain_pending(), entry)
     pipe.execute()
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
 
     assert drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     assert not drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
@@ -211,7 +194,7 @@ def test_push_refuses_what_the_terminal_write_does_not_take() -> None:
 
 
 def test_a_dropped_connection_is_retried_then_applied() -> None:
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
@@ -237,8 +220,8 @@ def test_a_dropped_connection_is_retried_then_applied() -> None:
 
 
 def test_an_entry_failing_ten_times_is_poisoned() -> None:
-    run_id = _active_run()
-    other_run = _active_run()
+    run_id = seed_active(OWNER)
+    other_run = seed_active(OWNER)
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     with _other_connection() as other:
         # Another transaction holds the run's row: every replay runs into its lock timeout.
@@ -277,7 +260,7 @@ def test_an_unreadable_entry_is_poisoned_at_once() -> None:
 
 
 def test_an_entry_left_in_flight_by_a_dead_replayer_is_replayed() -> None:
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     args = {"result": {"ok": True}, "finished_at": FINISHED_AT.isoformat()}
     entry = drain.Entry(run_id, "completed", args, OWNER).to_json()
     valkey.client().lpush(keys.drain_inflight(), entry)
@@ -290,7 +273,7 @@ def test_an_entry_left_in_flight_by_a_dead_replayer_is_replayed() -> None:
 
 
 def test_one_replayer_at_a_time() -> None:
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     holder = LoopLock(CLUSTER, timedelta(seconds=30))
     assert holder.hold()
@@ -306,7 +289,7 @@ def test_one_pass_at_a_time_in_a_process() -> None:
     """The drain loop and the reconciler's tick both replay under the leader's seat, in one
     process: a pass started beside another is busy, and leaves the other's entry in flight
     (it would put it back and apply it too)."""
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     seat = LoopLock(CLUSTER, timedelta(seconds=30))
     assert seat.hold()
@@ -347,7 +330,7 @@ def test_an_empty_drain_costs_no_query() -> None:
 
 
 def test_the_replay_is_the_writers_own_call_and_closes_a_pipelines_stages() -> None:
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     TaskHistory.objects.filter(id=run_id).update(stages={"a": "completed", "b": "waiting"})
     step = {"warnings": ["late"], "cost": {"gpu_s": 2}}
     args = {"finished_at": FINISHED_AT, "error": {"kind": "permanent", "message": "x"}}
@@ -368,7 +351,7 @@ def test_the_replay_is_the_writers_own_call_and_closes_a_pipelines_stages() -> N
 def test_a_lost_claims_deferred_end_is_replayed_with_its_attempt() -> None:
     """Postgres lost the claim (its commit does not wait for the flush) and was away at the
     end: the replay still takes the claim with it, as the writer's call would have."""
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     TaskHistory.objects.filter(id=run_id).update(
         state="pending", owner_instance_id="", started_at=None, heartbeat_at=None, attempts=0
     )
@@ -384,7 +367,7 @@ def test_a_lost_claims_deferred_end_is_replayed_with_its_attempt() -> None:
 def test_an_entry_an_older_deploy_pushed_is_replayed_as_the_same_end() -> None:
     """A rolling deploy: the entry holds the row's columns (`fields`), as drains did before
     entries named the writer's call."""
-    run_id = _active_run()
+    run_id = seed_active(OWNER)
     old = {
         "run_id": run_id,
         "target": "completed",

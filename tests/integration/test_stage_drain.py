@@ -28,13 +28,13 @@ from orchestrator.routing import queue_name, stage_queue
 from orchestrator.runs import drain, pipeline
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.publish import stage_message_id
-from orchestrator.runs.start import new_run_id, start_run
+from orchestrator.runs.start import start_run
 from orchestrator.states import RunState, StageState
 from orchestrator.stores import broker, durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.support.fixtures import database_url, wait_for, worker_process
-from tests.support.runs import clean_drain
+from tests.support.runs import clean_drain, seed_active
 from tests.support.task_defs import PIPE_CALLS_KEY
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -374,26 +374,10 @@ def test_a_lost_stage_beside_one_whose_end_waits_is_tried_again() -> None:
 # --- entries an older deploy pushed -----------------------------------------------------------
 
 
-def _active_plain_run() -> str:
-    run_id = new_run_id()
-    TaskHistory.objects.create(
-        id=run_id,
-        task_id="test-noop",
-        trigger={"kind": "manual"},
-        input={},
-        priority=5,
-        identity=run_id,
-    )
-    live.seed(run_id, "test-noop", 5, ())
-    live.claim(run_id, OWNER)
-    assert durable.claim(run_id, OWNER) is not None
-    return run_id
-
-
 def test_end_entries_an_older_deploy_pushed_are_still_read() -> None:
     """Before stage moves: `{call: "end", …}` without `then`; before that, the row's columns
     (`fields`). Both are waiting writes, and both are replayed as the same end."""
-    named, legacy = _active_plain_run(), _active_plain_run()
+    named, legacy = seed_active(OWNER), seed_active(OWNER)
     end = {
         "run_id": named,
         "call": "end",

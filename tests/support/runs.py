@@ -6,7 +6,7 @@ from django.db import connection
 
 from orchestrator.models import TaskHistory
 from orchestrator.runs.start import new_run_id
-from orchestrator.stores import keys, valkey
+from orchestrator.stores import durable, keys, live, valkey
 
 
 def seed_orphan(heartbeat_age_s: int) -> str:
@@ -31,6 +31,24 @@ def seed_orphan(heartbeat_age_s: int) -> str:
             "started_at = now() - interval '1 hour' WHERE id = %s",
             [heartbeat_age_s, run_id],
         )
+    return run_id
+
+
+def seed_active(owner: str, task_id: str = "test-noop") -> str:
+    """A run claimed by `owner` in both stores, as the runner leaves it before its terminal
+    write."""
+    run_id = new_run_id()
+    TaskHistory.objects.create(
+        id=run_id,
+        task_id=task_id,
+        trigger={"kind": "manual"},
+        input={},
+        priority=5,
+        identity=run_id,
+    )
+    live.seed(run_id, task_id, 5, ())
+    live.claim(run_id, owner)
+    assert durable.claim(run_id, owner) is not None
     return run_id
 
 
