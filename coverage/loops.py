@@ -25,7 +25,7 @@ from coverage.dispatcher import Dispatcher
 from coverage.stages import check_eligibility, covered
 from coverage.sweep import Sweep
 from orchestrator.backoff import exponential
-from orchestrator.cluster.leaders import CLUSTER, Leadership
+from orchestrator.cluster.leaders import Leadership
 from orchestrator.loops import Loop
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,13 @@ def loops(seat: Leadership) -> list[Loop]:
             config.coverage_sweep_interval_s,
             _fenced(seat, sweep.tick),
             first=_fenced(seat, lambda: sweep.tick(boot=True)),
-            leader=CLUSTER,
+            leader=True,
         ),
         Loop(
             "outbox-dispatcher",
             config.coverage_dispatch_interval_s,
             _fenced(seat, dispatcher.tick),
-            leader=CLUSTER,
+            leader=True,
         ),
     ]
 

@@ -408,7 +408,7 @@ class Config:
         "seconds between scheduler ticks (dynamic schedules)",
     )
     leader_ttl_s: int = _env(
-        "LUMASTRA_LEADER_TTL_S", "15", _positive_int, "lease of a leader lock lock:orch:<class>"
+        "LUMASTRA_LEADER_TTL_S", "15", _positive_int, "lease of the leader lock lock:orch:cluster"
     )
     leader_renew_s: int = _env(
         "LUMASTRA_LEADER_RENEW_S", "5", _positive_int, "seconds between a leader's renewals"

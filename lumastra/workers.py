@@ -9,7 +9,7 @@ not to the loops. `--print-plan` prints the pools and the loops, and exits.
 
 SIGTERM and SIGINT stop the role gracefully (a deploy, Ctrl+C):
 1. every worker gets SIGTERM, Celery's warm shutdown: it takes no new message, and its
-   reserved ones go back to their queues; the loops process stops too (releasing its seats);
+   reserved ones go back to their queues; the loops process stops too (releasing its seat);
 2. the runs still running get LUMASTRA_SHUTDOWN_GRACE_S to finish;
 3. then the pool processes still running are killed and their runs handed back, pending for
    another worker (`orchestrator.runs.handback`), instead of failing or waiting for the

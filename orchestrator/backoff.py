@@ -1,7 +1,7 @@
 """Exponential backoff, capped before it is computed.
 
 Every growing delay in the engine (concurrency postponements, run retries, drain passes,
-leader seats) goes through `exponential`. Growing first and capping after overflows once the
+a lost leader seat) goes through `exponential`. Growing first and capping after overflows once the
 step count is large: `timedelta * 1.5 ** 82` no longer fits a timedelta, and a run postponed
 that often crashed on every pickup. Here the exponent is clamped to the first step that
 reaches the cap, so any step count, however large, costs the same and returns the cap.

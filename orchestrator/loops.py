@@ -1,8 +1,8 @@
 """The worker role's orchestrator loops: `python -m orchestrator.loops`.
 
 One process per worker host (`lumastra.workers` starts it beside the Celery pools), running
-each loop in its own named thread, beside the `leader` thread (`orchestrator.cluster.leaders`) that
-races for `lock:orch:<class>` for each class this host serves and for `lock:orch:cluster`:
+each loop in its own named thread, beside the `leader` thread (`orchestrator.cluster.leaders`)
+that races for `lock:orch:cluster`, the one leader seat:
 
 - `reconciler` (`recovery.reconciler`), on the cluster leader only: its first tick is boot
   recovery, with the boot threshold, as soon as this process leads (at once when it wins the
@@ -15,17 +15,17 @@ races for `lock:orch:<class>` for each class this host serves and for `lock:orch
   LUMASTRA_QUOTA_ROLLUP_INTERVAL_S (30 s); one Valkey pipeline and at most one statement.
   The same tick copies the tasks' daily spend (`orchestrator.hooks.costs.rollup`).
 - `scheduler` (`orchestrator.scheduler.dynamic`), on every worker host (its bucket locks make
-  one fire per slot, so it needs no seat): its first tick is the static schedules' boot
+  one fire per slot, so it needs no leader): its first tick is the static schedules' boot
   catch-up and a tick; then it fires due dynamic-schedule rows every LUMASTRA_SCHEDULER_TICK_S.
 - `webhooks` (`orchestrator.webhooks.delivery`), on the cluster leader only: run events out to
   the webhook endpoints every LUMASTRA_WEBHOOK_INTERVAL_S.
 - the loops of the apps above the engine, from `settings.LUMASTRA_LOOP_FACTORIES`: the coverage
   `stage-sweep` and `outbox-dispatcher` (`coverage.loops`), on the cluster leader only.
 
-A loop bound to a seat (`Loop.leader`) ticks only while this process leads that seat, checked
+A loop of the leader (`Loop.leader`) ticks only while this process leads the cluster, checked
 locally before each tick (a non-leader's loop costs nothing); its writes are fenced by the
-seat (`Leadership.check`, an atomic compare in Lua), so a leader that lost its seat mid-tick
-stops writing at its next write batch. A loop with no seat runs on every worker host.
+seat (`Leadership.check`, an atomic compare in Lua), so a leader that lost the seat mid-tick
+stops writing at its next write batch. Every other loop runs on every worker host.
 
 A loop never overlaps itself: the next tick is due one interval after the previous one
 started, and a tick that overran its interval is followed at once by one tick, not by a
@@ -34,11 +34,11 @@ has its own database connection, checked around every tick: a broken or expired 
 is replaced, so a Postgres restart costs the ticks that ran during it, not the process.
 
 SIGTERM or SIGINT stops the process cleanly: each loop finishes the tick it is in, the
-leader releases its seats so other hosts take over at once, and the process exits 0.
+leader releases the seat so another host takes over at once, and the process exits 0.
 A tick still running after STOP_TIMEOUT_S is abandoned (the process exits anyway).
 
-`--once` makes one attempt at the seats, runs the boot tick, one drain pass and one quota
-rollup (if it won the cluster seat), releases the seats and exits (for operators and tests).
+`--once` makes one attempt at the seat, runs the boot tick, one drain pass and one quota
+rollup (if it won the seat), releases the seat and exits (for operators and tests).
 
 It refuses to start (exit 2) unless WORKER_MODE=enabled: the web role runs no loops.
 
@@ -64,7 +64,8 @@ import django
 log = logging.getLogger("orchestrator.loops")
 
 STOP_TIMEOUT_S = 30.0
-# How often a loop bound to a seat it does not lead looks again (a local check, no I/O).
+# How often a loop of the leader looks again while this process does not lead (a local
+# check, no I/O).
 FOLLOWER_POLL_S = 0.5
 
 
@@ -75,8 +76,8 @@ class Loop:
     tick: Callable[[], object]
     # The first tick, if it differs (the reconciler's boot recovery).
     first: Callable[[], object] | None = None
-    # The seat (`cluster.leaders`) this process must lead for the loop to tick; None: always.
-    leader: str | None = None
+    # True: ticks only while this process leads the cluster (`cluster.leaders`).
+    leader: bool = False
 
 
 def run_tick(name: str, body: Callable[[], object]) -> None:
@@ -92,17 +93,17 @@ def run_tick(name: str, body: Callable[[], object]) -> None:
         close_old_connections()
 
 
-def run_loop(loop: Loop, stop: threading.Event, leads: Callable[[str], bool] | None = None) -> None:
-    """Tick `loop` until `stop`; a loop with a seat ticks only while `leads(seat)`, and its
+def run_loop(loop: Loop, stop: threading.Event, leads: Callable[[], bool] | None = None) -> None:
+    """Tick `loop` until `stop`; a loop of the leader ticks only while `leads()`, and its
     `first` tick is the first one it runs as leader."""
     from django.db import connections
 
-    if loop.leader is not None and leads is None:
-        raise ValueError(f"loop {loop.name} needs a leader check for seat {loop.leader}")
+    if loop.leader and leads is None:
+        raise ValueError(f"loop {loop.name} runs on the leader: it needs a leader check")
     body = loop.first or loop.tick
     try:
         while not stop.is_set():
-            if loop.leader is not None and leads is not None and not leads(loop.leader):
+            if loop.leader and leads is not None and not leads():
                 stop.wait(min(loop.interval_s, FOLLOWER_POLL_S))
                 continue
             started = time.monotonic()
@@ -145,11 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     try:
-        elector = leaders.Elector([leaders.CLUSTER, *leaders.served_classes()])
+        elector = leaders.Elector()
     except ValueError as exc:
         print(f"leader settings: {exc}", file=sys.stderr)
         return 2
-    cluster = elector.fence(leaders.CLUSTER)
+    cluster = elector.fence()
     reconciler = Reconciler(lock=cluster)
     scheduler = Scheduler()
     deliverer = Deliverer()
@@ -160,26 +161,26 @@ def main(argv: list[str] | None = None) -> int:
             config.reconcile_interval_s,
             reconciler.tick,
             first=lambda: reconciler.tick(boot=True),
-            leader=leaders.CLUSTER,
+            leader=True,
         ),
         Loop(
             "drain",
             config.drain_interval_s,
             lambda: drain.replay(fence=cluster),
-            leader=leaders.CLUSTER,
+            leader=True,
         ),
         Loop(
             "quota-rollup",
             config.quota_rollup_interval_s,
             lambda: quotas.rollup(fence=cluster) + costs.rollup(fence=cluster),
-            leader=leaders.CLUSTER,
+            leader=True,
         ),
         Loop("scheduler", config.scheduler_tick_s, scheduler.tick, first=scheduler.boot),
         Loop(
             "webhooks",
             config.webhook_interval_s,
             lambda: deliverer.tick(fence=cluster),
-            leader=leaders.CLUSTER,
+            leader=True,
         ),
     ]
     # Loops of the apps above the engine (the coverage sweep and dispatcher), named in
@@ -194,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.once:
         elector.step()
         for loop in loops:
-            if loop.leader is None or elector.leads(loop.leader):
+            if not loop.leader or elector.leads():
                 run_tick(loop.name, loop.first or loop.tick)
-        elector.release_all()
+        elector.hand_over()
         return 0
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -205,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    # One attempt at every seat before the loops start, so a process that wins the cluster
-    # seat at start runs its boot recovery at once; then the leader thread keeps the race.
+    # One attempt at the seat before the loops start, so a process that wins it at start
+    # runs its boot recovery at once; then the leader thread keeps the race.
     elector.step()
     leader_thread = elector.start(stop)
     threads = [
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     log.info(
         "leader: racing for %s (lease %ss, renewed every %ss, jitter up to %sms)",
-        ", ".join(elector.seat_lock(seat).key for seat in elector.seats),
+        elector.lock.key,
         config.leader_ttl_s,
         config.leader_renew_s,
         config.leader_jitter_ms,
@@ -238,9 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             log.warning("%s still in a tick after %ss; exiting anyway", thread.name, STOP_TIMEOUT_S)
-    # The leader thread releases every seat once `stop` is set; wait for it, then make sure.
+    # The leader thread releases the seat once `stop` is set; wait for it, then make sure.
     leader_thread.join(timeout=max(1.0, deadline - time.monotonic()))
-    elector.release_all()
+    elector.hand_over()
     log.info("loops stopped")
     return 0
 

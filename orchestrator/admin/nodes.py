@@ -1,6 +1,6 @@
 """The "Cluster" page (view permission), read-only: the live nodes (host, role, pools,
-version, started, last beat), the leader of each seat, and each worker pool's queue depth
-and running runs, with a link to Flower for the queues' own view."""
+version, started, last beat), the cluster's leader, and each worker pool's queue depth and
+running runs, with a link to Flower for the queues' own view."""
 
 from __future__ import annotations
 
@@ -31,14 +31,7 @@ class _NodeRow:
     node: roster.Node
     age: str
     last_beat: str
-    leads: tuple[str, ...]  # the seats this node holds
-
-
-@dataclass(frozen=True)
-class _SeatRow:
-    seat: str
-    instance_id: str | None
-    live: bool  # the leader is in the roster (False: none, or its announcement expired)
+    leads: bool  # this node holds the cluster seat
 
 
 @dataclass(frozen=True)
@@ -91,11 +84,7 @@ def nodes_view(request: HttpRequest) -> HttpResponse:
     now = datetime.now(UTC)
     nodes = sorted(roster.roster(), key=lambda n: (n.role, n.host, n.pid))
     beats = roster.last_beats(nodes)
-    leading = leaders.leaders()
-    by_instance: dict[str, list[str]] = {}
-    for seat, instance in leading.items():
-        by_instance.setdefault(instance, []).append(seat)
-    live = {n.instance_id for n in nodes}
+    leader = leaders.leader()
     page = pages.context(
         request,
         "Cluster",
@@ -104,14 +93,13 @@ def nodes_view(request: HttpRequest) -> HttpResponse:
                 n,
                 _age(n.started, now),
                 f"{describe(beats[n.instance_id])} ago" if n.instance_id in beats else "-",
-                tuple(by_instance.get(n.instance_id, ())),
+                n.instance_id == leader,
             )
             for n in nodes
         ],
-        seats=[
-            _SeatRow(seat, leading.get(seat), leading.get(seat) in live)
-            for seat in leaders.all_seats()
-        ],
+        leader=leader,
+        # The leader is in the roster (False: none, or its announcement expired).
+        leader_live=any(n.instance_id == leader for n in nodes),
         pools=_pools(),
         flower_url=settings.CONFIG.flower_url,
     )

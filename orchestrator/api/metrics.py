@@ -3,8 +3,8 @@
 Everything is read at scrape time from the shared stores, never from the process: counters
 from Valkey (`stores.counters`: runs by task and state, run durations, cost units, refusals by
 code, deliveries, recovery), gauges from Valkey (queue depth per resource class, circuit
-state, leader seats) and Postgres (active runs per task), and the collectors of the apps above
-the engine named in `settings.LUMASTRA_METRICS_COLLECTORS` (the coverage backlog).
+state, the cluster's leader) and Postgres (active runs per task), and the collectors of the
+apps above the engine named in `settings.LUMASTRA_METRICS_COLLECTORS` (the coverage backlog).
 
 Gated by `Authorization: Bearer $LUMASTRA_METRICS_TOKEN` (compared in constant time; a wrong
 or missing token is a 401 and counts against the client address's sign-in budget, as the
@@ -153,18 +153,19 @@ class EngineCollector(Collector):
 
     @staticmethod
     def _leaders() -> Iterator[Metric]:
-        held = leaders.leaders()
-        seats = GaugeMetricFamily(
-            "lumastra_leader_seat_held", "1 when a process holds the seat", labels=["seat"]
+        holder = leaders.leader()
+        held = GaugeMetricFamily(
+            "lumastra_leader_seat_held",
+            "1 when a process holds the cluster seat (lock:orch:cluster)",
+            labels=["seat"],
         )
+        held.add_metric([leaders.CLUSTER], int(holder is not None))
         holders = GaugeMetricFamily(
-            "lumastra_leader", "The process holding each seat", labels=["seat", "instance"]
+            "lumastra_leader", "The process holding the cluster seat", labels=["seat", "instance"]
         )
-        for seat in leaders.all_seats():
-            seats.add_metric([seat], int(seat in held))
-            if seat in held:
-                holders.add_metric([seat, held[seat]], 1)
-        yield seats
+        if holder is not None:
+            holders.add_metric([leaders.CLUSTER, holder], 1)
+        yield held
         yield holders
 
 

@@ -1,28 +1,24 @@
-"""Leaders: one process of the cluster per resource class, and one for the cluster.
+"""The leader: the one process of the cluster that runs the once-per-cluster loops.
 
 Every loops process (`python -m orchestrator.loops`, one per worker host) runs one `Elector`
-in its own thread. The elector races for a `LoopLock` (`orchestrator.cluster.locks`) per seat:
+in its own thread. The elector races for one seat, `lock:orch:cluster` (`CLUSTER`), a
+`LoopLock` (`orchestrator.cluster.locks`): its holder runs the loops that must run once per
+cluster (the reconciler, the drain replay, the quota rollup, webhook delivery, the coverage
+stage-sweep and outbox dispatcher). There is no other seat. No loop needs a leader per
+resource class, and an elected seat that drives nothing would show a leader that does
+nothing (DESIGN §5's `lock:orch:<class>`: docs/architecture.md, "Decisions and departures").
 
-- `lock:orch:<class>` for each resource class its host serves (`served_classes()`: the
-  classes with at least one registered task). Hosts that serve no task of a class never lead
-  it, so a class's leader is always a host that runs its pool. No loop is bound to a class yet;
-  class-scoped loops (stage-sweep, outbox dispatchers) take a seat here when they arrive.
-- `lock:orch:cluster` (`CLUSTER`), which every loops process races for: its holder runs the
-  loops that must run once per cluster, the reconciler and the drain replay. A dedicated seat
-  rather than a resource class's: a cluster whose hosts split the classes between them still
-  has exactly one reconciler.
-
-A seat is taken with SET NX PX LUMASTRA_LEADER_TTL_S (15 s) and renewed every
+The seat is taken with SET NX PX LUMASTRA_LEADER_TTL_S (15 s) and renewed every
 LUMASTRA_LEADER_RENEW_S (5 s) by a Lua compare-and-renew (`lua/lock_renew.lua`). A candidate
-that finds a seat taken reads the lease's remaining time in the same MULTI and tries again
+that finds the seat taken reads the lease's remaining time in the same MULTI and tries again
 when it ends, plus a random delay of up to LUMASTRA_LEADER_JITTER_MS, so a dead leader is
 replaced within TTL + jitter of its last renewal. A leader whose renewal fails (the lock is
-someone else's, gone, or Valkey did not answer) stops leading that seat at once: `leads()`
-turns False, the next `check()` of a running tick raises `LockLost`, and the seat re-enters
-the race after a jittered backoff (doubling from the renew interval up to the TTL while it
-keeps losing). On shutdown the elector releases its seats, so a successor takes over at once.
+someone else's, gone, or Valkey did not answer) stops leading at once: `leads()` turns
+False, the next `check()` of a running tick raises `LockLost`, and the process re-enters the
+race after a jittered backoff (doubling from the renew interval up to the TTL while it keeps
+losing). On shutdown the elector releases the seat, so a successor takes over at once.
 
-Fencing. A loop writes only through its seat's `Leadership` (a `FencedLock`): `hold()` at the
+Fencing. A loop writes only through the seat's `Leadership` (a `FencedLock`): `hold()` at the
 start of a tick and `check()` before each write batch compare the lock's value with this
 process's token and renew it, atomically in Lua. A leader paused past its TTL (SIGSTOP, a long
 GC pause) therefore finds, when it wakes, that it no longer leads before its next write batch:
@@ -34,8 +30,8 @@ Not guaranteed:
   the write it guards still makes that one write late. Every write of the once-per-cluster
   loops is a compare-and-set in Postgres (and fenced by the run's owner in Valkey), so such a
   late write is at worst redundant, never contradictory.
-- At most one leader per seat as long as Valkey keeps the lock: a failover of the coordination
-  Valkey that loses the key (no persistence, async replica) can briefly give a seat two holders.
+- At most one leader as long as Valkey keeps the lock: a failover of the coordination Valkey
+  that loses the key (no persistence, async replica) can briefly give the seat two holders.
 - Failover time: up to TTL + jitter after the leader's last renewal (see docs/reliability.md
   for measurements), plus the time the loop needs to start its next tick.
 - Non-leaders keep serving: nothing in `start_run` or the runner depends on leadership.
@@ -47,7 +43,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -56,24 +52,11 @@ from django.conf import settings
 from orchestrator.backoff import exponential
 from orchestrator.cluster.locks import LockLost, LoopLock
 from orchestrator.stores import keys, valkey
-from tasks import registry
-from tasks.resources import RESOURCE_CLASSES
 
 log = logging.getLogger(__name__)
 
 # The seat of the once-per-cluster loops: `lock:orch:cluster`.
 CLUSTER = "cluster"
-assert CLUSTER not in RESOURCE_CLASSES
-
-
-def served_classes() -> list[str]:
-    """The resource classes this host serves: those with at least one registered task."""
-    return sorted({d.resource_class for d in registry.get().values()})
-
-
-def all_seats() -> list[str]:
-    """Every seat the admin shows: the cluster, then each resource class."""
-    return [CLUSTER, *RESOURCE_CLASSES]
 
 
 def instance_of(token: str) -> str:
@@ -81,13 +64,10 @@ def instance_of(token: str) -> str:
     return token.rpartition(":")[0] or token
 
 
-def leaders() -> dict[str, str]:
-    """The instance id leading each seat right now, for seats that have a leader (one MGET)."""
-    seats = all_seats()
-    values: list[str | None] = valkey.client().mget(  # type: ignore[assignment]
-        [keys.orchestrator_lock(seat) for seat in seats]
-    )
-    return {seat: instance_of(value) for seat, value in zip(seats, values, strict=True) if value}
+def leader() -> str | None:
+    """The instance id leading the cluster right now, if any (one GET)."""
+    value = valkey.client().get(keys.orchestrator_lock(CLUSTER))
+    return None if value is None else instance_of(str(value))
 
 
 @dataclass
@@ -96,26 +76,25 @@ class _Seat:
     leading: bool = False
     renewed_at: float = 0.0  # monotonic time of the last renewal Valkey confirmed
     next_attempt: float = 0.0  # monotonic time of the next attempt to take the seat
-    losses: int = 0  # seats lost in a row (reset once held for a whole TTL)
+    losses: int = 0  # times lost in a row (reset once held for a whole TTL)
     led_since: float = 0.0
 
 
 class Leadership:
-    """One seat as a loop writes under it (`cluster.locks.FencedLock`). It never takes the seat
-    (the elector does); it only confirms, atomically, that this process still holds it."""
+    """The seat as a loop writes under it (`cluster.locks.FencedLock`). It never takes the
+    seat (the elector does); it only confirms, atomically, that this process still holds it."""
 
-    def __init__(self, elector: Elector, seat: str) -> None:
+    def __init__(self, elector: Elector) -> None:
         self._elector = elector
-        self.seat = seat
 
     @property
     def key(self) -> str:
-        return keys.orchestrator_lock(self.seat)
+        return self._elector.lock.key
 
     def hold(self) -> bool:
-        """True when this process leads the seat: its local view says so and Valkey agrees
+        """True when this process leads: its local view says so and Valkey agrees
         (compare-and-renew in Lua). A refusal ends the leadership at once."""
-        return self._elector.confirm(self.seat)
+        return self._elector.confirm()
 
     def check(self) -> None:
         """The fencing check before a write batch; raises LockLost unless this process leads."""
@@ -124,17 +103,16 @@ class Leadership:
 
     def release(self) -> bool:
         """Give the seat up (shutdown); True when it was ours."""
-        return self._elector.resign(self.seat)
+        return self._elector.resign()
 
     def holder(self) -> str | None:
-        return self._elector.seat_lock(self.seat).holder()
+        return self._elector.lock.holder()
 
 
 @dataclass
 class Elector:
-    """Races for `seats` and keeps those it wins; `run` drives it in a thread."""
+    """Races for the cluster seat and keeps it while it wins; `run` drives it in a thread."""
 
-    seats: Iterable[str]
     ttl: timedelta = field(default_factory=lambda: timedelta(seconds=settings.CONFIG.leader_ttl_s))
     renew_every: timedelta = field(
         default_factory=lambda: timedelta(seconds=settings.CONFIG.leader_renew_s)
@@ -151,42 +129,38 @@ class Elector:
                 f"the leader renew interval ({self.renew_every}) must be shorter than "
                 f"the lease ({self.ttl})"
             )
-        self.seats = tuple(dict.fromkeys(self.seats))
         self._guard = threading.Lock()
-        self._seats = {name: _Seat(LoopLock(name, self.ttl)) for name in self.seats}
+        self._seat = _Seat(LoopLock(CLUSTER, self.ttl))
 
     # --- what loops ask -------------------------------------------------------------------
 
-    def fence(self, seat: str) -> Leadership:
-        self.seat_lock(seat)  # an unknown seat is a bug: fail now, not at the first tick
-        return Leadership(self, seat)
+    def fence(self) -> Leadership:
+        return Leadership(self)
 
-    def seat_lock(self, seat: str) -> LoopLock:
-        return self._seats[seat].lock
+    @property
+    def lock(self) -> LoopLock:
+        return self._seat.lock
 
-    def leads(self, seat: str) -> bool:
+    def leads(self) -> bool:
         """This process's local view, no round trip: leading, and renewed within one TTL."""
         with self._guard:
-            state = self._seats[seat]
+            state = self._seat
             return state.leading and self.clock() - state.renewed_at < self._ttl_s
 
-    def led(self) -> list[str]:
-        return [seat for seat in self._seats if self.leads(seat)]
-
-    def confirm(self, seat: str) -> bool:
-        if not self.leads(seat):
+    def confirm(self) -> bool:
+        if not self.leads():
             return False
         try:
-            renewed = self._seats[seat].lock.renew()
+            renewed = self._seat.lock.renew()
         except Exception:
-            log.exception("leader: could not confirm %s", seat)
+            log.exception("leader: could not confirm %s", self._seat.lock.key)
             renewed = False
-        self._settle(seat, renewed)
+        self._settle(renewed)
         return renewed
 
-    def resign(self, seat: str) -> bool:
+    def resign(self) -> bool:
         with self._guard:
-            state = self._seats[seat]
+            state = self._seat
             was_leading, state.leading = state.leading, False
             state.next_attempt = self.clock() + self._backoff_s(1)
         released = state.lock.release()
@@ -194,35 +168,34 @@ class Elector:
             log.info("leader: released %s", state.lock.key)
         return released
 
-    def release_all(self) -> None:
-        """Give every seat up (shutdown), so successors take over without waiting for a TTL."""
-        for seat in self._seats:
-            try:
-                self.resign(seat)
-            except Exception:
-                log.exception("leader: could not release %s; its lease will run out", seat)
+    def hand_over(self) -> None:
+        """Give the seat up (shutdown), so a successor takes over without waiting for a TTL."""
+        try:
+            self.resign()
+        except Exception:
+            log.exception("leader: could not release %s; its lease will run out", self.lock.key)
 
     # --- the race ---------------------------------------------------------------------------
 
     def step(self) -> float:
-        """Renew the seats this process leads, try those whose turn has come; returns the
-        seconds until something is due again."""
+        """Renew the seat if this process leads it, try for it if its turn has come; returns
+        the seconds until something is due again."""
         now = self.clock()
         wake = now + self._renew_s
-        for seat, state in self._seats.items():
-            if state.leading:
-                if now - state.renewed_at >= self._renew_s:
-                    self._renew(seat)
-                wake = min(wake, state.renewed_at + self._renew_s)
-                continue
+        state = self._seat
+        if state.leading:
+            if now - state.renewed_at >= self._renew_s:
+                self._renew()
+            wake = min(wake, state.renewed_at + self._renew_s)
+        else:
             if now >= state.next_attempt:
-                self._attempt(seat)
+                self._attempt()
             if not state.leading:
                 wake = min(wake, state.next_attempt)
         return max(0.0, wake - self.clock())
 
     def run(self, stop: threading.Event) -> None:
-        """Drive the race until `stop` is set, then release every seat."""
+        """Drive the race until `stop` is set, then release the seat."""
         try:
             while not stop.is_set():
                 try:
@@ -232,15 +205,15 @@ class Elector:
                     delay = self._renew_s
                 stop.wait(min(delay, self._renew_s))
         finally:
-            self.release_all()
+            self.hand_over()
 
     def start(self, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=self.run, args=(stop,), name="leader", daemon=True)
         thread.start()
         return thread
 
-    def _attempt(self, seat: str) -> None:
-        state = self._seats[seat]
+    def _attempt(self) -> None:
+        state = self._seat
         try:
             taken, ttl_ms = state.lock.try_acquire()
         except Exception:
@@ -266,19 +239,19 @@ class Elector:
             wait_s = self._renew_s if ttl_ms < 0 else min(ttl_ms / 1000, self._renew_s)
             state.next_attempt = now + wait_s + self._jitter_s()
 
-    def _renew(self, seat: str) -> None:
+    def _renew(self) -> None:
         try:
-            renewed = self._seats[seat].lock.renew()
+            renewed = self._seat.lock.renew()
         except Exception:
-            log.exception("leader: renewing %s failed", seat)
+            log.exception("leader: renewing %s failed", self._seat.lock.key)
             renewed = False
-        self._settle(seat, renewed)
+        self._settle(renewed)
 
-    def _settle(self, seat: str, renewed: bool) -> None:
+    def _settle(self, renewed: bool) -> None:
         """Record a renewal's outcome; a refused or failed one ends the leadership at once."""
         now = self.clock()
         with self._guard:
-            state = self._seats[seat]
+            state = self._seat
             if not state.leading:
                 return
             if renewed:

@@ -8,10 +8,10 @@ atomically, so a holder whose lease ran out, and was taken by another process, l
 before writing and can never renew the other's lease. `release()` deletes the lock only if
 it is still ours (`lua/lock_release.lua`), so a stopping process hands over at once.
 
-`LoopLock` is the one lock mechanism: the leaders of `orchestrator.cluster.leaders` hold one per
-resource class and one for the cluster (`lock:orch:cluster`), and a loop run outside a loops
-process (an operator's `--once`, a test) takes the cluster lock itself. Both implement
-`FencedLock`, the interface the reconciler and the drain write under.
+`LoopLock` is the one lock mechanism: the leader of `orchestrator.cluster.leaders` holds the
+cluster's (`lock:orch:cluster`), and a loop run outside a loops process (an operator's
+`--once`, a test) takes that same lock itself. Both implement `FencedLock`, the interface
+the reconciler and the drain write under.
 
 Not guaranteed: the check narrows the window, it does not close it. A holder paused between
 its check and its write (a long GC pause, SIGSTOP) can still write after losing the lock. The

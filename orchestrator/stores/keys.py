@@ -80,8 +80,9 @@ def cancel_channel(run_id: str) -> str:
 CANCEL_KILL = "kill"
 
 
-def orchestrator_lock(resource_class: str) -> str:
-    return f"lock:orch:{resource_class}"
+def orchestrator_lock(name: str) -> str:
+    """A `LoopLock`'s key (`cluster.locks`); the one in use is the leader's, `lock:orch:cluster`."""
+    return f"lock:orch:{name}"
 
 
 def scheduler_lock(task_id: str, bucket: str) -> str:

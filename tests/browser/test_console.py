@@ -141,10 +141,12 @@ def test_healing_a_skipped_item_on_the_backlog_page(console: Console) -> None:
     assert MediaItemStageState.objects.get(item=item, stage=STAGE).status == "pending"
 
 
-def test_the_cluster_page_shows_the_pools(console: Console) -> None:
+def test_the_cluster_page_shows_the_pools_and_one_leader_seat(console: Console) -> None:
     console.goto(NODES)
 
     assert console.page.get_by_role("cell", name="io", exact=True).first.is_visible()
+    assert console.page.locator("#leaders tbody tr").count() == 1
+    assert console.page.locator("#seat-cluster").is_visible()
     console.shoot("cluster")
 
 

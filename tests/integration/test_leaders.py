@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from orchestrator.cluster import roster
-from orchestrator.cluster.leaders import CLUSTER, Elector, all_seats, leaders, served_classes
+from orchestrator.cluster import leaders, roster
+from orchestrator.cluster.leaders import CLUSTER, Elector
 from orchestrator.cluster.locks import LockLost
 from orchestrator.models import TaskHistory
 from orchestrator.stores import keys, valkey
@@ -94,9 +94,8 @@ class Cluster:
     def live(self) -> list[LoopsProcess]:
         return [p for p in self.processes if p.process.poll() is None]
 
-    def leader_of(self, seat: str) -> LoopsProcess | None:
-        holder = leaders().get(seat)
-        return next((p for p in self.live() if p.owns(holder)), None)
+    def leader(self) -> LoopsProcess | None:
+        return _held_by(self.live())
 
     def stop_all(self) -> None:
         for p in self.processes:
@@ -113,7 +112,7 @@ class Cluster:
 
 @pytest.fixture(autouse=True)
 def _clean() -> None:
-    valkey.client().delete(*(keys.orchestrator_lock(seat) for seat in all_seats()))
+    valkey.client().delete(keys.orchestrator_lock(CLUSTER))
 
 
 @contextmanager
@@ -125,20 +124,20 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         running.stop_all()
 
 
-def _seats() -> list[str]:
-    return [CLUSTER, *served_classes()]
+def _held_by(processes: list[LoopsProcess]) -> LoopsProcess | None:
+    """The cluster's leader, if it is one of `processes`."""
+    holder = leaders.leader()
+    return next((p for p in processes if p.owns(holder)), None)
 
 
-def _held_by(processes: list[LoopsProcess]) -> dict[str, LoopsProcess] | None:
-    """Each seat's leader among `processes`, once every seat has one of them as leader."""
-    holders = leaders()
-    found = {}
-    for seat in _seats():
-        owner = next((p for p in processes if p.owns(holders.get(seat))), None)
-        if owner is None:
-            return None
-        found[seat] = owner
-    return found
+def _locks_held_by(processes: list[LoopsProcess]) -> set[str]:
+    """Every `lock:orch:*` key whose token is one of `processes`'."""
+    client = valkey.client()
+    return {
+        key
+        for key in client.scan_iter(match=keys.orchestrator_lock("*"))
+        if any(p.owns(client.get(key)) for p in processes)
+    }
 
 
 def _just_renewed(process: LoopsProcess) -> bool:
@@ -151,7 +150,7 @@ def _just_renewed(process: LoopsProcess) -> bool:
 
 
 def _views(process: LoopsProcess) -> set[str]:
-    """The seats a process believes it leads, from its own log (last word per seat wins)."""
+    """The locks a process believes it leads, from its own log (last word per lock wins)."""
     leading: set[str] = set()
     for line in process.output().splitlines():
         if "leader: now leading lock:orch:" in line:
@@ -162,40 +161,40 @@ def _views(process: LoopsProcess) -> set[str]:
 
 
 def test_a_leader_whose_renewal_is_refused_stops_at_once_and_backs_off() -> None:
-    elector = Elector([CLUSTER], ttl=timedelta(seconds=TTL_S), renew_every=timedelta(seconds=1))
-    seat = elector.fence(CLUSTER)
+    elector = Elector(ttl=timedelta(seconds=TTL_S), renew_every=timedelta(seconds=1))
+    seat = elector.fence()
     elector.step()
-    assert elector.leads(CLUSTER) and seat.hold()
+    assert elector.leads() and seat.hold()
 
     # Its lease ran out while it was away and another process took the seat.
     valkey.client().set(keys.orchestrator_lock(CLUSTER), "another-host:1:X:ab", px=TTL_S * 1000)
 
     with pytest.raises(LockLost):
         seat.check()  # the fence before a write batch: an atomic compare in Lua
-    assert not elector.leads(CLUSTER)
+    assert not elector.leads()
     elector.step()  # backing off: no attempt yet, and it never renews the other's lease
-    assert not elector.leads(CLUSTER)
+    assert not elector.leads()
     assert valkey.client().get(keys.orchestrator_lock(CLUSTER)) == "another-host:1:X:ab"
-    assert leaders() == {CLUSTER: "another-host:1:X"}
+    assert leaders.leader() == "another-host:1:X"
     assert not seat.release()
 
 
-def test_two_loops_processes_elect_exactly_one_leader_per_seat(tmp_path: Path) -> None:
+def test_two_loops_processes_elect_exactly_one_leader(tmp_path: Path) -> None:
     with cluster(tmp_path) as running:
         a, b = running.start(), running.start()
-        held = wait_for(lambda: _held_by([a, b]), timeout=30)
-        # Let several renewals and candidate attempts pass: the seats must stay put.
+        ruling = wait_for(lambda: _held_by([a, b]), timeout=30)
+        # Let several renewals and candidate attempts pass: the seat must stay put.
         time.sleep(3 * RENEW_S + JITTER_S)
 
-        assert _held_by([a, b]) == held
-        views = {p.pid: _views(p) for p in (a, b)}
-        assert views[a.pid].isdisjoint(views[b.pid]), views
-        assert views[a.pid] | views[b.pid] == set(_seats())
-        for seat, owner in held.items():
-            assert seat in views[owner.pid]
-        # The once-per-cluster loops ran on the cluster leader only.
-        ruling = held[CLUSTER]
+        assert _held_by([a, b]) is ruling
         follower = b if ruling is a else a
+        # The cluster seat is the only one either process races for, takes or holds.
+        for process in (a, b):
+            assert "leader: racing for lock:orch:cluster (lease" in process.output()
+        assert _views(ruling) == {CLUSTER}
+        assert _views(follower) == set()
+        assert _locks_held_by([a, b]) == {keys.orchestrator_lock(CLUSTER)}
+        # The once-per-cluster loops ran on the cluster leader only.
         assert "boot recovery:" in ruling.output()
         assert "boot recovery" not in follower.output()
 
@@ -208,7 +207,7 @@ def test_a_killed_leader_is_replaced_within_ttl_plus_jitter(tmp_path: Path) -> N
         running.start()
         for _ in range(KILLS):
             wait_for(lambda: _held_by(running.live()), timeout=30)
-            ruling = running.leader_of(CLUSTER)
+            ruling = running.leader()
             assert ruling is not None
             survivors = [p for p in running.live() if p is not ruling]
             # Kill it right after a renewal: the worst case, a whole TTL to wait out.
@@ -232,14 +231,14 @@ def test_a_leader_paused_past_its_ttl_writes_nothing_when_it_wakes(tmp_path: Pat
     with cluster(tmp_path) as running:
         # `paused` would fail an orphan older than 60 s; `other` would not fail it for a day.
         paused = running.start(LUMASTRA_ORPHAN_THRESHOLD_S="60")
-        wait_for(lambda: running.leader_of(CLUSTER) is paused, timeout=30)
+        wait_for(lambda: running.leader() is paused, timeout=30)
         other = running.start(
             LUMASTRA_ORPHAN_THRESHOLD_S="86400", LUMASTRA_ORPHAN_BOOT_THRESHOLD_S="86400"
         )
 
         os.kill(paused.pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        wait_for(lambda: running.leader_of(CLUSTER) is other, timeout=TTL_S + JITTER_S + 5)
+        wait_for(lambda: running.leader() is other, timeout=TTL_S + JITTER_S + 5)
         assert time.monotonic() - stopped_at >= TTL_S - RENEW_S
         # Past its lease: the write it would make as leader is waiting when it wakes.
         orphan = seed_orphan(400)
@@ -248,20 +247,22 @@ def test_a_leader_paused_past_its_ttl_writes_nothing_when_it_wakes(tmp_path: Pat
         wait_for(lambda: "leader: lost lock:orch:cluster" in paused.output(), timeout=10)
         time.sleep(4)  # several of its reconciler intervals (1 s)
         assert TaskHistory.objects.get(id=orphan).state == "active"
-        assert running.leader_of(CLUSTER) is other
+        assert running.leader() is other
         assert "orphans failed" not in paused.output().split("leader: lost lock:orch:cluster")[1]
 
         # The control: the same process fails that orphan once it leads again.
         os.kill(other.pid, signal.SIGKILL)
         other.process.wait()
-        wait_for(lambda: running.leader_of(CLUSTER) is paused, timeout=TTL_S + JITTER_S + 10)
+        wait_for(lambda: running.leader() is paused, timeout=TTL_S + JITTER_S + 10)
         wait_for(lambda: TaskHistory.objects.get(id=orphan).state == "failed", timeout=10)
 
 
-def test_the_nodes_page_lists_live_nodes_and_leaders(tmp_path: Path, admin_client: Client) -> None:
+def test_the_nodes_page_lists_live_nodes_and_the_leader(
+    tmp_path: Path, admin_client: Client
+) -> None:
     with cluster(tmp_path) as running:
         a, b = running.start(), running.start()
-        held = wait_for(lambda: _held_by([a, b]), timeout=30)
+        ruling = wait_for(lambda: _held_by([a, b]), timeout=30)
         announced = wait_for(
             lambda: (
                 [n for n in roster.roster() if n.pid in (a.pid, b.pid) and n.role == "loops"]
@@ -279,11 +280,14 @@ def test_the_nodes_page_lists_live_nodes_and_leaders(tmp_path: Path, admin_clien
         assert entry.instance_id in html
         assert entry.version and entry.version != "unknown"
         assert entry.pools  # the loops process announces its host's pools
-    for seat, owner in held.items():
-        instance = next(n.instance_id for n in announced if n.pid == owner.pid)
-        assert f'id="seat-{seat}"' in html
-        row = html.split(f'id="seat-{seat}"', 1)[1].split("</tr>", 1)[0]
-        assert instance in row
+    # One seat, the cluster's, held by the leader; the leader's node row says it leads.
+    assert html.count('id="seat-') == 1
+    instance = next(n.instance_id for n in announced if n.pid == ruling.pid)
+    assert instance in html.split('id="seat-cluster"', 1)[1].split("</tr>", 1)[0]
+    nodes = html.split('id="nodes"', 1)[1]
+    for entry in announced:
+        leads = nodes.split(entry.instance_id, 1)[1].split("</tr>", 1)[0].split("<td>")[-1]
+        assert leads.startswith("cluster" if entry.pid == ruling.pid else "-"), leads
     assert "/admin/orchestrator/taskhistory/nodes/" in changelist
 
 

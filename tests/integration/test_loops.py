@@ -12,7 +12,7 @@ import time
 import pytest
 
 from orchestrator.clock import SYSTEM
-from orchestrator.cluster.leaders import CLUSTER, all_seats
+from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.stores import keys, valkey
 from tests.faults.servers import free_port
@@ -21,13 +21,13 @@ from tests.support.runs import seed_orphan
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-# The reconciler and the drain run on the cluster leader (orchestrator/leader.py).
+# The reconciler and the drain run on the cluster leader (orchestrator/cluster/leaders.py).
 LOCK = keys.orchestrator_lock(CLUSTER)
 
 
 @pytest.fixture(autouse=True)
 def _clean() -> None:
-    valkey.client().delete(*(keys.orchestrator_lock(seat) for seat in all_seats()))
+    valkey.client().delete(LOCK)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -87,6 +87,7 @@ def test_sigterm_stops_the_loops_cleanly_and_hands_the_lock_over() -> None:
     assert process.returncode == 0, output
     assert time.monotonic() - started < 10
     assert "loops started: reconciler every 1s, drain every 1s" in output
+    assert "leader: racing for lock:orch:cluster (lease" in output  # the one seat
     assert "loops stopped" in output
     assert not valkey.client().exists(LOCK)
 

@@ -1,5 +1,6 @@
-"""`/metrics`: the token gate, the output parsed with prometheus_client's own parser, counts
-that follow real runs, and the same cluster totals from two web processes."""
+"""`/metrics`: the token gate, the output parsed with prometheus_client's own parser, the
+leader gauges, counts that follow real runs, and the same cluster totals from two web
+processes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django.conf import settings
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.hooks import costs
 from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.runs.start import start_run
@@ -81,6 +83,26 @@ def test_every_family_is_there_and_parses() -> None:
     }
     assert sum(circuit_noop.values()) == 1  # exactly one state is current
     assert (("stage", "test-probe"), ("status", "pending")) in samples["lumastra_coverage_rows"]
+
+
+def test_the_leader_gauges_show_the_cluster_seat_only() -> None:
+    client = valkey.client()
+    lock = keys.orchestrator_lock(CLUSTER)
+    client.delete(lock)
+    vacant = _scrape()
+    client.set(lock, "hosta:1:LEADER01:ab", px=30_000)
+    # A class seat, as a loops process older than their removal still renews during a
+    # rolling deploy: not exported.
+    client.set(keys.orchestrator_lock("io"), "old-host:9:OLDPROC1:cd", px=30_000)
+    try:
+        held = _scrape()
+    finally:
+        client.delete(lock, keys.orchestrator_lock("io"))
+
+    assert vacant["lumastra_leader_seat_held"] == {(("seat", "cluster"),): 0}
+    assert "lumastra_leader" not in vacant
+    assert held["lumastra_leader_seat_held"] == {(("seat", "cluster"),): 1}
+    assert held["lumastra_leader"] == {(("instance", "hosta:1:LEADER01"), ("seat", "cluster")): 1}
 
 
 @pytest.mark.worker
