@@ -47,8 +47,8 @@ What a replay does with an entry:
   list (attempts from zero; once the cause is fixed) and `discard_poisoned()` drops one.
 
 One process applies entries at a time: a pass runs under the cluster leadership
-(`lock:orch:cluster`, orchestrator/cluster/leaders.py): in the loops process only the cluster leader
-replays, checking its seat (`FencedLock.check`, an atomic compare in Lua) before each entry;
+(`lock:orch:cluster`, orchestrator/cluster/leaders.py): in the loops process only the cluster
+leader replays, checking its seat (`FencedLock.check`, an atomic compare in Lua) before each entry;
 called without a fence (an operator, a test), a pass takes that same lock for itself, and
 finds it busy while a leader holds it. Within the process one pass runs at a time: the drain
 loop and the reconciler's tick both replay, and a pass started beside another would put back
