@@ -16,10 +16,15 @@ Not guaranteed: if the process dies (or the caller's transaction rolls back) bet
 claim and the commit, the identity stays blocked until the provisional TTL runs out — at most
 LUMASTRA_IDENTITY_PROVISIONAL_TTL_S seconds. Within that window a concurrent start is answered
 with the provisional holder's run id, whose row becomes visible when its transaction commits.
+If Valkey becomes unreachable between the claim and the commit, the start still returns its
+run (committed, published by the reconciler's pending check), but its identity is not extended:
+once the provisional TTL has run out, a start of the same identity while that run is still
+live is not deduplicated.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -35,6 +40,8 @@ from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.stores import keys, scripts
 from tasks import registry
 from tasks.definition import TaskDefinition
+
+log = logging.getLogger(__name__)
 
 # Holders replaced in one admission before giving up: each replacement means a run ended or
 # vanished while we looked, so more than a few in a row is a fight worth reporting.
@@ -73,6 +80,19 @@ def _hold(key: str, run_id: str, ttl_ms: int) -> None:
     scripts.call("identity_hold", [key], [run_id, ttl_ms])
 
 
+def _confirm(key: str, run_id: str) -> None:
+    """The committed run's identity held for LUMASTRA_IDENTITY_TTL_S. Runs after the commit,
+    before the run is published: a failure (Valkey unreachable) is logged, never raised, or
+    the caller would be told its start failed for a run that exists (and retry it), and the
+    publish after it would be skipped."""
+    try:
+        _hold(key, run_id, span_ms(timedelta(seconds=settings.CONFIG.identity_ttl_s)))
+    except Exception:
+        log.exception(
+            "run %s: identity %s not confirmed; it lapses with its provisional TTL", run_id, key
+        )
+
+
 @dataclass
 class IdentityDedup(RunHook):
     name: str = "dedup"
@@ -95,13 +115,7 @@ class IdentityDedup(RunHook):
     def _claim(self, admission: Admission, key: str, provisional_ms: int, answer: str) -> None:
         for attempt in range(1, MAX_REPLACEMENTS + 1):
             if answer == "":
-                confirm = partial(
-                    _hold,
-                    key,
-                    admission.run_id,
-                    span_ms(timedelta(seconds=settings.CONFIG.identity_ttl_s)),
-                )
-                transaction.on_commit(confirm)
+                transaction.on_commit(partial(_confirm, key, admission.run_id))
                 return
             holder, pttl = answer.split(" ")
             row = TaskHistory.objects.filter(id=holder).values_list("task_id", "state").first()

@@ -5,10 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from contextlib import closing
+from pathlib import Path
 
+import psycopg2
 import pytest
 from django.conf import LazySettings
 from django.db import transaction
@@ -19,6 +23,7 @@ from orchestrator.models import TaskHistory
 from orchestrator.runs.start import start_run
 from orchestrator.stores import keys, scripts, valkey
 from orchestrator.triggers import TriggerKind
+from tests.faults.servers import ValkeyServer
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -164,3 +169,64 @@ def test_a_start_refused_after_the_claim_releases_the_identity_at_once() -> None
 
     assert valkey.client().exists(keys.identity("test-unique-quota", "a"))
     assert not valkey.client().exists(keys.identity("test-unique-quota", "b"))
+
+
+def test_a_start_whose_valkey_goes_away_before_its_commit_still_returns_its_run(
+    tmp_path: Path,
+) -> None:
+    # Valkey answers the admission (the identity's provisional claim), then stops answering
+    # while the INSERT waits for a lock; the commit's follow-ups (the identity's confirmation,
+    # the seed and publish) then fail. The run is committed, so the caller must get it back,
+    # not an error it would retry (found by the partition-web scenario's engineer, issue 26).
+    server = ValkeyServer(aof=False, log_path=tmp_path / "valkey.log")
+    server.start()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "VALKEY_URL": server.url(0),
+        "CELERY_BROKER_URL": server.url(2),
+        "LUMASTRA_STORE_TIMEOUT_S": "1",
+    }
+    starter = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.start_one", "test-unique", "through-an-outage"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert starter.stdin is not None and starter.stdout is not None
+    try:
+        assert starter.stdout.readline().strip() == "ready"
+        with closing(psycopg2.connect(database_url())) as locker:
+            with locker.cursor() as cursor:
+                cursor.execute("LOCK TABLE task_history IN EXCLUSIVE MODE")
+            starter.stdin.write("go\n")
+            starter.stdin.flush()
+            wait_for(_an_insert_waits_on_a_lock, timeout=20)
+            assert server.process is not None
+            server.process.send_signal(signal.SIGSTOP)
+            locker.commit()
+        answer = json.loads(starter.stdout.readline())
+        assert starter.wait(timeout=30) == 0
+    finally:
+        if server.process is not None:
+            server.process.send_signal(signal.SIGCONT)
+        starter.kill()
+        server.stop()
+
+    assert "error" not in answer
+    row = TaskHistory.objects.get(id=answer["run_id"])
+    # Recorded, not published: the reconciler's pending check publishes it.
+    assert (row.task_id, row.state) == ("test-unique", "pending")
+
+
+def _an_insert_waits_on_a_lock() -> bool:
+    # A connection of its own: inside a transaction pg_stat_activity is read once and kept.
+    with closing(psycopg2.connect(database_url())) as watcher, watcher.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database() AND query LIKE %s",
+            ["%INSERT INTO task_history%"],
+        )
+        return bool(cursor.fetchone()[0])
