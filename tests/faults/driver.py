@@ -58,11 +58,14 @@ THRESHOLDS = {
 OWN_POSTGRES = frozenset({"pg-crash"})
 OWN_DATABASE = "lumastra_faults"
 # The partition scenarios and their hosts (`scenarios.Scenario.hosts`): network namespaces
-# (`tests.faults.netns`), each running the real worker role, and both stores of their own
-# behind the bridge, so a cut drops exactly one host's packets.
+# (`tests.faults.netns`), each running a real role (the worker role; `webhost` the web role),
+# and both stores of their own behind the bridge, so a cut drops exactly one host's packets.
 OWN_NETWORK: dict[str, tuple[str, ...]] = {
-    name: ("hosta", "hostb")
-    for name in ("partition-full", "partition-valkey", "partition-postgres")
+    **{
+        name: ("hosta", "hostb")
+        for name in ("partition-full", "partition-valkey", "partition-postgres", "partition-lossy")
+    },
+    "partition-web": ("webhost", "hosta"),
 }
 # What every process of a partition scenario runs with: two pools per host (io 3, cpu 1), and
 # store calls that fail well inside the compressed lease (half the orphan threshold, 3 s).

@@ -1,5 +1,6 @@
-"""What a fault scenario works with: real worker subprocesses, the loops process, a load of runs,
-the faults it injects (timed), and the wait for everything to settle.
+"""What a fault scenario works with: real worker subprocesses, the loops process, a load of runs
+(started in the driver, or through a web role's API as a client does), the faults it injects
+(timed), and the wait for everything to settle.
 
 Imported by the driver after Django is set up against the battery's own Valkey (see
 `tests/faults/driver.py`): everything here, and every subprocess it starts, uses that server.
@@ -7,6 +8,8 @@ Imported by the driver after Django is set up against the battery's own Valkey (
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import random
 import signal
@@ -20,6 +23,8 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+from urllib.request import urlopen
 
 from celery import current_app
 from django.db import close_old_connections, connection, connections
@@ -44,6 +49,38 @@ QUEUES = (
     "task.t.test-fault-resume",
 )
 LOG_DIR = ROOT / ".pytest_cache"
+# Where a host's web role listens (on the host's own address: one per host).
+WEB_PORT = 8000
+RUNS_PATH = "/api/v1/runs"
+# How long a client of the web role waits for an answer: far above what a start takes when
+# a store is away (a store timeout, 2 s here), so no answer is a web role that hung.
+ANSWER_WITHIN_S = 30.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a web role answered to one start (`POST /api/v1/runs`)."""
+
+    status: int | None  # None: no answer (see `error`)
+    body: str
+    asked_at: float  # time.time() when the request was sent
+    took_s: float
+    error: str = ""  # why there was no answer: the client's exception
+
+    @property
+    def run_id(self) -> str | None:
+        """The started run, from a 2xx answer's body."""
+        if self.status is None or not 200 <= self.status < 300:
+            return None
+        return str(json.loads(self.body)["run_id"])
+
+    def detail(self) -> str:
+        """An error answer's `detail` (the API's error body), or "" when it has none."""
+        try:
+            found = json.loads(self.body)
+        except ValueError:
+            return ""
+        return str(found.get("detail") or "") if isinstance(found, dict) else ""
 
 
 @dataclass
@@ -121,7 +158,7 @@ class Harness:
         hostname = f"{label}-{os.getpid()}@localhost"
         argv = [sys.executable, "-m", "tests.faults.role", hostname, str(concurrency)]
         env = {**os.environ, **self.database_env(), **(env or {})}
-        return self._started(label, [*argv, ",".join(QUEUES)], env, hostname, within_s=30)
+        return self._started(label, [*argv, ",".join(QUEUES)], env, _answers(hostname), within_s=30)
 
     def retire(self, worker: Worker) -> None:
         """Stop a worker (SIGTERM, as the fixture does) and forget it."""
@@ -138,17 +175,21 @@ class Harness:
 
     def log_count(self, worker: Worker | None, needle: str) -> int:
         """Lines holding `needle` in one worker's log, or in every log of the scenario."""
+        return len(self.log_lines(worker, needle))
+
+    def log_lines(self, worker: Worker | None, needle: str) -> list[str]:
+        """The lines `log_count` counts, log by log."""
         names = [worker.name] if worker else self._worker_names
         paths = [LOG_DIR / f"worker-{name}-{os.getpid()}.log" for name in names]
         if worker is None:
             paths.append(LOG_DIR / f"faults-{self.scenario}-loops.log")
-        count = 0
-        for path in paths:
-            if path.exists():
-                count += sum(
-                    needle in line for line in path.read_text(errors="replace").splitlines()
-                )
-        return count
+        return [
+            line
+            for path in paths
+            if path.exists()
+            for line in path.read_text(errors="replace").splitlines()
+            if needle in line
+        ]
 
     def host_role(self, host: Host) -> Worker:
         """The real worker role (`deploy/start-worker.sh`: a Celery worker per pool and the
@@ -158,13 +199,37 @@ class Harness:
         argv = self.network.argv(host, [str(ROOT / "deploy" / "start-worker.sh")])
         env = {**os.environ, "LUMASTRA_PYTHON": sys.executable}
         label = f"faults-{self.scenario}-{host.name}"
-        return self._started(label, argv, env, f"io@{host.name}", within_s=60)
+        return self._started(label, argv, env, _answers(f"io@{host.name}"), within_s=60)
+
+    def host_web(self, host: Host) -> tuple[Worker, str]:
+        """The real web role (`deploy/start-web.sh`: uvicorn serving the API) on a host of the
+        partition scenarios' network, listening on the host's address; returns it (stopped
+        with the workers) and its base URL, once its readiness probe says every store
+        answers."""
+        assert self.network is not None, "a host role runs on the scenario's own network"
+        argv = self.network.argv(host, [str(ROOT / "deploy" / "start-web.sh")])
+        env = {
+            **os.environ,
+            "LUMASTRA_PYTHON": sys.executable,
+            "LUMASTRA_WEB_HOST": host.address,
+            "LUMASTRA_WEB_PORT": str(WEB_PORT),
+            "LUMASTRA_ALLOWED_HOSTS": host.address,
+        }
+        url = f"http://{host.address}:{WEB_PORT}"
+        label = f"faults-{self.scenario}-{host.name}"
+        return self._started(label, argv, env, lambda: _ready(url), within_s=60), url
 
     def _started(
-        self, label: str, argv: list[str], env: Mapping[str, str], node: str, *, within_s: float
+        self,
+        label: str,
+        argv: list[str],
+        env: Mapping[str, str],
+        ready: Callable[[], bool],
+        *,
+        within_s: float,
     ) -> Worker:
         """`argv` started, its output in the scenario's log for `label`, and waited for until
-        the Celery node `node` answers a ping: one of the scenario's workers from then on."""
+        `ready()` says it serves: one of the scenario's workers from then on."""
         log = open(LOG_DIR / f"worker-{label}-{os.getpid()}.log", "wb")  # noqa: SIM115
         process = subprocess.Popen(
             argv, cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT
@@ -173,10 +238,10 @@ class Harness:
         stack.callback(log.close)
         stack.callback(_stop, process)
         deadline = time.monotonic() + within_s
-        while not current_app.control.ping(destination=[node], timeout=0.5):
+        while not ready():
             if process.poll() is not None or time.monotonic() > deadline:
                 stack.close()
-                raise RuntimeError(f"worker {node} did not start; see {log.name}")
+                raise RuntimeError(f"{label} did not start; see {log.name}")
         worker = Worker(label, process, stack)
         self.workers.append(worker)
         self._worker_names.append(label)
@@ -254,6 +319,85 @@ class Harness:
             yield thread
         finally:
             thread.join()
+
+    def api_token(self) -> str:
+        """A bearer token of a staff account allowed to start runs, as an operator has."""
+        from orchestrator.api import tokens
+        from tests.support.users import operator
+
+        return tokens.issue(operator(f"faults-{self.scenario}"), "fault battery")[1]
+
+    def post_run(self, url: str, token: str, task_id: str, data: dict[str, Any]) -> Answer:
+        """One start through a web role's API, as a client makes it."""
+        parts = urlsplit(url)
+        client = http.client.HTTPConnection(
+            parts.hostname or "", parts.port, timeout=ANSWER_WITHIN_S
+        )
+        asked_at, began = time.time(), time.monotonic()
+        try:
+            client.request(
+                "POST",
+                RUNS_PATH,
+                body=json.dumps({"task": task_id, "input": data}),
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )
+            response = client.getresponse()
+            body = response.read().decode(errors="replace")
+        except (OSError, http.client.HTTPException) as exc:
+            took = time.monotonic() - began
+            return Answer(None, "", asked_at, took, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            client.close()
+        return Answer(response.status, body, asked_at, time.monotonic() - began)
+
+    @contextmanager
+    def http_load(
+        self,
+        url: str,
+        token: str,
+        count: int,
+        make: Callable[[int], tuple[str, dict[str, Any]]],
+        per_s: float,
+        *,
+        clients: int = 8,
+    ) -> Iterator[list[Answer]]:
+        """Start `count` runs through a web role's API at `per_s` a second, from `clients`
+        threads (so a slow answer does not hold the others back); the block runs meanwhile.
+        Yields the answers, all in once the block exits. A 2xx answer's run is one of the
+        scenario's started runs; any other answer, or none, counts as a refused start."""
+        answers: list[Answer] = []
+        indexes = iter(range(count))
+        began = time.monotonic()
+
+        def body() -> None:
+            while True:
+                with self._lock:
+                    index = next(indexes, None)
+                    if index is None:
+                        return
+                    task_id, data = make(index)
+                time.sleep(max(0.0, began + index / per_s - time.monotonic()))
+                answer = self.post_run(url, token, task_id, data)
+                with self._lock:
+                    answers.append(answer)
+                    if answer.run_id is not None:
+                        self.started.append(answer.run_id)
+                    else:
+                        refusal = f"HTTP {answer.status}" if answer.status else "no answer"
+                        self.refused[refusal] += 1
+
+        threads = [
+            threading.Thread(target=body, name=f"http-load-{n}", daemon=True)
+            for n in range(clients)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            yield answers
+        finally:
+            for thread in threads:
+                thread.join()
+            answers.sort(key=lambda a: a.asked_at)
 
     def work(
         self,
@@ -359,6 +503,21 @@ class Harness:
         _kill(pid)
         self.fault("SIGKILL pool child")
         return True
+
+
+def _answers(node: str) -> Callable[[], bool]:
+    """Whether the Celery node `node` answers a ping."""
+    return lambda: bool(current_app.control.ping(destination=[node], timeout=0.5))
+
+
+def _ready(url: str) -> bool:
+    """Whether the web role at `url` says it is ready (`/readyz`: every store answers)."""
+    try:
+        with urlopen(f"{url}/readyz", timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:  # not listening yet, or a 503 (HTTPError): not ready
+        time.sleep(0.2)
+        return False
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -9,16 +9,22 @@ for a soak (docs/reliability.md).
 from __future__ import annotations
 
 import itertools
+import logging
 import signal
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import connection
 
+from orchestrator.cluster.leaders import CLUSTER, instance_of
 from orchestrator.models import TaskHistory
 from orchestrator.runs.cancel import NotCancellable, request_cancel
 from orchestrator.runs.publish import job_id, publish
@@ -26,11 +32,12 @@ from orchestrator.states import TERMINAL_RUN_STATES
 from orchestrator.stores import broker, keys, valkey
 from tasks import registry
 from tests.faults.checker import read_effects
-from tests.faults.harness import QUEUES, Harness, Worker, _kill
+from tests.faults.harness import QUEUES, Answer, Harness, Worker, _kill
 from tests.faults.servers import PgProxy
 from tests.support.fixtures import database_url
 
 WORKER_APP = "lumastra-faults-worker"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -725,9 +732,10 @@ def _partition_one_store(h: Harness, store: str) -> tuple[Worker, list[str]]:
     h.notes["host A handlers stopped at their lease"] = h.log_count(
         role_a, "no heartbeat confirmed"
     )
-    h.notes["leader seats lost by host A"] = h.log_count(role_a, "leader: lost")
-    h.notes["leader seats taken by host B"] = h.log_count(None, "leader: now leading") - (
-        h.log_count(role_a, "leader: now leading")
+    seat = keys.orchestrator_lock(CLUSTER)
+    h.notes["cluster seat lost by host A"] = h.log_count(role_a, f"leader: lost {seat}")
+    h.notes["cluster seat taken by host B"] = h.log_count(None, f"leader: now leading {seat}") - (
+        h.log_count(role_a, f"leader: now leading {seat}")
     )
     h.notes["terminal writes queued in the drain"] = h.log_count(None, "queued in the drain")
     h.notes["resumed as orphans"] = h.log_count(None, "orphaned; retry in")
@@ -739,7 +747,8 @@ def partition_valkey(h: Harness) -> list[str]:
     """Host A cut from Valkey only (its broker too: the scenario's one server holds both) for
     30 s, Postgres still reachable: its heartbeats reach Postgres, so its runs are not orphans
     (the reconciler needs both stores silent) and finish there, their Valkey side repaired
-    after the heal; its leader seats move to host B. Every run completes, none twice at once."""
+    after the heal; the cluster seat, if it held it, moves to host B. Every run completes, none
+    twice at once."""
     role_a, problems = _partition_one_store(h, "valkey")
     if h.log_count(role_a, "no heartbeat confirmed"):
         problems.append("a handler of host A stopped itself though Postgres still heard it")
@@ -757,6 +766,262 @@ def partition_postgres(h: Harness) -> list[str]:
     if h.log_count(role_a, "no heartbeat confirmed"):
         problems.append("a handler of host A stopped itself though Valkey still heard it")
     return problems
+
+
+# The web replica's cut: long enough for each client thread to be refused several times over
+# (a start fails within the store timeout, 2 s here) and for more than one pending check (5 s
+# here) to pass meanwhile; starts go on 8 s before it and 10 s after.
+WEB_CUT_S = 12.0
+WEB_BEFORE_S, WEB_AFTER_S = 8.0, 10.0
+WEB_STARTS_PER_S = 4.0
+# A start asked this long after the heal finds the web role's Valkey connections made anew.
+WEB_RECOVERED_AFTER_S = 5.0
+
+
+def partition_web(h: Harness) -> list[str]:
+    """A web replica (the real web role, `deploy/start-web.sh`, on host `webhost`) cut from
+    Valkey (and the broker on it) for 12 s, Postgres still reachable, while clients start runs
+    through its API (`POST /api/v1/runs`, 4 a second from 8 threads, from 8 s before the cut
+    to 10 s after the heal); host A runs the worker role.
+
+    Every start is answered: 202 with a run whose row exists (the checker's "lost"), or an
+    error status with the API's error body (`detail`) and no row written for it (the
+    scenario's own database holds exactly the runs answered 202). Every run answered 202
+    completes, any the replica recorded but could not seed or publish included (DESIGN §1:
+    the reconciler's pending check publishes them; the notes count them). At least one start
+    is refused during the cut (else it proved nothing), and every start asked 5 s or more
+    after the heal is answered 202: the replica recovers on its own.
+
+    What the replica does meanwhile: a request with a bearer token reads the failed sign-in
+    count in Valkey before anything else (`orchestrator.api.throttle`), so a start asked
+    during the cut is answered 503 (`unavailable`) within the store timeout, before
+    `start_run` is called; only a start already past its admission when the cut begins can
+    be recorded and left unpublished."""
+    assert h.network is not None
+    web_host = h.network.hosts["webhost"]
+    web, url = h.host_web(web_host)
+    h.host_role(h.network.hosts["hosta"])
+    token = h.api_token()
+    count = h.n(round((WEB_BEFORE_S + WEB_CUT_S + WEB_AFTER_S) * WEB_STARTS_PER_S))
+    with h.http_load(url, token, count, _slow_and_pipes(h), WEB_STARTS_PER_S) as answers:
+        h.pause(WEB_BEFORE_S)
+        h.network.cut(web_host, (h.valkey.port,))
+        h.fault("web host cut from Valkey")
+        cut_at = time.time()
+        h.pause(WEB_CUT_S)
+        h.network.heal(web_host)
+        h.fault("web host healed")
+        healed_at = time.time()
+    h.settle(SCENARIOS["partition-web"].bound_s)
+
+    def phase(answer: Answer) -> str:
+        if answer.asked_at < cut_at:
+            return "before the cut"
+        return "during the cut" if answer.asked_at < healed_at else "after the heal"
+
+    by_phase: dict[str, Counter[str]] = {}
+    for answer in answers:
+        by_phase.setdefault(phase(answer), Counter())[str(answer.status or "no answer")] += 1
+    h.notes["answers by phase (status: count)"] = {k: dict(v) for k, v in by_phase.items()}
+    h.notes["starts answered 202 / refused"] = [len(h.started), len(answers) - len(h.started)]
+    h.notes["slowest answer (s)"] = round(max((a.took_s for a in answers), default=0), 1)
+    # A start asked in the cut's last moments is answered once its packets get through.
+    h.notes["answered 202 though asked during the cut (s into the cut, s to answer)"] = [
+        [round(a.asked_at - cut_at, 1), round(a.took_s, 1)]
+        for a in answers
+        if a.run_id is not None and phase(a) == "during the cut"
+    ]
+    refused = [a for a in answers if a.run_id is None]
+    if refused:
+        h.notes["a refusal (status, body)"] = [refused[0].status, refused[0].body[:200]]
+    h.notes["recorded by the web role but not published (its log)"] = h.log_count(
+        web, "recorded but not published"
+    )
+    h.notes["published again by the pending check"] = h.log_count(
+        None, "its message is not in the broker"
+    )
+
+    problems = _expect_all_completed(h, "of those the web replica answered 202")
+    if silent := [a for a in answers if a.status is None]:
+        problems.append(f"{len(silent)} starts got no answer: {silent[0].error}")
+    if unclear := [a for a in refused if a.status is not None and not a.detail()]:
+        problems.append(
+            f"{len(unclear)} refusals without the API's error body: {unclear[0].status} "
+            f"{unclear[0].body[:200]!r}"
+        )
+    # The scenario's own database: every row in it was written by one of these starts.
+    written = set(TaskHistory.objects.values_list("id", flat=True))
+    if unanswered := sorted(written - set(h.started)):
+        problems.append(
+            f"{len(unanswered)} rows written for starts not answered 202: {unanswered[:3]}"
+        )
+    if not sum(1 for a in refused if phase(a) == "during the cut"):
+        problems.append("no start was refused during the cut")
+    late = [a for a in refused if a.asked_at >= healed_at + WEB_RECOVERED_AFTER_S]
+    if late:
+        problems.append(
+            f"{len(late)} starts refused {WEB_RECOVERED_AFTER_S:.0f} s or more after the heal: "
+            f"{late[0].status} {late[0].body[:200]!r}"
+        )
+    return problems
+
+
+# The lossy link: a share of host A's packets to and from Valkey dropped, both ways, for a
+# minute, after 10 s of the same load on a clean link to compare its throughput with.
+LOSS_PERCENT = 30
+LOSS_S = 60.0
+LOSSY_BEFORE_S = 10.0
+LOSSY_STARTS_PER_S = 3.5
+# The slow-progress runs' longest: completions before it are the load still ramping up.
+RAMP_S = 2.5
+# Sampling slack when comparing a holder change with the lease the last sample showed.
+SEAT_SLACK_S = 0.5
+
+
+@dataclass(frozen=True)
+class _SeatSample:
+    at: float  # time.time() once read
+    holder: str  # the instance id holding the seat, "" when nobody does
+    lease_s: float  # what was left of the holder's lease
+
+
+@contextmanager
+def _watch_seat(every_s: float = 0.2) -> Iterator[list[_SeatSample]]:
+    """Read the cluster seat (its holder and its lease's remaining time, in one MULTI) every
+    `every_s` from the driver, which no cut reaches, while the block runs."""
+    samples: list[_SeatSample] = []
+    stop = threading.Event()
+    key = keys.orchestrator_lock(CLUSTER)
+
+    def body() -> None:
+        while not stop.wait(every_s):
+            pipe = valkey.client().pipeline(transaction=True)
+            pipe.get(key)
+            pipe.pttl(key)
+            try:
+                token, ttl_ms = valkey.execute(pipe)
+            except redis.RedisError:
+                # The driver's own path to Valkey is never cut: a failure here is the
+                # server's, and the gap in the samples shows it.
+                log.exception("reading %s failed", key)
+                continue
+            samples.append(_SeatSample(time.time(), instance_of(token or ""), ttl_ms / 1000))
+
+    thread = threading.Thread(target=body, name="seat-watch", daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _handovers(samples: list[_SeatSample]) -> list[tuple[_SeatSample, _SeatSample]]:
+    """Each change of holder: the last sample of the one before, the first of the next."""
+    found = []
+    last: _SeatSample | None = None
+    for sample in samples:
+        if not sample.holder:
+            continue
+        if last is not None and sample.holder != last.holder:
+            found.append((last, sample))
+        last = sample
+    return found
+
+
+def _per_s(times: list[float], since: float, until: float) -> float:
+    return round(sum(1 for t in times if since <= t < until) / (until - since), 2)
+
+
+def partition_lossy(h: Harness) -> list[str]:
+    """Host A's link to Valkey (and the broker on it) drops 30 % of its packets, both ways, for
+    60 s, while host A leads the cluster seat (`lock:orch:cluster`) and a steady load (245
+    runs at 3.5 a second: slow-progress runs and four-stage pipelines, from 10 s before the
+    loss) runs on host A and host B. Every run completes (and the checker's: none lost, stuck,
+    illegal, over-executed or twice at once). The cluster seat, read every 0.2 s from the
+    driver, changes holder only once the previous holder's lease has run out (no change
+    earlier than the lease its last sample showed, with 0.5 s of slack), so at most once a
+    lease. Notes the runs completed per second and host A's handler entries per second before
+    and during the loss, the seat's handovers and host A's failed renewals."""
+    assert h.network is not None
+    a = h.network.hosts["hosta"]
+    role_a = h.host_role(a)
+    # Started first, host A takes the cluster seat: its renewals are what cross the bad link.
+    h.wait(lambda: _cluster_holder().startswith(f"{a.name}:"), 30, "host A leading the cluster")
+    h.host_role(h.network.hosts["hostb"])
+    count = h.n(round((LOSSY_BEFORE_S + LOSS_S) * LOSSY_STARTS_PER_S))
+    with _watch_seat() as samples:
+        with h.load(count, _slow_and_pipes(h), per_s=LOSSY_STARTS_PER_S):
+            loaded_at = time.time()
+            h.pause(LOSSY_BEFORE_S)
+            h.network.cut(a, (h.valkey.port,), loss_percent=LOSS_PERCENT)
+            h.fault(f"host A's link to Valkey dropping {LOSS_PERCENT} % of packets")
+            lossy_at = time.time()
+            h.pause(LOSS_S)
+            h.network.heal(a)
+            h.fault("host A's link healed")
+            healed_at = time.time()
+        h.settle(SCENARIOS["partition-lossy"].bound_s)
+
+    finished = TaskHistory.objects.filter(id__in=h.started, state="completed")
+    ends = [t.timestamp() for t in finished.values_list("finished_at", flat=True) if t]
+    on_a = [e.at for e in read_effects(h.effects_path) if e.owner.startswith(f"{a.name}:")]
+    before = (loaded_at + RAMP_S, lossy_at)
+    h.notes["runs completed per second before / during the loss"] = [
+        _per_s(ends, *before),
+        _per_s(ends, lossy_at, healed_at),
+    ]
+    h.notes["host A's handler entries per second before / during the loss"] = [
+        _per_s(on_a, *before),
+        _per_s(on_a, lossy_at, healed_at),
+    ]
+    handovers = _handovers(samples)
+    lease_s = settings.CONFIG.leader_ttl_s
+    watched_s = samples[-1].at - samples[0].at if samples else 0.0
+    h.notes["cluster seat handovers (s after the loss began: from, to)"] = [
+        [round(new.at - lossy_at, 1), old.holder, new.holder] for old, new in handovers
+    ]
+    h.notes["cluster seat watched (s), handovers its lease allows in that time"] = [
+        round(watched_s),
+        int(watched_s // lease_s) + 1,
+    ]
+    seat = keys.orchestrator_lock(CLUSTER)
+    lost = _logged_at(h.log_lines(role_a, f"leader: lost {seat}"))
+    led = _logged_at(h.log_lines(None, f"leader: now leading {seat}"))
+    h.notes["host A: cluster seat lost on a failed renewal / taken again"] = [
+        len(lost),
+        h.log_count(role_a, f"leader: now leading {seat}") - 1,
+    ]
+    # A failed renewal stops the holder's loops at once; nobody else may take the seat
+    # before its lease ends, so the cluster's once-per-cluster loops wait meanwhile.
+    h.notes["cluster loops led by nobody after each lost renewal (s; null: to the end)"] = [
+        next((round(t - at, 1) for t in led if t > at), None) for at in lost
+    ]
+    h.notes["host A handlers stopped at their lease"] = h.log_count(
+        role_a, "no heartbeat confirmed"
+    )
+    h.notes["resumed as orphans"] = h.log_count(None, "orphaned; retry in")
+    problems = _expect_all_completed(h, f"across {LOSS_S:.0f} s of a lossy link to Valkey")
+    for old, new in handovers:
+        if new.at < old.at + old.lease_s - SEAT_SLACK_S:
+            problems.append(
+                f"the cluster seat went from {old.holder} to {new.holder} "
+                f"{old.at + old.lease_s - new.at:.1f} s before the lease ran out"
+            )
+    if not samples:
+        problems.append("the cluster seat was never read")
+    return problems
+
+
+def _logged_at(lines: list[str]) -> list[float]:
+    """When each log line was written (the logging format's leading timestamp), sorted."""
+    return sorted(
+        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() for line in lines
+    )
+
+
+def _cluster_holder() -> str:
+    return instance_of(str(valkey.client().get(keys.orchestrator_lock(CLUSTER)) or ""))
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -821,6 +1086,20 @@ SCENARIOS: dict[str, Scenario] = {
             "partition-postgres",
             "host A cut from Postgres for 30 s, Valkey reachable",
             partition_postgres,
+            hosts=("hosta", "hostb"),
+            bound_s=90.0,
+        ),
+        Scenario(
+            "partition-web",
+            "a web replica cut from Valkey for 12 s while clients start runs through its API",
+            partition_web,
+            hosts=("webhost", "hosta"),
+            bound_s=60.0,
+        ),
+        Scenario(
+            "partition-lossy",
+            "host A's link to Valkey dropping 30 % of its packets for 60 s, host A leading",
+            partition_lossy,
             hosts=("hosta", "hostb"),
             bound_s=90.0,
         ),

@@ -14,6 +14,7 @@ import pytest
 from django.db import OperationalError, connection
 from django.utils import timezone
 
+from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.hooks import quotas
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.recovery.pending import PendingReport
@@ -36,7 +37,7 @@ def _clean() -> Iterator[None]:
     client.delete(*(keys.broker_queue(QUEUE, step) for step in keys.BROKER_PRIORITY_STEPS))
     client.hdel(keys.BROKER_UNACKED, TAG)
     client.zrem(keys.BROKER_UNACKED_INDEX, TAG)
-    valkey.client().delete(keys.orchestrator_lock("reconciler"))
+    valkey.client().delete(keys.orchestrator_lock(CLUSTER))
     yield
 
 
