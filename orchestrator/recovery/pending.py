@@ -20,9 +20,10 @@ and from its retry time if that is later), by the Postgres clock:
   with a Valkey restart. kombu would give it back only after the visibility timeout (an hour
   by default) and its own restore cadence (about every 100 s); the run is published again
   instead, and the stranded copy is dropped by the claim when kombu restores it.
-- If Valkey lost its live hash, the hash is seeded again (`live.seed`), and the run is
-  published (if its message is still missing) only once the seed is a heartbeat interval and
-  a store timeout old, in DESIGN §1's order: a worker may be running it with its Postgres
+- If Valkey lost its live hash, the hash is seeded again and marked (`live.reseed`), and the
+  run is published (if its message is still missing) only once the mark, a heartbeat interval
+  and a store timeout, has run out (no other delivery claims it meanwhile either), in DESIGN
+  §1's order: a worker may be running it with its Postgres
   claim not written yet (a plain run's claim waits a second, `runs.watch.CLAIM_AFTER_S`), and
   publishing it sooner could run it twice; by then that worker's Valkey beat has found its
   claim gone and written it to Postgres (or stopped, if Postgres gave the run to nobody:
@@ -324,18 +325,14 @@ def _reseed(candidate: Candidate, definition: TaskDefinition, clock: Clock) -> b
     state = TaskHistory.objects.filter(id=candidate.run_id).values_list("state", flat=True).first()
     if state != RunState.PENDING or valkey.client().exists(keys.run_terminal(candidate.run_id)):
         return False
-    seeded = live.seed(
+    # Marked, and not published until the mark runs out: a worker that held a claim Valkey
+    # forgot has by then found it gone at its Valkey beat and claimed it back, so the run is no
+    # longer pending (`runs.watch`). Published sooner, it could start a second execution
+    # beside that worker (found in the battery: a Valkey restart, then a publish 1 s later).
+    seeded = live.reseed(
         candidate.run_id, candidate.task_id, candidate.priority, definition.stage_order, clock
     )
     if seeded:
-        # Not published until this runs out: a worker that held a claim Valkey forgot has by
-        # then found it gone at its Valkey beat and written it to Postgres, so the run is no
-        # longer pending (`runs.watch`). Published sooner, it could start a
-        # second execution beside that worker (found in the battery: a Valkey restart, then
-        # a publish 1 s later).
-        config = settings.CONFIG
-        settle_s = config.heartbeat_interval_s + config.store_timeout_s
-        valkey.client().set(keys.run_reseeded(candidate.run_id), 1, ex=settle_s)
         log.warning("run %s: live hash was missing; seeded again from Postgres", candidate.run_id)
     return seeded
 

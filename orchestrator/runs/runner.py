@@ -435,16 +435,27 @@ def _read_claimable(run_id: str, owner: str) -> ClaimedRun | _Refusal:
 
 def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> ClaimedRun | None:
     """pending → active in Valkey, then Postgres, for a run whose row says pending. None when
-    the run is not ours to run."""
+    the run is not ours to run, or not yet (its message published again for later)."""
     try:
         live.claim(row.id, owner)
+    except live.Settling as settling:
+        # Seeded again after Valkey lost its hash: a handler that held the lost claim takes it
+        # back meanwhile (`runs.watch`); this message comes back once the mark has run out.
+        _republish(definition, row.id, row.identity, row.priority, settling.left)
+        return None
     except IllegalTransition as exc:
         if exc.current is None:
-            # The live hash is gone (Valkey restarted or flushed): Postgres says pending, so
-            # seed it again from the row and claim.
-            live.seed(row.id, row.task_id, row.priority, tuple(row.stages))
-            live.claim(row.id, owner)
-        elif exc.current == RunState.ACTIVE and _write_abandoned_claim(row.id):
+            # The live hash is gone (Valkey restarted or flushed). A handler may still run the
+            # run on a claim Postgres has not heard of yet (a plain run's first second): seeded
+            # again and marked, the run is claimed only by that handler until the mark runs
+            # out (`live.reseed`); this message comes back then. Claimed now, it could run
+            # beside that handler.
+            live.reseed(row.id, row.task_id, row.priority, tuple(row.stages))
+            settle = timedelta(seconds=live.reseed_settle_s())
+            log.warning("run %s: live hash was missing; seeded again, back in %s", row.id, settle)
+            _republish(definition, row.id, row.identity, row.priority, settle)
+            return None
+        if exc.current == RunState.ACTIVE and _write_abandoned_claim(row.id):
             # Its claimer is gone: the claim is in Postgres now, and the run is a lost
             # worker's, resumed or failed by its task's policy like any other.
             row.refresh_from_db()

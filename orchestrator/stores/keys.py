@@ -34,7 +34,7 @@ def run_terminal(run_id: str) -> str:
 
 
 def run_reseeded(run_id: str) -> str:
-    """Set while a live hash the pending check seeded again settles (`recovery.pending`)."""
+    """Set while a live hash seeded again after Valkey lost it settles (`live.reseed`)."""
     return f"task:run:reseeded:{run_id}"
 
 

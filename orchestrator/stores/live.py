@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypedDict, cast
 
 from django.conf import settings
@@ -32,6 +33,16 @@ class FencedWrite(Exception):
     """A write came from a process that no longer owns the run."""
 
 
+class Settling(IllegalTransition):
+    """A claim refused while the run's hash, seeded again after Valkey lost it, settles
+    (`reseed`); `left` is how long the mark still stands."""
+
+    def __init__(self, run_id: str, left: timedelta) -> None:
+        super().__init__(run_id, RunState.PENDING, RunState.ACTIVE, "valkey")
+        self.args = (f"run {run_id}: claim refused for {left} while its re-seeded hash settles",)
+        self.left = left
+
+
 def _translate(exc: ResponseError, run_id: str, target: str) -> Exception:
     message = str(exc)
     if message.startswith("ILLEGAL_TRANSITION"):
@@ -39,6 +50,8 @@ def _translate(exc: ResponseError, run_id: str, target: str) -> Exception:
         return IllegalTransition(run_id, current, target, "valkey")
     if message == "NO_RUN":
         return IllegalTransition(run_id, None, target, "valkey")
+    if message.startswith("SETTLING "):
+        return Settling(run_id, timedelta(milliseconds=int(message.split(" ", 1)[1])))
     if message.startswith("FENCED"):
         return FencedWrite(f"run {run_id}: write fenced, owned by {message[7:]!r}")
     return exc
@@ -66,6 +79,27 @@ def seed(
     return bool(seeded)
 
 
+def reseed_settle_s() -> int:
+    """How long a hash seeded again after Valkey lost it stays marked (`reseed`): a heartbeat
+    interval, by when a handler that held the lost claim has found it gone at its Valkey beat
+    and claimed the run back (`runs.watch`), and a store timeout."""
+    config = settings.CONFIG
+    return config.heartbeat_interval_s + config.store_timeout_s
+
+
+def reseed(
+    run_id: str, task_id: str, priority: int, stages: tuple[str, ...], clock: Clock = SYSTEM
+) -> bool:
+    """Seed again the hash of a run Postgres calls pending whose hash Valkey lost, marked
+    (`task:run:reseeded:<runId>`) for `reseed_settle_s()`: until then nobody claims it but a
+    handler that held a claim Postgres had not heard of yet (a plain run's first second:
+    `claim_again`), and the pending check does not publish it. False when the hash exists."""
+    seeded = seed(run_id, task_id, priority, stages, clock)
+    if seeded:
+        valkey.client().set(keys.run_reseeded(run_id), 1, ex=reseed_settle_s())
+    return seeded
+
+
 def claim(run_id: str, owner: str, clock: Clock = SYSTEM) -> None:
     script_keys, args = _claim_call(run_id, owner, clock)
     try:
@@ -78,15 +112,17 @@ def claim_again(
     run_id: str, task_id: str, priority: int, owner: str, clock: Clock = SYSTEM
 ) -> None:
     """A plain run's claim that Valkey lost while Postgres holds it for `owner`: its hash
-    seeded again if it is gone, then claimed (one round trip). Raises as `claim` does when
-    someone else claimed it in Valkey meanwhile."""
+    seeded again if it is gone, its reseed mark cleared (the mark waits for this very claim),
+    then claimed (one round trip). Raises as `claim` does when someone else claimed it in
+    Valkey meanwhile."""
     seed_keys = [keys.run_active(run_id)]
     seed_args = [run_id, task_id, priority, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s]
     claim_keys, claim_args = _claim_call(run_id, owner, clock)
     pipe = valkey.client().pipeline(transaction=False)
     scripts.queue(pipe, "seed_run", seed_keys, seed_args)
+    pipe.delete(keys.run_reseeded(run_id))
     scripts.queue(pipe, "claim_run", claim_keys, claim_args)
-    seeded, claimed = valkey.execute(pipe, raise_on_error=False)
+    seeded, _, claimed = valkey.execute(pipe, raise_on_error=False)
     scripts.replied("seed_run", seed_keys, seed_args, seeded)
     try:
         scripts.replied("claim_run", claim_keys, claim_args, claimed)
@@ -113,7 +149,7 @@ def queue_claim(
 
 def _claim_call(run_id: str, owner: str, clock: Clock) -> tuple[list[str], list[Any]]:
     return (
-        [keys.run_active(run_id), keys.run_terminal(run_id)],
+        [keys.run_active(run_id), keys.run_terminal(run_id), keys.run_reseeded(run_id)],
         [owner, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s],
     )
 

@@ -23,7 +23,7 @@ from orchestrator.stores import valkey
 LUA_DIR = Path(__file__).parent / "lua"
 PINNED_VERSIONS = {
     "seed_run": 1,
-    "claim_run": 2,
+    "claim_run": 3,
     "transition_run": 3,
     "transition_stage": 2,
     "set_progress": 1,

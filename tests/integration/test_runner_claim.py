@@ -7,20 +7,24 @@ The runner is called in this process, as a worker's pool child would call it."""
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import subprocess
 from contextlib import closing
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg2
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from orchestrator.hooks.concurrency import running
 from orchestrator.models import TaskHistory, TaskHistoryAudit
+from orchestrator.routing import queue_name
 from orchestrator.runs import terminal
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.runner import run_message
@@ -188,14 +192,45 @@ def test_a_redelivery_whose_claimer_died_before_postgres_heard_counts_the_lost_a
     assert running([TASK]) == {TASK: 0}
 
 
-def test_a_first_delivery_whose_live_hash_is_gone_seeds_it_again_and_runs() -> None:
+def test_a_delivery_whose_live_hash_is_gone_waits_for_a_claim_valkey_forgot_then_runs() -> None:
     run_id = _start()
+    _drop_messages()
     valkey.client().delete(keys.run_active(run_id))
 
     run_message(TASK, run_id, 1)
 
+    # Not run yet: a handler may hold a claim Postgres has not heard of (a plain run's first
+    # second), lost with the hash; until the mark runs out, only that handler claims the run.
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+    assert live.read(run_id)["state"] == "pending"
+    assert 0 < valkey.client().pttl(keys.run_reseeded(run_id)) <= live.reseed_settle_s() * 1000
+    (message,) = _messages()  # its message again, for later
+    assert datetime.fromisoformat(message["headers"]["eta"]) > timezone.now()
+
+    run_message(TASK, run_id, 1)  # back while the mark stands: not run, published again
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+    assert len(_messages()) == 2
+
+    valkey.client().delete(keys.run_reseeded(run_id))  # the mark ran out
+    run_message(TASK, run_id, 1)
+
     assert TaskHistory.objects.get(id=run_id).state == "completed"
     assert live.read(run_id)["state"] == "completed"
+    assert running([TASK]) == {TASK: 0}
+
+
+def _queue_lists() -> list[str]:
+    queue = queue_name(registry.get()[TASK], settings.CONFIG.per_task_queues)
+    return [keys.broker_queue(queue, step) for step in keys.BROKER_PRIORITY_STEPS]
+
+
+def _drop_messages() -> None:
+    broker.client().delete(*_queue_lists())
+
+
+def _messages() -> list[dict[str, Any]]:
+    client = broker.client()
+    return [json.loads(raw) for name in _queue_lists() for raw in client.lrange(name, 0, -1)]
 
 
 def _claim(run_id: str, owner: str) -> None:

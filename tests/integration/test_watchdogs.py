@@ -137,9 +137,11 @@ def test_a_claim_valkey_lost_is_claimed_again_while_postgres_holds_the_run(
         owner = live.read(run_id)["owner"]
         valkey.client().delete(keys.run_active(run_id))
         if valkey_left == "a pending hash":
-            live.seed(run_id, "test-sleepy", 5, ())
+            # As the reconciler's pending check leaves it: marked, so nobody else claims it.
+            live.reseed(run_id, "test-sleepy", 5, ())
         wait_for(lambda: _row(run_id).state == "completed", timeout=15)
 
     row = _row(run_id)
     assert (row.owner_instance_id, row.attempts) == (owner, 1)
     assert live.read(run_id)["state"] == "completed"
+    assert not valkey.client().exists(keys.run_reseeded(run_id))
