@@ -60,15 +60,7 @@ def _translate(exc: ResponseError, run_id: str, target: str) -> Exception:
 def seed(
     run_id: str, task_id: str, priority: int, stages: tuple[str, ...], clock: Clock = SYSTEM
 ) -> bool:
-    script_keys = [keys.run_active(run_id)]
-    args = [
-        run_id,
-        task_id,
-        priority,
-        to_ms(clock.now()),
-        settings.CONFIG.run_active_ttl_s,
-        *stages,
-    ]
+    script_keys, args = _seed_call(run_id, task_id, priority, stages, clock)
     # With the run's count as sent (/metrics), in the same round trip.
     seeded = scripts.call_with(
         "seed_run",
@@ -77,6 +69,15 @@ def seed(
         lambda pipe: counters.add(counters.DELIVERY, ("published",), 1, pipe),
     )
     return bool(seeded)
+
+
+def _seed_call(
+    run_id: str, task_id: str, priority: int, stages: tuple[str, ...], clock: Clock
+) -> tuple[list[str], list[Any]]:
+    return (
+        [keys.run_active(run_id)],
+        [run_id, task_id, priority, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, *stages],
+    )
 
 
 def reseed_settle_s() -> int:
@@ -115,19 +116,14 @@ def claim_again(
     seeded again if it is gone, its reseed mark cleared (the mark waits for this very claim),
     then claimed (one round trip). Raises as `claim` does when someone else claimed it in
     Valkey meanwhile."""
-    seed_keys = [keys.run_active(run_id)]
-    seed_args = [run_id, task_id, priority, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s]
-    claim_keys, claim_args = _claim_call(run_id, owner, clock)
+    seed_keys, seed_args = _seed_call(run_id, task_id, priority, (), clock)
     pipe = valkey.client().pipeline(transaction=False)
     scripts.queue(pipe, "seed_run", seed_keys, seed_args)
     pipe.delete(keys.run_reseeded(run_id))
-    scripts.queue(pipe, "claim_run", claim_keys, claim_args)
+    read_claim = queue_claim(pipe, run_id, owner, clock)
     seeded, _, claimed = valkey.execute(pipe, raise_on_error=False)
     scripts.replied("seed_run", seed_keys, seed_args, seeded)
-    try:
-        scripts.replied("claim_run", claim_keys, claim_args, claimed)
-    except ResponseError as exc:
-        raise _translate(exc, run_id, RunState.ACTIVE) from None
+    read_claim(claimed)
 
 
 def queue_claim(
