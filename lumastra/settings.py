@@ -142,6 +142,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # "slow rounds": docs/benchmarks.md). Children are still recycled by memory.
 CELERY_WORKER_MAX_TASKS_PER_CHILD = CONFIG.worker_max_tasks_per_child or None
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = CONFIG.worker_max_memory_per_child_kb
+# Every task checks and ages its database connections itself, without a round trip
+# (`durable.check_connections`): Celery's Django fix-up would walk them twice more per task,
+# and does so only once in this many tasks.
+CELERY_DB_REUSE_MAX = 1_000_000
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_SERIALIZER = "json"

@@ -17,12 +17,14 @@ import logging
 from typing import Any
 
 from celery import shared_task
+from django.db import close_old_connections
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.scheduler.fire import FireRequest, FireResult, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK
 from orchestrator.scheduler.sync import slots_of
+from orchestrator.stores import durable
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,12 @@ def fire_static(task_id: str, *, clock: Clock = SYSTEM, catch_up: bool = False) 
 
 
 def _dispatch(task_id: str) -> str:
-    return fire_static(task_id).outcome.value
+    # As every task's body, since Celery's fix-up leaves connections to us (lumastra/settings).
+    durable.check_connections()
+    try:
+        return fire_static(task_id).outcome.value
+    finally:
+        close_old_connections()
 
 
 # Not a decorator: celery is untyped, and mypy strict refuses untyped decorators.
