@@ -77,7 +77,6 @@ from typing import Any
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Reject
 from django.conf import settings
-from django.db import close_old_connections
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
@@ -207,11 +206,8 @@ def discard(definition: TaskDefinition, run_id: str, error: dict[str, Any]) -> R
 
 
 def run_stage_message(task_id: str, stage: str, run_id: str, processing_version: int) -> None:
-    durable.check_connections()
-    try:
+    with durable.task_connections():
         _run_stage(registry.get()[task_id], stage, run_id, processing_version)
-    finally:
-        close_old_connections()
 
 
 def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_version: int) -> None:

@@ -24,7 +24,7 @@ task's retry policy is spent; so does a redelivery of a run whose worker died mi
 (`runs.resume`), unless the task opted out (`retry_on_worker_loss=False`).
 
 Database connections are checked before each run without a round trip
-(`durable.check_connections`) and closed after it if broken or too old, so a connection dropped
+(`durable.task_connections`) and closed after it if broken or too old, so a connection dropped
 between runs is replaced rather than failing a run.
 """
 
@@ -40,7 +40,6 @@ from typing import Any, cast
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Reject
 from django.conf import settings
-from django.db import close_old_connections
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 from redis.client import Pipeline
@@ -77,11 +76,8 @@ def run_message(
 ) -> None:
     """Run one delivered message; `notes`: what the run's admission told its pickup hooks
     (`hooks.base.Admission.notes`), carried by the message."""
-    durable.check_connections()
-    try:
+    with durable.task_connections():
         _run(registry.get()[task_id], run_id, processing_version, redelivered, notes or {})
-    finally:
-        close_old_connections()
 
 
 def _run(

@@ -17,7 +17,6 @@ import logging
 from typing import Any
 
 from celery import shared_task
-from django.db import close_old_connections
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
@@ -45,12 +44,8 @@ def fire_static(task_id: str, *, clock: Clock = SYSTEM, catch_up: bool = False) 
 
 
 def _dispatch(task_id: str) -> str:
-    # As every task's body, since Celery's fix-up leaves connections to us (lumastra/settings).
-    durable.check_connections()
-    try:
+    with durable.task_connections():
         return fire_static(task_id).outcome.value
-    finally:
-        close_old_connections()
 
 
 # Not a decorator: celery is untyped, and mypy strict refuses untyped decorators.

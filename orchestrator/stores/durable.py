@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import json
 import select
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, connections
+from django.db import close_old_connections, connection, connections
 from django.db.models.functions import Now
 
 from orchestrator.models import TaskHistory
@@ -74,6 +75,19 @@ def json_value(value: Any) -> Any:
 def _json_out(value: Any) -> str | None:
     # None is SQL NULL, as JSONField(null=True) stores it, not the JSON `null`.
     return None if value is None else json.dumps(value)
+
+
+@contextmanager
+def task_connections() -> Iterator[None]:
+    """Around a task's body: its connections checked before (`check_connections`) and those
+    broken or past their age closed after. Celery's Django fix-up leaves both to the task
+    (`CELERY_DB_REUSE_MAX`, lumastra/settings.py), so every task body Lumastra runs wraps itself
+    in this."""
+    check_connections()
+    try:
+        yield
+    finally:
+        close_old_connections()
 
 
 def check_connections() -> None:

@@ -1,5 +1,5 @@
 """Every task body checks and ages its own database connections, without a round trip
-(`durable.check_connections`, issue 22): Celery's Django fix-up, which would walk every
+(`durable.task_connections`, issue 22): Celery's Django fix-up, which would walk every
 connection before and after each task as well, is told to leave them alone (lumastra/settings:
 CELERY_DB_REUSE_MAX), so the tasks that are not the runner check theirs too."""
 
@@ -44,3 +44,15 @@ def test_the_schedule_dispatch_task_checks_its_connections(monkeypatch: pytest.M
     monkeypatch.setattr(dispatch, "fire_static", fired)
 
     assert dispatch._dispatch("some-task") == "fired"
+
+
+def test_connections_are_aged_after_a_body_that_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    monkeypatch.setattr(durable, "check_connections", lambda: events.append("checked"))
+    monkeypatch.setattr(durable, "close_old_connections", lambda: events.append("aged"))
+
+    with pytest.raises(RuntimeError), durable.task_connections():
+        events.append("body")
+        raise RuntimeError("the body failed")
+
+    assert events == ["checked", "body", "aged"]
