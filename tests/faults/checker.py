@@ -107,6 +107,12 @@ class Report:
     error_kinds: dict[str, int] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)
     executions: int = 0
+    retried: int = 0  # runs that took more than one attempt
+    # Late writes the fences refused (a claim's owner or attempt no longer the run's), from
+    # the workers' logs (`Harness.late_writes_refused`).
+    late_writes_refused: int = 0
+    # The cluster seat's move to another host after a cut of its holder (partition scenarios).
+    leader_failover_s: float | None = None
     lost: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
     illegal: list[str] = field(default_factory=list)
@@ -130,15 +136,19 @@ class Report:
     def summary(self) -> str:
         kills = sum(self.faults.values())
         recovery = "n/a" if self.recovery_s is None else f"{self.recovery_s:.1f} s"
+        failover = (
+            "" if self.leader_failover_s is None else f", failover {self.leader_failover_s} s"
+        )
         return (
             f"{self.scenario}: runs {self.runs} (started {self.started}, refused starts "
             f"{self.refused_starts}), faults {kills} {dict(self.faults)}, lost {len(self.lost)}, "
             f"stuck {len(self.stuck)}, illegal transitions {len(self.illegal)}, "
             f"over-executed {len(self.over_executed)}, "
             f"executed twice at once {len(self.overlapping)}, executions {self.executions}, "
+            f"retried {self.retried}, late writes refused {self.late_writes_refused}, "
             f"Valkey behind Postgres {len(self.valkey_disagrees)}, "
             f"states {dict(self.states)}, error kinds {dict(self.error_kinds)}, "
-            f"max recovery {recovery}, took {self.duration_s:.0f} s"
+            f"max recovery {recovery}{failover}, took {self.duration_s:.0f} s"
         )
 
 
@@ -179,6 +189,7 @@ def check(
     report.lost = sorted(set(started) - set(rows))
     terminal = {s.value for s in TERMINAL_RUN_STATES}
     report.stuck = sorted(r for r, (state, _, _) in rows.items() if state not in terminal)
+    report.retried = sum(1 for _, attempts, _ in rows.values() if attempts > 1)
 
     for run_id, (state, _, kind) in rows.items():
         trail = trails.get(run_id, [])

@@ -201,6 +201,8 @@ def _run(
         report.recovery_s = harness.settle(scenario.bound_s)
     finally:
         harness.close()
+    report.late_writes_refused = harness.late_writes_refused()
+    report.leader_failover_s = harness.leader_failover_s
     report.faults = dict(harness.faults)
     report.refused_starts = sum(harness.refused.values())
     report.notes = {**harness.notes, "refusals": dict(harness.refused)}

@@ -49,6 +49,9 @@ QUEUES = (
     "task.t.test-fault-resume",
 )
 LOG_DIR = ROOT / ".pytest_cache"
+# What a writer logs when a fence refuses its late write (`Harness.late_writes_refused`):
+# runs/terminal.py, runs/runner.py and runs/pipeline.py for Postgres, runs/settle.py for Valkey.
+FENCE_REFUSALS = ("not recorded", "live hash left to its owner")
 # Where a host's web role listens (on the host's own address: one per host).
 WEB_PORT = 8000
 RUNS_PATH = "/api/v1/runs"
@@ -123,6 +126,8 @@ class Harness:
     faults: Counter[str] = field(default_factory=Counter)
     last_fault: float | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+    # Seconds from a cut of the cluster seat's holder to another host holding it.
+    leader_failover_s: float | None = None
     # Processes the scenario SIGSTOPped: an entry beside one of them is reported apart.
     frozen_pids: set[int] = field(default_factory=set)
     since: Any = None
@@ -176,6 +181,11 @@ class Harness:
     def log_count(self, worker: Worker | None, needle: str) -> int:
         """Lines holding `needle` in one worker's log, or in every log of the scenario."""
         return len(self.log_lines(worker, needle))
+
+    def late_writes_refused(self) -> int:
+        """Writes refused by a fence, as the writers log them: an end, a retry or a stage move
+        Postgres refused (`... not recorded`), a live hash move for an owner that lost it."""
+        return sum(self.log_count(None, needle) for needle in FENCE_REFUSALS)
 
     def log_lines(self, worker: Worker | None, needle: str) -> list[str]:
         """The lines `log_count` counts, log by log."""

@@ -676,19 +676,23 @@ def partition_full(h: Harness) -> list[str]:
     resumes them, so nothing runs twice at once; A's late writes after the heal are refused
     by the fences; A takes runs again once healed; every run completes."""
     assert h.network is not None and h.postgres is not None
-    a, b = h.network.hosts["hosta"], h.network.hosts["hostb"]
-    role_a = h.host_role(a)
-    h.host_role(b)
+    a = h.network.hosts["hosta"]
+    role_a = _leading_host_a(h)
     count = h.n(200)
     with h.load(count, _slow_and_pipes(h)):
         h.wait(lambda: len(h.active_runs_of(role_a)) >= 2, 60, "host A running runs")
     on_a = h.active_runs_of(role_a)
-    h.network.cut(a, (h.valkey.port, h.postgres.port))
-    h.fault("host A cut from Valkey and Postgres")
-    h.pause(FULL_CUT_S)
-    h.network.heal(a)
-    h.fault("host A healed")
-    healed = time.time()
+    with _watch_seat() as samples:
+        h.network.cut(a, (h.valkey.port, h.postgres.port))
+        h.fault("host A cut from Valkey and Postgres")
+        cut_at = time.time()
+        h.pause(FULL_CUT_S)
+        h.network.heal(a)
+        h.fault("host A healed")
+        healed = time.time()
+    # Recorded, not asserted: the cut is as long as the seat's lease, so whether host B takes
+    # it before host A is back and renews is a race the design leaves open.
+    h.leader_failover_s = _failover_s(samples, a.name, cut_at)
     h.notes["runs on host A at the cut"] = len(on_a)
     h.settle(SCENARIOS["partition-full"].bound_s)
     log_a = role_a.name
@@ -717,17 +721,19 @@ def _partition_one_store(h: Harness, store: str) -> tuple[Worker, list[str]]:
     common problems: a run not completed."""
     assert h.network is not None and h.postgres is not None
     a = h.network.hosts["hosta"]
-    role_a = h.host_role(a)
-    h.host_role(h.network.hosts["hostb"])
+    role_a = _leading_host_a(h)
     port = h.valkey.port if store == "valkey" else h.postgres.port
     with h.load(h.n(200), _slow_and_pipes(h)):
         h.wait(lambda: len(h.active_runs_of(role_a)) >= 2, 60, "host A running runs")
     h.notes["runs claimed by host A at the cut"] = len(h.active_runs_of(role_a))
-    h.network.cut(a, (port,))
-    h.fault(f"host A cut from {store}")
-    h.pause(ONE_STORE_CUT_S)
-    h.network.heal(a)
-    h.fault("host A healed")
+    with _watch_seat() as samples:
+        h.network.cut(a, (port,))
+        h.fault(f"host A cut from {store}")
+        cut_at = time.time()
+        h.pause(ONE_STORE_CUT_S)
+        h.network.heal(a)
+        h.fault("host A healed")
+    h.leader_failover_s = _failover_s(samples, a.name, cut_at)
     h.settle(SCENARIOS[f"partition-{store}"].bound_s)
     h.notes["host A handlers stopped at their lease"] = h.log_count(
         role_a, "no heartbeat confirmed"
@@ -752,6 +758,14 @@ def partition_valkey(h: Harness) -> list[str]:
     role_a, problems = _partition_one_store(h, "valkey")
     if h.log_count(role_a, "no heartbeat confirmed"):
         problems.append("a handler of host A stopped itself though Postgres still heard it")
+    # Host A's last renewal can be up to a renewal interval before the cut; host B takes the
+    # seat once the lease has run out, after its jitter.
+    config = settings.CONFIG
+    within_s = config.leader_ttl_s + config.leader_jitter_ms / 1000 + SEAT_SLACK_S
+    if h.leader_failover_s is None:
+        problems.append("the cluster seat never left host A while it was cut from Valkey")
+    elif h.leader_failover_s > within_s:
+        problems.append(f"the cluster seat moved {h.leader_failover_s} s after the cut")
     return problems
 
 
@@ -763,6 +777,11 @@ def partition_postgres(h: Harness) -> list[str]:
     stage is entered twice by one pool child (the checker's "at most once per claim")."""
     role_a, problems = _partition_one_store(h, "postgres")
     h.notes["stage ends queued in the drain"] = h.log_count(None, "waits in the drain")
+    if h.leader_failover_s is not None:
+        problems.append(
+            f"the cluster seat left host A, which Valkey still heard, "
+            f"{h.leader_failover_s} s into its cut from Postgres"
+        )
     if h.log_count(role_a, "no heartbeat confirmed"):
         problems.append("a handler of host A stopped itself though Valkey still heard it")
     return problems
@@ -945,10 +964,8 @@ def partition_lossy(h: Harness) -> list[str]:
     and during the loss, the seat's handovers and host A's failed renewals."""
     assert h.network is not None
     a = h.network.hosts["hosta"]
-    role_a = h.host_role(a)
-    # Started first, host A takes the cluster seat: its renewals are what cross the bad link.
-    h.wait(lambda: _cluster_holder().startswith(f"{a.name}:"), 30, "host A leading the cluster")
-    h.host_role(h.network.hosts["hostb"])
+    # Its renewals are what cross the bad link.
+    role_a = _leading_host_a(h)
     count = h.n(round((LOSSY_BEFORE_S + LOSS_S) * LOSSY_STARTS_PER_S))
     with _watch_seat() as samples:
         with h.load(count, _slow_and_pipes(h), per_s=LOSSY_STARTS_PER_S):
@@ -1018,6 +1035,26 @@ def _logged_at(lines: list[str]) -> list[float]:
     return sorted(
         datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() for line in lines
     )
+
+
+def _leading_host_a(h: Harness) -> Worker:
+    """Host A's role, started first and leading the cluster seat (`lock:orch:cluster`), then
+    host B's beside it; returns host A's."""
+    assert h.network is not None
+    a = h.network.hosts["hosta"]
+    role_a = h.host_role(a)
+    h.wait(lambda: _cluster_holder().startswith(f"{a.name}:"), 30, "host A leading the cluster")
+    h.host_role(h.network.hosts["hostb"])
+    return role_a
+
+
+def _failover_s(samples: list[_SeatSample], host: str, cut_at: float) -> float | None:
+    """Seconds from the cut of `host` to the first sample of the seat held by another host;
+    None if it never was while watched."""
+    for sample in samples:
+        if sample.at >= cut_at and sample.holder and not sample.holder.startswith(f"{host}:"):
+            return round(sample.at - cut_at, 1)
+    return None
 
 
 def _cluster_holder() -> str:
