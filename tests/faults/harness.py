@@ -505,6 +505,27 @@ class Harness:
     def pause(self, seconds: float) -> None:
         time.sleep(seconds)
 
+    def cut_for(
+        self,
+        host: Host,
+        ports: tuple[int, ...],
+        seconds: float,
+        what: str,
+        *,
+        loss_percent: int = 100,
+    ) -> tuple[float, float]:
+        """Cut `host` from the stores on `ports` (`Network.cut`) for `seconds`, then heal it;
+        the cut and its heal are counted as the faults `what` and "`what`: healed". Returns when
+        the cut began and when it was healed (time.time())."""
+        assert self.network is not None, "a cut needs the partition scenarios' network"
+        self.network.cut(host, ports, loss_percent=loss_percent)
+        self.fault(what)
+        cut_at = time.time()
+        self.pause(seconds)
+        self.network.heal(host)
+        self.fault(f"{what}: healed")
+        return cut_at, time.time()
+
     def kill_random_child(self) -> bool:
         candidates = [(w, pid) for w in self.workers for pid in w.children()]
         if not candidates:

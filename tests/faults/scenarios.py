@@ -683,13 +683,9 @@ def partition_full(h: Harness) -> list[str]:
         h.wait(lambda: len(h.active_runs_of(role_a)) >= 2, 60, "host A running runs")
     on_a = h.active_runs_of(role_a)
     with _watch_seat() as samples:
-        h.network.cut(a, (h.valkey.port, h.postgres.port))
-        h.fault("host A cut from Valkey and Postgres")
-        cut_at = time.time()
-        h.pause(FULL_CUT_S)
-        h.network.heal(a)
-        h.fault("host A healed")
-        healed = time.time()
+        cut_at, healed = h.cut_for(
+            a, (h.valkey.port, h.postgres.port), FULL_CUT_S, "host A cut from Valkey and Postgres"
+        )
     # Recorded, not asserted: the cut is as long as the seat's lease, so whether host B takes
     # it before host A is back and renews is a race the design leaves open.
     h.leader_failover_s = _failover_s(samples, a.name, cut_at)
@@ -727,12 +723,7 @@ def _partition_one_store(h: Harness, store: str) -> tuple[Worker, list[str]]:
         h.wait(lambda: len(h.active_runs_of(role_a)) >= 2, 60, "host A running runs")
     h.notes["runs claimed by host A at the cut"] = len(h.active_runs_of(role_a))
     with _watch_seat() as samples:
-        h.network.cut(a, (port,))
-        h.fault(f"host A cut from {store}")
-        cut_at = time.time()
-        h.pause(ONE_STORE_CUT_S)
-        h.network.heal(a)
-        h.fault("host A healed")
+        cut_at, _ = h.cut_for(a, (port,), ONE_STORE_CUT_S, f"host A cut from {store}")
     h.leader_failover_s = _failover_s(samples, a.name, cut_at)
     h.settle(SCENARIOS[f"partition-{store}"].bound_s)
     h.notes["host A handlers stopped at their lease"] = h.log_count(
@@ -824,13 +815,9 @@ def partition_web(h: Harness) -> list[str]:
     count = h.n(round((WEB_BEFORE_S + WEB_CUT_S + WEB_AFTER_S) * WEB_STARTS_PER_S))
     with h.http_load(url, token, count, _slow_and_pipes(h), WEB_STARTS_PER_S) as answers:
         h.pause(WEB_BEFORE_S)
-        h.network.cut(web_host, (h.valkey.port,))
-        h.fault("web host cut from Valkey")
-        cut_at = time.time()
-        h.pause(WEB_CUT_S)
-        h.network.heal(web_host)
-        h.fault("web host healed")
-        healed_at = time.time()
+        cut_at, healed_at = h.cut_for(
+            web_host, (h.valkey.port,), WEB_CUT_S, "web host cut from Valkey"
+        )
     h.settle(SCENARIOS["partition-web"].bound_s)
 
     def phase(answer: Answer) -> str:
@@ -971,13 +958,13 @@ def partition_lossy(h: Harness) -> list[str]:
         with h.load(count, _slow_and_pipes(h), per_s=LOSSY_STARTS_PER_S):
             loaded_at = time.time()
             h.pause(LOSSY_BEFORE_S)
-            h.network.cut(a, (h.valkey.port,), loss_percent=LOSS_PERCENT)
-            h.fault(f"host A's link to Valkey dropping {LOSS_PERCENT} % of packets")
-            lossy_at = time.time()
-            h.pause(LOSS_S)
-            h.network.heal(a)
-            h.fault("host A's link healed")
-            healed_at = time.time()
+            lossy_at, healed_at = h.cut_for(
+                a,
+                (h.valkey.port,),
+                LOSS_S,
+                f"host A's link to Valkey dropping {LOSS_PERCENT} % of packets",
+                loss_percent=LOSS_PERCENT,
+            )
         h.settle(SCENARIOS["partition-lossy"].bound_s)
 
     finished = TaskHistory.objects.filter(id__in=h.started, state="completed")
