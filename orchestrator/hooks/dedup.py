@@ -17,9 +17,11 @@ claim and the commit, the identity stays blocked until the provisional TTL runs 
 LUMASTRA_IDENTITY_PROVISIONAL_TTL_S seconds. Within that window a concurrent start is answered
 with the provisional holder's run id, whose row becomes visible when its transaction commits.
 If Valkey becomes unreachable between the claim and the commit, the start still returns its
-run (committed, published by the reconciler's pending check), but its identity is not extended:
-once the provisional TTL has run out, a start of the same identity while that run is still
-live is not deduplicated.
+run (committed, published by the reconciler's pending check), but its identity is not extended;
+the pending check holds it again when it publishes the run or seeds its lost hash
+(`hold_again`, as after a Valkey restart that lost every key). Until then, once the provisional
+TTL has run out, a start of the same identity is not deduplicated: the check runs every
+reconciler tick, on runs pending longer than LUMASTRA_PENDING_CHECK_AFTER_S.
 """
 
 from __future__ import annotations
@@ -91,6 +93,24 @@ def _confirm(key: str, run_id: str) -> None:
         log.exception(
             "run %s: identity %s not confirmed; it lapses with its provisional TTL", run_id, key
         )
+
+
+def hold_again(definition: TaskDefinition, run_id: str, identity: str) -> None:
+    """A live run that Valkey may have forgotten (its message published again, its hash seeded
+    again) holds its identity again for LUMASTRA_IDENTITY_TTL_S, unless another run took it
+    meanwhile (logged: the lapse let a second start in). Logged, never raised, as `_confirm`."""
+    namespace = scope(definition)
+    if namespace is None:
+        return
+    key = keys.identity(namespace, identity)
+    ttl_ms = span_ms(timedelta(seconds=settings.CONFIG.identity_ttl_s))
+    try:
+        answer = scripts.call("identity_claim", [key], [run_id, ttl_ms, ""])
+    except Exception:
+        log.exception("run %s: identity %s not held again", run_id, key)
+        return
+    if answer:
+        log.warning("run %s: identity %s is held by run %s", run_id, key, answer.split(" ")[0])
 
 
 @dataclass

@@ -71,6 +71,7 @@ from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
+from orchestrator.hooks import dedup
 from orchestrator.models import TaskHistory
 from orchestrator.recovery.orphans import Candidate, LiveView, live_views
 from orchestrator.routing import queue_name
@@ -231,6 +232,7 @@ def _look_for_messages(
         try:
             fence.check()
             if not has_hash and _reseed(candidate, definition, clock):
+                dedup.hold_again(definition, run_id, candidate.identity)
                 report.reseeded += 1
                 # Not published yet: a worker may run it with its Postgres claim not written
                 # yet (for about `runs.watch.CLAIM_AFTER_S`), its hash lost with a Valkey
@@ -242,6 +244,8 @@ def _look_for_messages(
             if valkey.client().exists(keys.run_reseeded(run_id)):
                 report.settling += 1
                 continue
+            # Its start may not have reached Valkey after its commit: the identity too.
+            dedup.hold_again(definition, run_id, candidate.identity)
             publish(
                 definition,
                 run_id,

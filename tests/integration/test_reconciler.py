@@ -37,6 +37,7 @@ THRESHOLD = 300  # LUMASTRA_ORPHAN_THRESHOLD_S default
 BOOT_THRESHOLD = 120  # LUMASTRA_ORPHAN_BOOT_THRESHOLD_S default
 PRIVATE = "test-record-order"
 PRIVATE_QUEUE = f"task.t.{PRIVATE}"
+UNIQUE = "test-unique"  # identity-deduplicated, on a queue no worker here takes
 UNACKED_TAG = "test-reconciler-unacked"
 
 
@@ -346,6 +347,28 @@ def test_a_pending_run_whose_message_is_gone_is_published_again() -> None:
     assert _waiting_messages() == [run_id]
     assert TaskHistory.objects.get(id=run_id).state == "pending"
     assert live.read(run_id)["state"] == "pending"
+
+
+def test_a_pending_run_published_again_holds_its_lapsed_identity_again() -> None:
+    # What an outage between a start's commit and its confirm leaves once the provisional TTL
+    # has run out: the run pending in Postgres, its identity key and its message gone.
+    run_id = start_run(UNIQUE, {"key": "lapsed"}, trigger=TriggerKind.MANUAL).run_id
+    _age(run_id, updated_at=90, created_at=90)
+    identity = keys.identity(UNIQUE, "lapsed")
+    valkey.client().delete(identity)
+    unique_queue = f"task.t.{UNIQUE}"
+    broker.client().delete(
+        *(keys.broker_queue(unique_queue, step) for step in keys.BROKER_PRIORITY_STEPS)
+    )
+
+    report = Reconciler().tick()
+
+    assert report.pending.republished == 1
+    assert valkey.client().get(identity) == run_id
+    held_s = valkey.client().pttl(identity) / 1000
+    assert settings.CONFIG.identity_provisional_ttl_s < held_s <= settings.CONFIG.identity_ttl_s
+    again = start_run(UNIQUE, {"key": "lapsed"}, trigger=TriggerKind.MANUAL)
+    assert again.deduplicated and again.run_id == run_id
 
 
 def test_a_pending_run_whose_message_waits_is_left_alone() -> None:
