@@ -1,5 +1,6 @@
-"""The SDK task authors use: declare tasks, read the run's context, signal failures, read
-media files without reaching past the media roots, declare the catalog stages a task covers."""
+"""The SDK task authors use: declare tasks, read the run's context, signal failures, run
+commands that die with the run, read media files without reaching past the media roots,
+declare the catalog stages a task covers."""
 
 from tasks.context import TaskContext
 from tasks.coverage import CoverageBatch, CoverageItem, CoveredStage, ItemFacts, skipped
@@ -13,10 +14,18 @@ from tasks.definition import (
     define_task,
     define_watch_sync,
 )
-from tasks.errors import FatalError, PermanentError, RunCancelled, TransientError
+from tasks.errors import (
+    ErrorKind,
+    FatalError,
+    PermanentError,
+    ProcessFailed,
+    RunCancelled,
+    TransientError,
+)
 from tasks.media import MediaFolder, MediaPath, MediaPathError, open_folder
 from tasks.pipeline import Stage
 from tasks.policies import Retry, Stall, Timeout
+from tasks.process import ProcessResult
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import ScheduleRow, cron, dynamic, every
 
@@ -26,6 +35,7 @@ __all__ = [
     "CoverageBatch",
     "CoverageItem",
     "CoveredStage",
+    "ErrorKind",
     "FatalError",
     "ItemFacts",
     "MediaFolder",
@@ -34,6 +44,8 @@ __all__ = [
     "NoInput",
     "PermanentError",
     "Priority",
+    "ProcessFailed",
+    "ProcessResult",
     "Quotas",
     "Retry",
     "RunCancelled",

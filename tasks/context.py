@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+from tasks.errors import ErrorKind
+from tasks.process import ProcessResult
 
 
 class TaskContext(Protocol):
@@ -58,4 +62,27 @@ class TaskContext(Protocol):
 
     def sleep(self, seconds: float) -> None:
         """Wait `seconds`, raising `RunCancelled` at once if the run is cancelled meanwhile."""
+        ...
+
+    def run_process(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | os.PathLike[str],
+        env: Mapping[str, str] | None = None,
+        on_stdout: Callable[[str], None] | None = None,
+        fails_as: ErrorKind | Callable[[ProcessResult], ErrorKind] = ErrorKind.TRANSIENT,
+        grace_s: float = 5.0,
+    ) -> ProcessResult:
+        """Run a command to its end, never through a shell, in `cwd` (an existing directory)
+        with only `env` as its environment (default: PATH alone). It runs in a process group
+        of its own that dies with the run: a cancel (raising `RunCancelled`), an exception in
+        the handler or in `on_stdout`, a timeout, and any end of the run stop the whole group,
+        SIGTERM then SIGKILL after `grace_s`; if the pool process itself dies, the kernel sends
+        the command SIGKILL (its parent-death signal). Each stdout line goes to `on_stdout`
+        when given (e.g. to parse `ffmpeg -progress pipe:1` into `report_progress`), else to
+        the run's log; stderr lines go to the log. Every line counts as a sign of life for the
+        stall watchdog. The command's CPU time is charged with `spend("cpu_seconds", …)`. A
+        non-zero exit raises `ProcessFailed` with the kind `fails_as` gives and its last lines
+        of output in the message."""
         ...

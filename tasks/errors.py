@@ -53,3 +53,17 @@ class ManifestError(ValueError):
         self.task_id = task_id
         self.field = field
         self.problem = problem
+
+
+class ProcessFailed(TaskError):
+    """Raised by `TaskContext.run_process` when the command exits non-zero or is killed by a
+    signal. Its `kind` is the one the task chose for the failure (transient by default: tried
+    again; permanent for input the command can never take, such as a corrupt file)."""
+
+    def __init__(
+        self, message: str, *, kind: ErrorKind, exit_code: int, tail: tuple[str, ...]
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.exit_code = exit_code
+        self.tail = tail

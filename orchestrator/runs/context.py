@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -14,11 +15,13 @@ from redis.exceptions import RedisError
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import costs
+from orchestrator.runs import process
 from orchestrator.runs.logs import RunLog
 from orchestrator.runs.progress import Progress
 from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
-from tasks.errors import RunCancelled
+from tasks.errors import ErrorKind, RunCancelled
+from tasks.process import ProcessResult
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +139,26 @@ class RunContext:
         """Sleep, but wake and raise RunCancelled as soon as the run is cancelled."""
         if self.cancelled or self._cancel.wait(seconds):
             raise RunCancelled(f"run {self._run_id} was cancelled")
+
+    def run_process(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | os.PathLike[str],
+        env: Mapping[str, str] | None = None,
+        on_stdout: Callable[[str], None] | None = None,
+        fails_as: ErrorKind | Callable[[ProcessResult], ErrorKind] = ErrorKind.TRANSIENT,
+        grace_s: float = 5.0,
+    ) -> ProcessResult:
+        return process.run(
+            self,
+            argv,
+            cwd=cwd,
+            env=env,
+            on_stdout=on_stdout,
+            fails_as=fails_as,
+            grace_s=grace_s,
+        )
 
 
 def _check_name(what: str, name: str, known: Mapping[str, object]) -> None:
