@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
+import tempfile
 import time
 from datetime import timedelta
 from typing import Any, Literal
@@ -763,4 +765,58 @@ fair_a = define_task(
 )
 fair_b = define_task(
     id="test-fair-b", resource_class="io", execute=_record_order, input_model=LabelInput
+)
+
+
+class CommandInput(BaseModel, extra="forbid"):
+    seconds: float  # how long the command runs; it prints its pid and nothing else
+    ignore_sigterm: bool = False
+
+
+# The pids of the commands `test-command` runs, by run id: a test looks for them in /proc.
+COMMAND_PIDS_KEY = "test:command:pids"
+_COMMAND = (
+    "import os, signal, sys, time\n"
+    "if sys.argv[2] == 'deaf':\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print(os.getpid(), flush=True)\n"
+    "time.sleep(float(sys.argv[1]))\n"
+)
+
+
+def _command(ctx: TaskContext, params: CommandInput) -> dict[str, int]:
+    def record(line: str) -> None:
+        valkey.client().rpush(f"{COMMAND_PIDS_KEY}:{ctx.run_id}", line)
+
+    result = ctx.run_process(
+        [
+            sys.executable,
+            "-c",
+            _COMMAND,
+            str(params.seconds),
+            "deaf" if params.ignore_sigterm else "-",
+        ],
+        cwd=tempfile.gettempdir(),
+        on_stdout=record,
+        grace_s=1.0,
+    )
+    return {"exit_code": result.exit_code}
+
+
+# A handler whose work is a command (an ffmpeg stand-in): issue 23's ends of a run.
+command = define_task(
+    id="test-command",
+    resource_class="io",
+    execute=_command,
+    input_model=CommandInput,
+    stall=Stall(auto=True),
+    retry=Retry(max_attempts=3, base=timedelta(seconds=1)),
+)
+command_timeout = define_task(
+    id="test-command-timeout",
+    resource_class="io",
+    execute=_command,
+    input_model=CommandInput,
+    stall=Stall(auto=True),
+    timeout=Timeout(soft=timedelta(seconds=2), hard=timedelta(seconds=3)),
 )
