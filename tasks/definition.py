@@ -48,6 +48,14 @@ class Backpressure(Enum):
     SHED_OLDEST = "shed-oldest"  # make room by cancelling the oldest, least urgent waiting runs
 
 
+class Overlap(Enum):
+    """What a schedule's fire does while the run of its previous fire is still live."""
+
+    SKIP = "skip"  # start nothing: the slot is recorded as skipped, naming the live run
+    QUEUE = "queue"  # start anyway; the task's own limits (max_concurrent) queue the runs
+    ALLOW = "allow"  # start anyway, the runs side by side as far as the pools allow
+
+
 @dataclass(frozen=True)
 class Rate:
     count: int
@@ -114,6 +122,8 @@ class TaskDefinition:
     covers_stages: tuple[CoveredStage, ...]
     stall: Stall = field(default_factory=Stall)
     description: str = field(default="")
+    # A schedule's fire while its previous fire's run is still live (`scheduler.fire`).
+    overlap: Overlap = Overlap.SKIP
     # A run whose worker died mid-run (killed, lost, drained on shutdown) goes back to pending
     # for its next attempt while `retry.max_attempts` allows; False fails it instead, for work
     # that must never be repeated.
@@ -162,6 +172,7 @@ def define_task(
     stall: Stall | None = None,
     description: str = "",
     retry_on_worker_loss: bool = True,
+    overlap: Overlap | str = Overlap.SKIP,
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
     task_id = id
@@ -236,6 +247,11 @@ def define_task(
         raise fail("retry", "must be Retry(max_attempts>=1, base=timedelta, cap=timedelta>=base)")
     if not isinstance(retry_on_worker_loss, bool):
         raise fail("retry_on_worker_loss", "must be True or False")
+    try:
+        overlap_policy = Overlap(overlap)
+    except ValueError:
+        choices = ", ".join(o.value for o in Overlap)
+        raise fail("overlap", f"{overlap!r} is not one of {choices}") from None
     if isinstance(exclusive_with, str):
         raise fail("exclusive_with", "must be a sequence of task ids, not one string")
     for other in exclusive_with:
@@ -271,6 +287,7 @@ def define_task(
         stall=stall,
         description=description,
         retry_on_worker_loss=retry_on_worker_loss,
+        overlap=overlap_policy,
     )
 
 

@@ -78,6 +78,7 @@ class EngineCollector(Collector):
                 counters.REFUSALS,
                 counters.DELIVERY,
                 counters.RECOVERY,
+                counters.SCHEDULE_SKIPS,
             )
         )
         yield _counter(
@@ -102,6 +103,10 @@ class EngineCollector(Collector):
             "Recovery: orphans failed, runs published again, pending runs failed, drain "
             "writes replayed, drain entries poisoned",
             ["event"], found, counters.RECOVERY,
+        )  # fmt: skip
+        yield _counter(
+            "lumastra_schedule_skips", "Schedule slots skipped: the previous fire's run was live",
+            ["task"], found, counters.SCHEDULE_SKIPS,
         )  # fmt: skip
         yield self._queue_depth()
         yield self._active_runs()

@@ -9,6 +9,12 @@
    `ALREADY` and starts nothing: this is what keeps a slot to one run after the 30 s lock
    expired (a beat message delivered late, a replica booting a minute later).
 
+A schedule never stacks by default: a slot whose previous fire's run is still live
+(`scheduler_state.last_run_id` pending, active or cancelling) is claimed and starts nothing,
+recorded as skipped (`last_error` names the live run, `last_run_id` keeps it so the next slot
+checks it again, a log line, `lumastra_schedule_skips_total`). A task that wants its fires to
+start anyway says `overlap="queue"` or `"allow"` (`tasks.definition.Overlap`).
+
 A start that admission refuses (circuit open, quota, backpressure) or whose input the task
 rejects still claims the slot: the reason is kept in `scheduler_state.last_error`, logged
 with the schedule's key, and the next slot tries again. The lock is never deleted; it runs out.
@@ -32,11 +38,14 @@ from django.db import connection, transaction
 
 from orchestrator.cluster.instance import instance_id
 from orchestrator.hooks.base import Refused
-from orchestrator.models import SchedulerState
+from orchestrator.models import SchedulerState, TaskHistory
 from orchestrator.runs.start import StartRefused, start_run
 from orchestrator.scheduler.names import BUCKET_LOCK_TTL_S, bucket_label, state_key
-from orchestrator.stores import keys, valkey
+from orchestrator.states import LIVE_RUN_STATES
+from orchestrator.stores import counters, keys, valkey
 from orchestrator.triggers import TriggerKind
+from tasks import registry
+from tasks.definition import Overlap
 from tasks.registry import UnknownTaskError
 
 log = logging.getLogger(__name__)
@@ -49,6 +58,7 @@ class Outcome(Enum):
     LOCKED = "locked"  # another fire holds this bucket's lock right now
     ALREADY = "already"  # this slot was fired before (scheduler_state says so)
     REFUSED = "refused"  # the slot is claimed, but start_run refused; see last_error
+    SKIPPED = "skipped"  # the slot is claimed; the previous fire's run is still live
 
 
 @dataclass(frozen=True)
@@ -88,12 +98,39 @@ def _trigger(request: FireRequest) -> dict[str, Any]:
     return trigger
 
 
+def _still_live(task_id: str, previous: str | None) -> tuple[str, str] | None:
+    """The previous fire's run and its state, if it is live and the task does not overlap."""
+    if not previous:
+        return None
+    definition = registry.get().get(task_id)
+    if definition is None or definition.overlap is not Overlap.SKIP:
+        return None
+    state = TaskHistory.objects.filter(id=previous).values_list("state", flat=True).first()
+    return (previous, state) if state in LIVE_RUN_STATES else None
+
+
+def _skip(request: FireRequest, live_run: tuple[str, str]) -> FireResult:
+    run_id, state = live_run
+    error = f"skipped: run {run_id} of an earlier slot is still {state}"
+    SchedulerState.objects.filter(key=request.key).update(last_run_id=run_id, last_error=error)
+    counters.add(counters.SCHEDULE_SKIPS, (request.task_id,))
+    log.info("schedule %s bucket %s: %s", request.key, request.bucket, error)
+    return FireResult(Outcome.SKIPPED, run_id=run_id, error=error)
+
+
 def fire(request: FireRequest, now: datetime) -> FireResult:
     """Fire one slot of one schedule, at most once across the cluster (see the module doc)."""
     lock = keys.scheduler_lock(request.task_id, request.bucket)
     if not valkey.client().set(lock, instance_id(), nx=True, ex=BUCKET_LOCK_TTL_S):
         return FireResult(Outcome.LOCKED)
     with transaction.atomic():
+        # Read under the row's lock before the claim resets it: a concurrent claim waits.
+        previous = (
+            SchedulerState.objects.select_for_update()
+            .filter(key=request.key)
+            .values_list("last_run_id", flat=True)
+            .first()
+        )
         with connection.cursor() as cursor:
             cursor.execute(
                 CLAIM_SLOT, [request.key, request.task_id, request.row_key, request.slot, now]
@@ -101,6 +138,8 @@ def fire(request: FireRequest, now: datetime) -> FireResult:
             claimed = cursor.fetchone() is not None
         if not claimed:
             return FireResult(Outcome.ALREADY)
+        if live_run := _still_live(request.task_id, previous):
+            return _skip(request, live_run)
         try:
             with transaction.atomic():
                 handle = start_run(request.task_id, dict(request.input), trigger=_trigger(request))

@@ -31,7 +31,7 @@ from orchestrator.scheduler.fire import FireRequest, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK, SCHEDULER_QUEUE
 from orchestrator.scheduler.slots import IntervalSlots
 from orchestrator.scheduler.sync import ScheduleConfigError, sync
-from orchestrator.stores import keys, valkey
+from orchestrator.stores import counters, keys, valkey
 from tasks import ScheduleRow, dynamic, every, registry
 from tasks.definition import TaskDefinition
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
@@ -237,6 +237,49 @@ def test_a_bucket_fired_once_stays_fired_after_its_lock_expired() -> None:
     assert len(_runs()) == 1
     state = SchedulerState.objects.get(key=TASK)
     assert state.last_bucket == slot and state.last_run_id == _runs()[0].id
+
+
+def test_a_slot_whose_previous_run_is_still_live_is_skipped() -> None:
+    # test-sleepy keeps the default overlap ("skip"); no worker takes its runs here.
+    task, key, row = "test-sleepy", "test-sleepy:r", "r"
+    slot = 1_700_007_200
+
+    def fired(at: int) -> Any:
+        now = datetime.fromtimestamp(at + 1, UTC)
+        return fire(FireRequest(task, at, row_key=row, input={"seconds": 1}), now)
+
+    first = fired(slot)
+    skips = counters.read_all((counters.SCHEDULE_SKIPS,))[counters.SCHEDULE_SKIPS]
+    second = fired(slot + 60)
+    third = fired(slot + 120)
+
+    assert first.outcome is Outcome.FIRED
+    assert (second.outcome, second.run_id) == (Outcome.SKIPPED, first.run_id)
+    assert (third.outcome, third.run_id) == (Outcome.SKIPPED, first.run_id)
+    state = SchedulerState.objects.get(key=key)
+    assert state.last_bucket == slot + 120 and state.last_run_id == first.run_id
+    assert f"run {first.run_id}" in state.last_error and "still pending" in state.last_error
+    after = counters.read_all((counters.SCHEDULE_SKIPS,))[counters.SCHEDULE_SKIPS]
+    assert after.get((task,), 0) - skips.get((task,), 0) == 2
+    assert TaskHistory.objects.filter(task_id=task).count() == 1
+
+    # Its run ended: the next slot starts one again.
+    TaskHistory.objects.filter(id=first.run_id).update(state="completed")
+    fourth = fired(slot + 180)
+    assert fourth.outcome is Outcome.FIRED and fourth.run_id != first.run_id
+    state.refresh_from_db()
+    assert (state.last_run_id, state.last_error) == (fourth.run_id, "")
+
+
+def test_a_task_that_allows_overlap_starts_every_slot() -> None:
+    slot = 1_700_010_800
+    runs = [
+        fire(FireRequest(TASK, slot + 60 * i), datetime.fromtimestamp(slot + 60 * i, UTC))
+        for i in range(3)
+    ]
+
+    assert [r.outcome for r in runs] == [Outcome.FIRED] * 3
+    assert len({r.run_id for r in runs}) == 3
 
 
 def test_beat_dispatch_through_a_real_worker_starts_a_scheduled_run() -> None:

@@ -42,7 +42,9 @@ def _noop(ctx: TaskContext, params: NoInput) -> dict[str, bool]:
     return {"ok": True}
 
 
-noop = define_task(id="test-noop", resource_class="io", execute=_noop)
+# Its schedule tests fire slot after slot with no worker taking the runs: "allow", or every
+# slot after the first would be skipped for the live run before it (tasks.definition.Overlap).
+noop = define_task(id="test-noop", resource_class="io", execute=_noop, overlap="allow")
 
 
 def _noop_keyed(ctx: TaskContext, params: BaseModel) -> dict[str, bool]:
