@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from orchestrator.runs.logs import RunLog
-from tasks.errors import ErrorKind, ProcessFailed, RunCancelled
+from tasks.errors import ErrorKind, ProcessFailed
 from tasks.process import ProcessResult
+
+log = logging.getLogger(__name__)
 
 
 class RunContext(Protocol):
@@ -45,15 +47,10 @@ class RunContext(Protocol):
     progressed_at: float  # read by the stall watchdog
 
     @property
-    def run_id(self) -> str: ...
-    @property
-    def cancelled(self) -> bool: ...
-    @property
     def run_log(self) -> RunLog: ...
+    def raise_if_cancelled(self) -> None: ...
     def spend(self, kind: str, units: float) -> None: ...
 
-
-log = logging.getLogger(__name__)
 
 # How often the output loop looks for a cancel when the command is silent.
 POLL_S = 0.2
@@ -161,8 +158,7 @@ def _follow(
             os.set_blocking(each.fileno(), False)
             selector.register(each, selectors.EVENT_READ)
         while selector.get_map():
-            if ctx.cancelled:
-                raise RunCancelled(f"run {ctx.run_id} was cancelled")
+            ctx.raise_if_cancelled()
             for key, _ in selector.select(POLL_S):
                 pipe: IO[bytes] = key.fileobj  # type: ignore[assignment]
                 chunk = os.read(pipe.fileno(), 65536)
@@ -206,8 +202,8 @@ def _wait(ctx: RunContext, process: subprocess.Popen[bytes]) -> int:
         try:
             return process.wait(timeout=POLL_S)
         except subprocess.TimeoutExpired:
-            if ctx.cancelled:
-                raise RunCancelled(f"run {ctx.run_id} was cancelled") from None
+            pass
+        ctx.raise_if_cancelled()
 
 
 def _failure_message(result: ProcessResult) -> str:
