@@ -102,27 +102,34 @@ def run(
     finally:
         # What the leader left behind in its group goes with it.
         _kill_group(process.pid)
-    after = os.times()
+        # Charged however the command ended: a cancelled or timed-out encode used the CPU too.
+        cpu_seconds = _children_cpu_since(before)
+        if cpu_seconds > 0:
+            ctx.spend("cpu_seconds", cpu_seconds)
     result = ProcessResult(
         argv=tuple(command),
         exit_code=exit_code,
         tail=tuple(tail),
-        # The children's times count a process once it was waited for.
-        cpu_seconds=round(
-            (after.children_user - before.children_user)
-            + (after.children_system - before.children_system),
-            3,
-        ),
+        cpu_seconds=cpu_seconds,
         wall_seconds=round(time.monotonic() - began, 3),
     )
-    if result.cpu_seconds > 0:
-        ctx.spend("cpu_seconds", result.cpu_seconds)
     if result.exit_code != 0:
         kind = fails_as(result) if callable(fails_as) else fails_as
         raise ProcessFailed(
             _failure_message(result), kind=kind, exit_code=result.exit_code, tail=result.tail
         )
     return result
+
+
+def _children_cpu_since(before: os.times_result) -> float:
+    # The children's times count a process once it was waited for: the leader has been, on
+    # every path here (`_wait` or `_stop`).
+    after = os.times()
+    return round(
+        (after.children_user - before.children_user)
+        + (after.children_system - before.children_system),
+        3,
+    )
 
 
 def _checked_argv(argv: Sequence[str]) -> list[str]:

@@ -156,6 +156,23 @@ def test_a_cancel_stops_the_command_and_what_it_forked(
     assert ("after SIGTERM; killing" in caplog.text) is deaf
 
 
+def test_a_cancelled_command_is_charged_the_cpu_it_used(tmp_path: Path) -> None:
+    ctx = _context()
+    # Busy for about 0.3 s of CPU, then says so and waits to be stopped.
+    script = (
+        "import time\n"
+        "began = time.process_time()\n"
+        "while time.process_time() - began < 0.3: pass\n"
+        "print('busy', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+
+    with pytest.raises(RunCancelled):
+        ctx.run_process([PYTHON, "-c", script], cwd=tmp_path, on_stdout=lambda _: ctx.trip_cancel())
+
+    assert ctx.cost["cpu_seconds"] >= 0.3
+
+
 def test_an_exception_in_the_handler_thread_stops_the_command(tmp_path: Path) -> None:
     ctx = _context()
     pids: list[int] = []
