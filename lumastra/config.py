@@ -147,7 +147,8 @@ class Config:
         "LUMASTRA_TASK_MODULES",
         "tasks.definitions.demo,tasks.definitions.catalog",
         _parse_list,
-        "comma-separated task definition modules the registry imports",
+        "comma-separated task definition modules the registry imports, after the built-in "
+        "tasks.definitions.maintenance",
     )
     web_host: str = _env("LUMASTRA_WEB_HOST", "127.0.0.1", str, "address the web role binds")
     web_port: int = _env("LUMASTRA_WEB_PORT", "8000", _positive_int, "port the web role serves on")

@@ -58,7 +58,7 @@ class OrchestratorConfig(AppConfig):
         from tasks import registry
 
         dispatch.install(hook_chain())
-        registry.install(registry.load(settings.CONFIG.task_modules))
+        registry.install(registry.load(registry.BUILT_IN_MODULES + settings.CONFIG.task_modules))
         celery_tasks.register_all(registry.get())
         # Registers `lumastra.schedule.dispatch`, the task celery beat's synced rows call.
         from orchestrator.scheduler import dispatch as schedule_dispatch  # noqa: F401

@@ -81,6 +81,11 @@ def _declared_in(module_name: str) -> list[TaskDefinition]:
     return found
 
 
+# Registered in every process before the configured modules (LUMASTRA_TASK_MODULES): the
+# engine's own upkeep, which an operator's list must not be able to leave out by accident.
+BUILT_IN_MODULES = ("tasks.definitions.maintenance",)
+
+
 def load(module_names: Iterable[str]) -> Registry:
     definitions: list[TaskDefinition] = []
     for name in module_names:

@@ -1,7 +1,7 @@
 """Retention: deleting old history in small batches, each its own short transaction.
 
-`history-retention` (tasks/definitions/demo.py, daily) calls `prune_history` for the engine's
-tables and the catalog's own pruner (`coverage.retention`) for its outbox; both go through
+`history-retention` (tasks/definitions/maintenance.py, daily) calls `prune_history` for the
+engine's tables and the catalog's own pruner (`coverage.retention`) for its outbox; both go through
 `prune_in_batches`:
 
 - ended runs (`task_history`) finished, and state changes (`task_history_audit`) recorded,

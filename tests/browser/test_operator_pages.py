@@ -14,7 +14,7 @@ from tests.support.browser import Console
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EXHAUSTED = "exhausted-runs"  # the Dead letters section of runs out of retries
-STATIC = "history-retention"  # a static schedule synced from tasks/definitions/demo.py
+STATIC = "history-retention"  # a static schedule synced from tasks/definitions/maintenance.py
 
 
 @pytest.mark.usefixtures("private_worker")

@@ -30,7 +30,7 @@ from tests.support.users import PASSWORD, account, operator
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PAGE = "/admin/orchestrator/taskhistory/schedules/"
-STATIC = "history-retention"  # every 1d, synced from tasks/definitions/demo.py
+STATIC = "history-retention"  # every 1d, synced from tasks/definitions/maintenance.py
 DYNAMIC = "epg-refresh"  # one row per enabled EPG source
 
 

@@ -32,7 +32,7 @@ from orchestrator.stores.retention import (
     prune_in_batches,
 )
 from tasks.definition import NoInput
-from tasks.definitions.demo import history_retention
+from tasks.definitions.maintenance import history_retention
 from tests.support.fixtures import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -333,6 +333,16 @@ def test_load_registers_every_definition_of_its_modules() -> None:
     assert loaded["alpha-task"].exclusive_with == ("beta-task",)
 
 
+def test_the_process_registry_holds_the_built_in_tasks_beside_the_configured_ones() -> None:
+    # The demo pack and the test tasks are what LUMASTRA_TASK_MODULES names here; retention is
+    # the engine's own and comes from the built-in module, not from the demo pack.
+    installed = registry_module.get()
+
+    assert installed["history-retention"].execute is not None
+    assert installed["history-retention"].execute.__module__ == "tasks.definitions.maintenance"
+    assert "hash-folder" in installed
+
+
 def test_duplicate_ids_across_modules_fail_startup() -> None:
     modules = [f"{SUPPORT}.registry_defs_dup_a", f"{SUPPORT}.registry_defs_dup_b"]
 

@@ -1,0 +1,39 @@
+"""The engine's own maintenance tasks: always registered, whatever LUMASTRA_TASK_MODULES says
+(`tasks.registry.BUILT_IN_MODULES`), and kept apart from the demo pack."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from tasks import NoInput, TaskContext, define_task, every
+
+
+def history_retention(ctx: TaskContext, params: NoInput) -> dict[str, int]:
+    # Each table in short batches of their own transactions (orchestrator.stores.retention).
+    from coverage.retention import prune_dead_events
+    from orchestrator.stores.retention import prune_history
+
+    history = prune_history()
+    dead_events = prune_dead_events()
+    ctx.log(
+        f"deleted {history.runs} ended runs and {history.audit} state changes older than "
+        f"{settings.CONFIG.history_retention_days} days, {history.webhook_deliveries} webhook "
+        f"deliveries older than {settings.CONFIG.webhook_retention_days} days, {dead_events} "
+        f"outbox events dead for more than {settings.CONFIG.coverage_outbox_retention_days} days"
+    )
+    return {
+        "deleted": history.runs,
+        "audit_deleted": history.audit,
+        "webhook_deliveries_deleted": history.webhook_deliveries,
+        "dead_events_deleted": dead_events,
+    }
+
+
+history_retention_task = define_task(
+    id="history-retention",
+    resource_class="maintenance",
+    execute=history_retention,
+    schedule=every("1d", env_override="LUMASTRA_HISTORY_RETENTION_EVERY"),
+    description="deletes old ended runs, state changes, webhook deliveries and dead outbox "
+    "events, each past its retention setting, in short batches",
+)
