@@ -6,6 +6,10 @@ some have none (not yet found on disk), some files are missing (gone since they 
 most present files are probed with a content hash. Movies, series, episodes and albums carry
 external ids at the usual providers, some of them not. The same seed gives the same catalog.
 Every covered stage gets its rows for the new items in the same call (no outbox events).
+
+With `files_under`, each present file is written there, small and real: short videos and audio
+rendered by ffmpeg (`coverage.samples`), a few of them corrupt on purpose, left unprobed for
+the demo's `probe` stage. Without ffmpeg, files of placeholder bytes stand in (and say so).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import hashlib
 import random
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,7 +26,7 @@ from pathlib import Path
 import pgtrigger
 from django.db import connection, transaction
 
-from coverage import counts
+from coverage import counts, samples
 from coverage.models import ExternalId, ItemKind, MediaFile, MediaFileItem, MediaItem
 from coverage.sweep import seed_all
 
@@ -56,6 +61,8 @@ class Loaded:
     links: int = 0
     external_ids: int = 0
     rows: int = 0  # coverage rows made for the covered stages
+    corrupt: int = 0  # files written corrupt on purpose (with real media only)
+    media: bool = False  # the files written are real media (ffmpeg was found)
 
     @property
     def total(self) -> int:
@@ -89,8 +96,13 @@ def load(items: int, seed: int = 0, files_under: Path | None = None) -> Loaded:
         raise CatalogNotEmpty(f"the catalog already has {MediaItem.objects.count()} items")
     rng = random.Random(seed)
     loaded = Loaded()
-    with transaction.atomic(), pgtrigger.ignore(*BULK_IGNORED_TRIGGERS):
-        _Builder(rng, loaded, files_under).build(items)
+    with (
+        samples.rendered() if files_under is not None else nullcontext(None) as clips,
+        transaction.atomic(),
+        pgtrigger.ignore(*BULK_IGNORED_TRIGGERS),
+    ):
+        _Builder(rng, loaded, files_under, clips).build(items)
+    loaded.media = clips is not None
     with connection.cursor() as cursor:
         # Fresh statistics, or the planner guesses badly right after a bulk load (DESIGN §9).
         for table in TABLES:
@@ -105,10 +117,17 @@ def load(items: int, seed: int = 0, files_under: Path | None = None) -> Loaded:
 
 
 class _Builder:
-    def __init__(self, rng: random.Random, loaded: Loaded, files_under: Path | None) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        loaded: Loaded,
+        files_under: Path | None,
+        clips: samples.Samples | None,
+    ) -> None:
         self.rng = rng
         self.loaded = loaded
         self.files_under = files_under
+        self.clips = clips
         self.now = datetime.now(UTC)
 
     def title(self, words: int = 3) -> str:
@@ -224,10 +243,9 @@ class _Builder:
             # A small real file stands for the big one (it is gone when the item's is missing).
             target = self.files_under / item.library / name
             path = str(target)
-            size = self.rng.randint(4, 64) * 1024
-            if not missing:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(hashlib.sha256(path.encode()).digest() * (size // 32))
+            size = self.rng.randint(4, 64) * 1024 if missing else self.write(target, kind)
+            # Real media is left for the probe stage to probe.
+            probed = probed and self.clips is None
         return MediaFile(
             path=path,
             size=size,
@@ -235,6 +253,17 @@ class _Builder:
             probed_at=self.now - timedelta(days=self.rng.randint(0, 400)) if probed else None,
             content_hash=hashlib.sha256(path.encode()).hexdigest() if probed else "",
         )
+
+    def write(self, target: Path, kind: ItemKind) -> int:
+        """Write one present file; its size."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if self.clips is None:
+            size = self.rng.randint(4, 64) * 1024
+            target.write_bytes(hashlib.sha256(str(target).encode()).digest() * (size // 32))
+            return size
+        corrupt = self.rng.random() < samples.CORRUPT
+        self.loaded.corrupt += corrupt
+        return self.clips.write(target, audio=kind is ItemKind.TRACK, corrupt=corrupt, rng=self.rng)
 
     def id_at(self, provider: str) -> str:
         number = self.rng.randint(1, 9_999_999)

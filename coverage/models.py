@@ -156,6 +156,10 @@ class MediaFile(models.Model):
     size = models.BigIntegerField()
     is_missing = models.BooleanField(default=False)  # was there, is gone from disk
     probed_at = models.DateTimeField(null=True, blank=True)
+    # What the last probe (`media-probe`, ffprobe) found: the length and each stream's type
+    # and codec (and a video's size), so later stages need not probe again.
+    duration_s = models.FloatField(null=True, blank=True)
+    streams = models.JSONField(null=True, blank=True)
     content_hash = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 

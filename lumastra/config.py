@@ -56,6 +56,12 @@ def _parse_paths(raw: str) -> tuple[Path, ...]:
     return tuple(Path(os.path.normpath(_PROJECT_DIR / part)) for part in parts if part)
 
 
+def _parse_path(raw: str) -> Path:
+    if not raw.strip():
+        raise ValueError("expected a folder, got nothing")
+    return Path(os.path.normpath(_PROJECT_DIR / raw.strip()))
+
+
 def _positive_int(raw: str) -> int:
     value = int(raw)
     if value < 1:
@@ -145,7 +151,7 @@ class Config:
     hsts_preload: bool = _env("LUMASTRA_HSTS_PRELOAD", "false", _parse_bool, "HSTS preload")
     task_modules: tuple[str, ...] = _env(
         "LUMASTRA_TASK_MODULES",
-        "tasks.definitions.demo,tasks.definitions.catalog",
+        "tasks.definitions.demo,tasks.definitions.catalog,tasks.definitions.catalog_media",
         _parse_list,
         "comma-separated task definition modules the registry imports, after the built-in "
         "tasks.definitions.maintenance",
@@ -281,6 +287,12 @@ class Config:
         ".demo/media",
         _parse_paths,
         "colon-separated folders file-reading tasks may read below",
+    )
+    trickplay_root: Path = _env(
+        "LUMASTRA_TRICKPLAY_ROOT",
+        ".demo/trickplay",
+        _parse_path,
+        "folder the demo's trickplay stage writes its sprites and WebVTT indexes below",
     )
     history_retention_days: int = _env(
         "LUMASTRA_HISTORY_RETENTION_DAYS",

@@ -1,13 +1,18 @@
 """Checks PostgreSQL and Valkey before the system starts, and creates the database if missing.
 
 `python -m lumastra.preflight` prints which service is unreachable, at which address, and how
-to start it, then exits 1 — no traceback. `--check-only` never creates anything.
+to start it, then exits 1 — no traceback. `--check-only` never creates anything. It also
+names the programs registered tasks run (`requires_commands`) that are not installed: a
+warning, not a failure, since every other task still works.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+from collections import defaultdict
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
@@ -62,6 +67,30 @@ def check_valkey(name: str, url: str) -> str | None:
     return None
 
 
+# The Debian package that brings a program, where it is not the program's own name.
+DEBIAN_PACKAGES = {"ffprobe": "ffmpeg"}
+
+
+def missing_commands() -> list[str]:
+    """A warning per program a registered task runs and PATH does not hold."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lumastra.settings")
+    django.setup()
+    from tasks import registry
+
+    needed_by: defaultdict[str, list[str]] = defaultdict(list)
+    for task_id in registry.get():
+        for program in registry.get()[task_id].requires_commands:
+            needed_by[program].append(task_id)
+    return [
+        f"{program} is not installed: runs of {', '.join(sorted(tasks))} fail until it is.\n"
+        f"  On Debian: apt-get install {DEBIAN_PACKAGES.get(program, program)}"
+        for program, tasks in sorted(needed_by.items())
+        if shutil.which(program) is None
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check-only", action="store_true", help="create nothing")
@@ -79,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     found = [p for p in problems if p]
     for problem in found:
         print(problem, file=sys.stderr)
+    if not found:
+        for warning in missing_commands():
+            print(f"warning: {warning}", file=sys.stderr)
     return 1 if found else 0
 
 

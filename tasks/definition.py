@@ -128,6 +128,9 @@ class TaskDefinition:
     # for its next attempt while `retry.max_attempts` allows; False fails it instead, for work
     # that must never be repeated.
     retry_on_worker_loss: bool = True
+    # The programs its handler runs (`ctx.run_process`): `lumastra.preflight` names the ones
+    # missing on the machine.
+    requires_commands: tuple[str, ...] = ()
 
     def stage(self, name: str) -> Stage:
         for stage in self.pipeline:
@@ -173,6 +176,7 @@ def define_task(
     description: str = "",
     retry_on_worker_loss: bool = True,
     overlap: Overlap | str = Overlap.SKIP,
+    requires_commands: Sequence[str] = (),
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
     task_id = id
@@ -257,6 +261,10 @@ def define_task(
     for other in exclusive_with:
         if not isinstance(other, str) or not _TASK_ID.match(other):
             raise fail("exclusive_with", f"{other!r} is not a task id")
+    if isinstance(requires_commands, str) or not all(
+        isinstance(name, str) and name and "/" not in name for name in requires_commands
+    ):
+        raise fail("requires_commands", "must be a sequence of program names (no paths)")
     if isinstance(covers_stages, CoveredStage):
         raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
     for covered_stage in covers_stages:
@@ -288,6 +296,7 @@ def define_task(
         description=description,
         retry_on_worker_loss=retry_on_worker_loss,
         overlap=overlap_policy,
+        requires_commands=tuple(requires_commands),
     )
 
 

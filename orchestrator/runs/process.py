@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from orchestrator.runs.logs import RunLog
-from tasks.errors import ErrorKind, ProcessFailed
+from tasks.errors import ErrorKind, PermanentError, ProcessFailed
 from tasks.process import ProcessResult
 
 log = logging.getLogger(__name__)
@@ -78,13 +78,20 @@ def run(
         raise ValueError(f"run_process: cwd {str(folder)!r} is not a directory")
     if grace_s < 0:
         raise ValueError("run_process: grace_s must be >= 0")
+    environment = dict(env) if env is not None else {"PATH": os.environ.get("PATH", os.defpath)}
+    if shutil.which(command[0], path=environment.get("PATH", os.defpath)) is None:
+        # Installing it is the fix; trying again before that is not.
+        raise PermanentError(
+            f"run_process: {command[0]!r} is not installed (not found on PATH "
+            f"{environment.get('PATH', os.defpath)!r})"
+        )
     began = time.monotonic()
     before = os.times()
     # argv is the task author's, run without a shell.
     process = subprocess.Popen(  # noqa: S603
         [_setpriv(), "--pdeathsig", "KILL", "--", *command],
         cwd=folder,
-        env=dict(env) if env is not None else {"PATH": os.environ.get("PATH", os.defpath)},
+        env=environment,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

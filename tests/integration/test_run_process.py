@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.process import MAX_LOGGED_LINES
-from tasks import ProcessFailed, RunCancelled
+from tasks import PermanentError, ProcessFailed, RunCancelled
 from tasks.definition import NoInput
 from tasks.errors import ErrorKind
 from tests.support.fixtures import ROOT, wait_for
@@ -129,6 +129,8 @@ def test_bad_calls_are_refused_before_anything_runs(tmp_path: Path) -> None:
         ctx.run_process("echo hi", cwd=tmp_path)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not a directory"):
         ctx.run_process(["true"], cwd=tmp_path / "missing")
+    with pytest.raises(PermanentError, match="'no-such-tool' is not installed"):
+        ctx.run_process(["no-such-tool", "-i", "x"], cwd=tmp_path)
 
 
 @pytest.mark.parametrize("deaf", [False, True], ids=["stops-on-sigterm", "ignores-sigterm"])

@@ -111,7 +111,11 @@ def test_load_with_an_empty_environment_uses_every_default() -> None:
     assert loaded.per_task_queues is True
     assert loaded.debug is False
     assert loaded.allowed_hosts == ("localhost", "127.0.0.1")
-    assert loaded.task_modules == ("tasks.definitions.demo", "tasks.definitions.catalog")
+    assert loaded.task_modules == (
+        "tasks.definitions.demo",
+        "tasks.definitions.catalog",
+        "tasks.definitions.catalog_media",
+    )
     assert loaded.api_max_body_bytes == 262_144
     assert loaded.concurrency_overrides == {}
     assert loaded.queue_depth_cap_overrides == {}

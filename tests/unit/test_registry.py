@@ -202,6 +202,18 @@ def test_exclusive_with_names_task_ids(others: list[object]) -> None:
     _rejected("exclusive_with", exclusive_with=others)
 
 
+@pytest.mark.parametrize("commands", ["ffmpeg", ["/usr/bin/ffmpeg"], [""], [5]])
+def test_requires_commands_names_programs(commands: object) -> None:
+    _rejected("requires_commands", requires_commands=commands)
+
+
+def test_requires_commands_is_kept_as_a_tuple() -> None:
+    assert _define(requires_commands=["ffmpeg", "ffprobe"]).requires_commands == (
+        "ffmpeg",
+        "ffprobe",
+    )
+
+
 # --- pipelines: Kahn's algorithm --------------------------------------------------------------
 
 

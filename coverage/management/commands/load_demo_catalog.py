@@ -1,6 +1,6 @@
 """`manage.py load_demo_catalog --items N [--seed S] [--replace] [--files] [--if-empty]`: a
 realistic demo catalog (`--files`: with small real files below the first media root, for the
-demo's covered stages to read).
+demo's covered stages to read: short videos and audio when ffmpeg is installed).
 
 Series with seasons and episodes, movies, albums with tracks; some files missing, some items
 without files (`coverage.catalog` says the mix). Loaded in one transaction, then ANALYZE.
@@ -71,3 +71,14 @@ class Command(BaseCommand):
             f"{loaded.external_ids} external ids, {loaded.rows} coverage rows "
             f"in {time.monotonic() - began:.1f} s"
         )
+        if files and loaded.media:
+            self.stdout.write(
+                f"wrote short videos and audio with ffmpeg below {files_under}, "
+                f"{loaded.corrupt} of them corrupt on purpose"
+            )
+        elif files:
+            self.stderr.write(
+                f"ffmpeg is not installed: the files below {files_under} are placeholder bytes, "
+                "which the media stages (probe, trickplay) fail as unreadable. Install Debian's "
+                "ffmpeg package (apt-get install ffmpeg) and load again with --replace."
+            )

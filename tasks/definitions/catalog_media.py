@@ -1,0 +1,238 @@
+"""The demo's media work on the catalog's real files (`load_demo_catalog --files` writes short
+videos and audio with ffmpeg): two covered stages that run ffmpeg's own tools.
+
+- `probe` (`media-probe`, io): ffprobe reads a movie's, episode's or track's file; its length
+  and streams are stored on the file (`media_files.duration_s`, `.streams`) and `probed_at`
+  is set, so the catalog's trigger emits `file.content_changed` and the outbox resets what
+  depends on the probe (`trickplay`, `checksum`);
+- `trickplay` (`trickplay`, cpu): for a probed video, ffmpeg takes a frame every few seconds
+  into one JPEG tile sprite plus a WebVTT index of the tiles, below LUMASTRA_TRICKPLAY_ROOT.
+
+Both run their command through `ctx.run_process`, so a cancel, a timeout, a dead pool child or
+a worker's stop takes ffmpeg with it. A file ffmpeg cannot read fails the run `permanent` with
+ffmpeg's own words; anything else it fails for (a signal, a full disk) is tried again.
+ffmpeg and ffprobe come from Debian's `ffmpeg` package.
+
+The file is checked through the media roots (`open_folder`, no link followed) and then named
+to the command, which opens it again by name: a file swapped between the two is not guarded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from tasks import (
+    CoverageItem,
+    CoveredStage,
+    ErrorKind,
+    ProcessResult,
+    TaskContext,
+    define_task,
+    open_folder,
+    skipped,
+)
+from tasks.definitions.catalog import HAS_PRESENT_FILE
+
+FFPROBE = "ffprobe"
+FFMPEG = "ffmpeg"
+# What ffmpeg and ffprobe say of input they can never read (the demo's corrupt files, a
+# truncated download): failing again would fail the same way.
+UNREADABLE = (
+    "Invalid data found when processing input",
+    "corrupt decoded frame",
+    "EBML header parsing failed",
+    "moov atom not found",
+    "End of file",
+)
+# One frame every TRICKPLAY_EVERY_S seconds, at most MAX_TILES of them (a longer video spaces
+# them out), each TILE_WIDTH pixels wide, TILE_COLUMNS to a row of the sprite.
+TRICKPLAY_EVERY_S = 2.0
+MAX_TILES = 100
+TILE_WIDTH = 160
+TILE_COLUMNS = 10
+SPRITE = "sprite.jpg"
+INDEX = "index.vtt"
+
+# A present file whose last probe found a video stream.
+HAS_PROBED_VIDEO = (
+    "EXISTS (SELECT 1 FROM media_file_items fi JOIN media_files f ON f.id = fi.file_id"
+    " WHERE fi.item_id = mi.id AND NOT f.is_missing"
+    """ AND f.streams @> '[{"type": "video"}]'::jsonb)"""
+)
+
+
+def _unreadable(result: ProcessResult) -> ErrorKind:
+    said = "\n".join(result.tail)
+    if result.exit_code > 0 and any(words in said for words in UNREADABLE):
+        return ErrorKind.PERMANENT
+    return ErrorKind.TRANSIENT
+
+
+def _present_file(item_id: int) -> Any:
+    from coverage.models import MediaFile
+
+    return (
+        MediaFile.objects.filter(links__item_id=item_id, is_missing=False)
+        .only("id", "path", "duration_s", "streams")
+        .order_by("id")
+        .first()
+    )
+
+
+@contextmanager
+def _confined(path: str) -> Iterator[tuple[Path, str]]:
+    """The file's folder, opened through the media roots, and the name to give the command
+    (`./name`: a file named like an option stays a file)."""
+    where = Path(path)
+    with open_folder(where.parent) as folder:
+        folder.open(PurePosixPath(where.name)).close()  # a link or a FIFO is refused here
+        yield folder.path, f"./{where.name}"
+
+
+def _stream(raw: dict[str, Any]) -> dict[str, Any]:
+    stream = {"type": raw.get("codec_type", "unknown"), "codec": raw.get("codec_name", "")}
+    if stream["type"] == "video":
+        stream |= {"width": int(raw.get("width") or 0), "height": int(raw.get("height") or 0)}
+    return stream
+
+
+def _media_probe(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
+    from coverage.models import MediaFile
+
+    file = _present_file(params.item_id)
+    if file is None:
+        return skipped("no-file")
+    printed: list[str] = []
+    with _confined(file.path) as (folder, name):
+        ctx.run_process(
+            [
+                FFPROBE,
+                "-v",
+                "error",
+                "-print_format",
+                "json",
+                "-show_streams",
+                "-show_format",
+                name,
+            ],
+            cwd=folder,
+            on_stdout=printed.append,
+            fails_as=_unreadable,
+        )
+    found = json.loads("\n".join(printed))
+    duration = found.get("format", {}).get("duration")
+    streams = [_stream(raw) for raw in found.get("streams", [])]
+    duration_s = round(float(duration), 3) if duration else None
+    # probed_at moves: the catalog's trigger emits `file.content_changed` for the file's items.
+    MediaFile.objects.filter(pk=file.pk).update(
+        duration_s=duration_s, streams=streams, probed_at=timezone.now()
+    )
+    return {"path": file.path, "duration_s": duration_s, "streams": streams}
+
+
+media_probe_task = define_task(
+    id="media-probe",
+    resource_class="io",
+    execute=_media_probe,
+    input_model=CoverageItem,
+    requires_commands=(FFPROBE,),
+    description="reads a file's length and streams with ffprobe (covered stage `probe`)",
+    covers_stages=[
+        CoveredStage(
+            id="probe",
+            applies_to=("movie", "episode", "track"),
+            eligible_sql=HAS_PRESENT_FILE,
+            recover_when_additional_reasons=("no-file",),
+            # Not `file.content_changed`: the probe's own write emits it.
+            invalidated_by=("file.linked", "file.unlinked", "file.presence_changed"),
+        )
+    ],
+)
+
+
+def _timestamp(seconds: float) -> str:
+    millis = round(seconds * 1000)
+    minutes, millis = divmod(millis, 60_000)
+    return f"{minutes // 60:02d}:{minutes % 60:02d}:{millis / 1000:06.3f}"
+
+
+def _index(tiles: int, every_s: float, duration_s: float, width: int, height: int) -> str:
+    cues = ["WEBVTT", ""]
+    for tile in range(tiles):
+        start, end = tile * every_s, min((tile + 1) * every_s, duration_s)
+        x, y = tile % TILE_COLUMNS * width, tile // TILE_COLUMNS * height
+        cues += [
+            f"{_timestamp(start)} --> {_timestamp(end)}",
+            f"{SPRITE}#xywh={x},{y},{width},{height}",
+            "",
+        ]
+    return "\n".join(cues)
+
+
+def _trickplay(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
+    file = _present_file(params.item_id)
+    video = next((s for s in file.streams or () if s["type"] == "video"), None) if file else None
+    if file is None or video is None or not file.duration_s or not video["width"]:
+        return skipped("no-video")
+    duration_s: float = file.duration_s
+    every_s = max(TRICKPLAY_EVERY_S, duration_s / MAX_TILES)
+    tiles = max(1, math.ceil(duration_s / every_s))
+    columns, rows = min(tiles, TILE_COLUMNS), math.ceil(tiles / TILE_COLUMNS)
+    height = max(2, round(TILE_WIDTH * video["height"] / video["width"] / 2) * 2)
+    output = settings.CONFIG.trickplay_root / str(params.item_id)
+    output.mkdir(parents=True, exist_ok=True)
+    partial = output / f"{SPRITE}.partial.jpg"
+    total_us = int(duration_s * 1_000_000)
+
+    def progress(line: str) -> None:
+        # `-progress pipe:1` prints key=value lines; out_time_us is how far the input is read.
+        key, _, value = line.partition("=")
+        if key == "out_time_us" and value.isdigit():
+            ctx.report_progress(min(int(value), total_us), total_us)
+
+    with _confined(file.path) as (folder, name):
+        ctx.run_process(
+            [
+                FFMPEG, "-nostdin", "-hide_banner", "-v", "error", "-xerror", "-y",
+                "-i", name, "-an", "-sn",
+                "-vf", f"fps=1/{every_s:g},scale={TILE_WIDTH}:{height},tile={columns}x{rows}",
+                "-frames:v", "1", "-q:v", "5", "-progress", "pipe:1", str(partial),
+            ],
+            cwd=folder,
+            on_stdout=progress,
+            fails_as=_unreadable,
+        )  # fmt: skip
+    os.replace(partial, output / SPRITE)
+    written = output / f"{INDEX}.partial"
+    written.write_text(_index(tiles, every_s, duration_s, TILE_WIDTH, height))
+    os.replace(written, output / INDEX)
+    return {"sprite": str(output / SPRITE), "index": str(output / INDEX), "tiles": tiles}
+
+
+trickplay_task = define_task(
+    id="trickplay",
+    resource_class="cpu",
+    execute=_trickplay,
+    input_model=CoverageItem,
+    requires_commands=(FFMPEG,),
+    description="a tile sprite and WebVTT index of a video's frames, with ffmpeg "
+    "(covered stage `trickplay`)",
+    covers_stages=[
+        CoveredStage(
+            id="trickplay",
+            applies_to=("movie", "episode"),
+            eligible_sql=HAS_PROBED_VIDEO,
+            recover_when_additional_reasons=("no-video",),
+            invalidated_by=("file.linked", "file.unlinked", "file.content_changed"),
+        )
+    ],
+)

@@ -1,0 +1,31 @@
+"""`lumastra.preflight` names the programs registered tasks run that are not installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lumastra.preflight import missing_commands
+
+
+def test_a_missing_program_is_named_with_its_tasks_and_package(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: nothing is installed
+
+    warnings = missing_commands()
+
+    assert any(w.startswith("ffmpeg is not installed: runs of trickplay") for w in warnings)
+    assert any("ffprobe" in w and "apt-get install ffmpeg" in w for w in warnings)
+
+
+def test_nothing_is_said_of_programs_on_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for program in ("ffmpeg", "ffprobe"):
+        (tmp_path / program).write_text("#!/bin/sh\n")
+        (tmp_path / program).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+    assert missing_commands() == []
