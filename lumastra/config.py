@@ -34,6 +34,8 @@ class EnvVar:
 CLASS_PATTERNS = (
     EnvVar("LUMASTRA_CONCURRENCY_<CLASS>", "see RESOURCE_CLASSES", "worker processes of a pool"),
     EnvVar("LUMASTRA_QUEUE_DEPTH_CAP_<CLASS>", "see RESOURCE_CLASSES", "waiting messages cap"),
+    EnvVar("LUMASTRA_HARD_TIMEOUT_S_<CLASS>", "see RESOURCE_CLASSES", "default hard timeout"),
+    EnvVar("LUMASTRA_STALL_FAIL_S_<CLASS>", "see RESOURCE_CLASSES", "default stall limit"),
 )
 
 
@@ -360,12 +362,6 @@ class Config:
     heartbeat_interval_s: int = _env(
         "LUMASTRA_HEARTBEAT_INTERVAL_S", "30", _positive_int, "a running run's heartbeat tick"
     )
-    run_stall_warn_ms: int = _env(
-        "LUMASTRA_RUN_STALL_WARN_MS", "120000", _positive_int, "no progress: warn"
-    )
-    run_stall_fail_ms: int = _env(
-        "LUMASTRA_RUN_STALL_FAIL_MS", "600000", _positive_int, "no progress: fail the run"
-    )
     cancel_escalate_s: int = _env(
         "LUMASTRA_CANCEL_ESCALATE_S", "60", _positive_int, "cooperative cancel before hard kill"
     )
@@ -521,6 +517,8 @@ class Config:
     )
     concurrency_overrides: Mapping[str, int] = field(default_factory=dict)
     queue_depth_cap_overrides: Mapping[str, int] = field(default_factory=dict)
+    hard_timeout_overrides: Mapping[str, int] = field(default_factory=dict)
+    stall_fail_overrides: Mapping[str, int] = field(default_factory=dict)
 
 
 VARIABLES: dict[str, EnvVar] = {
@@ -548,12 +546,16 @@ def load(environ: Mapping[str, str]) -> Config:
                     found[key.removeprefix(prefix).lower()] = int(raw)
                 except ValueError:
                     raise ConfigError(f"{key}={raw!r}: expected an integer") from None
+                if int(raw) < 1:
+                    raise ConfigError(f"{key}={raw!r}: must be at least 1")
         return found
 
     return Config(
         **values,
         concurrency_overrides=per_class("LUMASTRA_CONCURRENCY_"),
         queue_depth_cap_overrides=per_class("LUMASTRA_QUEUE_DEPTH_CAP_"),
+        hard_timeout_overrides=per_class("LUMASTRA_HARD_TIMEOUT_S_"),
+        stall_fail_overrides=per_class("LUMASTRA_STALL_FAIL_S_"),
     )
 
 

@@ -8,7 +8,9 @@ chooses which hooks run or in which order.
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.core.exceptions import ImproperlyConfigured
 
+from lumastra.config import Config
 from orchestrator.hooks.base import RunHook
 
 
@@ -44,6 +46,24 @@ def hook_chain() -> tuple[RunHook, ...]:
     )
 
 
+def _refuse_unknown_classes(config: Config) -> None:
+    """Per-class variables naming a class that does not exist stop every role at startup
+    (`lumastra.config` reads them without knowing the classes)."""
+    from tasks.resources import unknown_classes
+
+    unknown = unknown_classes(
+        config.concurrency_overrides,
+        config.queue_depth_cap_overrides,
+        config.hard_timeout_overrides,
+        config.stall_fail_overrides,
+    )
+    if unknown:
+        raise ImproperlyConfigured(
+            f"per-class variables name unknown resource classes: {sorted(unknown)} "
+            "(LUMASTRA_<VARIABLE>_<CLASS>; tasks/resources.py lists the classes)"
+        )
+
+
 class OrchestratorConfig(AppConfig):
     name = "orchestrator"
     label = "orchestrator"
@@ -58,6 +78,7 @@ class OrchestratorConfig(AppConfig):
         from tasks import registry
 
         dispatch.install(hook_chain())
+        _refuse_unknown_classes(settings.CONFIG)
         registry.install(registry.load(registry.BUILT_IN_MODULES + settings.CONFIG.task_modules))
         celery_tasks.register_all(registry.get())
         # Registers `lumastra.schedule.dispatch`, the task celery beat's synced rows call.

@@ -23,7 +23,7 @@ from tasks.coverage import CoveredStage, normalised_stage, stage_problem
 from tasks.errors import ManifestError
 from tasks.pipeline import PipelineError, Stage, stage_order
 from tasks.policies import Retry, Stall, Timeout
-from tasks.resources import RESOURCE_CLASSES
+from tasks.resources import RESOURCE_CLASSES, default_timeout
 from tasks.schedule import Schedule, parse_schedule
 
 # Longer identities are stored as a digest (see TaskDefinition.identity).
@@ -152,7 +152,6 @@ class TaskDefinition:
 
 
 DEFAULT_RETRY = Retry()
-DEFAULT_TIMEOUT = Timeout(soft=timedelta(minutes=25), hard=timedelta(minutes=30))
 
 
 def define_task(
@@ -163,7 +162,7 @@ def define_task(
     input_model: type[BaseModel] = NoInput,
     identity_for: IdentityFor | None = None,
     task_priority: Priority | int | None = None,
-    timeout: Timeout = DEFAULT_TIMEOUT,
+    timeout: Timeout | None = None,
     processing_version: int = 1,
     quotas: Quotas | None = None,
     schedule: str | Schedule | None = None,
@@ -205,6 +204,9 @@ def define_task(
             priority = Priority(task_priority)
         except ValueError:
             raise fail("task_priority", f"{task_priority!r} is not one of 1, 2, 3, 5, 7") from None
+    # None: the class's default (`tasks.resources.default_timeout`), fixed when the task is
+    # declared, so every process that loads the registry holds the same limit.
+    timeout = default_timeout(resource_class) if timeout is None else timeout
     if not _valid_timeout(timeout):
         raise fail("timeout", "must be Timeout(soft=timedelta, hard=timedelta), 0 < soft <= hard")
     if not _is_int(processing_version) or processing_version < 1:

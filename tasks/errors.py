@@ -17,7 +17,7 @@ class ErrorKind(Enum):
     DROPPED = "dropped"  # refused at a full queue (backpressure `drop`); never enqueued
     ORPHANED = "orphaned"  # its worker stopped heartbeating; failed by the reconciler
     SHED = "shed"  # removed from a full queue to make room (backpressure `shed-oldest`)
-    STALLED = "stalled"  # reported no progress for LUMASTRA_RUN_STALL_FAIL_MS
+    STALLED = "stalled"  # no progress for its stall limit (LUMASTRA_STALL_FAIL_S_<CLASS>)
     WORKER_LOST = "worker_lost"  # its worker died mid-run, or its message kept coming back
 
 

@@ -27,10 +27,11 @@ class Retry:
 @dataclass(frozen=True)
 class Stall:
     """How long a handler may go without a sign of progress (`report_progress` or `log`)
-    before a warning and before its run fails as `stalled`; None: the worker's defaults
-    (LUMASTRA_RUN_STALL_WARN_MS, LUMASTRA_RUN_STALL_FAIL_MS). `auto=True` counts a handler
-    that is still running as alive (long ffmpeg- or chromaprint-like calls that cannot
-    report): only its hard timeout stops it."""
+    before a warning and before its run fails as `stalled`; a `fail` of None: the resource
+    class's (`tasks.resources.default_stall_fail_s`, LUMASTRA_STALL_FAIL_S_<CLASS>); a `warn`
+    of None: a fifth of the fail window. `auto=True` counts a handler that is still running
+    as alive (long ffmpeg- or chromaprint-like calls that cannot report): only its hard
+    timeout stops it. A command run with `ctx.run_process` reports by its output."""
 
     warn: timedelta | None = None
     fail: timedelta | None = None

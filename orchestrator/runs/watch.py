@@ -13,9 +13,10 @@ While a run is watched, they:
   the run's concurrency lease: a store that hangs stops only its own beat (`Watcher`);
 - sends the run's waiting log lines (`runs.logs`) and its latest progress report
   (`runs.progress`) about every second, and the last ones when the handler returns;
-- runs the watchdogs about every second: a stall warning after the task's `Stall.warn` (else
-  LUMASTRA_RUN_STALL_WARN_MS) without progress (`report_progress` or `log`), a stall failure
-  after its `Stall.fail` (else LUMASTRA_RUN_STALL_FAIL_MS), none with `Stall(auto=True)`;
+- runs the watchdogs about every second: a stall failure after the task's `Stall.fail` (else
+  its class's LUMASTRA_STALL_FAIL_S_<CLASS>) without progress (`report_progress`, `log`, a
+  command's output line), a warning at its `Stall.warn` (else a fifth of the failure's), none
+  with `Stall(auto=True)`;
   the task's hard timeout by the wall clock (a handler that keeps yielding but never ends is
   still stopped), and a cancel not honoured within LUMASTRA_CANCEL_ESCALATE_S.
 
@@ -65,6 +66,7 @@ from orchestrator.states import RunState
 from orchestrator.stores import durable, keys, live, scripts, valkey
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
+from tasks.resources import STALL_WARN_SHARE, default_stall_fail_s
 
 log = logging.getLogger(__name__)
 
@@ -345,8 +347,12 @@ class Watcher:
             self._end(watched, ErrorKind.TIMEOUT, f"passed its hard timeout of {hard}")
         stall = watched.definition.stall
         quiet_s = now - watched.context.progressed_at
-        fail_s = stall.fail.total_seconds() if stall.fail else config.run_stall_fail_ms / 1000
-        warn_s = stall.warn.total_seconds() if stall.warn else config.run_stall_warn_ms / 1000
+        fail_s = (
+            stall.fail.total_seconds()
+            if stall.fail
+            else default_stall_fail_s(watched.definition.resource_class)
+        )
+        warn_s = stall.warn.total_seconds() if stall.warn else fail_s * STALL_WARN_SHARE
         if stall.auto:
             pass  # a handler still running counts as alive; only the hard timeout stops it
         elif quiet_s > fail_s:

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import django
 
+from tests.support.fixtures import stall_fail_everywhere
+
 ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = ROOT / ".pytest_cache"
 
@@ -42,8 +44,7 @@ LOG_DIR = ROOT / ".pytest_cache"
 # threshold several heartbeats; visibility timeout above the fault tasks' 20 s hard timeout).
 THRESHOLDS = {
     "LUMASTRA_HEARTBEAT_INTERVAL_S": "1",
-    "LUMASTRA_RUN_STALL_WARN_MS": "10000",
-    "LUMASTRA_RUN_STALL_FAIL_MS": "20000",
+    **stall_fail_everywhere(20),
     "LUMASTRA_CANCEL_ESCALATE_S": "3",
     "LUMASTRA_ORPHAN_THRESHOLD_S": "6",
     "LUMASTRA_ORPHAN_BOOT_THRESHOLD_S": "6",

@@ -9,15 +9,14 @@ from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
 from orchestrator.stores import keys, live, valkey
 from orchestrator.triggers import TriggerKind
-from tests.support.fixtures import wait_for, worker_process
+from tests.support.fixtures import stall_fail_everywhere, wait_for, worker_process
 from tests.support.task_defs import SLEEPY_PIDS_KEY
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 FAST = {
     "LUMASTRA_HEARTBEAT_INTERVAL_S": "1",
-    "LUMASTRA_RUN_STALL_WARN_MS": "1000",
-    "LUMASTRA_RUN_STALL_FAIL_MS": "3000",
+    **stall_fail_everywhere(3),
 }
 QUEUES = ["task.t.test-sleepy", "task.t.test-hard-timeout"]
 
@@ -66,7 +65,7 @@ def test_the_hard_timeout_stops_a_handler_that_keeps_yielding() -> None:
 
 
 def test_a_claim_postgres_lost_is_taken_again_at_the_next_heartbeat() -> None:
-    patient = {**FAST, "LUMASTRA_RUN_STALL_WARN_MS": "10000", "LUMASTRA_RUN_STALL_FAIL_MS": "20000"}
+    patient = {**FAST, **stall_fail_everywhere(20)}
     with worker_process(QUEUES, concurrency=1, name="retake", env=patient):
         handle = start_run("test-sleepy", {"seconds": 4}, trigger=TriggerKind.MANUAL)
         wait_for(lambda: _row(handle.run_id).state == "active")
@@ -105,8 +104,7 @@ def test_a_task_sets_its_own_stall_limits_or_counts_a_running_handler_alive() ->
     # The worker's own limits here are long: only the tasks' settings can act within the test.
     patient = {
         **FAST,
-        "LUMASTRA_RUN_STALL_WARN_MS": "60000",
-        "LUMASTRA_RUN_STALL_FAIL_MS": "120000",
+        **stall_fail_everywhere(120),
     }
     deaf = {"seconds": 5, "cooperative": False, "progress": False}
     with worker_process(queues, concurrency=2, name="stall-own", env=patient):
@@ -129,7 +127,7 @@ def test_a_claim_valkey_lost_is_claimed_again_while_postgres_holds_the_run(
     # What a Valkey restart without persistence leaves under a running handler: its hash gone,
     # or seeded again as pending by the reconciler (Postgres had not heard of the claim yet, a
     # short run's first second). Stopped, it would run again with this attempt uncounted.
-    patient = {**FAST, "LUMASTRA_RUN_STALL_WARN_MS": "10000", "LUMASTRA_RUN_STALL_FAIL_MS": "20000"}
+    patient = {**FAST, **stall_fail_everywhere(20)}
     with worker_process(QUEUES, concurrency=1, name="reclaim", env=patient):
         handle = start_run("test-sleepy", {"seconds": 3}, trigger=TriggerKind.MANUAL)
         run_id = handle.run_id

@@ -83,6 +83,13 @@ def worker_process(
         log.close()
 
 
+def stall_fail_everywhere(seconds: int) -> dict[str, str]:
+    """The environment that sets every resource class's stall limit (warned at a fifth)."""
+    from tasks.resources import RESOURCE_CLASSES
+
+    return {f"LUMASTRA_STALL_FAIL_S_{name.upper()}": str(seconds) for name in RESOURCE_CLASSES}
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

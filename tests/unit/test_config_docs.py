@@ -18,8 +18,9 @@ from tasks.resources import RESOURCE_CLASSES
 DOC = Path(__file__).resolve().parents[2] / "docs" / "environment.md"
 # A table row: | `NAME` | default | meaning |
 _ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|([^|]*)\|([^|]*)\|\s*$")
+# A row of the per-class table: | `class` | concurrency | cap | hard timeout | stall limit |
+_CLASS_ROW = re.compile(r"^\|\s*`([a-z]+)`\s*\|([^|]*)\|([^|]*)\|([^|]*)\|([^|]*)\|\s*$")
 _VARIABLE_NAME = re.compile(r"^[A-Z][A-Z0-9_]*(<CLASS>)?$")
-_CLASS_NAME = re.compile(r"^[a-z]+$")
 
 
 def _rows() -> list[tuple[str, str, str]]:
@@ -41,9 +42,14 @@ def _documented_variables() -> dict[str, tuple[str, str]]:
     return found
 
 
-def _documented_classes() -> dict[str, tuple[str, str]]:
-    """Class name → (concurrency cell, queue depth cap cell), from the per-class table."""
-    return {name: (a, b) for name, a, b in _rows() if _CLASS_NAME.match(name)}
+def _documented_classes() -> dict[str, tuple[str, ...]]:
+    """Class name → (concurrency, queue depth cap, hard timeout, stall limit) cells."""
+    found = {}
+    for line in DOC.read_text().splitlines():
+        match = _CLASS_ROW.match(line.strip())
+        if match:
+            found[match.group(1)] = tuple(cell.strip() for cell in match.groups()[1:])
+    return found
 
 
 def _first_code(cell: str) -> str | None:
@@ -87,9 +93,11 @@ def test_the_per_class_table_matches_resource_classes() -> None:
     documented = _documented_classes()
 
     assert set(documented) == set(RESOURCE_CLASSES)
-    for name, (concurrency_cell, cap_cell) in documented.items():
+    for name, (concurrency_cell, cap_cell, timeout_cell, stall_cell) in documented.items():
         rc = RESOURCE_CLASSES[name]
         assert int(cap_cell.replace(",", "")) == rc.default_queue_depth_cap, name
+        assert int(timeout_cell) == rc.default_hard_timeout_s, name
+        assert int(stall_cell) == rc.default_stall_fail_s, name
         clamped = re.search(r"clamped to (\d+)[\u2013-](\d+)", concurrency_cell)
         if clamped:
             low, high = int(clamped.group(1)), int(clamped.group(2))
@@ -142,6 +150,8 @@ def test_values_are_parsed_into_their_types() -> None:
             "LUMASTRA_LOG_CAP": "250",
             "LUMASTRA_CONCURRENCY_IO": "9",
             "LUMASTRA_QUEUE_DEPTH_CAP_BULK": "5000",
+            "LUMASTRA_HARD_TIMEOUT_S_EMBEDDING": "86400",
+            "LUMASTRA_STALL_FAIL_S_CPU": "120",
         }
     )
 
@@ -151,6 +161,8 @@ def test_values_are_parsed_into_their_types() -> None:
     assert loaded.log_cap == 250
     assert loaded.concurrency_overrides == {"io": 9}
     assert loaded.queue_depth_cap_overrides == {"bulk": 5000}
+    assert loaded.hard_timeout_overrides == {"embedding": 86400}
+    assert loaded.stall_fail_overrides == {"cpu": 120}
 
 
 @pytest.mark.parametrize(
@@ -165,6 +177,8 @@ def test_values_are_parsed_into_their_types() -> None:
         ("WORKER_MODE", ""),
         ("LUMASTRA_CONCURRENCY_IO", "many"),
         ("LUMASTRA_QUEUE_DEPTH_CAP_CPU", "10.0"),
+        ("LUMASTRA_HARD_TIMEOUT_S_IO", "0"),
+        ("LUMASTRA_STALL_FAIL_S_CPU", "10m"),
     ],
 )
 def test_an_unusable_value_is_a_config_error_naming_the_variable(name: str, raw: str) -> None:

@@ -20,10 +20,11 @@ from tasks import (
     define_watch_sync,
 )
 from tasks import registry as registry_module
-from tasks.definition import DEFAULT_TIMEOUT, NoInput, TaskDefinition
+from tasks.definition import NoInput, TaskDefinition
 from tasks.errors import ManifestError
 from tasks.pipeline import PipelineError, stage_order
 from tasks.registry import Registry, RegistryError, UnknownTaskError
+from tasks.resources import default_timeout
 
 SUPPORT = "tests.support"
 
@@ -58,7 +59,7 @@ def test_a_minimal_definition_gets_the_documented_defaults() -> None:
     assert definition.id == "sample-task"
     assert definition.input_model is NoInput
     assert definition.task_priority is None
-    assert definition.timeout == DEFAULT_TIMEOUT
+    assert definition.timeout == default_timeout(definition.resource_class)
     assert definition.processing_version == 1
     assert definition.quotas == Quotas()
     assert definition.schedule is None

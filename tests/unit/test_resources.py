@@ -1,11 +1,23 @@
-"""Resource classes: default budgets per machine size, and the operator's overrides."""
+"""Resource classes: default budgets per machine size, default run limits per class, and the
+operator's overrides."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from lumastra import config
-from tasks.resources import RESOURCE_CLASSES, Budget, budgets
+from tasks import Timeout, define_task
+from tasks.resources import (
+    RESOURCE_CLASSES,
+    Budget,
+    budgets,
+    default_stall_fail_s,
+    default_timeout,
+)
 
 FIXED_CONCURRENCY = {
     "ingest": 2,
@@ -104,3 +116,59 @@ def test_an_override_below_one_is_an_error(
 ) -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         budgets(concurrency, caps, cores=4)
+
+
+# --- default limits per class -----------------------------------------------------------------
+
+
+@pytest.fixture
+def environment(settings: Any) -> Callable[[dict[str, str]], None]:
+    def use(environ: dict[str, str]) -> None:
+        settings.CONFIG = config.load(environ)
+
+    return use
+
+
+def test_each_class_has_its_own_limits(environment: Callable[[dict[str, str]], None]) -> None:
+    environment({})
+
+    assert default_timeout("cpu") == Timeout(soft=timedelta(minutes=55), hard=timedelta(hours=1))
+    assert default_timeout("embedding").hard == timedelta(hours=4)
+    assert default_stall_fail_s("io") == 600 and default_stall_fail_s("analysis") == 1800
+
+
+def test_the_environment_sets_a_class_limit_in_seconds(
+    environment: Callable[[dict[str, str]], None],
+) -> None:
+    environment({"LUMASTRA_HARD_TIMEOUT_S_IO": "60", "LUMASTRA_STALL_FAIL_S_CPU": "90"})
+
+    # A short limit keeps a sixth of itself for the soft timeout.
+    assert default_timeout("io") == Timeout(soft=timedelta(seconds=50), hard=timedelta(minutes=1))
+    assert default_stall_fail_s("cpu") == 90
+    assert default_timeout("cpu").hard == timedelta(hours=1)  # only what is named
+
+
+def test_a_task_without_a_timeout_takes_its_class_s_and_its_own_wins(
+    environment: Callable[[dict[str, str]], None],
+) -> None:
+    environment({"LUMASTRA_HARD_TIMEOUT_S_DISCOVERY": "7200"})
+    own = Timeout(soft=timedelta(seconds=5), hard=timedelta(seconds=10))
+
+    assert define_task(id="a-scan", resource_class="discovery", execute=_noop).timeout.hard == (
+        timedelta(hours=2)
+    )
+    assert define_task(id="b-scan", resource_class="io", execute=_noop, timeout=own).timeout == own
+
+
+def test_a_per_class_variable_of_an_unknown_class_stops_startup() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from orchestrator.apps import _refuse_unknown_classes
+
+    with pytest.raises(ImproperlyConfigured, match=r"\['gpu'\]"):
+        _refuse_unknown_classes(config.load({"LUMASTRA_STALL_FAIL_S_GPU": "60"}))
+    _refuse_unknown_classes(config.load({"LUMASTRA_STALL_FAIL_S_CPU": "60"}))
+
+
+def _noop(ctx: object, params: object) -> None:
+    return None
