@@ -4,6 +4,7 @@ dynamic scheduler tick — against real Postgres, Redis and, where said, real pr
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -482,3 +483,62 @@ def test_the_demo_refreshes_each_enabled_epg_source() -> None:
     assert report.refused == ["epg-refresh:broken"]
     runs = _runs("epg-refresh")
     assert sorted(r.input["source"] for r in runs) == ["arte", "bbc"]
+
+
+# --- a tick that outlasts its interval, on a real worker (issue 23) ----------------------------
+
+
+def _fire_every_2s_for(task_id: str, seconds: float) -> list[Outcome]:
+    """Fire the task's static 2 s schedule at each of its slots for `seconds`, as beat would."""
+    sync([_with_schedule(every("2s"), task_id)], environ={})
+    outcomes = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        outcomes.append(fire_static(task_id).outcome)
+        time.sleep(2)
+    return outcomes
+
+
+def _overlapping(runs: list[TaskHistory]) -> list[tuple[str, str]]:
+    """Pairs of runs that executed at the same time, from their recorded start and end."""
+    executed = sorted((r for r in runs if r.started_at), key=lambda r: r.started_at)
+    return [
+        (a.id, b.id)
+        for a, b in itertools.pairwise(executed)
+        if a.finished_at is None or b.started_at < a.finished_at
+    ]
+
+
+def test_a_tick_longer_than_its_interval_never_stacks() -> None:
+    task = "test-slow-tick"  # 7 s of work every 2 s, the default overlap ("skip")
+    skips = counters.read_all((counters.SCHEDULE_SKIPS,))[counters.SCHEDULE_SKIPS].get((task,), 0)
+
+    with worker_process([f"task.t.{task}"], concurrency=2, name="slow-tick"):
+        outcomes = _fire_every_2s_for(task, 16)
+        wait_for(lambda: not TaskHistory.objects.filter(task_id=task).exclude(
+            state="completed").exists(), timeout=30)  # fmt: skip
+
+    runs = _runs(task)
+    assert Counter(outcomes)[Outcome.SKIPPED] >= 4 and 2 <= len(runs) <= 3, outcomes
+    assert _overlapping(runs) == []
+    after = counters.read_all((counters.SCHEDULE_SKIPS,))[counters.SCHEDULE_SKIPS]
+    assert after[(task,)] - skips == Counter(outcomes)[Outcome.SKIPPED]
+    # The slot's record says why it started nothing, naming the live run.
+    last_error = SchedulerState.objects.get(key=task).last_error
+    assert last_error.startswith("skipped: run ") is (outcomes[-1] is Outcome.SKIPPED)
+
+
+def test_a_tick_that_queues_starts_every_slot_and_runs_one_at_a_time() -> None:
+    task = "test-slow-tick-queued"  # overlap="queue", at most one running
+
+    with worker_process([f"task.t.{task}"], concurrency=2, name="slow-tick-queued"):
+        outcomes = _fire_every_2s_for(task, 8)
+        wait_for(lambda: TaskHistory.objects.filter(task_id=task, state="active").exists(), 10)
+        runs = _runs(task)
+
+        assert outcomes == [Outcome.FIRED] * len(outcomes) and len(runs) == len(outcomes) >= 4
+        # One executes; the rest wait their turn, started and queued, not lost or skipped.
+        assert TaskHistory.objects.filter(task_id=task, state="active").count() == 1
+        assert TaskHistory.objects.filter(task_id=task, state="pending").count() >= 2
+
+    assert _overlapping(_runs(task)) == []

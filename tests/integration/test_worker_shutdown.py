@@ -6,6 +6,7 @@ no new message, gives its running runs LUMASTRA_SHUTDOWN_GRACE_S, hands back the
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -20,8 +21,8 @@ from orchestrator.recovery.pending import in_broker_lists
 from orchestrator.runs.start import start_run
 from orchestrator.stores import live
 from orchestrator.triggers import TriggerKind
-from tests.support.fixtures import ROOT, database_url, wait_for
-from tests.support.processes import ONE_PROCESS_PER_POOL, alive
+from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
+from tests.support.processes import ONE_PROCESS_PER_POOL, alive, run_commands
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -113,3 +114,28 @@ def test_a_run_that_ends_within_the_grace_completes() -> None:
 
         row = TaskHistory.objects.get(id=run_id)
         assert (row.state, row.attempts) == ("completed", 1)
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg")
+def test_a_handed_back_run_takes_its_ffmpeg_with_it_and_completes_later() -> None:
+    with _worker_role("hand-back-ffmpeg") as role:
+        _started(role)
+        run_id = start_run(
+            "test-command", {"seconds": 6, "program": "ffmpeg"}, trigger=TriggerKind.MANUAL
+        ).run_id
+        first = wait_for(lambda: run_commands(run_id), 30)[0]
+        assert alive(first)
+
+        role.send_signal(signal.SIGTERM)
+        role.wait(timeout=GRACE_S + 30)
+
+        assert not alive(first)
+        row = TaskHistory.objects.get(id=run_id)
+        assert (row.state, row.error["kind"]) == ("pending", "worker_lost")
+
+    with worker_process(["task.t.test-command"], concurrency=1, name="after-hand-back"):
+        wait_for(lambda: TaskHistory.objects.get(id=run_id).state == "completed", 60)
+
+    pids = run_commands(run_id)
+    assert pids[0] == first and len(pids) == 2
+    assert not any(alive(pid) for pid in pids)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 # One process per pool keeps a whole worker role light on a shared machine.
 ONE_PROCESS_PER_POOL = {
     f"LUMASTRA_CONCURRENCY_{c}": "1"
@@ -16,3 +18,15 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+_STARTED = re.compile(r"^started \S+ \(pid (\d+)\)$")
+
+
+def run_commands(run_id: str) -> list[int]:
+    """The pids of the commands a run's attempts started (`ctx.run_process`), as it logged
+    them."""
+    from orchestrator.runs import logs
+
+    found = (_STARTED.match(str(line.entry.get("msg", ""))) for line in logs.read(run_id))
+    return [int(match.group(1)) for match in found if match]

@@ -249,6 +249,22 @@ def _sleepy(ctx: TaskContext, params: SleepyInput) -> dict[str, int]:
     return {"pid": os.getpid()}
 
 
+def _slow_tick(ctx: TaskContext, params: NoInput) -> dict[str, int]:
+    ctx.sleep(SLOW_TICK_S)
+    return {"slept": SLOW_TICK_S}
+
+
+# A scheduled tick that outlasts its interval (issue 23): scheduled every 2 s by the test.
+SLOW_TICK_S = 7
+slow_tick = define_task(id="test-slow-tick", resource_class="io", execute=_slow_tick)
+slow_tick_queued = define_task(
+    id="test-slow-tick-queued",
+    resource_class="io",
+    execute=_slow_tick,
+    overlap="queue",
+    quotas=Quotas(max_concurrent=1),
+)
+
 SLEEPY_PIDS_KEY = "test:sleepy:pids"
 sleepy = define_task(
     id="test-sleepy", resource_class="io", execute=_sleepy, input_model=SleepyInput
@@ -771,12 +787,15 @@ fair_b = define_task(
 
 
 class CommandInput(BaseModel, extra="forbid"):
-    seconds: float  # how long the command runs; it prints its pid and nothing else
-    ignore_sigterm: bool = False
+    seconds: float  # how long the command runs
+    ignore_sigterm: bool = False  # python only: ffmpeg stops on SIGTERM
+    # python: a script that prints its pid and sleeps; ffmpeg: a real encode of a test
+    # pattern, read at its native rate (`-re`) so it lasts `seconds`, its progress parsed.
+    program: Literal["python", "ffmpeg"] = "python"
 
 
-# The pids of the commands `test-command` runs, by run id: a test looks for them in /proc.
-COMMAND_PIDS_KEY = "test:command:pids"
+# The script `test-command` runs for python; a test finds each attempt's command pid in the
+# run's log ("started … (pid N)", as `ctx.run_process` writes it) and looks for it in /proc.
 _COMMAND = (
     "import os, signal, sys, time\n"
     "if sys.argv[2] == 'deaf':\n"
@@ -786,21 +805,32 @@ _COMMAND = (
 )
 
 
+def _command_argv(params: CommandInput) -> list[str]:
+    if params.program == "ffmpeg":
+        source = f"testsrc=duration={params.seconds:g}:size=160x90:rate=10"
+        return [
+            "ffmpeg", "-nostdin", "-v", "error", "-re", "-f", "lavfi", "-i", source,
+            "-f", "null", "-progress", "pipe:1", "-",
+        ]  # fmt: skip
+    return [
+        sys.executable,
+        "-c",
+        _COMMAND,
+        str(params.seconds),
+        "deaf" if params.ignore_sigterm else "-",
+    ]
+
+
 def _command(ctx: TaskContext, params: CommandInput) -> dict[str, int]:
-    def record(line: str) -> None:
-        valkey.client().rpush(f"{COMMAND_PIDS_KEY}:{ctx.run_id}", line)
+    total_us = int(params.seconds * 1_000_000)
+
+    def progress(line: str) -> None:
+        key, _, value = line.partition("=")
+        if key == "out_time_us" and value.isdigit():
+            ctx.report_progress(min(int(value), total_us), total_us)
 
     result = ctx.run_process(
-        [
-            sys.executable,
-            "-c",
-            _COMMAND,
-            str(params.seconds),
-            "deaf" if params.ignore_sigterm else "-",
-        ],
-        cwd=tempfile.gettempdir(),
-        on_stdout=record,
-        grace_s=1.0,
+        _command_argv(params), cwd=tempfile.gettempdir(), on_stdout=progress, grace_s=1.0
     )
     return {"exit_code": result.exit_code}
 
@@ -813,6 +843,15 @@ command = define_task(
     input_model=CommandInput,
     stall=Stall(auto=True),
     retry=Retry(max_attempts=3, base=timedelta(seconds=1)),
+)
+# Watched for stalls: a command's output lines count as progress, a silent one stalls.
+command_watched = define_task(
+    id="test-command-watched",
+    resource_class="io",
+    execute=_command,
+    input_model=CommandInput,
+    stall=Stall(warn=timedelta(seconds=1), fail=timedelta(seconds=3)),
+    retry=Retry(max_attempts=1),
 )
 command_timeout = define_task(
     id="test-command-timeout",
