@@ -40,6 +40,7 @@ from django.conf import settings
 
 from lumastra.config import WorkerMode
 from orchestrator.routing import Pool, plan_pools
+from orchestrator.runs import leftovers
 from orchestrator.scheduler.names import SCHEDULER_QUEUE
 from tasks import registry
 from tasks.resources import budgets
@@ -273,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in pools
     }
     commands[LOOPS] = loops_argv()
+    # Commands a run of this host's last start left behind (the host was SIGKILLed whole).
+    left = leftovers.sweep()
+    if left:
+        print(f"killed {len(left)} processes earlier runs left behind", file=sys.stderr)
     become_subreaper()
     return Supervisor(commands, grace_s=cfg.shutdown_grace_s).run()
 

@@ -17,6 +17,9 @@ that races for `lock:orch:cluster`, the one leader seat:
 - `scheduler` (`orchestrator.scheduler.dynamic`), on every worker host (its bucket locks make
   one fire per slot, so it needs no leader): its first tick is the static schedules' boot
   catch-up and a tick; then it fires due dynamic-schedule rows every LUMASTRA_SCHEDULER_TICK_S.
+- `leftovers` (`orchestrator.runs.leftovers.sweep`), on every worker host: kills the
+  processes runs' commands left behind once the pool process that started them is gone,
+  every LUMASTRA_RECONCILE_INTERVAL_S (the worker role also sweeps once as it starts).
 - `webhooks` (`orchestrator.webhooks.delivery`), on the cluster leader only: run events out to
   the webhook endpoints every LUMASTRA_WEBHOOK_INTERVAL_S.
 - the loops of the apps above the engine, from `settings.LUMASTRA_LOOP_FACTORIES`: the coverage
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.cluster import leaders, roster
     from orchestrator.hooks import costs, quotas
     from orchestrator.recovery.reconciler import Reconciler
-    from orchestrator.runs import drain
+    from orchestrator.runs import drain, leftovers
     from orchestrator.scheduler.dynamic import Scheduler
     from orchestrator.webhooks.delivery import Deliverer
 
@@ -176,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             leader=True,
         ),
         Loop("scheduler", config.scheduler_tick_s, scheduler.tick, first=scheduler.boot),
+        Loop("leftovers", config.reconcile_interval_s, leftovers.sweep),
         Loop(
             "webhooks",
             config.webhook_interval_s,

@@ -75,7 +75,8 @@ class TaskContext(Protocol):
         grace_s: float = 5.0,
     ) -> ProcessResult:
         """Run a command to its end, never through a shell, in `cwd` (an existing directory)
-        with only `env` as its environment (default: PATH alone). It runs in a process group
+        with only `env` as its environment (default: PATH alone) and the run's marks
+        (`LUMASTRA_RUN_*`, which find whatever it leaves behind). It runs in a process group
         of its own that dies with the run: a cancel (raising `RunCancelled`), an exception in
         the handler or in `on_stdout`, a timeout, and any end of the run stop the whole group,
         SIGTERM then SIGKILL after `grace_s`; if the pool process itself dies, the kernel sends

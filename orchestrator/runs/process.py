@@ -14,9 +14,12 @@ pool child leaves its ffmpeg running, re-parented to init (celery/celery#2353). 
   group, SIGTERM and then SIGKILL after the grace, and whatever the leader left behind in its
   group is killed when it exits.
 
-Not guaranteed: a command that makes a new session of its own (`setsid`) leaves the group and
-is not signalled with it; its parent-death signal still fires if it kept it (exec keeps it,
-setuid binaries drop it).
+A command that makes a new session of its own (`setsid`) leaves the group and is not
+signalled with it, and a setuid binary drops its parent-death signal: the marks every command
+carries in its environment find such a process when the command ends and, if its pool process
+died first, at the worker host's next sweep (`runs.leftovers`).
+
+Not guaranteed: a process that clears its environment and leaves the group is not found.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import IO, Protocol
 
+from orchestrator.runs import leftovers
 from orchestrator.runs.logs import RunLog
 from tasks.errors import ErrorKind, PermanentError, ProcessFailed
 from tasks.process import ProcessResult
@@ -47,6 +51,8 @@ class RunContext(Protocol):
     progressed_at: float  # read by the stall watchdog
 
     @property
+    def run_id(self) -> str: ...
+    @property
     def run_log(self) -> RunLog: ...
     def raise_if_cancelled(self) -> None: ...
     def spend(self, kind: str, units: float) -> None: ...
@@ -59,6 +65,9 @@ MAX_LINE = 2000  # characters of one line kept (a progress bar without newlines 
 # Lines logged per command; after that only the tail is kept (a chatty command must not fill
 # the run's log buffer with one attempt).
 MAX_LOGGED_LINES = 5000
+# How long output is still read once the command has exited: a process it forked may hold its
+# pipes open (a daemon, a grandchild that left the group); that one is killed, not waited for.
+LINGER_S = 1.0
 SETPRIV = "setpriv"
 
 
@@ -85,6 +94,9 @@ def run(
             f"run_process: {command[0]!r} is not installed (not found on PATH "
             f"{environment.get('PATH', os.defpath)!r})"
         )
+    # Inherited by everything the command forks: what escapes its group is still found.
+    command_marks = leftovers.marks(ctx.run_id)
+    environment |= command_marks
     began = time.monotonic()
     before = os.times()
     # argv is the task author's, run without a shell.
@@ -107,8 +119,9 @@ def run(
         _stop(process, grace_s)
         raise
     finally:
-        # What the leader left behind in its group goes with it.
+        # What the leader left behind in its group goes with it, and what left the group.
         _kill_group(process.pid)
+        leftovers.kill_left_by(command_marks)
         # Charged however the command ended: a cancelled or timed-out encode used the CPU too.
         cpu_seconds = _children_cpu_since(before)
         if cpu_seconds > 0:
@@ -163,17 +176,25 @@ def _follow(
     tail: deque[str],
     on_stdout: Callable[[str], None] | None,
 ) -> None:
-    """Read both pipes to their end, a line at a time, checking for a cancel meanwhile."""
+    """Read both pipes to their end, a line at a time, checking for a cancel meanwhile; once
+    the command has exited, only until they fall silent or LINGER_S has passed."""
     assert process.stdout is not None and process.stderr is not None
     logged = 0
     pending = {process.stdout: b"", process.stderr: b""}
+    exited_at: float | None = None
     with selectors.DefaultSelector() as selector:
         for each in pending:
             os.set_blocking(each.fileno(), False)
             selector.register(each, selectors.EVENT_READ)
         while selector.get_map():
             ctx.raise_if_cancelled()
-            for key, _ in selector.select(POLL_S):
+            # Noticed before the select: a silent round after the exit saw all it wrote.
+            if exited_at is None and process.poll() is not None:
+                exited_at = time.monotonic()
+            ready = selector.select(POLL_S)
+            if exited_at is not None and (not ready or time.monotonic() - exited_at > LINGER_S):
+                return
+            for key, _ in ready:
                 pipe: IO[bytes] = key.fileobj  # type: ignore[assignment]
                 chunk = os.read(pipe.fileno(), 65536)
                 if not chunk:

@@ -9,10 +9,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from orchestrator.runs import leftovers
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.process import MAX_LOGGED_LINES
 from tasks import PermanentError, ProcessFailed, RunCancelled
@@ -235,3 +237,89 @@ def test_the_command_dies_with_the_process_that_ran_it(tmp_path: Path) -> None:
     parent.wait(timeout=10)
 
     wait_for(lambda: not _alive(command), timeout=5)
+
+
+# A command that forks a grandchild out of its group and session (`setsid`) and out of its
+# parent-death signal, says the grandchild's pid and exits 0 (or waits, with "wait").
+ESCAPER = textwrap.dedent(
+    """
+    import ctypes, os, sys, time
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG 0
+        time.sleep(600)
+        os._exit(0)
+    print(child, flush=True)
+    if sys.argv[1] == "wait":
+        time.sleep(600)
+    """
+)
+
+
+def test_what_left_the_group_is_killed_when_the_command_ends(tmp_path: Path) -> None:
+    ctx = _context()
+    escaped: list[int] = []
+
+    ctx.run_process(
+        [PYTHON, "-c", ESCAPER, "exit"],
+        cwd=tmp_path,
+        on_stdout=lambda line: escaped.append(int(line)),
+    )
+
+    wait_for(lambda: not _alive(escaped[0]), timeout=5)
+
+
+def test_the_host_sweep_kills_what_a_dead_pool_process_left(tmp_path: Path) -> None:
+    """The pool process SIGKILLed: the death signal takes the command, not a grandchild that
+    dropped it and left the group; the worker host's sweep finds it by its marks."""
+    runner = textwrap.dedent(
+        f"""
+        import os, sys, django
+        sys.path.insert(0, {str(ROOT)!r})
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lumastra.settings")
+        django.setup()
+        from orchestrator.runs.context import RunContext
+        from tasks.definition import NoInput
+        ctx = RunContext("run_01PROCESS0000000000000002", NoInput())
+        ctx.run_process(
+            [sys.executable, "-c", {ESCAPER!r}, "wait"],
+            cwd={str(tmp_path)!r},
+            on_stdout=lambda line: print(line, flush=True),
+        )
+        """
+    )
+    parent = subprocess.Popen(
+        [PYTHON, "-c", runner], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    assert parent.stdout is not None
+    escaped = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=10)
+    time.sleep(0.5)
+    assert _alive(escaped), "the grandchild should have outlived its pool process"
+
+    swept = leftovers.sweep()
+
+    # (What other dead pool processes on this host left is swept too.)
+    assert (escaped, "run_01PROCESS0000000000000002") in [(p.pid, p.run_id) for p in swept]
+    wait_for(lambda: not _alive(escaped), timeout=5)
+
+
+def test_the_host_sweep_leaves_a_live_pool_process_s_commands(tmp_path: Path) -> None:
+    ctx = _context()
+    seen: list[int] = []
+
+    def on_stdout(line: str) -> None:
+        seen.append(int(line))
+        assert escaped_of_mine() == seen  # found by its marks ...
+        assert leftovers.sweep() == []  # ... and left alone: its owner is alive
+        ctx.trip_cancel()
+
+    def escaped_of_mine() -> list[int]:
+        return [p.pid for p in leftovers.marked() if p.run_id == ctx.run_id and p.pid in seen]
+
+    with pytest.raises(RunCancelled):
+        ctx.run_process([PYTHON, "-c", ESCAPER, "wait"], cwd=tmp_path, on_stdout=on_stdout)
+
+    wait_for(lambda: not _alive(seen[0]), timeout=5)
