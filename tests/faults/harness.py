@@ -31,6 +31,7 @@ from django.db import close_old_connections, connection, connections
 
 from lumastra.workers import descendants
 from orchestrator.hooks.base import Refused
+from orchestrator.runs import leftovers
 from orchestrator.runs.start import start_run
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.stores import keys, valkey
@@ -47,6 +48,7 @@ QUEUES = (
     "task.t.test-fault-pipe",
     "task.t.test-fault-pipe.b",
     "task.t.test-fault-resume",
+    "task.t.test-fault-encode",
 )
 LOG_DIR = ROOT / ".pytest_cache"
 # What a writer logs when a fence refuses its late write (`Harness.late_writes_refused`):
@@ -527,7 +529,9 @@ class Harness:
         return cut_at, time.time()
 
     def kill_random_child(self) -> bool:
-        candidates = [(w, pid) for w in self.workers for pid in w.children()]
+        """SIGKILL one pool process (not a command a run started: those carry its marks)."""
+        commands = {process.pid for process in leftovers.marked()}
+        candidates = [(w, pid) for w in self.workers for pid in w.children() if pid not in commands]
         if not candidates:
             return False
         _, pid = self.rng.choice(candidates)

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,6 +26,7 @@ from django.db import connection
 
 from orchestrator.cluster.leaders import CLUSTER, instance_of
 from orchestrator.models import TaskHistory
+from orchestrator.runs import leftovers
 from orchestrator.runs.cancel import NotCancellable, request_cancel
 from orchestrator.runs.publish import job_id, publish
 from orchestrator.states import TERMINAL_RUN_STATES
@@ -35,6 +36,7 @@ from tests.faults.checker import read_effects
 from tests.faults.harness import QUEUES, Answer, Harness, Worker, _kill
 from tests.faults.servers import PgProxy
 from tests.support.fixtures import database_url
+from tests.support.processes import alive, run_commands
 
 WORKER_APP = "lumastra-faults-worker"
 log = logging.getLogger(__name__)
@@ -568,6 +570,58 @@ def cancels(h: Harness) -> list[str]:
             h.fault(f"cancel ({answer})")
     h.notes["cancel answers"] = outcomes
     return []
+
+
+# --- media: real ffmpeg ---------------------------------------------------------------------
+
+
+def media(h: Harness) -> list[str]:
+    """Real ffmpeg encodes (`test-fault-encode`: trickplay's sprite command on a test pattern
+    at its native rate, 1.5-3 s each) while pool processes are SIGKILLed mid-encode and runs are
+    cancelled mid-encode: every run completes, or ends cancelled when a cancel was asked, and
+    no process a run's command started is left running (the commands' pids from the runs'
+    logs, and any process carrying a run's marks)."""
+    h.worker()
+    h.worker()
+    h.loops()
+    asked: set[str] = set()
+
+    def make(index: int) -> tuple[str, dict[str, Any]]:
+        return "test-fault-encode", {"seconds": round(h.rng.uniform(1.5, 3.0), 1)}
+
+    with h.load(h.n(40), make, per_s=4):
+        h.pause(2)
+        for index in range(h.n(12)):
+            running = [r for r in h.active_runs() if r not in asked]
+            if index % 3 == 2 and running:
+                run_id = h.rng.choice(running)
+                with suppress(NotCancellable):
+                    request_cancel(run_id, actor="faults")
+                    asked.add(run_id)
+                    h.fault("cancel mid-encode")
+            else:
+                h.kill_random_child()
+            h.pause(1.0)
+    h.settle(SCENARIOS["media"].bound_s)
+
+    states = dict(TaskHistory.objects.filter(id__in=h.started).values_list("id", "state"))
+    wrong = {
+        run_id: state
+        for run_id, state in states.items()
+        if state != "completed" and not (state == "cancelled" and run_id in asked)
+    }
+    commands = {pid: run_id for run_id in h.started for pid in run_commands(run_id)}
+    time.sleep(1.0)  # a command's group is killed as its run ends: let the kernel reap it
+    left = sorted(pid for pid in commands if alive(pid))
+    marked = sorted(p.pid for p in leftovers.marked() if p.run_id in states)
+    h.notes["cancels asked mid-encode"] = len(asked)
+    h.notes["runs cancelled"] = sum(1 for state in states.values() if state == "cancelled")
+    h.notes["ffmpeg commands started"] = len(commands)
+    h.notes["commands left running"] = len(left) + len(marked)
+    problems = [f"{len(wrong)} runs ended wrongly: {sorted(wrong.items())[:3]}"] if wrong else []
+    if left or marked:
+        problems.append(f"commands left running: logged pids {left}, marked pids {marked}")
+    return problems + _resumed(h)
 
 
 # --- backlog --------------------------------------------------------------------------------
@@ -1126,6 +1180,11 @@ SCENARIOS: dict[str, Scenario] = {
             partition_lossy,
             hosts=("hosta", "hostb"),
             bound_s=90.0,
+        ),
+        Scenario(
+            "media",
+            "real ffmpeg encodes with pool children SIGKILLed and runs cancelled mid-encode",
+            media,
         ),
         Scenario(
             "backlog",

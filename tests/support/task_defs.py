@@ -8,7 +8,9 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -463,6 +465,48 @@ fault_resume = define_task(
     retry=Retry(max_attempts=6, base=timedelta(milliseconds=300), cap=timedelta(seconds=2)),
 )
 
+
+class FaultEncodeInput(BaseModel, extra="forbid"):
+    seconds: float = 3.0
+
+
+def _fault_encode(ctx: TaskContext, params: FaultEncodeInput) -> dict[str, int]:
+    """Trickplay's command on a test pattern read at its native rate (`-re`): the encode lasts
+    `seconds`, so a kill or a cancel lands mid-encode (the demo's clips take 0.1 s)."""
+    _record_execution(ctx.run_id)
+    try:
+        effects = os.environ.get(FAULT_EFFECTS_ENV)
+        folder = Path(f"{effects}.encodes" if effects else tempfile.gettempdir()) / ctx.run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        source = f"testsrc=duration={params.seconds:g}:size=320x180:rate=10"
+        ctx.run_process(
+            [
+                "ffmpeg", "-nostdin", "-v", "error", "-y", "-re", "-f", "lavfi", "-i", source,
+                "-vf", "fps=1,scale=160:90,tile=5x2", "-frames:v", "1",
+                "-progress", "pipe:1", "sprite.jpg",
+            ],
+            cwd=folder,
+            on_stdout=_ffmpeg_progress(ctx, params.seconds),
+            grace_s=1.0,
+        )  # fmt: skip
+        return {"sprite_bytes": (folder / "sprite.jpg").stat().st_size}
+    finally:
+        _left(ctx.run_id)
+
+
+# The media scenario: real ffmpeg encodes, killed and cancelled (attempts as for resume).
+fault_encode = define_task(
+    id="test-fault-encode",
+    resource_class="cpu",
+    execute=_fault_encode,
+    input_model=FaultEncodeInput,
+    timeout=FAULT_TIMEOUT,
+    retry=Retry(max_attempts=6, base=timedelta(milliseconds=300), cap=timedelta(seconds=2)),
+    # Every process of the scenario's two workers encodes (the default on 2 cores is one).
+    quotas=Quotas(max_concurrent=4),
+    requires_commands=("ffmpeg",),
+)
+
 # The pipeline scenarios: a → b (cpu) and a → c, c → d; every stage records its entries.
 fault_pipe = define_task(
     id="test-fault-pipe",
@@ -821,16 +865,24 @@ def _command_argv(params: CommandInput) -> list[str]:
     ]
 
 
-def _command(ctx: TaskContext, params: CommandInput) -> dict[str, int]:
-    total_us = int(params.seconds * 1_000_000)
+def _ffmpeg_progress(ctx: TaskContext, seconds: float) -> Callable[[str], None]:
+    """An `on_stdout` that reports `ffmpeg -progress pipe:1`'s out_time_us of `seconds`."""
+    total_us = int(seconds * 1_000_000)
 
     def progress(line: str) -> None:
         key, _, value = line.partition("=")
         if key == "out_time_us" and value.isdigit():
             ctx.report_progress(min(int(value), total_us), total_us)
 
+    return progress
+
+
+def _command(ctx: TaskContext, params: CommandInput) -> dict[str, int]:
     result = ctx.run_process(
-        _command_argv(params), cwd=tempfile.gettempdir(), on_stdout=progress, grace_s=1.0
+        _command_argv(params),
+        cwd=tempfile.gettempdir(),
+        on_stdout=_ffmpeg_progress(ctx, params.seconds),
+        grace_s=1.0,
     )
     return {"exit_code": result.exit_code}
 
