@@ -73,7 +73,9 @@ class QueueDepthOut(Schema):
 
 class SlotsOut(Schema):
     running: int = Field(description="runs holding a concurrency slot")
-    limit: int
+    limit: int | None = Field(
+        description="max_concurrent; null: no limit but the pools' processes on each host"
+    )
 
 
 class TaskStatusOut(Schema):

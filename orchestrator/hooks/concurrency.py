@@ -1,22 +1,22 @@
 """Per-task concurrency limit across every worker and host: a lease semaphore in Valkey.
 
 A `RunHook`, in the chain of `orchestrator.apps.hook_chain` after the admission hooks and
-before the rate limit. A pipeline run takes its slot with its first message; under the default
-limit it gives it back once its stages are dispatched (the stages' processes are bounded by
-their pools), under a declared `max_concurrent` it keeps it until its end (refreshed by its
-stages' heartbeats; a lease that runs out between stages frees the slot early).
+before the rate limit, for the tasks that declare `quotas.max_concurrent`; a task that does
+not is bounded only by its pool's processes on each host (`LUMASTRA_CONCURRENCY_<CLASS>`), as
+a Celery queue is by its workers, and its runs take no slot: nothing is sent for them. A
+pipeline run takes its slot with its first message and keeps it until its end (refreshed by
+its stages' heartbeats; a lease that runs out between stages frees the slot early).
 At pickup (`before_claim`) one Lua script (`lua/concurrency_take.lua`) drops
 expired leases and takes a slot, or records that the run must wait; the slot is given back
 when the claim is refused or a later hook postpones (`release`), and after the terminal write
 (`finished`). A holder that crashed holds its slot until its lease runs out.
 
 Options:
-- The limit is `quotas.max_concurrent`, or by default the run's pool budget minus one (at least
-  one), so one task cannot take every process of its pool: the pool is
-  `routing.pool_of(resource_class, per_task_queues)` and its budget the summed budgets of the
-  classes folded into it (`routing.plan_pools`), from `LUMASTRA_CONCURRENCY_<CLASS>` or
-  `RESOURCE_CLASSES`. The pool budget still caps the total per host: it is the number of
-  processes.
+- Why no default limit: one used to apply, the pool budget of one host minus one, and it was
+  enforced cluster-wide. On 2 cores that held a cpu task to one run at a time on the whole
+  cluster however many hosts it had (trickplay used half of one machine: bench/media.py);
+  a default computed per host cannot be a cluster-wide number. A task that must leave
+  processes of its pool to others, or that a remote service limits, declares its number.
 - Lease: the task's hard timeout plus LEASE_MARGIN. The hard timeout is counted from the
   start of the Celery task, before the lease is taken, so a holder still running when its
   lease ends has been killed. `refresh(run_id)` renews a live lease for the heartbeat of a
@@ -46,9 +46,6 @@ Not guaranteed:
 - A crashed holder's slot stays taken until its lease ends (at most the hard timeout plus
   LEASE_MARGIN). A holder that outlives its lease (a worker frozen past it, with no heartbeat
   refreshing it) runs beside the run that took its slot.
-- The default limit is computed on each host from its own budgets; hosts with different core
-  counts (or overrides) enforce different defaults on the same semaphore. Set
-  `max_concurrent` or `LUMASTRA_CONCURRENCY_<CLASS>` for one cluster-wide number.
 - Every postponement is a new broker message; a deep backlog of one limited task turns into
   many delayed messages that come back every MAX_DELAY or so.
 """
@@ -59,19 +56,14 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import cache
 from typing import Any, cast
-
-from django.conf import settings
 
 from orchestrator.backoff import exponential
 from orchestrator.clock import span_ms
 from orchestrator.hooks.base import Outcome, Pickup, Postpone, RunHook, Step, checked
-from orchestrator.routing import pool_of
 from orchestrator.stores import keys, scripts, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
-from tasks.resources import budgets
 
 BASE_DELAY = timedelta(milliseconds=500)
 GROWTH = 1.5
@@ -85,25 +77,10 @@ STALE_GRACE = timedelta(seconds=10)
 STALE_AFTER = MAX_DELAY * (1 + JITTER) + STALE_GRACE
 
 
-@cache
-def _pool_budget(resource_class: str) -> int:
-    # Summed as routing.plan_pools sums them: every class folded into the same pool.
-    config = settings.CONFIG
-    pool = pool_of(resource_class, config.per_task_queues)
-    return sum(
-        budget.concurrency
-        for name, budget in budgets(
-            config.concurrency_overrides, config.queue_depth_cap_overrides
-        ).items()
-        if pool_of(name, config.per_task_queues) == pool
-    )
-
-
-def limit_of(definition: TaskDefinition) -> int:
-    """How many runs of the task may hold a slot at once, across the cluster."""
-    if definition.quotas.max_concurrent is not None:
-        return definition.quotas.max_concurrent
-    return max(1, _pool_budget(definition.resource_class) - 1)
+def limit_of(definition: TaskDefinition) -> int | None:
+    """How many runs of the task may hold a slot at once, across the cluster; None: no limit
+    but its pools' processes."""
+    return definition.quotas.max_concurrent
 
 
 def lease_of(definition: TaskDefinition) -> timedelta:
@@ -144,7 +121,7 @@ def refresh(run_id: str) -> bool:
         list[str | None], valkey.client().hmget(keys.run_active(run_id), ["task_id", "owner"])
     )
     definition = registry.get().get(task_id) if task_id else None
-    if definition is None or not owner:
+    if definition is None or limit_of(definition) is None or not owner:
         return False
     renewed = scripts.call(
         "concurrency_refresh",
@@ -177,19 +154,15 @@ def _give_back(task_id: str, run_id: str, owner: str) -> None:
     valkey.client().zrem(keys.concurrency_holders(task_id), holder(run_id, owner))
 
 
-def give_back(task_id: str, run_id: str, owner: str) -> None:
-    """The slot a run's claim took, given back before the run ends: a pipeline run under the
-    default limit, once its own message has dispatched its stages (`runs.pipeline.begin`)."""
-    _give_back(task_id, run_id, owner)
-
-
 @dataclass
 class ConcurrencyLimit(RunHook):
     name: str = "concurrency"
 
-    def plan_before_claim(self, pickup: Pickup) -> Step:
+    def plan_before_claim(self, pickup: Pickup) -> Step | None:
         definition = pickup.definition
         limit = limit_of(definition)
+        if limit is None:
+            return None
         keys_ = [
             keys.concurrency_holders(definition.id),
             keys.concurrency_waiters(definition.id),
@@ -218,9 +191,12 @@ class ConcurrencyLimit(RunHook):
         return Step(receive, lambda pipe: scripts.queue(pipe, "concurrency_take", keys_, args))
 
     def release(self, pickup: Pickup) -> None:
-        _give_back(pickup.definition.id, pickup.run_id, pickup.owner)
+        if limit_of(pickup.definition) is not None:
+            _give_back(pickup.definition.id, pickup.run_id, pickup.owner)
 
-    def plan_finished(self, outcome: Outcome) -> Step:
+    def plan_finished(self, outcome: Outcome) -> Step | None:
+        if limit_of(outcome.definition) is None:
+            return None
         # Sent with the other hooks' end-of-run commands: a run that never took a slot (ended
         # before pickup) costs a ZREM of nothing in that same round trip.
         member = holder(outcome.run_id, outcome.owner)

@@ -50,7 +50,7 @@ class QueueDepth:
 @dataclass(frozen=True)
 class Slots:
     running: int  # runs holding a live concurrency lease
-    limit: int
+    limit: int | None  # None: no limit but the pools' processes
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,6 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.backoff import jittered_backoff
 from orchestrator.cluster.instance import instance_id, is_dead_here
-from orchestrator.hooks import concurrency
 from orchestrator.models import TaskHistory
 from orchestrator.routing import stage_class, stage_queue
 from orchestrator.runs import drain, steps, terminal
@@ -137,10 +136,6 @@ def begin(definition: TaskDefinition, run: durable.ClaimedRun, owner: str) -> No
             _follow(run.run_id, name, StageState.COMPLETED)
     pipeline_run = _Run(definition, run.run_id, owner, run.identity, run.priority, model)
     _advance(pipeline_run, Stages(states, run.results), ended=())
-    if definition.quotas.max_concurrent is None:
-        # The default limit guards a pool's processes; the run's own message is done with
-        # its process, and each stage takes one of its own pool's.
-        concurrency.give_back(definition.id, run.run_id, owner)
 
 
 def advance_stalled(

@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 
 from orchestrator.hooks import concurrency
-from orchestrator.hooks.base import Pickup, Postpone
+from orchestrator.hooks.base import Outcome, Pickup, Postpone
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
 from orchestrator.runs.start import start_run
@@ -19,7 +19,6 @@ from orchestrator.states import RunState
 from orchestrator.stores import keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
-from tasks.resources import budgets
 from tests.support.fixtures import wait_for, worker_process
 from tests.support.task_defs import LEASE_STARTS_KEY, LIMITED_NOW_KEY, LIMITED_SEEN_KEY
 
@@ -215,13 +214,18 @@ def test_refresh_renews_a_live_lease_and_never_revives_a_lost_one() -> None:
     assert not concurrency.refresh("run_unknown")
 
 
-def test_the_default_limit_is_the_pool_budget_minus_one() -> None:
-    config = settings.CONFIG
-    noop = registry.get()["test-noop"]  # io: io, ingest and bulk share one pool
-    budget = budgets(config.concurrency_overrides, config.queue_depth_cap_overrides)
-    classes = ("io", "ingest", "bulk") if config.per_task_queues else ("io",)
-    expected = sum(budget[name].concurrency for name in classes) - 1
+def test_a_task_without_max_concurrent_takes_no_slot() -> None:
+    """No default limit: one host's pool budget made cluster-wide held a cpu task to one run at
+    a time on 2 cores. Its runs send nothing to the semaphore, at pickup or at the end."""
+    noop = registry.get()["test-noop"]
+    _clear(noop.id)
+    hook = concurrency.ConcurrencyLimit()
+    pickup = Pickup(noop, "run_a", "test-owner")
 
-    assert noop.quotas.max_concurrent is None
-    assert concurrency.limit_of(noop) == max(1, expected)
+    assert noop.quotas.max_concurrent is None and concurrency.limit_of(noop) is None
+    assert hook.plan_before_claim(pickup) is None
+    assert hook.plan_finished(Outcome(noop, "run_a", "test-owner", RunState.COMPLETED)) is None
+    for run_id in ("run_a", "run_b", "run_c"):  # as many as ask: the pools bound them
+        hook.before_claim(Pickup(noop, run_id, "test-owner"))
+    assert not valkey.client().exists(keys.concurrency_holders(noop.id))
     assert concurrency.limit_of(registry.get()["test-limited"]) == 2

@@ -197,12 +197,8 @@ def test_running_against_the_concurrency_limit(api: Client) -> None:
 
     ConcurrencyLimit().finished(Outcome(definition, held.run_id, "test-owner", RunState.COMPLETED))
     assert _status(api, LIMITED_TASK)["concurrency"] == {"running": 0, "limit": 2}
-    # A task without max_concurrent shows its default limit (its queue is private: idle).
-    unlimited = registry.get()["test-bp-drop"]
-    assert _status(api, "test-bp-drop")["concurrency"] == {
-        "running": 0,
-        "limit": concurrency.limit_of(unlimited),
-    }
+    # A task without max_concurrent has no limit but its pools' processes.
+    assert _status(api, "test-bp-drop")["concurrency"] == {"running": 0, "limit": None}
 
 
 def test_rate_limit_is_shown_when_the_task_has_one(api: Client) -> None:

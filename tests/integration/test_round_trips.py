@@ -50,7 +50,7 @@ PINS: dict[tuple[str, str], Counts] = {
     # The pickup hooks and the Valkey claim, one pipeline; the Postgres claim (its commit does
     # not wait for its flush) and end; the run's end: its move, the hooks' counts, /metrics'
     # count (metrics_end) and the `notify` hook's PUBLISH, one pipeline.
-    ("run", PLAIN):     Counts(2, 2, 9, 0, 0, 1),
+    ("run", PLAIN):     Counts(2, 2, 7, 0, 0, 1),
     ("start", LIMITED): Counts(4, 3, 5, 2, 1 + DEPTH_SCAN, 1),
     ("run", LIMITED):   Counts(4, 4, 9, 0, 0, 2),
 }
