@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test screenshots lint typecheck check bench bench-peers bench-memory bench-pipeline bench-sweep bench-observability bench-console
+.PHONY: install run test screenshots lint typecheck check bench bench-peers bench-memory bench-pipeline bench-sweep bench-observability bench-console bench-media
 
 $(STAMP): requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -97,3 +97,6 @@ bench-console: install
 
 bench-observability: install
 	$(BIN)/python bench/observability.py
+
+bench-media: install
+	$(BIN)/python bench/media.py

@@ -1,4 +1,5 @@
-"""The bare Celery side of the benchmark: one no-op task, no Django, no Lumastra.
+"""The bare Celery side of the benchmarks: a no-op task and a trickplay encode (bench/media.py),
+no Django, no Lumastra.
 
 Delivery settings are Lumastra's own: the benchmark passes them in BENCH_DELIVERY_SETTINGS
 (JSON), because lumastra/settings.py keeps changing and a copy here would drift; the values
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from functools import cache
 
@@ -63,3 +65,24 @@ def noop(total: int) -> None:
         _counter().set(FIRST_AT_KEY, repr(time.time()))
     if done == total:
         _counter().set(FINISHED_AT_KEY, repr(time.time()))
+
+
+MEDIA_QUEUE = "bench.bare.media"
+MEDIA_TASK_NAME = "bench-bare-trickplay"
+MEDIA_DONE_KEY = "bench:bare:media:done"
+MEDIA_FIRST_AT_KEY = "bench:bare:media:first_at"
+MEDIA_FINISHED_AT_KEY = "bench:bare:media:finished_at"
+
+
+@app.task(name=MEDIA_TASK_NAME)
+def trickplay(argv: list[str], cwd: str, partial: str, sprite: str, total: int) -> None:
+    """bench/media.py's bare side: the same ffmpeg command the trickplay task runs, the way a
+    plain Celery task runs it (subprocess.run, no group, no death signal, no log)."""
+    # The bench's own argv (Sprite.argv), no shell.
+    subprocess.run(argv, cwd=cwd, check=True, capture_output=True)
+    os.replace(partial, sprite)
+    done = _counter().incr(MEDIA_DONE_KEY)
+    if done == 1:
+        _counter().set(MEDIA_FIRST_AT_KEY, repr(time.time()))
+    if done == total:
+        _counter().set(MEDIA_FINISHED_AT_KEY, repr(time.time()))

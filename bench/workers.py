@@ -136,13 +136,13 @@ def _reaped_cpu_seconds(fields: list[str]) -> float:
     return (int(fields[13]) + int(fields[14])) / _TICKS
 
 
-def _all_pids() -> Iterator[int]:
+def all_pids() -> Iterator[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             yield int(entry)
 
 
-def _comm(pid: int) -> str:
+def comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except (FileNotFoundError, ProcessLookupError):
@@ -187,7 +187,7 @@ def _machine_busy() -> float:
 
 def cpu_sample(w: Worker) -> CpuSample:
     main = children = redis = postgres = 0.0
-    for pid in _all_pids():
+    for pid in all_pids():
         fields = _stat(pid)
         if fields is None:
             continue
@@ -197,10 +197,10 @@ def cpu_sample(w: Worker) -> CpuSample:
         elif int(fields[1]) == w.process.pid:
             children += _cpu_seconds(fields)
         else:
-            comm = _comm(pid)
-            if comm.startswith("redis-server"):
+            name = comm(pid)
+            if name.startswith("redis-server"):
                 redis += _cpu_seconds(fields) + _reaped_cpu_seconds(fields)
-            elif comm.startswith("postgres"):
+            elif name.startswith("postgres"):
                 postgres += _cpu_seconds(fields) + _reaped_cpu_seconds(fields)
     return CpuSample(
         main, children, redis, postgres, time.process_time(), _machine_busy(), time.monotonic()

@@ -133,6 +133,12 @@ def run(
         cpu_seconds=cpu_seconds,
         wall_seconds=round(time.monotonic() - began, 3),
     )
+    # How long the command itself took, beside the run's own times (bench/media.py reads it).
+    ctx.run_log.write(
+        "info",
+        f"{command[0]} exited with {result.exit_code} after {result.wall_seconds:.3f} s "
+        f"({result.cpu_seconds:.3f} CPU s)",
+    )
     if result.exit_code != 0:
         kind = fails_as(result) if callable(fails_as) else fails_as
         raise ProcessFailed(

@@ -23,7 +23,8 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -165,10 +166,11 @@ def _timestamp(seconds: float) -> str:
     return f"{minutes // 60:02d}:{minutes % 60:02d}:{millis / 1000:06.3f}"
 
 
-def _index(tiles: int, every_s: float, duration_s: float, width: int, height: int) -> str:
+def _index(sprite: Sprite, duration_s: float) -> str:
     cues = ["WEBVTT", ""]
-    for tile in range(tiles):
-        start, end = tile * every_s, min((tile + 1) * every_s, duration_s)
+    width, height = TILE_WIDTH, sprite.height
+    for tile in range(sprite.tiles):
+        start, end = tile * sprite.every_s, min((tile + 1) * sprite.every_s, duration_s)
         x, y = tile % TILE_COLUMNS * width, tile // TILE_COLUMNS * height
         cues += [
             f"{_timestamp(start)} --> {_timestamp(end)}",
@@ -178,16 +180,45 @@ def _index(tiles: int, every_s: float, duration_s: float, width: int, height: in
     return "\n".join(cues)
 
 
+@dataclass(frozen=True)
+class Sprite:
+    """How one video's trickplay sprite is laid out: a tile every `every_s` seconds."""
+
+    every_s: float
+    tiles: int
+    columns: int
+    rows: int
+    height: int  # of a tile; its width is TILE_WIDTH
+
+    @classmethod
+    def of(cls, duration_s: float, width: int, height: int) -> Sprite:
+        every_s = max(TRICKPLAY_EVERY_S, duration_s / MAX_TILES)
+        tiles = max(1, math.ceil(duration_s / every_s))
+        return cls(
+            every_s=every_s,
+            tiles=tiles,
+            columns=min(tiles, TILE_COLUMNS),
+            rows=math.ceil(tiles / TILE_COLUMNS),
+            height=max(2, round(TILE_WIDTH * height / width / 2) * 2),
+        )
+
+    def argv(self, name: str, output: Path) -> list[str]:
+        """ffmpeg's command for the sprite of the video `name` (a path or `./file`)."""
+        tile = f"fps=1/{self.every_s:g},scale={TILE_WIDTH}:{self.height}"
+        return [
+            FFMPEG, "-nostdin", "-hide_banner", "-v", "error", "-xerror", "-y",
+            "-i", name, "-an", "-sn", "-vf", f"{tile},tile={self.columns}x{self.rows}",
+            "-frames:v", "1", "-q:v", "5", "-progress", "pipe:1", str(output),
+        ]  # fmt: skip
+
+
 def _trickplay(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
     file = _present_file(params.item_id)
     video = next((s for s in file.streams or () if s["type"] == "video"), None) if file else None
     if file is None or video is None or not file.duration_s or not video["width"]:
         return skipped("no-video")
     duration_s: float = file.duration_s
-    every_s = max(TRICKPLAY_EVERY_S, duration_s / MAX_TILES)
-    tiles = max(1, math.ceil(duration_s / every_s))
-    columns, rows = min(tiles, TILE_COLUMNS), math.ceil(tiles / TILE_COLUMNS)
-    height = max(2, round(TILE_WIDTH * video["height"] / video["width"] / 2) * 2)
+    sprite = Sprite.of(duration_s, video["width"], video["height"])
     output = settings.CONFIG.trickplay_root / str(params.item_id)
     output.mkdir(parents=True, exist_ok=True)
     partial = output / f"{SPRITE}.partial.jpg"
@@ -199,23 +230,21 @@ def _trickplay(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
         if key == "out_time_us" and value.isdigit():
             ctx.report_progress(min(int(value), total_us), total_us)
 
-    with _confined(file.path) as (folder, name):
-        ctx.run_process(
-            [
-                FFMPEG, "-nostdin", "-hide_banner", "-v", "error", "-xerror", "-y",
-                "-i", name, "-an", "-sn",
-                "-vf", f"fps=1/{every_s:g},scale={TILE_WIDTH}:{height},tile={columns}x{rows}",
-                "-frames:v", "1", "-q:v", "5", "-progress", "pipe:1", str(partial),
-            ],
-            cwd=folder,
-            on_stdout=progress,
-            fails_as=_unreadable,
-        )  # fmt: skip
+    try:
+        with _confined(file.path) as (folder, name):
+            ctx.run_process(
+                sprite.argv(name, partial), cwd=folder, on_stdout=progress, fails_as=_unreadable
+            )
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        with suppress(OSError):
+            output.rmdir()  # only when empty: an earlier sprite of the item stays
+        raise
     os.replace(partial, output / SPRITE)
     written = output / f"{INDEX}.partial"
-    written.write_text(_index(tiles, every_s, duration_s, TILE_WIDTH, height))
+    written.write_text(_index(sprite, duration_s))
     os.replace(written, output / INDEX)
-    return {"sprite": str(output / SPRITE), "index": str(output / INDEX), "tiles": tiles}
+    return {"sprite": str(output / SPRITE), "index": str(output / INDEX), "tiles": sprite.tiles}
 
 
 trickplay_task = define_task(

@@ -152,6 +152,7 @@ def test_probe_then_trickplay_cover_the_catalog(folders: tuple[Path, Path]) -> N
         for row in damaged:
             assert _error(row)["kind"] == "permanent"
             assert "ffmpeg exited with 1" in _error(row)["message"]
+            assert not (trickplay / str(row.item_id)).exists()  # no empty folder left
         for row in done:
             folder = trickplay / str(row.item_id)
             assert (folder / SPRITE).read_bytes()[:3] == b"\xff\xd8\xff"  # a JPEG

@@ -91,6 +91,9 @@ def test_output_goes_to_the_callback_and_the_log_and_cpu_is_charged(tmp_path: Pa
     assert set(result.tail) == {"out_time_us=1000000", "progress=end", "a note"}
     assert result.cpu_seconds > 0.05
     assert ctx.cost["cpu_seconds"] == result.cpu_seconds
+    assert _logged(ctx)[-1] == (
+        f"{PYTHON} exited with 0 after {result.wall_seconds:.3f} s ({result.cpu_seconds:.3f} CPU s)"
+    )
 
 
 def test_only_the_environment_given_and_the_folder_given(tmp_path: Path) -> None:
@@ -104,8 +107,9 @@ def test_only_the_environment_given_and_the_folder_given(tmp_path: Path) -> None
         )
     finally:
         del os.environ["LUMASTRA_TEST_SECRET"]
-    names, folder = _logged(ctx)[-2:]
+    names, folder = _logged(ctx)[-3:-1]  # before the line that says it exited
     assert "LUMASTRA_TEST_SECRET" not in names and "ONLY" in names
+    assert leftovers.RUN_MARK in names  # and the marks that find what it leaves behind
     assert folder == str(tmp_path)
     assert result.exit_code == 0
 
