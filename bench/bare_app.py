@@ -7,7 +7,7 @@ below only serve a run of this app on its own. The benchmark checks the two apps
 it measures, so the only difference between the sides is Lumastra itself.
 
 Completion is counted with one INCR per task in the benchmark's own Redis DB. That round trip
-happens in the pool child, which is not the bottleneck for no-op work (DESIGN §9), so it costs
+happens in the pool child, which is not the bottleneck for no-op work, so it costs
 the bare side little; if anything it flatters Lumastra's ratio slightly.
 """
 

@@ -2,9 +2,9 @@
 
 A settings module of its own, so the peer never touches the project's database: Postgres is
 PEER_RESULTS_DATABASE_URL, the broker PEER_RESULTS_BROKER_URL (bench/peers.py sets both). The
-setup is the one the django-celery-results docs describe, plus what DESIGN §9 says a Django
-worker needs to be fair: persistent connections (`CONN_MAX_AGE = None`, with health checks),
-because Celery's Django fix-up otherwise opens a new connection for every task.
+setup is the one the django-celery-results docs describe, plus what a Django worker needs to
+be fair: persistent connections (`CONN_MAX_AGE = None`, with health checks), because Celery's
+Django fix-up otherwise opens a new connection for every task.
 
 Delivery is bare Celery's (bench/bare_app.py): Lumastra's settings, passed in
 BENCH_DELIVERY_SETTINGS, except that results are kept, which is the point of this peer.

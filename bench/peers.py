@@ -22,7 +22,7 @@ Procrastinate's workers cannot add a queue, so the script holds the queue shut i
 takes `LOCK TABLE procrastinate_jobs IN EXCLUSIVE MODE` (reads pass, job fetches wait), starts
 the workers, waits until every one has registered, and commits. All the workers then start on
 the same backlog at once, as the Celery ones do. Each peer's table is analysed after the
-enqueue, as the Lumastra side's is (DESIGN §9: Procrastinate's job pick is slow on the fresh
+enqueue, as the Lumastra side's is (Procrastinate's job pick is slow on the fresh
 statistics of a bulk insert).
 
 Rounds alternate the order of the sides. Each round prints every side's runs/s, every side's

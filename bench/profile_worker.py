@@ -2,10 +2,10 @@
 
 Usage: python bench/profile_worker.py OUT.prof -A app worker ...
 
-For no-op work the prefork main process (receive, hand to the pool, ack) is the bottleneck
-(DESIGN §9), so that is the process worth profiling. The profiler counts CPU time, not wall
-time, so the time the worker spends idle waiting for the benchmark to open its queue is not
-charged to any function; it starts once the worker is ready, so startup is left out too. A pool
+For no-op work the prefork main process (receive, hand to the pool, ack) is the bottleneck,
+so that is the process worth profiling. The profiler counts CPU time, not wall time, so the
+time the worker spends idle waiting for the benchmark to open its queue is not charged to
+any function; it starts once the worker is ready, so startup is left out too. A pool
 child forked while it runs switches it off, so children run at full speed and stay out of OUT.
 """
 

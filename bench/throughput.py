@@ -288,7 +288,7 @@ def lumastra_side(
         if handle.priority != PRIORITY:
             raise RuntimeError(f"start_run resolved priority {handle.priority}, not {PRIORITY}")
         expect_queued(queue, runs)
-        # DESIGN §9: fresh statistics after a bulk insert, or the planner guesses badly.
+        # Fresh statistics after a bulk insert, or the planner guesses badly.
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE task_history")
         terminal = TaskHistory.objects.filter(state__in=TERMINAL)

@@ -104,7 +104,7 @@ def load(items: int, seed: int = 0, files_under: Path | None = None) -> Loaded:
         _Builder(rng, loaded, files_under, clips).build(items)
     loaded.media = clips is not None
     with connection.cursor() as cursor:
-        # Fresh statistics, or the planner guesses badly right after a bulk load (DESIGN §9).
+        # Fresh statistics, or the planner guesses badly right after a bulk load.
         for table in TABLES:
             cursor.execute(f"ANALYZE {table}")
     loaded.rows = sum(seed_all().values())

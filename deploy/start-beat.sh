@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The beat role (DESIGN §2): celery beat on django-celery-beat's database scheduler. It syncs
+# The beat role: celery beat on django-celery-beat's database scheduler. It syncs
 # the static schedules into beat's rows first (idempotent), so it never fires stale ones.
 # Extra arguments go to `celery beat`. Runs from anywhere (deploy/python.sh).
 set -euo pipefail

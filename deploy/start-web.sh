@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The web role (DESIGN §2): Django over ASGI — API, admin and operator pages. It may start
+# The web role: Django over ASGI — API, admin and operator pages. It may start
 # runs but consumes nothing: no Celery worker, no orchestrator loop.
 # lumastra/web.py runs uvicorn with the address (LUMASTRA_WEB_HOST, LUMASTRA_WEB_PORT) and the
 # connection limits (LUMASTRA_WEB_*, docs/security.md) from the environment; extra arguments

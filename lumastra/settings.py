@@ -87,7 +87,7 @@ ASGI_APPLICATION = "lumastra.asgi.application"
 WSGI_APPLICATION = "lumastra.wsgi.application"
 
 # Persistent connections with health checks: Celery's Django fix-up would otherwise open a
-# new connection per task (DESIGN §9); the health check recovers from a dropped one.
+# new connection per task; the health check recovers from a dropped one.
 DATABASES = {
     "default": dj_database_url.parse(
         CONFIG.database_url,
@@ -128,7 +128,8 @@ WHITENOISE_USE_FINDERS = True
 
 LOGGING = logging_config(CONFIG.log_format)
 
-# Celery (namespace CELERY_): the broker and the delivery guarantees of DESIGN §4.
+# Celery (namespace CELERY_): the broker, and delivery that acknowledges a message only after
+# its run, so a lost worker's message is delivered again.
 CELERY_BROKER_URL = CONFIG.celery_broker_url
 if urlsplit(CELERY_BROKER_URL).scheme in ("redis", "rediss"):
     # kombu's Redis transport minus a new client per command (orchestrator.stores.broker_transport).

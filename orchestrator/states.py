@@ -1,4 +1,4 @@
-"""Run and stage states and the transitions between them (DESIGN §4).
+"""Run and stage states and the transitions between them.
 
 This table is the single Python source of truth; `lua/transition_run.lua` and
 `lua/transition_stage.lua` carry the same table, and a table-driven test checks every
@@ -28,7 +28,7 @@ class StageState(models.TextChoices):
 
 
 RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    # pending → failed is our addition to DESIGN §4: a run refused before it ever started
+    # pending → failed is legal: a run refused before it ever started
     # (stale processing_version, input no longer valid) must still end. So is pending →
     # completed, made only by a claim's own end when Postgres never kept that claim (its
     # commit does not wait for its flush, so a crash of Postgres can lose it): the end takes
@@ -49,7 +49,7 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 
 STAGE_TRANSITIONS: dict[StageState, frozenset[StageState]] = {
     StageState.WAITING: frozenset({StageState.ACTIVE, StageState.SKIPPED}),
-    # active → waiting is our addition to DESIGN §4: a stage that raised TransientError waits
+    # active → waiting is legal: a stage that raised TransientError waits
     # for its next attempt (the stage alone is retried, not the run).
     StageState.ACTIVE: frozenset({StageState.COMPLETED, StageState.FAILED, StageState.WAITING}),
     StageState.COMPLETED: frozenset(),
@@ -72,7 +72,7 @@ def stage_sources(target: StageState) -> list[str]:
 
 
 class IllegalTransition(Exception):
-    """A store refused a state change that DESIGN §4 does not allow."""
+    """A store refused a state change that the transition tables do not allow."""
 
     def __init__(self, run_id: str, current: str | None, target: str, store: str) -> None:
         shown = current if current is not None else "missing"

@@ -6,7 +6,7 @@ in its own thread. The elector races for one seat, `lock:orch:cluster` (`CLUSTER
 cluster (the reconciler, the drain replay, the quota rollup, webhook delivery, the coverage
 stage-sweep and outbox dispatcher). There is no other seat. No loop needs a leader per
 resource class, and an elected seat that drives nothing would show a leader that does
-nothing (DESIGN §5's `lock:orch:<class>`: docs/architecture.md, "Decisions and departures").
+nothing (no `lock:orch:<class>`: docs/architecture.md, "Decisions and departures").
 
 The seat is taken with SET NX PX LUMASTRA_LEADER_TTL_S (15 s) and renewed every
 LUMASTRA_LEADER_RENEW_S (5 s) by a Lua compare-and-renew (`lua/lock_renew.lua`). A candidate

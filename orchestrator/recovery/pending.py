@@ -22,11 +22,11 @@ and from its retry time if that is later), by the Postgres clock:
   instead, and the stranded copy is dropped by the claim when kombu restores it.
 - If Valkey lost its live hash, the hash is seeded again and marked (`live.reseed`), and the
   run is published (if its message is still missing) only once the mark, a heartbeat interval
-  and a store timeout, has run out (no other delivery claims it meanwhile either), in DESIGN
-  §1's order: a worker may be running it with its Postgres claim not written yet (a plain
-  run's claim waits a second, `runs.watch.CLAIM_AFTER_S`), and publishing it sooner could run
-  it twice; by then that worker's Valkey beat has found its claim gone and written it to
-  Postgres (or stopped, if Postgres gave the run to nobody: `runs.watch`).
+  and a store timeout, has run out (no other delivery claims it meanwhile either): a worker may
+  be running it with its Postgres claim not written yet (a plain run's claim waits a second,
+  `runs.watch.CLAIM_AFTER_S`), and publishing it sooner could run it twice; by then that
+  worker's Valkey beat has found its claim gone and written it to Postgres (or stopped, if
+  Postgres gave the run to nobody: `runs.watch`).
 - A live hash that names a claimer (active, cancelling) while Postgres says pending is a claim
   not written to Postgres yet (a plain run's, for its first second: `runs.runner`) or whose
   commit a crash of Postgres lost (the claim does not wait for its flush:

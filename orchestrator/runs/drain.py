@@ -9,7 +9,7 @@ as JSON `{run_id, call, target, args, owner, attempts, then}`, onto a bounded Va
 (`task:drain:pending`, at most MAX_ENTRIES). `replay()` makes the same call again, oldest entry
 first: the same guarded statement (`stores/sql/end_run.sql`, `move_stage.sql`) with the same
 arguments, fenced by the same claim (the run's `owner` for an end, the stage claim's `claimer`
-for a stage move), so a replay can never make a move DESIGN §4 forbids nor write anything the
+for a stage move), so a replay can never make a move `states.py` forbids nor write anything the
 writer would not have. `then` holds what the writer would have used after a stage move and
 that Postgres does not keep: the run's error (a failed stage), the retry's delay. Entries
 pushed by an older deploy (`{call: "end", …}` without `then`, or `{…, fields}`: the row's

@@ -1,4 +1,4 @@
-"""Publishing a run's message to its queue (the last step of DESIGN §1's write order).
+"""Publishing a run's message to its queue (the last step of `start_run`'s write order).
 
 The message is the one `celery.send_task` would send (Celery's task protocol 2: the same
 task name, id, args, retries, eta and priority a worker reads), built directly: `send_task`

@@ -1,6 +1,6 @@
 """`start_run`: the one entry point that creates runs.
 
-Write order (DESIGN §1): INSERT task_history → seed the live hash (Lua) → enqueue. The insert
+Write order: INSERT task_history → seed the live hash (Lua) → enqueue. The insert
 joins the caller's transaction; seeding and publishing happen on commit, so the run exists
 if and only if the caller's transaction commits, and no message ever names a run that
 Postgres does not have. A crash after commit and before publish leaves a `pending` row for
@@ -180,7 +180,7 @@ def start_run(
     model = validate_input(definition, input)
     normalised = model.model_dump(mode="json")
     kind, trigger_doc = _trigger_document(trigger)
-    # An empty or blank key means "no key" (DESIGN: dedup only on a key the caller chose):
+    # An empty or blank key means "no key" (dedup only on a key the caller chose):
     # a form or client that sends "" must not make every such start share one key.
     if idempotency_key is not None and not idempotency_key.strip():
         idempotency_key = None

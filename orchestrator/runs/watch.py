@@ -34,7 +34,7 @@ LUMASTRA_ORPHAN_THRESHOLD_S is killed as well: at the threshold the reconciler p
 back for another attempt (`runs.resume`), and the two must not run side by side. That lease is
 kept by a thread of its own, on the monotonic clock alone: it takes no lock and calls no store,
 so a heartbeat hung on a dead connection cannot stop it (a partition once kept a cut-off
-handler running for 26 s past its lease that way, DESIGN §9). Every store call fails within
+handler running for 26 s past its lease that way). Every store call fails within
 LUMASTRA_STORE_TIMEOUT_S besides (`stores/valkey.py`, the Postgres connection options).
 
 Not guaranteed: needs the prefork pool (a kill in a thread pool would take every run of the

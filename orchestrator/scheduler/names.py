@@ -7,7 +7,7 @@ DISPATCH_TASK = "lumastra.schedule.dispatch"
 # Its queue: every pool of the worker role consumes it (lumastra.workers), so a fire is not
 # stuck behind one class's long runs.
 SCHEDULER_QUEUE = "task.scheduler"
-# SET lock:scheduler:<taskId>:<bucket> NX EX 30 (DESIGN §5).
+# SET lock:scheduler:<taskId>:<bucket> NX EX 30: one replica fires each bucket.
 BUCKET_LOCK_TTL_S = 30
 
 

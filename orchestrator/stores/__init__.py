@@ -3,7 +3,7 @@
 Owns the Valkey client (`valkey`), every key name (`keys`), the Lua scripts and their loader
 (`lua/`, `scripts`), guarded run-state UPDATEs in Postgres (`durable`), the live run hash
 (`live`) and what waits in the broker (`broker`). No policy lives here: callers decide, the
-stores refuse what DESIGN §4 does not allow.
+stores refuse any move `states.py` does not allow.
 
 May import: the base modules (`orchestrator.models`, `states`, `clock`, `routing`) and the
 SDK (`tasks`). Never anything above it (hooks, cluster, runs, recovery, api, admin).

@@ -51,7 +51,7 @@ def push(
     the runner's claim lets only one of them run.
     """
     if priority not in keys.BROKER_PRIORITY_STEPS:
-        # kombu would round it into another step (DESIGN §9): refuse rather than misfile it.
+        # kombu would round it into another step: refuse rather than misfile it.
         raise ValueError(f"priority {priority} is not one of {keys.BROKER_PRIORITY_STEPS}")
     envelope = json.dumps(
         {

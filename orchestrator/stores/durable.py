@@ -1,7 +1,7 @@
 """Run state in Postgres: the one writer of `task_history.state` and of a run's stage states.
 
 Every move of a run or a stage is one named, guarded statement here, one `.sql` file each under
-`sql/` (`stores.queries`), each refusing what DESIGN §4 (`states.py`) does not allow:
+`sql/` (`stores.queries`), each refusing what `states.py` does not allow:
 
 - claim (`claim`, claim_run.sql): pending → active; a short plain run's claim is folded into
   its end instead (`read_claimable`, read_claimable.sql, reads what the run needs without

@@ -1,4 +1,4 @@
-"""Every Valkey key name the system uses (DESIGN §5). No key literal lives anywhere else.
+"""Every Valkey key name the system uses. No key literal lives anywhere else.
 
 The broker's list names are kombu's, reproduced here so depth checks and shedding can read
 them: kombu's Redis transport keeps each priority of a queue in its own list.

@@ -1,7 +1,7 @@
 """A message published without a priority is never taken as the most urgent.
 
 kombu's Redis transport files a message without a priority under 0, its most urgent step,
-unless `task_default_priority` is set (DESIGN §9). Settings make it 5 (scheduled work), so on
+unless `task_default_priority` is set. Settings make it 5 (scheduled work), so on
 a real worker it waits behind 1, 2 and 3, and ahead of 7. The messages are published by hand,
 as a caller bypassing `start_run` would, to the private queue only this test's worker consumes.
 """

@@ -1,4 +1,4 @@
-"""Process roles (DESIGN §2): the web role serves and may start runs, but never consumes.
+"""Process roles: the web role serves and may start runs, but never consumes.
 
 "Consumes" is checked from the outside, two ways, each shown to detect a real worker:
 Celery's own view (a worker answers `inspect().stats()` with its pid) and the broker's view

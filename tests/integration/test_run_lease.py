@@ -1,7 +1,7 @@
 """A handler cut off from both stores stops itself on its own clock (issue 26).
 
 The first partition test saw a cut-off handler run 26 s past its lease: the self-stop lived on
-the watch thread, which was itself stuck in a heartbeat on a dead connection (DESIGN §9). The
+the watch thread, which was itself stuck in a heartbeat on a dead connection. The
 lease now has a thread of its own that takes no lock and calls no store. Here the watch thread
 is stuck for good, as on a connection nothing answers, and the process must still die at half
 the orphan threshold."""

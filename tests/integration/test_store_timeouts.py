@@ -1,7 +1,7 @@
 """A store that stops answering fails a call within LUMASTRA_STORE_TIMEOUT_S (issue 26).
 
 Before, neither client had a timeout, and a partition hung a heartbeat on an established
-connection for as long as the cut lasted (DESIGN §9). A stopped Valkey (SIGSTOP: its kernel
+connection for as long as the cut lasted. A stopped Valkey (SIGSTOP: its kernel
 still accepts and acknowledges, nothing answers) stands in for a dead path here; a listener
 that never answers stands in for a Postgres nothing reaches. A dead path under an established
 Postgres connection (tcp_user_timeout, keepalives) needs a real partition: the cluster tests."""

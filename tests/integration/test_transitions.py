@@ -1,4 +1,4 @@
-"""Every (from, to) pair of run and stage states, in Valkey and in Postgres (DESIGN §4).
+"""Every (from, to) pair of run and stage states, in Valkey and in Postgres.
 
 Valkey: for each pair a run is put in `from` by legal moves only, then moved to `to` with the
 Lua primitives (`live.transition`, `live.claim`, `live.transition_stage`). A legal pair
@@ -7,9 +7,9 @@ succeeds; any other raises IllegalTransition and leaves both stores exactly as t
 Postgres: every writer of run state (`stores.durable`, one named statement per move: claim,
 end, put back, cancel request, cancel end, orphan end, pending-deadline end, and the stage
 moves) is called on a run in each state, and on a run Postgres does not have. Each makes
-exactly its moves (the `WRITERS` table, each move legal in DESIGN §4), closes a pipeline's
-stages when the move ends the run, and refuses every other source with IllegalTransition,
-changing nothing.
+exactly its moves (the `WRITERS` table, each move in `RUN_LEGAL` or `STAGE_LEGAL`), closes a
+pipeline's stages when the move ends the run, and refuses every other source with
+IllegalTransition, changing nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.django_db
 R = RunState
 S = StageState
 
-# DESIGN §4, written out here rather than read from states.py, so the test checks the table.
+# The legal moves, written out rather than read from states.py, so the test checks the table.
 RUN_LEGAL = {
     (R.PENDING, R.ACTIVE),
     (R.ACTIVE, R.COMPLETED),

@@ -1,6 +1,7 @@
 """The container image and the compose file, read as files (no container engine here): every
-role from one image through its role script, the stores as DESIGN §1 says, health checks, the
-start order, and hadolint-like rules on the Dockerfile."""
+role from one image through its role script, the stores (a coord Valkey that keeps all it
+holds, a cache that may lose anything), health checks, the start order, and hadolint-like
+rules on the Dockerfile."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ SERVICES: dict[str, Any] = COMPOSE["services"]
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 
 APP_IMAGE = "lumastra-tasks:local"
-# Role → the script it runs (DESIGN §2); the scripts are what `make run` runs too.
+# Role → the script it runs; the scripts are what `make run` runs too.
 ROLES = {
     "web": "deploy/start-web.sh",
     "worker": "deploy/start-worker.sh",

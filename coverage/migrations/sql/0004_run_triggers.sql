@@ -1,5 +1,5 @@
 -- Run ↔ row: a coverage run's own writes to task_history move its items' rows, in the same
--- transaction (DESIGN §6), so a crash cannot leave a run and its rows disagreeing. The
+-- transaction, so a crash cannot leave a run and its rows disagreeing. The
 -- engine knows nothing of this: a run is a coverage run by its idempotency key,
 -- `coverage:<stage>:<item>` (per item) or `coverage:<stage>` (a batch), and only the task
 -- that covers the stage (`coverage_stage.task_id`) moves rows of it.

@@ -1,6 +1,7 @@
 -- @version 3
--- Move a run to another state if DESIGN §4 allows it. A terminal state moves the hash to
--- task:run:terminal:<runId> (kept for the cancel/retry window).
+-- Move a run to another state if the move is in `allowed` (states.py's RUN_TRANSITIONS). A
+-- terminal state moves the hash to task:run:terminal:<runId> (kept for the cancel/retry
+-- window).
 -- KEYS[1] task:run:active:<runId>  KEYS[2] task:run:terminal:<runId>
 -- ARGV[1] target state  ARGV[2] now (ms)  ARGV[3] active ttl (s)  ARGV[4] terminal ttl (s)
 -- ARGV[5] expected owner, or "" to skip the fence (operator actions)

@@ -1,5 +1,6 @@
 -- @version 2
--- Move one pipeline stage of a live run if DESIGN §4 allows it.
+-- Move one pipeline stage of a live run if the move is in `allowed` (states.py's
+-- STAGE_TRANSITIONS).
 -- v2: active → waiting (a stage whose TransientError waits for its next attempt).
 -- KEYS[1] task:run:active:<runId>
 -- ARGV[1] stage name  ARGV[2] target state  ARGV[3] now (ms)

@@ -1,4 +1,4 @@
--- A run ends (completed or failed), only from a state DESIGN §4 allows (`sources`). The
+-- A run ends (completed or failed), only from a state states.py allows (`sources`). The
 -- result and error are replaced: a run that failed an attempt and then completed keeps no
 -- error. Zero rows updated means refused; the caller reads the state to say why.
 -- A pipeline run's stages end with it (`lumastra_close_stages`, migration 0010): those that
