@@ -1,6 +1,28 @@
 """The SDK task authors use: declare tasks, read the run's context, signal failures, run
 commands that die with the run, read media files without reaching past the media roots,
-declare the catalog stages a task covers."""
+declare the catalog stages a task covers.
+
+The names task authors use are exported here. The modules:
+
+Declaring a task:
+- `definition`: `define_task` and the immutable manifest it returns, every option checked
+- `policies`: `Timeout`, `Retry`, `Stall`: how long a task or stage may run, is watched, is retried
+- `resources`: the resource classes (the worker pools) with their default budgets and limits
+- `schedule`: schedule declarations: `every('15m')`, a cron expression, or `dynamic(loader)`
+- `pipeline`: a pipeline task's stages (`Stage`) and their order
+- `coverage`: the catalog stages a task covers (`CoveredStage`), and its runs' items
+
+In the handler:
+- `context`: `TaskContext`, what a handler sees of its run (the engine implements it)
+- `errors`: the errors a task raises to tell the engine what went wrong, and their kinds
+- `media`: `MediaPath` and `open_folder`: media files read without leaving the media roots
+- `process`: `ProcessResult`, what `ctx.run_process` returns
+
+Loading:
+- `registry`: imports the definition modules named in settings, validates, then freezes
+- `definitions`: the task definitions that ship with the project (maintenance, the demo)
+- `apps`: the SDK's Django app
+"""
 
 from tasks.context import TaskContext
 from tasks.coverage import CoverageBatch, CoverageItem, CoveredStage, ItemFacts, skipped

@@ -1,0 +1,4 @@
+"""The catalog's `manage.py` commands.
+
+- `commands`: one module per command (Django finds them there)
+"""

@@ -2,6 +2,29 @@
 page with cancel, kill, retry and resume), the operator pages (Start a run, Tasks with
 force-enable, Cluster, Dead letters, Schedules), API tokens and webhooks, one module each.
 
+What every page shares:
+- `site`: the admin site itself: its titles, and a login that counts failed sign-ins
+- `pages`: the operator pages' permission guard, `log_action` and the admin's page context
+- `paginator`: big lists' paginator: an exact count up to a cap, Postgres's estimate past it
+
+Runs:
+- `runs`: the runs list (filters, bulk cancel and retry, live progress); every page's URL
+- `filters`: the runs list's filters that the admin's own field filters cannot express
+- `run_detail`: a run's page (timeline, stages, log) and its cancel, kill, retry, resume actions
+
+The operator pages:
+- `start_form`: "Start a run" (operate): a task, its input, a priority, an idempotency key
+- `input_fields`: the start form's fields, generated from the task's input schema
+- `tasks_page`: "Tasks" (view): each task, its last run, its last day, its admission status
+- `force_enable`: the Tasks page's force-enable of a task's circuit (operate, a POST)
+- `nodes`: "Cluster" (view): the live nodes, the leader, each pool's queue depth and runs
+- `dead_letters`: "Dead letters": all that stopped being retried, a section per kind, with actions
+- `schedules`: "Schedules": every static and dynamic schedule, switched on or off (operate)
+
+API tokens and webhooks:
+- `tokens`: API tokens, listed and revoked, never created or shown here
+- `webhooks`: webhook endpoints (the secret shown once) and their deliveries, with redeliver
+
 Every run page and action checks `orchestrator.api.access` like the API does: reading (the runs
 list and a run's page, Tasks, Cluster, Dead letters, Schedules) needs view, acting (start,
 cancel, kill, retry, resume, force-enable, requeue, replay, discard, redeliver, switch a

@@ -1,0 +1,28 @@
+"""The HTTP API at /api/v1/ (docs at /api/v1/docs), and the endpoints beside it: the health
+probes and /metrics. Views never write run state: they call the orchestrator.
+
+The API and its operations:
+- `v1`: the API itself (django-ninja): its routers, its auth default, its error shape
+- `runs`: `/runs`: start, read, list, cancel and retry runs, and a run's Markdown report
+- `logs`: `GET /runs/{run_id}/logs`: a run's log, followed live over Server-Sent Events
+- `events`: `GET /events`: runs' state changes and live events over Server-Sent Events
+- `tasks`: `/tasks`: the registry, each task's admission status, and force-enable
+- `webhooks`: `/webhooks`: the endpoints run events are delivered to (create, list, delete)
+
+What the operations share:
+- `errors`: the one JSON shape of every API error, ninja's own and unknown paths included
+- `fields`: request field types checked at the edge (no NUL, no lone surrogate, true integers)
+- `pagination`: keyset pagination over runs, newest first, by (created_at, id)
+- `sse`: one Server-Sent Event, as the `logs` and `events` streams write it
+
+Who may call:
+- `access`: the two permissions, view and operate, that every API operation and admin page checks
+- `auth`: a bearer token or a Django session, then the operation's permission (401, 403)
+- `tokens`: API bearer tokens: issued once in clear, stored only as a SHA-256 digest
+- `throttle`: failed sign-ins per client address: bad tokens and admin logins share one budget
+
+Beside the API:
+- `health`: the probes: `GET /healthz`, `GET /readyz` (and `manage.py healthcheck`)
+- `metrics`: `GET /metrics`: Prometheus metrics of the whole cluster, read at scrape time
+- `limits`: request body limits, enforced before a body is read (web role and middleware)
+"""

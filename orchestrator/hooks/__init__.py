@@ -1,10 +1,24 @@
 """Hooks: the cross-cutting concerns plugged into every run, one file each.
 
-Owns the hook protocol and its points (`base`), the dispatcher that calls the installed chain
-(`dispatch`), and the hooks: identity dedup (`dedup`), circuit breaker (`circuit`), daily
-quotas (`quotas`), backpressure (`backpressure`), concurrency limit (`concurrency`) and rate
-limit (`ratelimit`), plus each task's admission state as operators see it (`overview`). The
-chain and its order are chosen by the composition root (`orchestrator.apps`).
+The protocol and its caller:
+- `base`: the hook protocol (`RunHook`), its points (admit to finished) and their planned `Step`
+- `dispatch`: calls the installed chain at each point, their Valkey commands in one pipeline
+
+The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
+- `dedup`: identity dedup: at most one live run per identity (and per `exclusive_with` group)
+- `circuit`: per-task circuit breaker: stops starting a task that keeps failing, probes it
+- `quotas`: daily quotas: counts each task's runs per UTC day, refuses past `max_runs_per_day`
+- `costs`: each task's spend per UTC day (`ctx.spend`), refused past `max_cost_per_day`
+- `backpressure`: caps a resource class's waiting messages: drop, fail fast or shed the oldest
+- `concurrency`: per-task `max_concurrent` across every worker and host, a lease semaphore
+- `ratelimit`: per-task rate limit (`quotas.rate`) across the cluster, a sliding window
+- `metrics`: counts every run's end by task and state, and its duration, for /metrics
+- `notify`: publishes `task:ended:<runId>` at a run's end, for those who wait (`runs.wait`)
+
+For operators:
+- `overview`: each task's admission state as operators see it (`/tasks`, the admin), read-only
+
+The chain and its order are chosen by the composition root (`orchestrator.apps`).
 
 A hook decides, its caller acts: a hook never ends, cancels or publishes a run itself.
 May import: `orchestrator.stores` and the base modules. Never runs, recovery or cluster.

@@ -1,9 +1,13 @@
 """Recovery: bringing Postgres, Valkey and the broker back into agreement after a crash.
 
-Owns the reconciler (`reconciler`, one tick under the cluster lock), orphaned runs whose
-worker stopped heartbeating (`orphans`), pending runs whose message the broker lost
-(`pending`) and live hashes left behind a terminal write (`repair`). Every run it ends is
-settled through `orchestrator.runs.settle`.
+- `reconciler`: one tick under the cluster lock: the drain, orphans, pending runs, then its steps
+- `orphans`: runs whose worker stopped heartbeating in both stores: resumed, or ended
+- `pending`: pending runs whose message the broker lost: published again, or failed at a deadline
+- `repair`: a tick's step: live hashes left behind a terminal write, settled
+- `stages`: a tick's step: pipeline runs stalled between stages, moved on
+
+Every run it ends is settled through `orchestrator.runs.settle`; a run it gives another
+attempt goes back through `orchestrator.runs.resume`.
 
 May import: runs, hooks, cluster, stores and the base modules. Never api or admin.
 """

@@ -8,5 +8,39 @@ execute) with its `context`, `watch` (heartbeats, cancel listener, watchdogs) an
 them: `drain` (terminal writes Postgres refused, replayed), `cancel` (operator cancels and
 shed runs) and `rerun` (an operator's retry: a new run of the same work).
 
+Its modules, by role.
+
+The path, in the order a run takes it:
+- `start`: `start_run`, the one way to create a run: admission, the INSERT, publish on commit
+- `publish`: builds a run's or a stage's Celery message and sends it to its queue
+- `celery_tasks`: registers one Celery task per task id and per pipeline stage, body the runner
+- `runner`: the body of every Celery task: version guard, hooks and claim, execute, end
+- `terminal`: the terminal write, Postgres first, exactly once: only the winning writer settles
+- `settle`: once Postgres holds a run's end: the live hash follows, then the `finished` hooks
+
+While the handler runs:
+- `context`: `RunContext`, the engine's implementation of the SDK's `TaskContext`
+- `watch`: the threads beside a running handler: heartbeats, cancel listener, watchdogs
+- `process`: `ctx.run_process`: a handler's command, stopped with the run however it ends
+- `logs`: a run's live log (`ctx.log`, its `logging` calls) in Valkey, a tail kept on its row
+- `progress`: `ctx.report_progress`: done, total, rate and ETA, written no more than is useful
+- `steps`: step telemetry: each step's status, timings, attempts, cost, counters, warnings
+- `pipeline`: a pipeline run's stages, each its own message: claim, end, advance, cancel
+
+Recovery helpers, when a write or a worker is lost:
+- `drain`: terminal writes and stage moves Postgres refused on a transient error, replayed
+- `resume`: a run whose worker was lost goes back to `pending` for its next attempt, same run
+- `handback`: a stopping worker's runs, once its grace is over, put back for another worker
+- `leftovers`: finds processes a run's command left behind (by their environment) and kills them
+
+Asked from outside the run:
+- `cancel`: an operator's cancel (or kill now), and the waiting runs backpressure sheds
+- `rerun`: an operator's retry: a new run of the same work; a pipeline reuses completed stages
+- `wait`: waits for a run's end from any process (`handle.wait`, `run_and_wait`, `?wait=`)
+
+Operator reads:
+- `stats`: each task's newest run, and its last day's success rate and p50/p95 duration
+- `report`: a run's Markdown report: YAML frontmatter (the run, its steps), then a readable body
+
 May import: hooks, cluster, stores and the base modules. Never recovery, api or admin.
 """

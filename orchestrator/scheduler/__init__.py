@@ -11,4 +11,9 @@ One job per module:
 - `dispatch`: the Celery task beat fires, `lumastra.schedule.dispatch(task_id)`.
 - `catchup`: the boot catch-up, one run per static schedule that missed a full interval.
 - `dynamic`: the tick that fires due rows of `schedule=dynamic(loader)` tasks.
+
+For the admin's Schedules page:
+
+- `overview`: every schedule with its last fire, its next fire and whether it is on (read-only).
+- `switch`: switches a schedule on or off, a beat row's `enabled` or a dynamic row's `disabled`.
 """

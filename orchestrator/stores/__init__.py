@@ -1,9 +1,22 @@
 """The stores: how the engine talks to Valkey, Postgres's run table and the broker.
 
-Owns the Valkey client (`valkey`), every key name (`keys`), the Lua scripts and their loader
-(`lua/`, `scripts`), guarded run-state UPDATEs in Postgres (`durable`), the live run hash
-(`live`) and what waits in the broker (`broker`). No policy lives here: callers decide, the
-stores refuse any move `states.py` does not allow.
+Valkey:
+- `valkey`: the coordination Valkey client, one pool per process, and `execute`, `time_ms`
+- `keys`: every Valkey key name the system uses; no key literal lives anywhere else
+- `scripts`: loads the Lua scripts under `lua/` and pins their versions
+- `live`: the live run hash; every change of it is one Lua script
+- `counters`: the cluster-wide counters of /metrics, kept in Valkey hashes
+
+Postgres:
+- `durable`: guarded run-state UPDATEs in Postgres: the one writer, one statement per move
+- `queries`: the engine's hot-path SQL, one file each under `sql/`, prepared on busy connections
+- `retention`: deletes old runs, state changes and webhook deliveries in short batches
+
+The broker:
+- `broker`: what waits in the broker: push, depth, shedding the oldest, removing a message
+- `broker_transport`: kombu's Redis transport, holding one client per channel, not per command
+
+No policy lives here: callers decide, the stores refuse any move `states.py` does not allow.
 
 May import: the base modules (`orchestrator.models`, `states`, `clock`, `routing`) and the
 SDK (`tasks`). Never anything above it (hooks, cluster, runs, recovery, api, admin).
