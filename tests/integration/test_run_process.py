@@ -205,9 +205,9 @@ def test_a_chatty_command_logs_a_bounded_number_of_lines(tmp_path: Path) -> None
     assert sum(1 for m in _logged(ctx) if m.isdigit()) == MAX_LOGGED_LINES
 
 
-def test_the_command_dies_with_the_process_that_ran_it(tmp_path: Path) -> None:
-    """The pool child SIGKILLed (a watchdog, kill now, the OOM killer): the kernel sends the
-    command its parent-death signal."""
+def _in_a_pool_process(run_id: str, argv: list[str], cwd: Path) -> subprocess.Popen[str]:
+    """A process like a pool child (Django set up, one run's context) that runs `argv` through
+    `run_process` and prints each line of its output."""
     runner = textwrap.dedent(
         f"""
         import os, sys, django
@@ -216,18 +216,22 @@ def test_the_command_dies_with_the_process_that_ran_it(tmp_path: Path) -> None:
         django.setup()
         from orchestrator.runs.context import RunContext
         from tasks.definition import NoInput
-        ctx = RunContext("run_01PROCESS0000000000000001", NoInput())
-        sleeper = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
+        ctx = RunContext({run_id!r}, NoInput())
         ctx.run_process(
-            [sys.executable, "-c", sleeper],
-            cwd={str(tmp_path)!r},
-            on_stdout=lambda line: print(line, flush=True),
+            {argv!r}, cwd={str(cwd)!r}, on_stdout=lambda line: print(line, flush=True)
         )
         """
     )
-    parent = subprocess.Popen(
+    return subprocess.Popen(
         [PYTHON, "-c", runner], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
     )
+
+
+def test_the_command_dies_with_the_process_that_ran_it(tmp_path: Path) -> None:
+    """The pool child SIGKILLed (a watchdog, kill now, the OOM killer): the kernel sends the
+    command its parent-death signal."""
+    sleeper = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
+    parent = _in_a_pool_process("run_01PROCESS0000000000000001", [PYTHON, "-c", sleeper], tmp_path)
     assert parent.stdout is not None
     reader: list[str] = []
     thread = threading.Thread(target=lambda: reader.append(parent.stdout.readline()))  # type: ignore[union-attr]
@@ -277,24 +281,8 @@ def test_what_left_the_group_is_killed_when_the_command_ends(tmp_path: Path) -> 
 def test_the_host_sweep_kills_what_a_dead_pool_process_left(tmp_path: Path) -> None:
     """The pool process SIGKILLed: the death signal takes the command, not a grandchild that
     dropped it and left the group; the worker host's sweep finds it by its marks."""
-    runner = textwrap.dedent(
-        f"""
-        import os, sys, django
-        sys.path.insert(0, {str(ROOT)!r})
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lumastra.settings")
-        django.setup()
-        from orchestrator.runs.context import RunContext
-        from tasks.definition import NoInput
-        ctx = RunContext("run_01PROCESS0000000000000002", NoInput())
-        ctx.run_process(
-            [sys.executable, "-c", {ESCAPER!r}, "wait"],
-            cwd={str(tmp_path)!r},
-            on_stdout=lambda line: print(line, flush=True),
-        )
-        """
-    )
-    parent = subprocess.Popen(
-        [PYTHON, "-c", runner], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    parent = _in_a_pool_process(
+        "run_01PROCESS0000000000000002", [PYTHON, "-c", ESCAPER, "wait"], tmp_path
     )
     assert parent.stdout is not None
     escaped = int(parent.stdout.readline())

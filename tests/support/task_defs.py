@@ -8,7 +8,8 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -400,6 +401,16 @@ def _left(run_id: str, stage: str = "") -> None:
         os.close(fd)
 
 
+@contextmanager
+def _executing(run_id: str, stage: str = "") -> Iterator[None]:
+    """A fault handler's body: its entry recorded, its entry lock held until it leaves."""
+    _record_execution(run_id, stage)
+    try:
+        yield
+    finally:
+        _left(run_id, stage)
+
+
 class FaultWorkInput(BaseModel, extra="forbid"):
     ms: int = 100
     # deaf: a plain time.sleep that no cancel interrupts (only the escalation's kill stops it)
@@ -407,30 +418,24 @@ class FaultWorkInput(BaseModel, extra="forbid"):
 
 
 def _fault_work(ctx: TaskContext, params: FaultWorkInput) -> dict[str, int]:
-    _record_execution(ctx.run_id)
-    try:
+    with _executing(ctx.run_id):
         ctx.report_progress(0, 1)
         if params.deaf:
             time.sleep(params.ms / 1000)
         else:
             ctx.sleep(params.ms / 1000)
         return {"pid": os.getpid()}
-    finally:
-        _left(ctx.run_id)
 
 
 def _fault_slow_progress(ctx: TaskContext, params: FaultWorkInput) -> dict[str, int]:
     """Like the demo's slow-progress: a long run that reports progress in small steps."""
-    _record_execution(ctx.run_id)
-    try:
+    with _executing(ctx.run_id):
         steps = max(1, params.ms // 100)
         for done in range(steps):
             ctx.report_progress(done, steps)
             ctx.sleep(0.1)
         ctx.report_progress(steps, steps)
         return {"pid": os.getpid()}
-    finally:
-        _left(ctx.run_id)
 
 
 fault_work = define_task(
@@ -444,12 +449,9 @@ fault_work = define_task(
 
 def _fault_stage(name: str) -> Any:
     def execute(ctx: TaskContext, params: FaultWorkInput) -> dict[str, int]:
-        _record_execution(ctx.run_id, name)
-        try:
+        with _executing(ctx.run_id, name):
             ctx.sleep(params.ms / 1000)
             return {"pid": os.getpid()}
-        finally:
-            _left(ctx.run_id, name)
 
     return execute
 
@@ -473,8 +475,7 @@ class FaultEncodeInput(BaseModel, extra="forbid"):
 def _fault_encode(ctx: TaskContext, params: FaultEncodeInput) -> dict[str, int]:
     """Trickplay's command on a test pattern read at its native rate (`-re`): the encode lasts
     `seconds`, so a kill or a cancel lands mid-encode (the demo's clips take 0.1 s)."""
-    _record_execution(ctx.run_id)
-    try:
+    with _executing(ctx.run_id):
         effects = os.environ.get(FAULT_EFFECTS_ENV)
         folder = Path(f"{effects}.encodes" if effects else tempfile.gettempdir()) / ctx.run_id
         folder.mkdir(parents=True, exist_ok=True)
@@ -490,8 +491,6 @@ def _fault_encode(ctx: TaskContext, params: FaultEncodeInput) -> dict[str, int]:
             grace_s=1.0,
         )  # fmt: skip
         return {"sprite_bytes": (folder / "sprite.jpg").stat().st_size}
-    finally:
-        _left(ctx.run_id)
 
 
 # The media scenario: real ffmpeg encodes, killed and cancelled (attempts as for resume).
@@ -553,15 +552,12 @@ def _allocate_too_much() -> None:
 
 
 def _poison(ctx: TaskContext, params: PoisonInput) -> None:
-    _record_execution(ctx.run_id)
-    try:
+    with _executing(ctx.run_id):
         if params.how == "exit":
             os._exit(70)  # the pool child vanishes mid-run, as a segfault or the OOM killer would
         if params.how == "alloc":
             _allocate_too_much()
         raise RuntimeError(f"poison payload ({params.how})")
-    finally:
-        _left(ctx.run_id)
 
 
 # Two tasks, two circuits: one fed every kind of poison, one that only ever exits.
