@@ -84,7 +84,7 @@ from orchestrator.backoff import jittered_backoff
 from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.models import TaskHistory
 from orchestrator.routing import stage_class, stage_queue
-from orchestrator.runs import drain, steps, terminal
+from orchestrator.runs import drain, retries, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import publish_stage, stage_message_id
 from orchestrator.runs.steps import StepStatus
@@ -383,9 +383,7 @@ def _stage_failed(attempt: _Attempt, kind: ErrorKind, message: str, **extra: Any
     """The stage fails, its step record first; then the run fails with the stage named."""
     name = attempt.stage.name
     if kind is ErrorKind.TRANSIENT and attempt.number > 1:
-        message = (
-            f"{message} (attempts exhausted: {attempt.number} of {attempt.retry.max_attempts})"
-        )
+        message = retries.exhausted(message, attempt.number, attempt.retry.max_attempts)
     error = terminal.error_doc(kind, f"stage {name}: {message}", stage=name, **extra)
     step = attempt.ended(StepStatus.FAILED, error)
     _end_stage(attempt, StageState.FAILED, {"error": error}, step=step)
@@ -407,8 +405,7 @@ def _stage_retry(
     delay = jittered_backoff(attempt.retry, attempt.number)
     error = terminal.error_doc(
         kind,
-        f"{message} (attempt {attempt.number} of {attempt.retry.max_attempts}; "
-        f"retrying in {delay.total_seconds():.1f}s)",
+        f"{message} ({retries.retrying(attempt.number, attempt.retry.max_attempts, delay)})",
     )
     then = {"delay_s": delay.total_seconds(), "kind": kind.value}
     step = attempt.ended(StepStatus.WAITING, error)

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
 
 from django.utils import timezone
 
@@ -57,6 +56,7 @@ from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
 from orchestrator.runs import terminal
 from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
+from orchestrator.runs.retries import exhausted, retrying
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import durable, live
 from orchestrator.stores.live import FencedWrite
@@ -82,13 +82,6 @@ def may_resume(definition: TaskDefinition, attempts: int) -> bool:
     return definition.retry_on_worker_loss and attempts < definition.retry.max_attempts
 
 
-def retry_note(definition: TaskDefinition, attempts: int, delay: timedelta) -> str:
-    return (
-        f"attempt {attempts} of {definition.retry.max_attempts}; "
-        f"retrying in {delay.total_seconds():.1f}s"
-    )
-
-
 def put_back(
     definition: TaskDefinition,
     lost: Lost,
@@ -102,9 +95,10 @@ def put_back(
     is still that old by the Postgres clock. False, and nothing written, when the run moved on
     since it was judged (claimed anew, ended, beating again)."""
     delay = jittered_backoff(definition.retry, lost.attempts)
+    note = retrying(lost.attempts, definition.retry.max_attempts, delay)
     error = {
         "kind": kind.value,
-        "message": f"{why} ({retry_note(definition, lost.attempts, delay)})"[:4000],
+        "message": f"{why} ({note})"[:4000],
         "owner": lost.owner,
         "attempt": lost.attempts,
     }
@@ -159,7 +153,7 @@ def resume_or_fail(definition: TaskDefinition, lost: Lost, why: str) -> RunState
     if lost.attempts >= definition.retry.max_attempts > 1:
         # A dead letter, as for a TransientError: the admin's "outcome" filter lists it.
         attempts = definition.retry.max_attempts
-        why = f"{why} (attempts exhausted: {attempts} of {attempts})"
+        why = exhausted(why, attempts, attempts)
         extra["exhausted"] = True
     error = terminal.error_doc(ErrorKind.WORKER_LOST, why, **extra)
     return terminal.finish(definition, lost.run_id, lost.owner, RunState.FAILED, error=error)

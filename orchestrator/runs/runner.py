@@ -49,7 +49,7 @@ from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup, Postpone, Step
 from orchestrator.models import TaskHistory
-from orchestrator.runs import pipeline, resume, steps, terminal
+from orchestrator.runs import pipeline, resume, retries, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
 from orchestrator.runs.watch import watching
@@ -284,7 +284,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
         elif exc.kind is ErrorKind.TRANSIENT:
             # A dead letter: the admin's "outcome" filter lists runs marked exhausted.
             attempts = definition.retry.max_attempts
-            message = f"{exc} (attempts exhausted: {attempts} of {attempts})"
+            message = retries.exhausted(str(exc), attempts, attempts)
             error = terminal.error_doc(exc.kind, message, exhausted=True)
             terminal.finish(
                 definition,
@@ -321,7 +321,8 @@ def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, me
     attempt = run.attempts
     delay = jittered_backoff(definition.retry, attempt)
     error = terminal.error_doc(
-        ErrorKind.TRANSIENT, f"{message} ({resume.retry_note(definition, attempt, delay)})"
+        ErrorKind.TRANSIENT,
+        f"{message} ({retries.retrying(attempt, definition.retry.max_attempts, delay)})",
     )
     if run.deferred_since is not None:
         # Put back moves a claimed run: its claim is written first, if the watch has not.
