@@ -1,4 +1,5 @@
-"""The Celery application: broker settings from Django, one Celery task per registered task."""
+"""The Celery application, its settings from Django's (namespace CELERY_); the Celery tasks are
+registered by `orchestrator.apps` (`runs.celery_tasks.register_all`), one per task and stage."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Durable state: every run, and the API tokens that may start them."""
+"""Durable state: every run (`TaskHistory`) and its audit trail, the API tokens, the daily
+quota usage, circuit and scheduler state, and the webhook endpoints with their outbox and
+deliveries."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`/runs`: start a run, read one run (durable row plus live state), list runs.
+"""`/runs`: start a run, read one run (durable row plus live state) or its Markdown report,
+list runs, cancel one (or kill it now), retry one.
 
 Views never write run state: a run is started only through `start_run`, whose refusals
 (unknown task, invalid input, admission: quota, exclusivity) leave nothing written.

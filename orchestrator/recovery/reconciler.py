@@ -20,9 +20,9 @@ A tick, on one process of the cluster at a time:
 6. repairs the live hashes of runs Postgres has ended but whose live hash still says live (their
    writer died between the two writes), and runs their `finished` hooks
    (`orchestrator.recovery.repair`);
-7. runs the extra `steps` it was given, under the same lock. This is where the reconciliation
-   of per-item coverage rows (`media_item_stage_state`) plugs in when those tables arrive
-   with their issue; none is given today, and the tick does nothing for coverage until then.
+7. runs its steps under the same lock: the repair of step 6 (`RepairHashes`), the pipelines
+   stalled between stages (`AdvanceStalledPipelines`), then any a caller adds (none today:
+   coverage rows left `running` are the stage-sweep's to reclaim, `coverage.sweep`).
 
 Boot recovery: each loops process runs one tick as soon as it starts (`tick(boot=True)`),
 with LUMASTRA_ORPHAN_BOOT_THRESHOLD_S (2 min) instead of LUMASTRA_ORPHAN_THRESHOLD_S (5 min),
@@ -150,7 +150,7 @@ class Reconciler:
     ) -> None:
         config = settings.CONFIG
         # The repair of left-behind hashes and the pipelines stalled between stages are always
-        # steps; callers add theirs (coverage, later).
+        # steps; a caller may add more.
         self.steps: tuple[Step, ...] = (RepairHashes(), AdvanceStalledPipelines(), *steps)
         self.clock = clock
         self.batch = batch

@@ -26,7 +26,7 @@ class RunHash(TypedDict, total=False):
     updated_at: str
     started_at: str
     finished_at: str
-    progress: str  # JSON {"done": .., "total": .., "note": ..}
+    progress: str  # JSON {"done", "total", "item", "rate", "eta_s"} (`runs.progress`)
 
 
 class FencedWrite(Exception):

@@ -1,4 +1,4 @@
-"""The demo pack `make run` starts: real work in three resource classes."""
+"""The demo pack `make run` starts: real work in two resource classes (io and cpu)."""
 
 from __future__ import annotations
 
