@@ -56,6 +56,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
 
 from django.db import connection
@@ -268,8 +269,10 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
     )
     if candidate.state == RunState.ACTIVE:
         resumed = _resume(candidate, threshold_s, message)
-        if resumed is not _NOT_RESUMABLE:
-            return resumed
+        if resumed is _Resumed.PUT_BACK:
+            return RunState.PENDING
+        if resumed is _Resumed.MOVED_ON:
+            return None
     if target == RunState.CANCELLED:
         message = f"cancel requested, and {message}"
     error = {
@@ -299,24 +302,27 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
     return target
 
 
-# `_resume` when the run may not be tried again: the caller ends it as an orphan.
-_NOT_RESUMABLE = RunState.FAILED
+class _Resumed(Enum):
+    """What `_resume` did with an orphan."""
+
+    PUT_BACK = "put back"  # pending for its next attempt
+    MOVED_ON = "moved on"  # changed since it was judged: left alone
+    NOT_RESUMABLE = "not resumable"  # may not be tried again: the caller ends it as an orphan
 
 
-def _resume(candidate: Candidate, threshold_s: int, message: str) -> RunState | None:
+def _resume(candidate: Candidate, threshold_s: int, message: str) -> _Resumed:
     """Put an orphan back for its next attempt (`runs.resume`; a pipeline run's running
-    stages, `pipeline.resume_lost_stages`) while its task allows it: PENDING when it did,
-    None when the run moved on, `_NOT_RESUMABLE` when it may not be resumed."""
+    stages, `pipeline.resume_lost_stages`) while its task allows it."""
     definition = registry.get().get(candidate.task_id)
     if definition is None:
-        return _NOT_RESUMABLE
+        return _Resumed.NOT_RESUMABLE
     if candidate.pipeline:
         moved = pipeline.resume_lost_stages(definition, candidate.run_id, message, threshold_s)
         if moved is None:
-            return _NOT_RESUMABLE
-        return RunState.PENDING if moved else None
+            return _Resumed.NOT_RESUMABLE
+        return _Resumed.PUT_BACK if moved else _Resumed.MOVED_ON
     if not resume.may_resume(definition, candidate.attempts):
-        return _NOT_RESUMABLE
+        return _Resumed.NOT_RESUMABLE
     lost = resume.Lost(
         candidate.run_id,
         candidate.owner,
@@ -325,5 +331,5 @@ def _resume(candidate: Candidate, threshold_s: int, message: str) -> RunState | 
         candidate.priority,
     )
     if resume.put_back(definition, lost, ErrorKind.ORPHANED, message, stale_after_s=threshold_s):
-        return RunState.PENDING
-    return None
+        return _Resumed.PUT_BACK
+    return _Resumed.MOVED_ON
