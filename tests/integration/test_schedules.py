@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -315,15 +316,14 @@ def _missed_an_interval(interval: timedelta) -> None:
     )
 
 
-def test_catch_up_fires_exactly_once_with_three_replicas_booting_together() -> None:
+def test_catch_up_fires_exactly_once_with_three_replicas_booting_together(tmp_path: Path) -> None:
     _missed_an_interval(timedelta(hours=1))
-    # After every replica has set Django up: 8 s was once too short in CI, with the fault
-    # battery running beside the suite, and a late replica saw the slot fired, not locked.
-    start_at = time.time() + 20
+    # A barrier, not a wall-clock start: with the fault battery beside the suite, booting
+    # Django once took a replica past a start 20 s ahead.
     env = {**os.environ, "DATABASE_URL": database_url()}
     replicas = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.support.catch_up_once", str(start_at)],
+            [sys.executable, "-m", "tests.support.catch_up_once", str(tmp_path), "3"],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -334,12 +334,14 @@ def test_catch_up_fires_exactly_once_with_three_replicas_booting_together() -> N
     ]
     reports = []
     for replica in replicas:
-        out, err = replica.communicate(timeout=90)
+        out, err = replica.communicate(timeout=180)
         assert replica.returncode == 0, err
         reports.append(json.loads(out.strip().splitlines()[-1]))
 
     assert sorted(len(r["fired"]) for r in reports) == [0, 0, 1]
-    assert sum(TASK in r["elsewhere"] for r in reports) == 2
+    # A loser found the slot locked or claimed ("elsewhere"), or, scheduled after the winner
+    # had committed, found nothing due: which one is up to the machine's scheduler.
+    assert all(r["elsewhere"] in ([], [TASK]) for r in reports if not r["fired"])
     runs = _runs()
     assert len(runs) == 1 and runs[0].trigger["catchUp"] is True
     # Beat's own overdue fire at boot lands in the same slot and starts nothing.

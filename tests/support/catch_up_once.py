@@ -1,7 +1,8 @@
-"""A replica booting: `python -m tests.support.catch_up_once <start-at-epoch>`.
+"""A replica booting: `python -m tests.support.catch_up_once <barrier-dir> <replicas>`.
 
-Sets Django up, waits until the given wall-clock moment (so several processes boot at the
-same instant), runs the scheduler's boot catch-up once and prints the tasks it fired.
+Sets Django up, then waits at a barrier until every replica has (each leaves a file in the
+barrier folder), so they all run the scheduler's boot catch-up at once however long each
+took to boot; prints the tasks it fired and those it found fired elsewhere.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import django
+
+BARRIER_TIMEOUT_S = 120.0
 
 
 def main() -> int:
@@ -19,8 +23,14 @@ def main() -> int:
     django.setup()
     from orchestrator.scheduler.catchup import catch_up
 
-    start_at = float(sys.argv[1])
-    time.sleep(max(0.0, start_at - time.time()))
+    barrier, replicas = Path(sys.argv[1]), int(sys.argv[2])
+    (barrier / str(os.getpid())).touch()
+    deadline = time.monotonic() + BARRIER_TIMEOUT_S
+    while len(list(barrier.iterdir())) < replicas:
+        if time.monotonic() > deadline:
+            print(f"the other replicas never reached the barrier in {barrier}", file=sys.stderr)
+            return 1
+        time.sleep(0.005)
     report = catch_up()
     print(json.dumps({"fired": report.fired, "elsewhere": report.elsewhere}), flush=True)
     return 0
