@@ -51,8 +51,10 @@ class RunContext:
         self.cost: dict[str, float] = {}
         self._results: Mapping[str, Any] = MappingProxyType(dict(results or {}))
         self._clock = clock
-        self.run_log = RunLog(run_id, stage, clock)
-        self.progress = Progress(run_id, clock)
+        # One gate for everything this attempt's handler thread sends to Valkey itself.
+        self._sends = valkey.HandlerSends()
+        self.run_log = RunLog(run_id, stage, clock, self._sends)
+        self.progress = Progress(run_id, clock, self._sends)
         # Set by the run's watch thread when a cancel is published or seen in the hash.
         self._cancel = threading.Event()
         # monotonic time of the last sign of progress, read by the stall watchdog.
@@ -117,15 +119,19 @@ class RunContext:
     def cancelled(self) -> bool:
         # The watch thread trips the flag from the cancel channel; a message published before
         # it subscribed is caught by reading the hash, at most once a second.
-        if not self._cancel.is_set() and time.monotonic() - self._state_read_at > 1.0:
+        if (
+            not self._cancel.is_set()
+            and time.monotonic() - self._state_read_at > 1.0
+            and self._sends.open
+        ):
             self._state_read_at = time.monotonic()
             try:
-                state = valkey.client().hget(keys.run_active(self._run_id), "state")
+                state = self._sends.send(
+                    lambda: valkey.client().hget(keys.run_active(self._run_id), "state")
+                )
             except RedisError:
                 # Valkey away (a partition, a restart) must not fail the handler: its watch
-                # hears a cancel once Valkey answers. Not read again for a while, so a handler
-                # that checks often is not held up by the store timeout each second.
-                self._state_read_at = time.monotonic() + valkey.OUTAGE_PAUSE_S
+                # hears a cancel once Valkey answers.
                 return False
             if state == RunState.CANCELLING:
                 self._cancel.set()

@@ -65,7 +65,13 @@ class Line:
 class RunLog:
     """The lines one attempt (or one stage's attempt) of a run writes, batched."""
 
-    def __init__(self, run_id: str, stage: str | None = None, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        stage: str | None = None,
+        clock: Clock = SYSTEM,
+        sends: valkey.HandlerSends | None = None,
+    ) -> None:
         self.run_id = run_id
         self.stage = stage
         self._clock = clock
@@ -76,7 +82,7 @@ class RunLog:
         # write's) never interleave, so lines keep their order in the sequence.
         self._sending = threading.Lock()
         self.tail: deque[dict[str, Any]] = deque(maxlen=settings.CONFIG.run_log_tail)
-        self._inline_after = 0.0  # monotonic: no flush from the handler's thread before
+        self._sends = sends or valkey.HandlerSends()  # the handler thread's inline flushes
 
     def write(self, level: str, message: str) -> None:
         entry = {
@@ -92,17 +98,15 @@ class RunLog:
             self._waiting.append(json.dumps(entry))
             self.tail.append(entry)
             now = time.monotonic()
-            due = now >= self._inline_after and (
+            due = (
                 len(self._waiting) >= config.log_flush_lines
                 or (now - self._oldest_waiting) * 1000 >= config.log_flush_ms
             )
-        if due:
+        if due and self._sends.open:
             try:
-                self.flush()
+                self._sends.send(self.flush)
             except Exception:
-                # Logging must not fail the handler, nor hold it up once per line while Valkey
-                # is away: the lines wait for the watch's flush.
-                self._inline_after = time.monotonic() + valkey.OUTAGE_PAUSE_S
+                # Logging must not fail the handler: the lines wait for the watch's flush.
                 log.warning("run %s: log lines not sent yet", self.run_id, exc_info=True)
 
     def flush(self) -> None:

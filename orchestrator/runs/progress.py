@@ -38,7 +38,9 @@ MAX_ITEM = 200
 
 
 class Progress:
-    def __init__(self, run_id: str, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self, run_id: str, clock: Clock = SYSTEM, sends: valkey.HandlerSends | None = None
+    ) -> None:
         self.run_id = run_id
         self._clock = clock
         self._lock = threading.Lock()
@@ -49,7 +51,7 @@ class Progress:
         self._row_stale = False
         self._rate: float | None = None
         self._last_sample: tuple[float, float] | None = None  # (monotonic, done)
-        self._inline_after = 0.0  # monotonic: no flush from the handler's thread before
+        self._sends = sends or valkey.HandlerSends()  # the handler thread's inline flushes
 
     def report(self, done: float, total: float | None = None, item: str | None = None) -> None:
         _check(done, total)
@@ -62,16 +64,12 @@ class Progress:
             self._waiting = True
             self._row_stale = True
             now = time.monotonic()
-            due = now >= self._inline_after and (now - self._hash_written_at) * 1000 >= (
-                settings.CONFIG.progress_write_ms
-            )
-        if due:
+            due = (now - self._hash_written_at) * 1000 >= settings.CONFIG.progress_write_ms
+        if due and self._sends.open:
             try:
-                self.flush()
+                self._sends.send(self.flush)
             except Exception:
-                # Reporting must not fail the handler, nor hold it up once per report while
-                # Valkey is away: the report waits for the watch's flush.
-                self._inline_after = time.monotonic() + valkey.OUTAGE_PAUSE_S
+                # Reporting must not fail the handler: the report waits for the watch's flush.
                 log.warning("run %s: progress not written yet", self.run_id, exc_info=True)
 
     def flush(self, *, final: bool = False) -> None:

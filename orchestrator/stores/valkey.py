@@ -4,19 +4,53 @@ and the two helpers every caller of it shares."""
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
+from collections.abc import Callable
 from functools import cache
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio
 from django.conf import settings
 from redis.client import Pipeline
 
-# How long a handler's own thread sends nothing more to Valkey after a send failed (its cancel
-# check, an inline log or progress flush): the watch's threads keep trying meanwhile, so a store
-# that went away costs the handler one store timeout, not one per line or report.
+# How long a handler's own thread sends nothing more to Valkey after a send failed or was slow
+# (`HandlerSends`).
 OUTAGE_PAUSE_S = 10.0
+# A send slower than this says the path is bad, as a failed one does: on a lossy link a send
+# waits out the kernel's retransmissions (200 ms and more each) and still arrives, up to the
+# store timeout later, so a handler that reports in small steps would spend its time there.
+SLOW_SEND_S = 0.25
+
+T = TypeVar("T")
+
+
+class HandlerSends:
+    """The gate on what a handler's own thread sends to Valkey beside its work: its cancel
+    check and its inline log and progress flushes, one gate for the run's attempt. After a
+    send failed, or took longer than SLOW_SEND_S, the gate stays shut for OUTAGE_PAUSE_S and
+    the watch's threads send meanwhile: a store that went away, or a lossy link, costs the
+    handler one send per pause, not one per line or report."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._shut_until = 0.0
+
+    @property
+    def open(self) -> bool:
+        return self._monotonic() >= self._shut_until
+
+    def send(self, call: Callable[[], T]) -> T:
+        started = self._monotonic()
+        try:
+            result = call()
+        except Exception:
+            self._shut_until = self._monotonic() + OUTAGE_PAUSE_S
+            raise
+        if self._monotonic() - started > SLOW_SEND_S:
+            self._shut_until = self._monotonic() + OUTAGE_PAUSE_S
+        return result
 
 
 def _options() -> dict[str, Any]:
