@@ -17,6 +17,7 @@ from django.urls import reverse
 from coverage import dispatcher
 from coverage.models import EventOutbox
 from orchestrator.admin import dead_letters, pages
+from orchestrator.text import is_ascii_digits
 
 _ERROR_SHOWN = 200
 
@@ -65,7 +66,7 @@ def redeliver_view(request: HttpRequest) -> HttpResponse:
     if action != "redeliver":
         messages.error(request, "Nothing done: no action was chosen.")
     else:
-        count = dispatcher.redeliver([int(i) for i in ids if i.isdigit()])
+        count = dispatcher.redeliver([int(i) for i in ids if is_ascii_digits(i)])
         pages.log_action(request, f"redelivered {count} outbox events")
         messages.success(request, f"{count} dead-lettered events redelivered")
     return HttpResponseRedirect(reverse("admin:orchestrator_dead_letters"))

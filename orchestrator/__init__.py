@@ -28,6 +28,7 @@ The base modules:
 - `states`: run and stage states and the transitions between them, the one table
 - `clock`: time as a dependency (`Clock`), and the ms and span conversions everyone shares
 - `backoff`: exponential backoff, capped before it is computed, with or without jitter
+- `text`: what text from outside may be: storable in Postgres, a number in ASCII digits
 
 The engine never imports the catalog (`coverage`), which plugs in through settings and SQL.
 """

@@ -43,6 +43,7 @@ from orchestrator.runs.cancel import UnknownRun
 from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import StartRefused
 from orchestrator.states import RunState
+from orchestrator.text import is_ascii_digits
 from orchestrator.webhooks.delivery import redeliver
 
 log = logging.getLogger(__name__)
@@ -309,7 +310,7 @@ def _discard(request: HttpRequest, record_ids: list[str]) -> None:
 
 
 def _redeliver_webhooks(request: HttpRequest, delivery_ids: list[str]) -> None:
-    count = redeliver([int(i) for i in delivery_ids if i.isdigit()])
+    count = redeliver([int(i) for i in delivery_ids if is_ascii_digits(i)])
     pages.log_action(request, f"redelivered {count} webhook deliveries")
     messages.success(request, f"{count} webhook deliveries to be sent again")
 

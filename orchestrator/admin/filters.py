@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
 
+from orchestrator.text import is_ascii_digits
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.definition import Priority
@@ -67,7 +68,9 @@ class PriorityFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        return queryset.filter(priority=int(value)) if value and value.isdigit() else queryset
+        if value and is_ascii_digits(value):
+            return queryset.filter(priority=int(value))
+        return queryset
 
 
 class ResourceClassFilter(admin.SimpleListFilter):

@@ -19,27 +19,46 @@ the model's default applies, or its "Field required" is shown on the field.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from django import forms
 from pydantic import BaseModel
 
+from orchestrator.text import first_unstorable
+
 PREFIX = "input-"  # form field names: `input-<property>` (Django's form prefix style)
 
 
 class JsonValueField(forms.JSONField):
-    """A JSON document, refused as invalid JSON when it is too deep for Python's parser: the
-    parser gives up past about a thousand levels with RecursionError, which Django's field
-    does not expect."""
+    """A JSON document that Python parses and Postgres stores, else a form error shown back as
+    typed. Django's field expects only `JSONDecodeError` from the parser, which also gives up
+    with RecursionError past about a thousand levels and ValueError on a number longer than
+    `sys.get_int_max_str_digits()`; and a `\\u` escape can carry a lone surrogate, which no
+    page or store can encode."""
 
-    default_error_messages = {"too_deep": "Enter valid JSON: it is nested too deeply."}
+    default_error_messages = {
+        "too_deep": "Enter valid JSON: it is nested too deeply.",
+        "too_long": "Enter valid JSON: a number has more than {digits} digits.",
+        "unstorable": "Enter valid JSON: {where} {reason}.",
+    }
 
     def to_python(self, value: Any) -> Any:
         try:
-            return super().to_python(value)
+            parsed = super().to_python(value)
         except RecursionError:
             raise forms.ValidationError(self.error_messages["too_deep"], code="too_deep") from None
+        except ValueError:  # not a JSONDecodeError: Django's field turned those into its own
+            message = self.error_messages["too_long"].format(digits=sys.get_int_max_str_digits())
+            raise forms.ValidationError(message, code="too_long") from None
+        if found := first_unstorable(parsed):
+            loc, reason = found
+            # A key can be the lone surrogate: shown escaped, as the JSON had it.
+            where = ".".join(map(str, loc)).encode(errors="backslashreplace").decode() or "the text"
+            message = self.error_messages["unstorable"].format(where=where, reason=reason)
+            raise forms.ValidationError(message, code="unstorable")
+        return parsed
 
     def prepare_value(self, value: Any) -> Any:
         # Nothing given is shown blank, not as `null`.
@@ -48,9 +67,10 @@ class JsonValueField(forms.JSONField):
     def bound_data(self, data: Any, initial: Any) -> Any:
         # Shown back as typed, like any other text that is not JSON.
         try:
-            return super().bound_data(data, initial)
-        except RecursionError:
+            parsed = super().bound_data(data, initial)
+        except (RecursionError, ValueError):
             return forms.fields.InvalidJSONInput(data)
+        return forms.fields.InvalidJSONInput(data) if first_unstorable(parsed) else parsed
 
 
 _NULL = {"type": "null"}

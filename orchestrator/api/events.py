@@ -38,6 +38,7 @@ from orchestrator.api.errors import ApiError, answers
 from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.runs.start import is_run_id
 from orchestrator.stores import keys, valkey
+from orchestrator.text import is_ascii_digits
 from tasks import registry
 
 router = Router(tags=["runs"])
@@ -66,7 +67,7 @@ def events(
     if run is not None and not is_run_id(run):
         raise ApiError(404, f"no run {run!r}")
     resume = request.headers.get("Last-Event-ID", "").strip()
-    if resume and (not resume.isdigit() or len(resume) > 18):
+    if resume and (not is_ascii_digits(resume) or len(resume) > 18):
         raise ApiError(422, "Last-Event-ID must be the id of an event this stream sent")
     after = int(resume) if resume else _latest_change()
     response = StreamingHttpResponse(_stream(after, task, run), content_type="text/event-stream")

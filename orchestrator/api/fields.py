@@ -14,7 +14,7 @@ from pydantic import BeforeValidator, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
-from orchestrator.runs.start import unstorable
+from orchestrator.text import unstorable
 
 
 class Storable:

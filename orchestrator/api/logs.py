@@ -22,7 +22,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from ninja import Router
+from ninja import Field, Router, Schema
 
 from orchestrator.api import sse
 from orchestrator.api.auth import VIEW
@@ -32,8 +32,22 @@ from orchestrator.runs import logs
 from orchestrator.runs.start import is_run_id
 from orchestrator.states import TERMINAL_RUN_STATES
 from orchestrator.stores import keys, valkey
+from orchestrator.text import is_ascii_digits
 
 router = Router(tags=["runs"])
+
+
+class LogLine(Schema):
+    """One line of a run's log, as `follow=false` answers it and each `log` event carries."""
+
+    seq: int | None = Field(
+        None, description="its id in the live log; absent in a tail kept on the run's row"
+    )
+    ts: str = Field(description="when it was written (ISO 8601)")
+    level: str = Field(description="info, warning, error, …")
+    stage: str | None = Field(description="the pipeline stage that wrote it, if any")
+    msg: str
+
 
 # How often a follower looks whether the run has ended while its log is quiet.
 STATE_CHECK_S = 1.0
@@ -43,8 +57,24 @@ _TERMINAL = {state.value for state in TERMINAL_RUN_STATES}
 @router.get(
     "/runs/{run_id}/logs",
     auth=VIEW,
-    response=answers({200: list[dict[str, Any]]}, 404, 422),
-    openapi_extra={"responses": {"200": {"content": {"text/event-stream": {}}}}},
+    response=answers({200: list[LogLine]}, 404, 422),
+    # Both answers: ninja would document only the JSON, and a single `content` only one.
+    openapi_extra={
+        "responses": {
+            "200": {
+                "description": "the lines: a stream by default, JSON with follow=false",
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/LogLine"},
+                        }
+                    },
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            }
+        }
+    },
 )
 def run_logs(
     request: HttpRequest, run_id: str, follow: bool = True, after: int = 0
@@ -59,7 +89,7 @@ def run_logs(
         raise ApiError(404, f"no run {run_id!r}")
     resume = request.headers.get("Last-Event-ID", "").strip()
     if resume:
-        if not resume.isdigit() or len(resume) > 18:
+        if not is_ascii_digits(resume) or len(resume) > 18:
             raise ApiError(422, "Last-Event-ID must be the id of a line this stream sent")
         after = int(resume)
     if after < 0:

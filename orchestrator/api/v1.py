@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any, cast
+
+from django.http import HttpRequest
 from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
+from ninja.parser import Parser
 
 from orchestrator.api import errors, events, logs, runs, tasks, webhooks
 from orchestrator.api.auth import AUTH
+
+
+class Utf8Json(Parser):
+    """JSON bodies in UTF-8 only (RFC 8259): `json.loads` on bytes would also guess UTF-16 and
+    UTF-32, so a body every other JSON reader refuses was taken."""
+
+    def parse_body(self, request: HttpRequest) -> dict[str, Any]:
+        try:
+            text = request.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"JSON must be UTF-8 (RFC 8259); byte {exc.start} is not") from None
+        return cast(dict[str, Any], json.loads(text))
+
 
 api = NinjaAPI(
     title="Lumastra Tasks",
@@ -14,6 +32,7 @@ api = NinjaAPI(
     description="Start runs, follow them, and list the tasks that can be started.",
     urls_namespace="api-v1",
     auth=AUTH,
+    parser=Utf8Json(),
 )
 errors.install(api)
 api.add_router("", runs.router)

@@ -31,6 +31,7 @@ from orchestrator.runs import cancel
 from orchestrator.runs.publish import job_id, publish
 from orchestrator.states import LIVE_RUN_STATES, RunState, StageState
 from orchestrator.stores import live, queries
+from orchestrator.text import first_unstorable, unstorable
 from orchestrator.triggers import PRIORITY_BY_TRIGGER, TriggerKind
 from tasks import registry
 from tasks.definition import Priority, TaskDefinition
@@ -88,37 +89,6 @@ def new_run_id() -> str:
 def is_run_id(value: str) -> bool:
     """Whether `value` has the form of a run id; anything else names no run."""
     return _RUN_ID.fullmatch(value) is not None
-
-
-def unstorable(text: str) -> str | None:
-    """Why Postgres cannot store `text`, or None when it can: text and JSONB refuse NUL, and
-    a lone surrogate (a JSON escape can produce one) has no UTF-8 encoding."""
-    if "\x00" in text:
-        return "must not contain NUL (U+0000)"
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return "must not contain a lone surrogate (U+D800-U+DFFF)"
-    return None
-
-
-def first_unstorable(document: object) -> tuple[list[str | int], str] | None:
-    """Where in a JSON-like document an unstorable string (value or key) is, and why."""
-    # A loop, not recursion: a document as deep as the JSON parser allows must not overflow.
-    pending: list[tuple[list[str | int], object]] = [([], document)]
-    while pending:
-        loc, value = pending.pop()
-        if isinstance(value, str):
-            if reason := unstorable(value):
-                return loc, reason
-        elif isinstance(value, Mapping):
-            for key, item in value.items():
-                if isinstance(key, str) and (reason := unstorable(key)):
-                    return [*loc, key], f"key {reason}"
-                pending.append(([*loc, key], item))
-        elif isinstance(value, list | tuple):
-            pending.extend(([*loc, index], item) for index, item in enumerate(value))
-    return None
 
 
 def validate_input(definition: TaskDefinition, data: object) -> BaseModel:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from orchestrator.text import is_ascii_digits
+
 HEADER = "X-Lumastra-Signature"
 DEFAULT_TOLERANCE = timedelta(minutes=5)
 
@@ -52,7 +54,7 @@ def verify(
     event id, True when this receiver already had it) replayed delivery."""
     parts = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
     timestamp, given = parts.get("t", ""), parts.get("v1", "")
-    if not timestamp.isdigit() or not given:
+    if not is_ascii_digits(timestamp) or not given:
         raise WebhookVerificationError(f"malformed {HEADER} header")
     expected = sign(body, secret, int(timestamp)).split("v1=", 1)[1]
     if not hmac.compare_digest(expected.encode(), given.encode()):

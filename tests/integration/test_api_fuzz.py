@@ -109,3 +109,13 @@ def test_the_schema_says_what_is_refused_at_the_edge() -> None:
 
     assert start["task"]["pattern"] == "^[^\\u0000]*$"
     assert start["priority"]["anyOf"][0] == {"enum": [1, 2, 3, 5, 7], "type": "integer"}
+
+
+def test_a_runs_log_is_documented_as_a_stream_and_as_json() -> None:
+    spec = Client().get("/api/v1/openapi.json").json()
+    ok = spec["paths"]["/api/v1/runs/{run_id}/logs"]["get"]["responses"]["200"]["content"]
+
+    assert set(ok) == {"text/event-stream", "application/json"}
+    assert ok["application/json"]["schema"]["items"] == {"$ref": "#/components/schemas/LogLine"}
+    line = spec["components"]["schemas"]["LogLine"]
+    assert set(line["properties"]) == {"seq", "ts", "level", "stage", "msg"}

@@ -120,6 +120,11 @@ def test_follow_false_answers_json_and_an_old_runs_log_comes_from_its_row(
 
     live = session.get(url, timeout=10).json()
     assert [line["seq"] for line in live] == list(range(1, len(live) + 1))
+    documented = session.get(f"{web}/api/v1/openapi.json", timeout=10).json()
+    line_schema = documented["components"]["schemas"]["LogLine"]
+    assert all(
+        set(line_schema["required"]) <= set(line) <= set(line_schema["properties"]) for line in live
+    )
     assert {"line 0", "line 4"} <= {line["msg"] for line in live}
 
     # A day later the live log is gone: the tail kept on the row answers.
