@@ -70,7 +70,7 @@ _STORES = {
 BENCH_ENV = {
     **{name: os.environ.get(f"BENCH_{name}", default) for name, default in _STORES.items()},
     "LUMASTRA_TASK_MODULES": "bench.task_defs",
-    "WORKER_MODE": "enabled",
+    "LUMASTRA_WORKER_MODE": "enabled",
     "DJANGO_SETTINGS_MODULE": "lumastra.settings",
     # The whole backlog waits at once, so the io class's default cap (2,000) would refuse
     # starts beyond it; the backpressure check itself still runs on every start.

@@ -2,7 +2,7 @@
 
 An event the dispatcher failed LUMASTRA_COVERAGE_DISPATCH_MAX_ATTEMPTS times is dead-lettered
 (`event_outbox.dead_at`) and kept for an operator (Coverage → dead letters in the admin). Once
-it has been dead longer than `LUMASTRA_COVERAGE_OUTBOX_RETENTION_DAYS` it is deleted, in the
+it has been dead longer than `LUMASTRA_COVERAGE_OUTBOX_RETENTION_S` it is deleted, in the
 engine's short batches (`orchestrator.stores.retention`). Events still due are never touched.
 """
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 from django.conf import settings
 
 from coverage.queries import SQL_DIR
-from orchestrator.stores.retention import FIRST_ID, days_ago, prune_in_batches
+from orchestrator.stores.retention import FIRST_ID, prune_in_batches, seconds_ago
 
 PRUNE_DEAD_EVENTS = (SQL_DIR / "prune_dead_events.sql").read_text()
 
 
 def prune_dead_events(*, batch: int | None = None) -> int:
     """Delete dead-lettered outbox events past their retention; how many went."""
-    cutoff = days_ago(settings.CONFIG.coverage_outbox_retention_days)
+    cutoff = seconds_ago(settings.CONFIG.coverage_outbox_retention_s)
     return prune_in_batches(
         PRUNE_DEAD_EVENTS, {"cutoff": cutoff}, start=FIRST_ID, batch=batch
     ).deleted

@@ -12,7 +12,7 @@ Each tick, for each stage the registry declares (`coverage.stages`):
    become `pending` — no event needed. The walk resumes where it stopped, so every skipped
    row is looked at again within ceil(skipped / batch) ticks.
 4. **Dispose and start** (stages the sweep drives: `enqueueable` and listed in
-   PIPELINE_COVERAGE_AUTHORITATIVE_STAGES): the oldest due rows (`pending`, `obsolete`,
+   LUMASTRA_COVERAGE_AUTHORITATIVE_STAGES): the oldest due rows (`pending`, `obsolete`,
    `failed_transient` and `skipped_transient` whose `next_eligible_at` has come), at most
    LUMASTRA_COVERAGE_STARTS_PER_STAGE, are locked; those whose eligibility no longer holds
    become `skipped_permanent` (`ineligible`), the others get their runs through

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/python.sh
 
-export WORKER_MODE=disabled
+export LUMASTRA_WORKER_MODE=disabled
 "$PYTHON" manage.py sync_schedules
 exec "$PYTHON" -m celery -A lumastra beat \
   -S django_celery_beat.schedulers:DatabaseScheduler --loglevel=INFO "$@"

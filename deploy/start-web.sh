@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/python.sh
 
-export WORKER_MODE=disabled
+export LUMASTRA_WORKER_MODE=disabled
 # Django's advice for ASGI: persistent connections are not reused across requests there (each
 # request runs its sync code in a fresh thread), so they would only pile up.
 export LUMASTRA_DB_CONN_MAX_AGE_S="${LUMASTRA_DB_CONN_MAX_AGE_S:-0}"

@@ -9,5 +9,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/python.sh
 
-export WORKER_MODE=enabled
+export LUMASTRA_WORKER_MODE=enabled
 exec "$PYTHON" -m lumastra.workers "$@"

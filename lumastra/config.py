@@ -1,12 +1,19 @@
 """The one typed view of the environment.
 
 Every variable the system reads is declared here, once, with its default; `docs/environment.md`
-lists the same names (a unit test keeps the two in step). Nothing else reads `os.environ`.
+lists the same names (a unit test keeps the two in step). The roles read the settings built
+from this; only process plumbing reads `os.environ` itself (the role scripts, the pool
+settings a worker hands its children, a command's marks).
+
+A renamed variable keeps its old name for one release (`Renamed`): set alone, the old name is
+read (converted to the new unit) with a `FutureWarning` naming the new one; set with the new
+one, the new one wins.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
@@ -24,10 +31,27 @@ class WorkerMode(Enum):
 
 
 @dataclass(frozen=True)
+class Renamed:
+    """A variable's name before this release, and what one of its units is in the new one."""
+
+    old: str
+    scale: float = 1.0  # 0.001: the old name was in milliseconds, the new one in seconds
+
+    def value(self, raw: str) -> str:
+        if self.scale == 1.0:
+            return raw
+        try:
+            return f"{float(raw) * self.scale:g}"
+        except ValueError:
+            return raw  # refused by the new variable's parser, with the old name in the error
+
+
+@dataclass(frozen=True)
 class EnvVar:
     name: str
     default: str
     help: str
+    renamed: Renamed | None = None
 
 
 # Per-class overrides are a family of variables; the docs list them by this pattern.
@@ -96,9 +120,29 @@ def _parse_mode(raw: str) -> WorkerMode:
     return WorkerMode(raw.strip().lower())
 
 
-def _env(name: str, default: str, parse: Callable[[str], Any], help: str) -> Any:
+def _positive_seconds(raw: str) -> float:
+    value = float(raw)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"expected seconds above 0, got {raw!r}")
+    return value
+
+
+def _non_negative_seconds(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"expected seconds, 0 or more, got {raw!r}")
+    return value
+
+
+def _env(
+    name: str,
+    default: str,
+    parse: Callable[[str], Any],
+    help: str,
+    renamed: Renamed | None = None,
+) -> Any:
     """A Config field read from variable `name`; its metadata is the documentation."""
-    return field(metadata={"var": EnvVar(name, default, help), "parse": parse})
+    return field(metadata={"var": EnvVar(name, default, help, renamed), "parse": parse})
 
 
 class ConfigError(ValueError):
@@ -120,10 +164,18 @@ class Config:
         "CELERY_BROKER_URL", "redis://127.0.0.1:6379/2", str, "Celery broker"
     )
     worker_mode: WorkerMode = _env(
-        "WORKER_MODE", "enabled", _parse_mode, "enabled (worker role) or disabled (web role)"
+        "LUMASTRA_WORKER_MODE",
+        "enabled",
+        _parse_mode,
+        "enabled (worker role) or disabled (web role)",
+        Renamed("WORKER_MODE"),
     )
     per_task_queues: bool = _env(
-        "FEATURE_PER_TASK_QUEUES", "true", _parse_bool, "one queue per task; false: one per class"
+        "LUMASTRA_PER_TASK_QUEUES",
+        "true",
+        _parse_bool,
+        "one queue per task; false: one per class",
+        Renamed("FEATURE_PER_TASK_QUEUES"),
     )
     secret_key: str = _env(
         "LUMASTRA_SECRET_KEY", "", str, "SECRET_KEY; the role scripts refuse to start without it"
@@ -193,6 +245,7 @@ class Config:
     web_max_header_bytes: int = _env(
         "LUMASTRA_WEB_MAX_HEADER_BYTES", "32768", _positive_int, "largest request head"
     )
+    # Flower's own name, which Flower also reads itself (like CELERY_BROKER_URL, Celery's).
     flower_basic_auth: tuple[str, ...] = _env(
         "FLOWER_BASIC_AUTH", "", _parse_list, "Flower's user:password pairs, comma-separated"
     )
@@ -209,11 +262,12 @@ class Config:
     log_flush_lines: int = _env(
         "LUMASTRA_LOG_FLUSH_LINES", "100", _positive_int, "log lines a run sends in one batch"
     )
-    log_flush_ms: int = _env(
-        "LUMASTRA_LOG_FLUSH_MS",
-        "250",
-        _positive_int,
+    log_flush_s: float = _env(
+        "LUMASTRA_LOG_FLUSH_S",
+        "0.25",
+        _positive_seconds,
         "a run's waiting log lines are sent at its next line once the oldest is this old",
+        Renamed("LUMASTRA_LOG_FLUSH_MS", scale=0.001),
     )
     run_log_tail: int = _env(
         "LUMASTRA_RUN_LOG_TAIL",
@@ -227,11 +281,12 @@ class Config:
         _parse_level,
         "lowest level of a handler's logging records copied to its run's log",
     )
-    progress_write_ms: int = _env(
-        "LUMASTRA_PROGRESS_WRITE_MS",
-        "250",
-        _positive_int,
+    progress_write_s: float = _env(
+        "LUMASTRA_PROGRESS_WRITE_S",
+        "0.25",
+        _positive_seconds,
         "a run's progress reaches its live hash at most this often",
+        Renamed("LUMASTRA_PROGRESS_WRITE_MS", scale=0.001),
     )
     progress_force_s: int = _env(
         "LUMASTRA_PROGRESS_FORCE_S",
@@ -296,23 +351,26 @@ class Config:
         _parse_path,
         "folder the demo's trickplay stage writes its sprites and WebVTT indexes below",
     )
-    history_retention_days: int = _env(
-        "LUMASTRA_HISTORY_RETENTION_DAYS",
-        "30",
+    history_retention_s: int = _env(
+        "LUMASTRA_HISTORY_RETENTION_S",
+        "2592000",
         _positive_int,
         "history-retention deletes older runs",
+        Renamed("LUMASTRA_HISTORY_RETENTION_DAYS", scale=86400),
     )
-    webhook_retention_days: int = _env(
-        "LUMASTRA_WEBHOOK_RETENTION_DAYS",
-        "14",
+    webhook_retention_s: int = _env(
+        "LUMASTRA_WEBHOOK_RETENTION_S",
+        "1209600",
         _positive_int,
         "history-retention deletes older delivered or dead webhook deliveries",
+        Renamed("LUMASTRA_WEBHOOK_RETENTION_DAYS", scale=86400),
     )
-    coverage_outbox_retention_days: int = _env(
-        "LUMASTRA_COVERAGE_OUTBOX_RETENTION_DAYS",
-        "30",
+    coverage_outbox_retention_s: int = _env(
+        "LUMASTRA_COVERAGE_OUTBOX_RETENTION_S",
+        "2592000",
         _positive_int,
         "history-retention deletes outbox events dead-lettered longer ago",
+        Renamed("LUMASTRA_COVERAGE_OUTBOX_RETENTION_DAYS", scale=86400),
     )
     retention_batch: int = _env(
         "LUMASTRA_RETENTION_BATCH",
@@ -353,11 +411,12 @@ class Config:
         _positive_int,
         "consecutive counted failures that open a task's circuit",
     )
-    circuit_force_enable_ttl_ms: int = _env(
-        "LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS",
-        "86400000",
-        _positive_int,
+    circuit_force_enable_ttl_s: float = _env(
+        "LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_S",
+        "86400",
+        _positive_seconds,
         "how long an operator's force-enable keeps a circuit admitting",
+        Renamed("LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS", scale=0.001),
     )
     heartbeat_interval_s: int = _env(
         "LUMASTRA_HEARTBEAT_INTERVAL_S", "30", _positive_int, "a running run's heartbeat tick"
@@ -422,11 +481,12 @@ class Config:
     leader_renew_s: int = _env(
         "LUMASTRA_LEADER_RENEW_S", "5", _positive_int, "seconds between a leader's renewals"
     )
-    leader_jitter_ms: int = _env(
-        "LUMASTRA_LEADER_JITTER_MS",
-        "1000",
-        _non_negative_int,
+    leader_jitter_s: float = _env(
+        "LUMASTRA_LEADER_JITTER_S",
+        "1",
+        _non_negative_seconds,
         "most random delay added to each attempt to take a leader lock",
+        Renamed("LUMASTRA_LEADER_JITTER_MS", scale=0.001),
     )
     worker_max_tasks_per_child: int = _env(
         "LUMASTRA_WORKER_MAX_TASKS_PER_CHILD",
@@ -447,10 +507,11 @@ class Config:
         "largest JSON result a pipeline stage may return",
     )
     coverage_authoritative_stages: tuple[str, ...] = _env(
-        "PIPELINE_COVERAGE_AUTHORITATIVE_STAGES",
+        "LUMASTRA_COVERAGE_AUTHORITATIVE_STAGES",
         "*",
         _parse_list,
         "comma-separated covered stages the stage-sweep starts runs for; * for every one",
+        Renamed("PIPELINE_COVERAGE_AUTHORITATIVE_STAGES"),
     )
     coverage_sweep_interval_s: int = _env(
         "LUMASTRA_COVERAGE_SWEEP_INTERVAL_S", "60", _positive_int, "seconds between sweep ticks"
@@ -532,11 +593,21 @@ def load(environ: Mapping[str, str]) -> Config:
         if "var" not in f.metadata:
             continue
         var: EnvVar = f.metadata["var"]
-        raw = environ.get(var.name, var.default)
+        name, raw = var.name, environ.get(var.name)
+        if raw is None and var.renamed is not None and var.renamed.old in environ:
+            name, raw = var.renamed.old, var.renamed.value(environ[var.renamed.old])
+            warnings.warn(
+                f"{name} is renamed {var.name}: read as {var.name}={raw} this release, "
+                f"set {var.name} instead",
+                FutureWarning,
+                stacklevel=2,
+            )
+        if raw is None:
+            raw = var.default
         try:
             values[f.name] = f.metadata["parse"](raw)
         except ValueError as exc:
-            raise ConfigError(f"{var.name}={raw!r}: {exc}") from None
+            raise ConfigError(f"{name}={raw!r}: {exc}") from None
 
     def per_class(prefix: str) -> dict[str, int]:
         found: dict[str, int] = {}

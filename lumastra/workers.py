@@ -262,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_plan:
         return 0
     if cfg.worker_mode is not WorkerMode.ENABLED:
-        print("WORKER_MODE is not 'enabled': this process may not consume queues", file=sys.stderr)
+        print(
+            "LUMASTRA_WORKER_MODE is not 'enabled': this process may not consume queues",
+            file=sys.stderr,
+        )
         return 2
     if not pools:
         print("no task is registered: there is nothing to consume", file=sys.stderr)

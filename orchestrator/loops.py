@@ -43,7 +43,7 @@ A tick still running after STOP_TIMEOUT_S is abandoned (the process exits anyway
 `--once` makes one attempt at the seat, runs the boot tick, one drain pass and one quota
 rollup (if it won the seat), releases the seat and exits (for operators and tests).
 
-It refuses to start (exit 2) unless WORKER_MODE=enabled: the web role runs no loops.
+It refuses to start (exit 2) unless LUMASTRA_WORKER_MODE=enabled: the web role runs no loops.
 
 Not guaranteed: a tick blocked in a call that never returns (a Postgres statement without a
 timeout) stalls its loop until that call returns; the other loop keeps going.
@@ -145,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     # Compared by value: the engine reads its configuration through settings and never
     # imports the project package (lumastra).
     if config.worker_mode.value != "enabled":
-        print("WORKER_MODE is not 'enabled': this process may not run the loops", file=sys.stderr)
+        print(
+            "LUMASTRA_WORKER_MODE is not 'enabled': this process may not run the loops",
+            file=sys.stderr,
+        )
         return 2
 
     try:
@@ -230,11 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         ", ".join(f"{loop.name} every {loop.interval_s}s" for loop in loops),
     )
     log.info(
-        "leader: racing for %s (lease %ss, renewed every %ss, jitter up to %sms)",
+        "leader: racing for %s (lease %ss, renewed every %ss, jitter up to %ss)",
         elector.lock.key,
         config.leader_ttl_s,
         config.leader_renew_s,
-        config.leader_jitter_ms,
+        config.leader_jitter_s,
     )
     while not stop.wait(1.0):
         pass

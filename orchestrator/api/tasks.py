@@ -191,7 +191,7 @@ def get_task(request: HttpRequest, task_id: str) -> TaskOut:
     "/tasks/{task_id}/circuit/force-enable", auth=OPERATE, response=answers({200: CircuitOut}, 404)
 )
 def force_enable_circuit(request: HttpRequest, task_id: str) -> CircuitOut:
-    """Close the task's circuit and keep it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS,
+    """Close the task's circuit and keep it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_S,
     recorded under the caller's username; answers with the circuit as it is now."""
     definition = _definition(task_id)
     return _circuit(circuit.force_enable(definition.id, actor=current_user(request).username))

@@ -11,7 +11,7 @@ nothing (no `lock:orch:<class>`: docs/architecture.md, "Decisions and departures
 The seat is taken with SET NX PX LUMASTRA_LEADER_TTL_S (15 s) and renewed every
 LUMASTRA_LEADER_RENEW_S (5 s) by a Lua compare-and-renew (`lua/lock_renew.lua`). A candidate
 that finds the seat taken reads the lease's remaining time in the same MULTI and tries again
-when it ends, plus a random delay of up to LUMASTRA_LEADER_JITTER_MS, so a dead leader is
+when it ends, plus a random delay of up to LUMASTRA_LEADER_JITTER_S, so a dead leader is
 replaced within TTL + jitter of its last renewal. A leader whose renewal fails (the lock is
 someone else's, gone, or Valkey did not answer) stops leading at once: `leads()` turns
 False, the next `check()` of a running tick raises `LockLost`, and the process re-enters the
@@ -118,7 +118,7 @@ class Elector:
         default_factory=lambda: timedelta(seconds=settings.CONFIG.leader_renew_s)
     )
     jitter: timedelta = field(
-        default_factory=lambda: timedelta(milliseconds=settings.CONFIG.leader_jitter_ms)
+        default_factory=lambda: timedelta(seconds=settings.CONFIG.leader_jitter_s)
     )
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], float] = time.monotonic

@@ -38,7 +38,7 @@ reports (its worker died, its caller's transaction rolled back) holds it until i
 and then another start becomes the probe.
 
 Operators: `force_enable(task_id, actor=...)` closes the circuit, resets counts and backoff,
-and keeps it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS (default 24 h). Failures in
+and keeps it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_S (default 24 h). Failures in
 that time are counted but do not open it; after it, the next counted failure is judged by the
 normal rules on the counts gathered meanwhile. `status` and `statuses` read the state for the
 admin and the API.
@@ -269,13 +269,13 @@ class CircuitBreaker(RunHook):
 
 
 def force_enable(task_id: str, *, actor: str, clock: Clock = SYSTEM) -> CircuitStatus:
-    """Close `task_id`'s circuit and keep it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS."""
+    """Close `task_id`'s circuit and keep it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_S."""
     if task_id not in registry.get():
         raise UnknownTaskError(task_id)
     if not actor.strip():
         raise ValueError("force_enable needs the name of the operator forcing it")
     now = clock.now()
-    until = now + timedelta(milliseconds=settings.CONFIG.circuit_force_enable_ttl_ms)
+    until = now + timedelta(seconds=settings.CONFIG.circuit_force_enable_ttl_s)
     circuit = _hash(_call("circuit_force", task_id, [to_ms(now), to_ms(until), actor], clock))
     _persist(task_id, circuit)
     log.warning("task %s: circuit force-enabled by %s until %s", task_id, actor, until)

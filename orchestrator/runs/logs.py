@@ -5,7 +5,7 @@ Each line is an entry `{"ts", "level", "stage", "msg"}` numbered in the run's ow
 (`seq`, from 1, never reused, whichever process or attempt wrote it) in `task:log:<runId>`:
 the last LUMASTRA_LOG_CAP lines, for 24 hours (`log_append.lua`). Lines are sent in batches:
 when LUMASTRA_LOG_FLUSH_LINES are waiting, when the oldest waiting line is
-LUMASTRA_LOG_FLUSH_MS old at the next write, at each watch tick (about once a second) and at
+LUMASTRA_LOG_FLUSH_S old at the next write, at each watch tick (about once a second) and at
 the run's end, so a chatty handler costs a round trip per batch, not per line. Each batch is
 announced on `task:logfeed:<runId>` for the followers (`orchestrator.api.logs`).
 
@@ -100,7 +100,7 @@ class RunLog:
             now = time.monotonic()
             due = (
                 len(self._waiting) >= config.log_flush_lines
-                or (now - self._oldest_waiting) * 1000 >= config.log_flush_ms
+                or now - self._oldest_waiting >= config.log_flush_s
             )
         if due and self._sends.open:
             try:

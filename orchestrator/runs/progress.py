@@ -4,7 +4,7 @@
 report always wins, but it reaches:
 - the live hash (`progress` field, `set_progress.lua`, and a `progress` event for the
   followers of `GET /events`) at most once per
-  LUMASTRA_PROGRESS_WRITE_MS (250 ms): a report inside that window waits, and the watch tick
+  LUMASTRA_PROGRESS_WRITE_S (0.25 s): a report inside that window waits, and the watch tick
   (about once a second) or the run's end sends it;
 - the run's row (`task_history.progress`) at least every LUMASTRA_PROGRESS_FORCE_S (30 s)
   while it keeps changing, and with the run's terminal write.
@@ -64,7 +64,7 @@ class Progress:
             self._waiting = True
             self._row_stale = True
             now = time.monotonic()
-            due = (now - self._hash_written_at) * 1000 >= settings.CONFIG.progress_write_ms
+            due = now - self._hash_written_at >= settings.CONFIG.progress_write_s
         if due and self._sends.open:
             try:
                 self._sends.send(self.flush)

@@ -5,9 +5,9 @@ engine's tables and the catalog's own pruner (`coverage.retention`) for its outb
 `prune_in_batches`:
 
 - ended runs (`task_history`) finished, and state changes (`task_history_audit`) recorded,
-  more than `LUMASTRA_HISTORY_RETENTION_DAYS` ago;
+  more than `LUMASTRA_HISTORY_RETENTION_S` ago;
 - webhook deliveries (`webhook_delivery`) delivered or dead and created more than
-  `LUMASTRA_WEBHOOK_RETENTION_DAYS` ago (pending ones are never deleted).
+  `LUMASTRA_WEBHOOK_RETENTION_S` ago (pending ones are never deleted).
 
 Each batch is one statement (`sql/prune_*.sql`): select up to `LUMASTRA_RETENTION_BATCH` rows
 `FOR UPDATE SKIP LOCKED`, delete them, report how many and where it stopped; the next batch
@@ -73,8 +73,8 @@ def prune_in_batches(
         after = last
 
 
-def days_ago(days: int) -> datetime:
-    return timezone.now() - timedelta(days=days)
+def seconds_ago(seconds: float) -> datetime:
+    return timezone.now() - timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class HistoryPruned:
 
 def prune_history(*, batch: int | None = None) -> HistoryPruned:
     """Delete the engine's history past its retention settings (see the module)."""
-    history_cutoff = days_ago(settings.CONFIG.history_retention_days)
+    history_cutoff = seconds_ago(settings.CONFIG.history_retention_s)
     terminal = [state.value for state in TERMINAL_RUN_STATES]
     runs = prune_in_batches(
         PRUNE_RUNS,
@@ -97,7 +97,7 @@ def prune_history(*, batch: int | None = None) -> HistoryPruned:
     audit = prune_in_batches(PRUNE_AUDIT, {"cutoff": history_cutoff}, start=FIRST_ID, batch=batch)
     deliveries = prune_in_batches(
         PRUNE_WEBHOOK_DELIVERIES,
-        {"cutoff": days_ago(settings.CONFIG.webhook_retention_days)},
+        {"cutoff": seconds_ago(settings.CONFIG.webhook_retention_s)},
         start=FIRST_ID,
         batch=batch,
     )

@@ -8,6 +8,10 @@ from django.conf import settings
 from tasks import NoInput, TaskContext, define_task, every
 
 
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:g} days"
+
+
 def history_retention(ctx: TaskContext, params: NoInput) -> dict[str, int]:
     # Each table in short batches of their own transactions (orchestrator.stores.retention).
     from coverage.retention import prune_dead_events
@@ -15,11 +19,12 @@ def history_retention(ctx: TaskContext, params: NoInput) -> dict[str, int]:
 
     history = prune_history()
     dead_events = prune_dead_events()
+    config = settings.CONFIG
     ctx.log(
         f"deleted {history.runs} ended runs and {history.audit} state changes older than "
-        f"{settings.CONFIG.history_retention_days} days, {history.webhook_deliveries} webhook "
-        f"deliveries older than {settings.CONFIG.webhook_retention_days} days, {dead_events} "
-        f"outbox events dead for more than {settings.CONFIG.coverage_outbox_retention_days} days"
+        f"{_days(config.history_retention_s)}, {history.webhook_deliveries} webhook deliveries "
+        f"older than {_days(config.webhook_retention_s)}, {dead_events} outbox events dead "
+        f"for more than {_days(config.coverage_outbox_retention_s)}"
     )
     return {
         "deleted": history.runs,

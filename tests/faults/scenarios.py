@@ -806,7 +806,7 @@ def partition_valkey(h: Harness) -> list[str]:
     # Host A's last renewal can be up to a renewal interval before the cut; host B takes the
     # seat once the lease has run out, after its jitter.
     config = settings.CONFIG
-    within_s = config.leader_ttl_s + config.leader_jitter_ms / 1000 + SEAT_SLACK_S
+    within_s = config.leader_ttl_s + config.leader_jitter_s + SEAT_SLACK_S
     if h.leader_failover_s is None:
         problems.append("the cluster seat never left host A while it was cut from Valkey")
     elif h.leader_failover_s > within_s:

@@ -351,7 +351,7 @@ def test_exactly_one_of_many_concurrent_starts_is_the_probe(
 
 def test_force_enable_admits_until_it_expires(breaker: CircuitBreaker, clock: FrozenClock) -> None:
     _fail(breaker, 5)
-    ttl = timedelta(days=1)  # LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS's default
+    ttl = timedelta(days=1)  # LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_S's default
 
     forced = force_enable(TASK, actor="ops@example.org", clock=clock)
 

@@ -53,7 +53,7 @@ def test_a_slow_send_shuts_the_gate_for_the_log_and_the_progress_until_the_pause
 
     sends.send(lambda: _slow(clock, valkey.SLOW_SEND_S * 2))
     assert not sends.open
-    time.sleep(settings.CONFIG.progress_write_ms / 1000)  # due again: only the gate holds it
+    time.sleep(settings.CONFIG.progress_write_s)  # due again: only the gate holds it
     assert _inline_round_trips(run_log, progress) == 0
 
     # The watch's flush is not the handler's: it sends what waited.

@@ -35,6 +35,8 @@ from tasks.definition import NoInput
 from tasks.definitions.maintenance import history_retention
 from tests.support.fixtures import database_url
 
+DAY_S = 86400
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -66,9 +68,9 @@ def _event(kind: str, dead_days_ago: int | None, created_days_ago: int = 0) -> N
 
 
 def test_each_kind_of_history_goes_past_its_own_retention() -> None:
-    keep = settings.CONFIG.history_retention_days
-    keep_webhooks = settings.CONFIG.webhook_retention_days
-    keep_dead = settings.CONFIG.coverage_outbox_retention_days
+    keep = settings.CONFIG.history_retention_s // DAY_S
+    keep_webhooks = settings.CONFIG.webhook_retention_s // DAY_S
+    keep_dead = settings.CONFIG.coverage_outbox_retention_s // DAY_S
     _run("run_01OLD000000000000000000000", RunState.COMPLETED, keep + 1)
     _run("run_01NEW000000000000000000000", RunState.COMPLETED, 1)
     _run("run_01LIVE00000000000000000000", RunState.ACTIVE, None)
@@ -109,7 +111,7 @@ def test_each_kind_of_history_goes_past_its_own_retention() -> None:
 
 def test_retention_settings_are_each_its_own(settings: LazySettings) -> None:
     settings.CONFIG = dataclasses.replace(
-        settings.CONFIG, history_retention_days=100, webhook_retention_days=2
+        settings.CONFIG, history_retention_s=100 * DAY_S, webhook_retention_s=2 * DAY_S
     )
     _run("run_01MID000000000000000000000", RunState.FAILED, 10)
     endpoint = WebhookEndpoint.objects.create(
@@ -146,7 +148,7 @@ def other_transaction() -> Iterator[psycopg2.extensions.cursor]:
 def test_a_row_another_transaction_holds_is_skipped_not_waited_for(
     other_transaction: psycopg2.extensions.cursor,
 ) -> None:
-    old = settings.CONFIG.history_retention_days + 1
+    old = settings.CONFIG.history_retention_s // DAY_S + 1
     for index in range(5):
         _run(f"run_01L{index:022d}", RunState.COMPLETED, old)
     held = "run_01L0000000000000000000002"

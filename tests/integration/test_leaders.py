@@ -43,7 +43,7 @@ KILLS = 5
 COMPRESSED = {
     "LUMASTRA_LEADER_TTL_S": str(TTL_S),
     "LUMASTRA_LEADER_RENEW_S": str(RENEW_S),
-    "LUMASTRA_LEADER_JITTER_MS": str(int(JITTER_S * 1000)),
+    "LUMASTRA_LEADER_JITTER_S": str(JITTER_S),
     "LUMASTRA_RECONCILE_INTERVAL_S": "1",
     "LUMASTRA_DRAIN_INTERVAL_S": "1",
 }
@@ -79,7 +79,7 @@ class Cluster:
                 env={
                     **os.environ,
                     "DATABASE_URL": database_url(),
-                    "WORKER_MODE": "enabled",
+                    "LUMASTRA_WORKER_MODE": "enabled",
                     **COMPRESSED,
                     **env,
                 },

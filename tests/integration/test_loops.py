@@ -31,7 +31,12 @@ def _clean() -> None:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "DATABASE_URL": database_url(), "WORKER_MODE": "enabled", **extra}
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "LUMASTRA_WORKER_MODE": "enabled",
+        **extra,
+    }
 
 
 def _loops(*args: str, **env: str) -> subprocess.Popen[str]:
@@ -46,11 +51,11 @@ def _loops(*args: str, **env: str) -> subprocess.Popen[str]:
 
 
 def test_the_web_role_refuses_to_run_the_loops() -> None:
-    process = _loops("--once", WORKER_MODE="disabled")
+    process = _loops("--once", LUMASTRA_WORKER_MODE="disabled")
     output, _ = process.communicate(timeout=60)
 
     assert process.returncode == 2
-    assert "WORKER_MODE is not 'enabled'" in output
+    assert "LUMASTRA_WORKER_MODE is not 'enabled'" in output
 
 
 def test_boot_recovery_runs_once_at_start_and_logs_a_count() -> None:

@@ -227,7 +227,7 @@ def test_force_enable_over_the_api_closes_an_open_circuit(api: Client, clock: Fr
     assert forced["state"] == "closed"
     assert forced["time_to_half_open_s"] is None
     assert forced["forced_by"] == "ops"
-    ttl = timedelta(milliseconds=settings.CONFIG.circuit_force_enable_ttl_ms)
+    ttl = timedelta(seconds=settings.CONFIG.circuit_force_enable_ttl_s)
     assert clock.now() + ttl <= _moment(forced["forced_until"]) <= SYSTEM.now() + ttl
     assert _status(api, CIRCUIT)["circuit"] == forced
     assert TaskCircuitState.objects.get(task_id=CIRCUIT).forced_by == "ops"
@@ -513,7 +513,7 @@ def test_admin_tasks_page_shows_how_long_a_force_enable_holds(
 
     circuit = _row(client.get(ADMIN_TASKS).content.decode(), CIRCUIT)
 
-    ttl = timedelta(milliseconds=settings.CONFIG.circuit_force_enable_ttl_ms)
+    ttl = timedelta(seconds=settings.CONFIG.circuit_force_enable_ttl_s)
     assert f"(expires in {describe(ttl)})" in circuit
 
 

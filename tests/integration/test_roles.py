@@ -60,7 +60,7 @@ def web_role(transactional_db: None) -> Iterator[WebRole]:
         "DATABASE_URL": database_url(),
         "LUMASTRA_WEB_HOST": "127.0.0.1",
         "LUMASTRA_WEB_PORT": str(port),
-        "FEATURE_PER_TASK_QUEUES": "false",
+        "LUMASTRA_PER_TASK_QUEUES": "false",
     }
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -169,7 +169,7 @@ def test_the_consumer_checks_detect_a_real_worker(django_db_setup: None) -> None
 def test_web_role_serves_starts_runs_and_consumes_nothing(web_role: WebRole) -> None:
     assert http_status(f"{web_role.base_url}/static/admin/css/base.css") == 200
     environ = Path(f"/proc/{web_role.process.pid}/environ").read_bytes().split(b"\0")
-    assert b"WORKER_MODE=disabled" in environ
+    assert b"LUMASTRA_WORKER_MODE=disabled" in environ
     get_user_model().objects.create_superuser("operator", "op@example.invalid", "pw-operator")
 
     admin = AdminSession(web_role.base_url)

@@ -7,6 +7,7 @@ without a row in the doc fails this test.
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -138,13 +139,13 @@ def test_load_with_an_empty_environment_uses_every_default() -> None:
 )
 def test_booleans_accept_the_documented_spellings(raw: str, expected: bool) -> None:
     assert config.load({"LUMASTRA_DEBUG": raw}).debug is expected
-    assert config.load({"FEATURE_PER_TASK_QUEUES": raw}).per_task_queues is expected
+    assert config.load({"LUMASTRA_PER_TASK_QUEUES": raw}).per_task_queues is expected
 
 
 def test_values_are_parsed_into_their_types() -> None:
     loaded = config.load(
         {
-            "WORKER_MODE": " Disabled ",
+            "LUMASTRA_WORKER_MODE": " Disabled ",
             "LUMASTRA_ALLOWED_HOSTS": " a.example , ,b.example,",
             "LUMASTRA_TASK_MODULES": "x.defs,y.defs",
             "LUMASTRA_LOG_CAP": "250",
@@ -169,12 +170,12 @@ def test_values_are_parsed_into_their_types() -> None:
     ("name", "raw"),
     [
         ("LUMASTRA_DEBUG", "maybe"),
-        ("FEATURE_PER_TASK_QUEUES", ""),
+        ("LUMASTRA_PER_TASK_QUEUES", ""),
         ("LUMASTRA_LOG_CAP", "lots"),
         ("LUMASTRA_RUN_ACTIVE_TTL_S", "1.5"),
         ("LUMASTRA_API_MAX_BODY_BYTES", "256k"),
-        ("WORKER_MODE", "sometimes"),
-        ("WORKER_MODE", ""),
+        ("LUMASTRA_WORKER_MODE", "sometimes"),
+        ("LUMASTRA_WORKER_MODE", ""),
         ("LUMASTRA_CONCURRENCY_IO", "many"),
         ("LUMASTRA_QUEUE_DEPTH_CAP_CPU", "10.0"),
         ("LUMASTRA_HARD_TIMEOUT_S_IO", "0"),
@@ -186,3 +187,56 @@ def test_an_unusable_value_is_a_config_error_naming_the_variable(name: str, raw:
         config.load({name: raw})
 
     assert str(caught.value).startswith(f"{name}={raw!r}")
+
+
+# --- renamed variables -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "raw", "attribute", "expected"),
+    [
+        ("WORKER_MODE", "disabled", "worker_mode", WorkerMode.DISABLED),
+        ("FEATURE_PER_TASK_QUEUES", "false", "per_task_queues", False),
+        ("LUMASTRA_LOG_FLUSH_MS", "500", "log_flush_s", 0.5),
+        ("LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS", "3600000", "circuit_force_enable_ttl_s", 3600),
+        ("LUMASTRA_LEADER_JITTER_MS", "0", "leader_jitter_s", 0),
+        ("LUMASTRA_HISTORY_RETENTION_DAYS", "7", "history_retention_s", 7 * 86400),
+    ],
+)
+def test_an_old_name_alone_is_read_in_the_new_unit_with_a_warning_naming_the_new_one(
+    old: str, raw: str, attribute: str, expected: object
+) -> None:
+    (new,) = [v.name for v in VARIABLES.values() if v.renamed and v.renamed.old == old]
+
+    with pytest.warns(FutureWarning, match=f"^{old} is renamed {new}: .* set {new} instead"):
+        loaded = config.load({old: raw})
+
+    assert getattr(loaded, attribute) == expected
+
+
+def test_the_new_name_wins_over_the_old_one_and_warns_of_nothing() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = config.load({"LUMASTRA_LOG_FLUSH_S": "2", "LUMASTRA_LOG_FLUSH_MS": "500"})
+
+    assert loaded.log_flush_s == 2
+
+
+def test_an_unusable_old_value_is_a_config_error_naming_the_old_variable() -> None:
+    with pytest.warns(FutureWarning), pytest.raises(ConfigError) as caught:
+        config.load({"LUMASTRA_LEADER_JITTER_MS": "soon"})
+
+    assert str(caught.value).startswith("LUMASTRA_LEADER_JITTER_MS='soon'")
+
+
+def test_every_old_name_is_listed_in_the_doc_beside_its_new_one() -> None:
+    text = DOC.read_text()
+    for var in VARIABLES.values():
+        if var.renamed is not None:
+            assert re.search(rf"\| `{var.renamed.old}`[^|]*\| `{var.name}`", text), var.name
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "inf", "nan", "soon"])
+def test_seconds_above_zero_refuse_what_is_not(raw: str) -> None:
+    with pytest.raises(ConfigError):
+        config.load({"LUMASTRA_PROGRESS_WRITE_S": raw})
