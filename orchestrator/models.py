@@ -250,7 +250,7 @@ class CircuitState(models.TextChoices):
 
 
 class TaskCircuitState(models.Model):
-    """Mirror of one task's circuit breaker hash in Valkey (orchestrator/circuit.py).
+    """Mirror of one task's circuit breaker hash in Valkey (orchestrator/hooks/circuit.py).
 
     Valkey decides admission; this row is what the hash is rebuilt from when Valkey lost it,
     and what the admin and API read when it is missing there.

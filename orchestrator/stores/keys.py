@@ -111,7 +111,7 @@ def quota_counts(task_id: str, day: str) -> str:
 
 
 def circuit(task_id: str) -> str:
-    """Hash of one task's circuit breaker state (orchestrator/circuit.py); no TTL."""
+    """Hash of one task's circuit breaker state (orchestrator/hooks/circuit.py); no TTL."""
     return f"task:circuit:{task_id}"
 
 
@@ -137,7 +137,7 @@ def rate_window(task_id: str) -> str:
 
 def drain_pending() -> str:
     """List of terminal writes Postgres refused on a transient error, waiting for replay
-    (orchestrator/drain.py): pushed on the left, replayed from the right; bounded."""
+    (orchestrator/runs/drain.py): pushed on the left, replayed from the right; bounded."""
     return "task:drain:pending"
 
 

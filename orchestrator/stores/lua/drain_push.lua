@@ -1,5 +1,5 @@
 -- @version 1
--- Push one entry onto a bounded list (the pending-write drain, orchestrator/drain.py); a full
+-- Push one entry onto a bounded list (the pending-write drain, orchestrator/runs/drain.py); a full
 -- list refuses the entry rather than dropping an older one.
 -- KEYS[1] task:drain:pending
 -- ARGV[1] the entry (JSON)  ARGV[2] the most entries the list may hold

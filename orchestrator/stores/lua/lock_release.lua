@@ -1,5 +1,5 @@
 -- @version 1
--- Release a loop lock, only if the caller still holds it (orchestrator/locks.py).
+-- Release a loop lock, only if the caller still holds it (orchestrator/cluster/locks.py).
 -- KEYS[1] lock:orch:<name>
 -- ARGV[1] the holder's token
 -- Returns 1 when released, 0 when the lock was gone or held by another token.

@@ -1,6 +1,6 @@
 -- @version 1
 -- Renew a loop lock if the caller still holds it: the fencing check a loop makes before each
--- write batch (orchestrator/locks.py). Comparing and renewing in one script means a holder
+-- write batch (orchestrator/cluster/locks.py). Comparing and renewing in one script means a holder
 -- whose lease ran out, and was taken by another process, can never renew it back.
 -- KEYS[1] lock:orch:<name>
 -- ARGV[1] the holder's token  ARGV[2] lease (ms)
