@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -42,7 +43,15 @@ UNACKED_TAG = "test-reconciler-unacked"
 
 
 @pytest.fixture(autouse=True)
-def _clean() -> None:
+def _clean() -> Iterator[None]:
+    _clean_shared_keys()
+    yield
+    # After too: a reconciler left holding the cluster seat would make the next module's
+    # reconciler skip its ticks for the seat's whole lease.
+    _clean_shared_keys()
+
+
+def _clean_shared_keys() -> None:
     valkey.client().delete(
         keys.orchestrator_lock(CLUSTER),
         keys.drain_pending(),
