@@ -7,7 +7,7 @@ that races for `lock:orch:cluster`, the one leader seat:
 - `reconciler` (`recovery.reconciler`), on the cluster leader only: its first tick is boot
   recovery, with the boot threshold, as soon as this process leads (at once when it wins the
   race at start); then one tick every LUMASTRA_RECONCILE_INTERVAL_S (30 s).
-- `drain` (`orchestrator.runs.drain.replay`), on the cluster leader only: one pass every
+- `drain` (`orchestrator.recovery.drain_replay.replay`), on the cluster leader only: one pass every
   LUMASTRA_DRAIN_INTERVAL_S (5 s), backing off while passes fail. An empty drain costs one
   Valkey round trip.
 - `quota-rollup` (`orchestrator.hooks.quotas.rollup`), on the cluster leader only: copies the
@@ -136,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from orchestrator.cluster import leaders, roster
     from orchestrator.hooks import costs, quotas
+    from orchestrator.recovery import drain_replay
     from orchestrator.recovery.reconciler import Reconciler
-    from orchestrator.runs import drain, leftovers
+    from orchestrator.runs import leftovers
     from orchestrator.scheduler.dynamic import Scheduler
     from orchestrator.webhooks.delivery import Deliverer
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         Loop(
             "drain",
             config.drain_interval_s,
-            lambda: drain.replay(fence=cluster),
+            lambda: drain_replay.replay(fence=cluster),
             leader=True,
         ),
         Loop(

@@ -5,7 +5,7 @@ in one place, a section per kind with its count and its newest rows.
   (`runs.rerun`, priority 1, linked to the original); the full list is the runs list's
   "outcome: dead letters" filter.
 - The pending-write drain's poison list (terminal writes Postgres kept refusing): replay (the
-  entry goes back on the drain, attempts from zero) or discard (`runs.drain`).
+  entry goes back on the drain, attempts from zero) or discard (`recovery.drain_poison`).
 - Webhook deliveries that failed every attempt: redeliver (`webhooks.delivery.redeliver`).
 - The sections of the apps above the engine, named in `settings.LUMASTRA_DEAD_LETTER_SOURCES`
   (the coverage outbox): each source is a dotted path to `source(limit) -> Section`, whose
@@ -38,6 +38,7 @@ from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.hooks.base import Refused
 from orchestrator.models import DeliveryStatus, TaskHistory, WebhookDelivery
+from orchestrator.recovery import drain_poison as poison_list
 from orchestrator.runs import drain
 from orchestrator.runs.cancel import UnknownRun
 from orchestrator.runs.rerun import rerun
@@ -150,7 +151,7 @@ def exhausted_runs(limit: int) -> Section:
 
 
 def drain_poison(limit: int) -> Section:
-    entries = drain.poisoned(limit)
+    entries = poison_list.poisoned(limit)
     _, count = drain.depth()
     states = dict(
         TaskHistory.objects.filter(id__in=[e.run_id for e in entries if e.run_id]).values_list(
@@ -287,8 +288,8 @@ def _requeue(request: HttpRequest, run_ids: list[str]) -> None:
 def _replay(request: HttpRequest, record_ids: list[str]) -> None:
     for record_id in record_ids:
         try:
-            entry = drain.replay_poisoned(record_id)
-        except (drain.PoisonGone, drain.NotReplayable, drain.DrainFull) as exc:
+            entry = poison_list.replay_poisoned(record_id)
+        except (poison_list.PoisonGone, poison_list.NotReplayable, poison_list.DrainFull) as exc:
             messages.warning(request, str(exc))
             continue
         pages.log_action(
@@ -300,8 +301,8 @@ def _replay(request: HttpRequest, record_ids: list[str]) -> None:
 def _discard(request: HttpRequest, record_ids: list[str]) -> None:
     for record_id in record_ids:
         try:
-            entry = drain.discard_poisoned(record_id)
-        except drain.PoisonGone as exc:
+            entry = poison_list.discard_poisoned(record_id)
+        except poison_list.PoisonGone as exc:
             messages.warning(request, str(exc))
             continue
         what = f"the {entry.target} write of run {entry.run_id}" if entry.run_id else "an entry"

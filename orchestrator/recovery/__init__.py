@@ -5,6 +5,8 @@
 - `pending`: pending runs whose message the broker lost: published again, or failed at a deadline
 - `repair`: a tick's step: live hashes left behind a terminal write, settled
 - `stages`: a tick's step: pipeline runs stalled between stages, moved on
+- `drain_replay`: the drain's writes made again once Postgres answers, and what follows each
+- `drain_poison`: the drain's entries no replay could apply, kept for an operator
 
 Every run it ends is settled through `orchestrator.runs.settle`; a run it gives another
 attempt goes back through `orchestrator.runs.resume`.

@@ -23,7 +23,7 @@ whose attempts are not spent is resumed instead of ended (`runs.resume`): active
 fenced by its lost claim (owner, attempt count) and by the same heartbeat condition, with
 error kind `orphaned` and the attempt kept on the row, its backoff as `not_before`, and its
 message published again; a pipeline run's running stages go back to waiting the same way
-(`runs.pipeline.resume_lost_stages`) while the run stays active. Counted as `resumed`.
+(`runs.stage_attempts.resume_lost_stages`) while the run stays active. Counted as `resumed`.
 
 Otherwise an orphan is ended Postgres first, by compare-and-set: active → failed, cancelling →
 cancelled (cancelling → failed is not a legal move: the cancel request wins), with error
@@ -63,7 +63,7 @@ from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
-from orchestrator.runs import pipeline, resume
+from orchestrator.runs import resume, stage_attempts
 from orchestrator.runs.settle import settle
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import durable, keys, valkey
@@ -312,12 +312,14 @@ class _Resumed(Enum):
 
 def _resume(candidate: Candidate, threshold_s: int, message: str) -> _Resumed:
     """Put an orphan back for its next attempt (`runs.resume`; a pipeline run's running
-    stages, `pipeline.resume_lost_stages`) while its task allows it."""
+    stages, `stage_attempts.resume_lost_stages`) while its task allows it."""
     definition = registry.get().get(candidate.task_id)
     if definition is None:
         return _Resumed.NOT_RESUMABLE
     if candidate.pipeline:
-        moved = pipeline.resume_lost_stages(definition, candidate.run_id, message, threshold_s)
+        moved = stage_attempts.resume_lost_stages(
+            definition, candidate.run_id, message, threshold_s
+        )
         if moved is None:
             return _Resumed.NOT_RESUMABLE
         return _Resumed.PUT_BACK if moved else _Resumed.MOVED_ON

@@ -5,9 +5,8 @@ A tick, on one process of the cluster at a time:
    process the tick runs only on the cluster leader, whose seat it is given as its lock; a
    reconciler built without one (an operator's `--once`, tests) takes that same lock itself
    (`orchestrator.cluster.locks.LoopLock`). A process that does not hold it does nothing this tick;
-2. flushes the pending-write drain (`orchestrator.runs.drain.replay`, under the same lock), first,
-   so a terminal write
-   waiting there lands before its run could be judged an orphan;
+2. flushes the pending-write drain (`drain_replay.replay`, under the same lock), first, so a
+   terminal write waiting there lands before its run could be judged an orphan;
 3. runs one query (`orphans.candidates`) for the active or cancelling runs whose heartbeat
    is older than the threshold and for one page of the runs pending for longer than
    LUMASTRA_PENDING_CHECK_AFTER_S; an idle tick stops here. Candidates with a write still
@@ -54,7 +53,7 @@ Not guaranteed:
   comes back short, so a big backlog is checked over several ticks.
 - Pipeline runs stalled between stages are moved on by their own step
   (`recovery.stages`); the orphan query leaves them alone (no stage of theirs runs).
-- See `recovery.orphans`, `recovery.pending` and `runs.drain` for theirs.
+- See `recovery.orphans`, `recovery.pending` and `recovery.drain_replay` for theirs.
 """
 
 from __future__ import annotations
@@ -71,13 +70,13 @@ from django.conf import settings
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import Fence, FencedLock, LockLost, LoopLock
-from orchestrator.recovery import orphans, pending
+from orchestrator.recovery import drain_replay, orphans, pending
+from orchestrator.recovery.drain_replay import ReplayReport
 from orchestrator.recovery.orphans import SCAN_START, OrphanReport
 from orchestrator.recovery.pending import PendingReport
 from orchestrator.recovery.repair import RepairHashes
 from orchestrator.recovery.stages import AdvanceStalledPipelines
 from orchestrator.runs import drain
-from orchestrator.runs.drain import ReplayReport
 from orchestrator.stores import counters
 
 log = logging.getLogger(__name__)
@@ -211,7 +210,7 @@ class Reconciler:
     def _tick(self, report: TickReport, boot: bool) -> None:
         config = settings.CONFIG
         threshold = config.orphan_boot_threshold_s if boot else config.orphan_threshold_s
-        report.drain = drain.replay(fence=self.lock)
+        report.drain = drain_replay.replay(fence=self.lock)
         stale, waiting = orphans.candidates(
             stale_after_s=threshold,
             pending_after_s=config.pending_check_after_s,

@@ -137,7 +137,8 @@ def rate_window(task_id: str) -> str:
 
 def drain_pending() -> str:
     """List of terminal writes Postgres refused on a transient error, waiting for replay
-    (orchestrator/runs/drain.py): pushed on the left, replayed from the right; bounded."""
+    (orchestrator/runs/drain.py, replayed by orchestrator/recovery/drain_replay.py): pushed on the
+    left, replayed from the right; bounded."""
     return "task:drain:pending"
 
 

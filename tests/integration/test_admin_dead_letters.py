@@ -25,8 +25,9 @@ from orchestrator.api.access import Access
 from orchestrator.clock import FrozenClock
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.models import DeliveryStatus, TaskHistory, WebhookDelivery
+from orchestrator.recovery import drain_poison, drain_replay
+from orchestrator.recovery.drain_replay import MAX_ATTEMPTS
 from orchestrator.runs import drain
-from orchestrator.runs.drain import MAX_ATTEMPTS
 from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
 from orchestrator.stores import keys, live, valkey
@@ -111,17 +112,17 @@ def _poisoned_write() -> str:
         with other.cursor() as cursor:
             cursor.execute("SELECT 1 FROM task_history WHERE id = %s FOR UPDATE", [run_id])
             for _ in range(MAX_ATTEMPTS):
-                drain.replay(force=True, lock_timeout=timedelta(milliseconds=50))
+                drain_replay.replay(force=True, lock_timeout=timedelta(milliseconds=50))
     finally:
         other.rollback()
         other.close()
-    assert [e.run_id for e in drain.poisoned()] == [run_id]
+    assert [e.run_id for e in drain_poison.poisoned()] == [run_id]
     return run_id
 
 
 def _unreadable_entry() -> None:
     valkey.client().lpush(keys.drain_pending(), "{not json")
-    assert drain.replay(force=True).poisoned == 1
+    assert drain_replay.replay(force=True).poisoned == 1
 
 
 def _dead_delivery() -> WebhookDelivery:
@@ -208,7 +209,7 @@ def test_a_poisoned_write_is_replayed_and_an_unreadable_one_discarded() -> None:
     client.post(PAGE, {"row": f"replay:{unreadable.id}"})  # refused: nothing to replay
     client.post(PAGE, {"row": f"replay:{readable.id}"})
     assert drain.depth() == (1, 1)
-    assert drain.replay(force=True).applied == 1  # the next drain pass applies it
+    assert drain_replay.replay(force=True).applied == 1  # the next drain pass applies it
     assert TaskHistory.objects.get(id=run_id).state == RunState.COMPLETED
     assert live.read(run_id)["state"] == "completed"
 
@@ -224,11 +225,11 @@ def test_a_poisoned_write_is_replayed_and_an_unreadable_one_discarded() -> None:
 
 def test_two_operators_replaying_one_record_queue_it_once() -> None:
     _poisoned_write()
-    (entry,) = drain.poisoned()
+    (entry,) = drain_poison.poisoned()
 
-    drain.replay_poisoned(entry.record_id)
-    with pytest.raises(drain.PoisonGone):
-        drain.replay_poisoned(entry.record_id)
+    drain_poison.replay_poisoned(entry.record_id)
+    with pytest.raises(drain_poison.PoisonGone):
+        drain_poison.replay_poisoned(entry.record_id)
 
     assert drain.depth() == (1, 0)
 
@@ -276,7 +277,7 @@ def test_view_only_users_see_every_section_but_no_action_and_are_refused_a_post(
         assert f'id="{section}"' in page
     for control in ('name="row"', 'name="bulk"', 'name="selected"'):
         assert control not in page
-    (poisoned,) = drain.poisoned()
+    (poisoned,) = drain_poison.poisoned()
     assert client.post(PAGE, {"row": f"discard:{poisoned.record_id}"}).status_code == 403
     assert client.post(PAGE, {"row": f"redeliver:{delivery.pk}"}).status_code == 403
     assert client.post(OUTBOX_REDELIVER, {"row": f"redeliver:{event.pk}"}).status_code == 403
@@ -289,7 +290,7 @@ def test_view_only_users_see_every_section_but_no_action_and_are_refused_a_post(
 
 def test_a_forged_post_without_csrf_is_refused() -> None:
     _poisoned_write()
-    (poisoned,) = drain.poisoned()
+    (poisoned,) = drain_poison.poisoned()
     client = Client(enforce_csrf_checks=True)
     assert client.login(username=operator("forger").username, password=PASSWORD)
 

@@ -22,8 +22,10 @@ from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import LoopLock
 from orchestrator.hooks import quotas
 from orchestrator.models import TaskHistory, TaskQuotaUsage
+from orchestrator.recovery import drain_poison, drain_replay
+from orchestrator.recovery.drain_replay import MAX_ATTEMPTS
 from orchestrator.runs import drain
-from orchestrator.runs.drain import MAX_ATTEMPTS, MAX_ENTRIES
+from orchestrator.runs.drain import MAX_ENTRIES
 from orchestrator.runs.start import new_run_id
 from orchestrator.states import RunState
 from orchestrator.stores import durable, keys, live, valkey
@@ -74,7 +76,7 @@ def test_a_pushed_write_is_applied_then_settled() -> None:
     assert TaskHistory.objects.get(id=run_id).state == "active"
     assert live.read(run_id)["state"] == "active"
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.applied == 1
     row = TaskHistory.objects.get(id=run_id)
@@ -91,7 +93,7 @@ def test_a_failed_write_keeps_its_error_kind() -> None:
     error = {"kind": "permanent", "message": "asked to fail"}
     drain.push(run_id, RunState.FAILED, {"error": error, "finished_at": FINISHED_AT}, OWNER)
 
-    assert drain.replay().applied == 1
+    assert drain_replay.replay().applied == 1
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.error) == ("failed", error)
@@ -104,7 +106,7 @@ def test_a_write_that_had_landed_is_done_and_still_settled() -> None:
     durable.end(run_id, RunState.COMPLETED, owner=OWNER, **_completed_fields())
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.already == 1 and report.applied == 0
     assert live.read(run_id)["state"] == "completed"
@@ -121,7 +123,7 @@ def test_the_same_end_written_by_someone_else_is_not_reported_twice() -> None:
     later = FINISHED_AT + timedelta(seconds=1)
     drain.push(run_id, RunState.FAILED, {"error": mine, "finished_at": later}, OWNER)
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.superseded == 1 and report.already == 0
     assert TaskHistory.objects.get(id=run_id).error == stalled
@@ -133,7 +135,7 @@ def test_a_cancel_that_raced_the_end_wins() -> None:
     durable.request_cancel(run_id)
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.cancelled == 1
     row = TaskHistory.objects.get(id=run_id)
@@ -150,7 +152,7 @@ def test_a_write_for_a_run_that_ended_otherwise_is_dropped() -> None:
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     drain.push(gone, RunState.COMPLETED, _completed_fields(), OWNER)
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.superseded == 2
     assert TaskHistory.objects.get(id=run_id).error == orphaned
@@ -164,7 +166,7 @@ def test_a_write_of_a_claim_put_back_and_claimed_anew_is_dropped() -> None:
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     TaskHistory.objects.filter(id=run_id).update(owner_instance_id="host-c:1:NEWCLAIM", attempts=2)
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.superseded == 1
     row = TaskHistory.objects.get(id=run_id)
@@ -203,14 +205,14 @@ def test_a_dropped_connection_is_retried_then_applied() -> None:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
         other.connection.commit()
 
-    first = drain.replay()
+    first = drain_replay.replay()
 
     assert first.retried == 1 and first.applied == 0
     assert [e["attempts"] for e in _pending_entries()] == [1]
     # The failed pass set a backoff: the next pass is not due yet.
-    assert drain.replay().backing_off
+    assert drain_replay.replay().backing_off
 
-    second = drain.replay(force=True)
+    second = drain_replay.replay(force=True)
 
     assert second.applied == 1
     assert TaskHistory.objects.get(id=run_id).state == "completed"
@@ -227,16 +229,16 @@ def test_an_entry_failing_ten_times_is_poisoned() -> None:
         # Another transaction holds the run's row: every replay runs into its lock timeout.
         other.execute("SELECT 1 FROM task_history WHERE id = %s FOR UPDATE", [run_id])
         for attempt in range(1, MAX_ATTEMPTS):
-            report = drain.replay(force=True, lock_timeout=timedelta(milliseconds=50))
+            report = drain_replay.replay(force=True, lock_timeout=timedelta(milliseconds=50))
             assert report.retried == 1, attempt
             assert [e["attempts"] for e in _pending_entries()] == [attempt]
         # A later entry for another run is not held up by the failing one for long.
         drain.push(other_run, RunState.COMPLETED, _completed_fields(), OWNER)
-        last = drain.replay(force=True, lock_timeout=timedelta(milliseconds=50))
+        last = drain_replay.replay(force=True, lock_timeout=timedelta(milliseconds=50))
 
     assert last.poisoned == 1
     assert TaskHistory.objects.get(id=run_id).state == "active"
-    (poisoned,) = drain.poisoned()
+    (poisoned,) = drain_poison.poisoned()
     assert poisoned.run_id == run_id
     assert poisoned.target == "completed"
     assert poisoned.attempts == MAX_ATTEMPTS
@@ -244,17 +246,17 @@ def test_an_entry_failing_ten_times_is_poisoned() -> None:
     assert json.loads(poisoned.raw)["run_id"] == run_id
     assert drain.depth() == (1, 1)
     # Postgres answers again: the next entry goes through.
-    assert drain.replay(force=True).applied == 1
+    assert drain_replay.replay(force=True).applied == 1
     assert TaskHistory.objects.get(id=other_run).state == "completed"
 
 
 def test_an_unreadable_entry_is_poisoned_at_once() -> None:
     valkey.client().lpush(keys.drain_pending(), "{not json")
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.poisoned == 1
-    (poisoned,) = drain.poisoned()
+    (poisoned,) = drain_poison.poisoned()
     assert poisoned.raw == "{not json"
     assert poisoned.error.startswith("unreadable")
 
@@ -265,7 +267,7 @@ def test_an_entry_left_in_flight_by_a_dead_replayer_is_replayed() -> None:
     entry = drain.Entry(run_id, "completed", args, OWNER).to_json()
     valkey.client().lpush(keys.drain_inflight(), entry)
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.recovered == 1 and report.applied == 1
     assert TaskHistory.objects.get(id=run_id).state == "completed"
@@ -278,11 +280,11 @@ def test_one_replayer_at_a_time() -> None:
     holder = LoopLock(CLUSTER, timedelta(seconds=30))
     assert holder.hold()
 
-    assert drain.replay().busy
+    assert drain_replay.replay().busy
     assert TaskHistory.objects.get(id=run_id).state == "active"
 
     holder.release()
-    assert drain.replay().applied == 1
+    assert drain_replay.replay().applied == 1
 
 
 def test_one_pass_at_a_time_in_a_process() -> None:
@@ -293,11 +295,11 @@ def test_one_pass_at_a_time_in_a_process() -> None:
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     seat = LoopLock(CLUSTER, timedelta(seconds=30))
     assert seat.hold()
-    reports: list[drain.ReplayReport] = []
+    reports: list[drain_replay.ReplayReport] = []
 
     def first_pass() -> None:
         try:
-            reports.append(drain.replay(fence=seat, lock_timeout=timedelta(seconds=20)))
+            reports.append(drain_replay.replay(fence=seat, lock_timeout=timedelta(seconds=20)))
         finally:
             connections.close_all()
 
@@ -308,7 +310,7 @@ def test_one_pass_at_a_time_in_a_process() -> None:
         thread.start()
         wait_for(lambda: valkey.client().llen(keys.drain_inflight()) == 1)
 
-        second = drain.replay(fence=seat)
+        second = drain_replay.replay(fence=seat)
 
         assert second.busy and second.recovered == 0
         assert valkey.client().llen(keys.drain_inflight()) == 1
@@ -323,7 +325,7 @@ def test_an_empty_drain_costs_no_query() -> None:
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as queries:
-        report = drain.replay()
+        report = drain_replay.replay()
 
     assert report.done == 0
     assert queries.captured_queries == []
@@ -339,7 +341,7 @@ def test_the_replay_is_the_writers_own_call_and_closes_a_pipelines_stages() -> N
     (entry,) = _pending_entries()
     assert (entry["call"], entry["target"], entry["owner"]) == ("end", "failed", OWNER)
     assert entry["args"]["step"] == step and entry["args"]["attempt"] == 1
-    assert drain.replay().applied == 1
+    assert drain_replay.replay().applied == 1
 
     row = TaskHistory.objects.get(id=run_id)
     assert row.state == "failed"
@@ -357,7 +359,7 @@ def test_a_lost_claims_deferred_end_is_replayed_with_its_attempt() -> None:
     )
     drain.push(run_id, RunState.COMPLETED, {**_completed_fields(), "attempt": 1}, OWNER)
 
-    assert drain.replay().applied == 1
+    assert drain_replay.replay().applied == 1
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.owner_instance_id, row.attempts) == ("completed", OWNER, 1)
@@ -383,7 +385,7 @@ def test_an_entry_an_older_deploy_pushed_is_replayed_as_the_same_end() -> None:
     }
     valkey.client().lpush(keys.drain_pending(), json.dumps(old))
 
-    assert drain.replay().applied == 1
+    assert drain_replay.replay().applied == 1
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.result, row.finished_at) == ("completed", {"ok": True}, FINISHED_AT)

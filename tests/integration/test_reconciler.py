@@ -23,7 +23,7 @@ from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import Fence, LockLost, LoopLock
 from orchestrator.hooks import quotas
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.recovery import orphans
+from orchestrator.recovery import drain_replay, orphans
 from orchestrator.recovery.reconciler import Reconciler
 from orchestrator.runs import drain
 from orchestrator.runs.start import new_run_id, start_run
@@ -330,7 +330,7 @@ def test_a_run_whose_terminal_write_waits_in_the_drain_is_not_an_orphan() -> Non
     assert report.in_drain == 1 and report.orphans.orphaned == 0
     assert TaskHistory.objects.get(id=run_id).state == "active"
     # The drain runs under the same cluster lock: the holder replays it.
-    assert drain.replay(force=True, fence=reconciler.lock).applied == 1
+    assert drain_replay.replay(force=True, fence=reconciler.lock).applied == 1
     reconciler.release()
     assert TaskHistory.objects.get(id=run_id).state == "completed"
     assert live.read(run_id)["state"] == "completed"
