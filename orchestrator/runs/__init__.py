@@ -1,12 +1,12 @@
 """Runs: one run's path from start to end, readable top to bottom.
 
 `start` (admission, the INSERT, seed and publish on commit) → `publish` → `celery_tasks`
-(one Celery task per task id, every body the runner) → `runner` (version guard, claim,
-execute) with its `context`, `watch` (heartbeats, cancel listener, watchdogs) and `process`
+(one Celery task per task id, every body the runner) → `runner` (version guard, claim) →
+`execute` with its `context`, `watch` (heartbeats, cancel listener, watchdogs) and `process`
 (the commands a handler runs, `ctx.run_process`; `leftovers` kills what they leave) →
 `terminal` (the guarded end in Postgres) → `settle` (Valkey follows, hooks hear of it). Beside
-them: `drain` (terminal writes Postgres refused, replayed), `cancel` (operator cancels and
-shed runs) and `rerun` (an operator's retry: a new run of the same work).
+them: `drain` (writes Postgres refused wait there for `recovery.drain_replay`), `cancel`
+(operator cancels and shed runs) and `rerun` (an operator's retry: a new run of the same work).
 
 Its modules, by role.
 
@@ -14,7 +14,9 @@ The path, in the order a run takes it:
 - `start`: `start_run`, the one way to create a run: admission, the INSERT, publish on commit
 - `publish`: builds a run's or a stage's Celery message and sends it to its queue
 - `celery_tasks`: registers one Celery task per task id and per pipeline stage, body the runner
-- `runner`: the body of every Celery task: version guard, hooks and claim, execute, end
+- `runner`: the body of every Celery task: version guard, hooks and claim
+- `execute`: a claimed run's handler beside its watch, then its end, retry or dead letter
+- `outcome`: how a handler's call ended, read one way for runs and stages, and the retry test
 - `terminal`: the terminal write, Postgres first, exactly once: only the winning writer settles
 - `settle`: once Postgres holds a run's end: the live hash follows, then the `finished` hooks
 
@@ -25,10 +27,11 @@ While the handler runs:
 - `logs`: a run's live log (`ctx.log`, its `logging` calls) in Valkey, a tail kept on its row
 - `progress`: `ctx.report_progress`: done, total, rate and ETA, written no more than is useful
 - `steps`: step telemetry: each step's status, timings, attempts, cost, counters, warnings
-- `pipeline`: a pipeline run's stages, each its own message: claim, end, advance, cancel
+- `pipeline`: a pipeline run's DAG: its first stages, the advance after each end, cancel
+- `stage_attempts`: one stage's attempt (claim, execute, end), and stages whose worker was lost
 
 Recovery helpers, when a write or a worker is lost:
-- `drain`: terminal writes and stage moves Postgres refused on a transient error, replayed
+- `drain`: terminal writes and stage moves Postgres refused on a transient error, pushed to wait
 - `resume`: a run whose worker was lost goes back to `pending` for its next attempt, same run
 - `handback`: a stopping worker's runs, once its grace is over, put back for another worker
 - `retries`: how a failed attempt reads, tried again or not (one wording for every path)

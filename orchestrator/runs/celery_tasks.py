@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from orchestrator.runs import pipeline, runner
+from orchestrator.runs import runner, stage_attempts
 from orchestrator.runs.publish import HOOK_HEADER, stage_task_name
 from tasks.definition import TaskDefinition
 from tasks.pipeline import Stage
@@ -51,7 +51,7 @@ def _register_stage(definition: TaskDefinition, stage: Stage) -> None:
     timeout = stage.timeout or definition.timeout
 
     def body(task: Task[Any, Any], run_id: str, processing_version: int) -> None:
-        pipeline.run_stage_message(task_id, stage_name, run_id, processing_version)
+        stage_attempts.run_stage_message(task_id, stage_name, run_id, processing_version)
 
     shared_task(
         name=stage_task_name(task_id, stage_name),

@@ -14,7 +14,7 @@ same host, instead of being failed or left to the reconciler:
    run whose worker died.
 3. Every running pipeline stage one of them had claimed goes back to `waiting` for its next
    attempt (or fails, with its run, when it has none left), as a stage whose claimer died on
-   this host does when its message comes back (`runs.pipeline.resume_dead_stage`).
+   this host does when its message comes back (`runs.stage_attempts.resume_dead_stage`).
 
 The messages those processes held are returned by Celery itself (`reject_on_worker_lost`)
 and those still reserved by the stopping worker by kombu when it closes its channel; a copy
@@ -43,7 +43,7 @@ from django.db.models import Q
 
 from orchestrator.cluster.instance import is_dead_here
 from orchestrator.models import TaskHistory
-from orchestrator.runs import pipeline, resume
+from orchestrator.runs import resume, stage_attempts
 from orchestrator.states import RunState, StageState
 from tasks import registry
 
@@ -149,7 +149,7 @@ def _hand_back_stages(owners: list[str], report: HandbackReport) -> None:
             if state != StageState.ACTIVE or not claimer.startswith(tuple(owners)):
                 continue
             try:
-                pipeline.resume_dead_stage(definition, run_id, name)
+                stage_attempts.resume_dead_stage(definition, run_id, name)
                 report.stages += 1
             except Exception:
                 report.errors += 1

@@ -65,6 +65,27 @@ def publish(
     _send(definition.id, args, queue, job_id, priority, delay, notes)
 
 
+def republish(
+    definition: TaskDefinition,
+    run_id: str,
+    identity: str,
+    priority: int,
+    delay: timedelta,
+    notes: Mapping[str, bool] | None = None,
+) -> None:
+    """The run's message again, later (a retry, a postponed pickup), at most
+    MAX_BROKER_DELAY ahead; a postponed first delivery keeps its admission's notes, a retry
+    carries none (`hooks.base.Pickup.notes`)."""
+    publish(
+        definition,
+        run_id,
+        job_id(definition.id, identity, run_id),
+        priority,
+        delay=min(delay, MAX_BROKER_DELAY),
+        notes=notes,
+    )
+
+
 def publish_stage(
     definition: TaskDefinition,
     stage: Stage,

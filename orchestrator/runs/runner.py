@@ -1,15 +1,15 @@
-"""The runner: the body of every Celery task.
+"""The runner: the body of every Celery task, from a delivered message to a claimed run.
 
 On pickup: processing_version guard → pre-claim hooks (concurrency, rate) and the claim in
-Valkey (owner, pending → active), one pipeline → the run's input from Postgres → execute with
-a watch thread beside it (heartbeats, cancel listener, watchdogs) → terminal write through
-`orchestrator.runs.terminal`, Postgres first.
+Valkey (owner, pending → active), one pipeline → the run's input from Postgres → the claimed
+run's execution (`runs.execute`: the handler beside its watch thread, then the terminal write
+through `runs.terminal`, Postgres first).
 
 A plain run's Postgres claim (pending → active) is folded into its end: its first delivery
 reads what it needs (`durable.read_claimable`, no write), and the end takes the claim with it
 (`durable.end`, given the attempt count), so a short run costs one synchronous write, not two.
 A run still going after `watch.CLAIM_AFTER_S` has its claim written by its watch; so does a
-cancel (`runs.cancel`) and a retry (`_retry_later`), which move a claimed run. A pipeline run
+cancel (`runs.cancel`) and a retry (`runs.execute`), which move a claimed run. A pipeline run
 claims at once (its stages are claimed against it), as do the paths that read the row first.
 
 A first delivery reads nothing before its claim. The row is read first only for a redelivered
@@ -19,8 +19,7 @@ message is (a duplicate of an ended run, a cancel before pickup, a retry not yet
 live hash to seed again). So a duplicate of an ended run takes a concurrency slot and gives it
 back at once, and a retry delivered before its time costs a claim and its give-back.
 
-A TransientError puts the run back to pending for its next attempt, with backoff, until the
-task's retry policy is spent; so does a redelivery of a run whose worker died mid-run
+A redelivery of a run whose worker died mid-run puts it back to pending for its next attempt
 (`runs.resume`), unless the task opted out (`retry_on_worker_loss=False`).
 
 Database connections are checked before each run without a round trip
@@ -37,28 +36,23 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any, cast
 
-from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Reject
 from django.conf import settings
 from django.utils import timezone
-from pydantic import BaseModel, ValidationError
 from redis.client import Pipeline
 
-from orchestrator.backoff import jittered_backoff
 from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup, Postpone, Step
 from orchestrator.models import TaskHistory
-from orchestrator.runs import pipeline, resume, retries, steps, terminal
-from orchestrator.runs.context import RunContext
-from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
-from orchestrator.runs.watch import watching
+from orchestrator.runs import execute, resume, terminal
+from orchestrator.runs.publish import republish
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import counters, durable, live, valkey
 from orchestrator.stores.durable import ClaimedRun
 from tasks import registry
 from tasks.definition import TaskDefinition
-from tasks.errors import ErrorKind, TaskError
+from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +116,7 @@ def _run(
     if claimed is _Refusal.READ_ROW:
         _run_from_row(definition, run_id, processing_version, redelivered, notes)
     elif isinstance(claimed, ClaimedRun):
-        _execute_claimed(definition, claimed, pickup)
+        execute.run_claimed(definition, claimed, pickup)
 
 
 def _run_from_row(
@@ -163,7 +157,7 @@ def _run_from_row(
         return
     if row.not_before is not None and row.not_before > timezone.now():
         delay = row.not_before - timezone.now()
-        _republish(definition, row.id, row.identity, row.priority, delay, notes)
+        republish(definition, row.id, row.identity, row.priority, delay, notes)
         return
 
     pickup = Pickup(definition, row.id, instance_id(), notes)
@@ -171,7 +165,7 @@ def _run_from_row(
         hooks.before_claim(pickup)
     except Postpone as wait:
         log.info("run %s: postponed %ss (%s)", row.id, wait.delay.total_seconds(), wait.reason)
-        _republish(definition, row.id, row.identity, row.priority, wait.delay, notes)
+        republish(definition, row.id, row.identity, row.priority, wait.delay, notes)
         return
     claimed = None
     try:
@@ -181,7 +175,7 @@ def _run_from_row(
         if claimed is None:
             hooks.release(pickup)
     if claimed is not None:
-        _execute_claimed(definition, claimed, pickup)
+        execute.run_claimed(definition, claimed, pickup)
 
 
 def _postponed_unread(definition: TaskDefinition, pickup: Pickup, wait: Postpone) -> None:
@@ -199,161 +193,7 @@ def _postponed_unread(definition: TaskDefinition, pickup: Pickup, wait: Postpone
     if row.not_before is not None:
         delay = max(delay, row.not_before - timezone.now())
     log.info("run %s: postponed %ss (%s)", run_id, delay.total_seconds(), wait.reason)
-    _republish(definition, row.id, row.identity, row.priority, delay, pickup.notes)
-
-
-def _execute_claimed(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> None:
-    try:
-        if definition.pipeline:
-            pipeline.begin(definition, run, pickup.owner)
-        else:
-            _execute(definition, run, pickup)
-    except Exception:
-        # The terminal write itself failed (the reconciler will end the run): the slot
-        # is not held for the rest of its lease meanwhile.
-        hooks.release(pickup)
-        raise
-
-
-def _republish(
-    definition: TaskDefinition,
-    run_id: str,
-    identity: str,
-    priority: int,
-    delay: timedelta,
-    notes: Mapping[str, bool] | None = None,
-) -> None:
-    """The run's message again, later; a postponed first delivery keeps its admission's notes,
-    a retry carries none (`hooks.base.Pickup.notes`)."""
-    publish(
-        definition,
-        run_id,
-        job_id(definition.id, identity, run_id),
-        priority,
-        delay=min(delay, MAX_BROKER_DELAY),
-        notes=notes,
-    )
-
-
-def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> None:
-    owner = pickup.owner
-
-    def end(
-        target: RunState, kind: ErrorKind | None = None, message: str = "", **extra: Any
-    ) -> None:
-        error = None if kind is None else terminal.error_doc(kind, message, **extra)
-        step = progress = None
-        if context is not None:
-            step, progress = steps.plain_extras(context), context.progress.document()
-        terminal.finish(
-            definition,
-            run.run_id,
-            owner,
-            target,
-            result=result,
-            error=error,
-            step=step,
-            progress=progress,
-            attempt=run.attempts,
-            started_at=run.deferred_since,
-        )
-
-    result: Any = None
-    context: RunContext | None = None
-    try:
-        model = definition.input_model.model_validate(run.input)
-    except ValidationError as exc:
-        end(RunState.FAILED, ErrorKind.VALIDATION, str(exc))
-        return
-    context = RunContext(run.run_id, model, task_id=definition.id)
-    try:
-        assert definition.execute is not None  # a task without a pipeline has one
-        with watching(
-            definition,
-            run.run_id,
-            owner,
-            context,
-            run.attempts,
-            run.deferred_since,
-            priority=run.priority,
-        ):
-            result = _jsonable(definition.execute(context, model))
-    except TaskError as exc:
-        if exc.kind is ErrorKind.TRANSIENT and run.attempts < definition.retry.max_attempts:
-            _retry_later(definition, run, pickup, str(exc))
-        elif exc.kind is ErrorKind.TRANSIENT:
-            # A dead letter: the admin's "outcome" filter lists runs marked exhausted.
-            attempts = definition.retry.max_attempts
-            message = retries.exhausted(str(exc), attempts, attempts)
-            error = terminal.error_doc(exc.kind, message, exhausted=True)
-            terminal.finish(
-                definition,
-                run.run_id,
-                owner,
-                RunState.FAILED,
-                error=error,
-                step=steps.plain_extras(context),
-                progress=context.progress.document(),
-                attempt=run.attempts,
-                started_at=run.deferred_since,
-            )
-        else:
-            end(RunState.FAILED, exc.kind, str(exc))
-    except SoftTimeLimitExceeded:
-        end(
-            RunState.FAILED,
-            ErrorKind.TIMEOUT,
-            f"passed its soft timeout of {definition.timeout.soft}",
-        )
-    except Exception as exc:
-        log.exception("run %s: handler raised", run.run_id)
-        end(
-            RunState.FAILED,
-            ErrorKind.INTERNAL,
-            f"{type(exc).__name__}: {exc}",
-            traceback=terminal.traceback_tail(exc),
-        )
-    else:
-        end(RunState.COMPLETED)
-
-
-def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, message: str) -> None:
-    attempt = run.attempts
-    delay = jittered_backoff(definition.retry, attempt)
-    error = terminal.error_doc(
-        ErrorKind.TRANSIENT,
-        f"{message} ({retries.retrying(attempt, definition.retry.max_attempts, delay)})",
-    )
-    if run.deferred_since is not None:
-        # Put back moves a claimed run: its claim is written first, if the watch has not.
-        terminal.write_live_claim(run.run_id, pickup.owner)
-    try:
-        durable.put_back(
-            run.run_id,
-            owner=pickup.owner,
-            attempts=run.attempts,
-            error=error,
-            not_before=timezone.now() + delay,
-        )
-    except IllegalTransition as exc:
-        if exc.current is not None and not terminal.still_ours(run.run_id, pickup.owner):
-            log.warning("run %s: no longer ours (%s); retry not recorded", run.run_id, exc.current)
-            hooks.release(pickup)
-            return
-        if exc.current == RunState.CANCELLING:
-            terminal.cancel(definition, run.run_id, pickup.owner)
-            return
-        raise
-    live.transition(run.run_id, RunState.PENDING, owner=pickup.owner)
-    hooks.release(pickup)
-    log.info("run %s: transient failure, attempt %s; retry in %s", run.run_id, attempt, delay)
-    _republish(definition, run.run_id, run.identity, run.priority, delay)
-
-
-def _jsonable(result: object) -> Any:
-    if isinstance(result, BaseModel):
-        return result.model_dump(mode="json")
-    return result
+    republish(definition, row.id, row.identity, row.priority, delay, pickup.notes)
 
 
 class _Refusal(Enum):
@@ -438,7 +278,7 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> ClaimedR
     except live.Settling as settling:
         # Seeded again after Valkey lost its hash: a handler that held the lost claim takes it
         # back meanwhile (`runs.watch`); this message comes back once the mark has run out.
-        _republish(definition, row.id, row.identity, row.priority, settling.left)
+        republish(definition, row.id, row.identity, row.priority, settling.left)
         return None
     except IllegalTransition as exc:
         if exc.current is None:
@@ -450,7 +290,7 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> ClaimedR
             live.reseed(row.id, row.task_id, row.priority, tuple(row.stages))
             settle = timedelta(seconds=live.reseed_settle_s())
             log.warning("run %s: live hash was missing; seeded again, back in %s", row.id, settle)
-            _republish(definition, row.id, row.identity, row.priority, settle)
+            republish(definition, row.id, row.identity, row.priority, settle)
             return None
         if exc.current == RunState.ACTIVE and _write_abandoned_claim(row.id):
             # Its claimer is gone: the claim is in Postgres now, and the run is a lost

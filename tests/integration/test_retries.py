@@ -34,7 +34,7 @@ def test_transient_failures_retry_until_success_and_until_exhausted() -> None:
 
     assert done.state == "completed" and done.attempts == 3
     assert done.result == {"calls": 3}
-    # A failed attempt's claim is written before it is put back (`runner._retry_later`); the
+    # A failed attempt's claim is written before it is put back (`execute._retry_later`); the
     # last attempt, a short one, ends with its claim folded into its end (both moves audited).
     assert _moves(done.id) == [
         (None, "pending"),

@@ -23,9 +23,10 @@ from django.db import connection
 
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.models import TaskHistory
+from orchestrator.recovery import drain_replay
 from orchestrator.recovery.reconciler import Reconciler
 from orchestrator.routing import queue_name, stage_queue
-from orchestrator.runs import drain, pipeline
+from orchestrator.runs import drain, stage_attempts
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.publish import stage_message_id
 from orchestrator.runs.start import start_run
@@ -163,7 +164,7 @@ def test_a_completed_stage_is_moved_then_the_pipeline_advances() -> None:
     assert drain.waiting_run_ids() == {run_id}
     assert drain.waiting_stages(run_id) == {"a"}
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.applied == 1
     row = TaskHistory.objects.get(id=run_id)
@@ -183,7 +184,7 @@ def test_a_failed_stage_is_moved_then_its_run_fails_with_the_stages_error() -> N
     args = {"stage": "a", "step": _step("failed", error), "claimer": CLAIMER}
     _push(run_id, StageState.FAILED, args, error=error)
 
-    assert drain.replay().applied == 1
+    assert drain_replay.replay().applied == 1
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.error) == ("failed", error)
@@ -198,7 +199,7 @@ def test_a_retry_is_moved_back_to_waiting_then_published_again() -> None:
     args = {"stage": "a", "step": _step("waiting", error), "claimer": CLAIMER}
     _push(run_id, StageState.WAITING, args, delay_s=0.2, kind="transient")
 
-    assert drain.replay().applied == 1
+    assert drain_replay.replay().applied == 1
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.stages["a"], row.steps["a"]["attempts"]) == ("active", "waiting", 1)
@@ -216,7 +217,7 @@ def test_a_move_postgres_already_has_is_not_made_twice_but_still_followed() -> N
     durable.move_stage(run_id, target=StageState.COMPLETED, **args)
     _push(run_id, StageState.COMPLETED, args)
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.already == 1 and report.applied == 0
     row = TaskHistory.objects.get(id=run_id)
@@ -236,7 +237,7 @@ def test_a_stage_claimed_anew_is_not_ended_by_its_old_claims_end() -> None:
     durable.move_stage(run_id, "a", StageState.WAITING, claimer=CLAIMER)
     assert durable.claim_stage(run_id, "a", "io", "host-c:1:NEWCLAIM") is not None
 
-    report = drain.replay()
+    report = drain_replay.replay()
 
     assert report.superseded == 1 and report.already == 0
     row = TaskHistory.objects.get(id=run_id)
@@ -251,7 +252,7 @@ def test_a_stage_end_of_a_run_that_ended_otherwise_is_dropped() -> None:
     orphaned = {"kind": "orphaned", "message": "its worker stopped heartbeating"}
     durable.end(run_id, RunState.FAILED, error=orphaned, finished_at=FINISHED_AT)
 
-    assert drain.replay().superseded == 1
+    assert drain_replay.replay().superseded == 1
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.error) == ("failed", orphaned)
@@ -266,13 +267,13 @@ def test_a_stage_end_replayed_after_a_cancel_lets_the_run_end_cancelled() -> Non
     _push(run_id, StageState.COMPLETED, _completed_args())
     assert request_cancel(run_id, actor="test") == RunState.CANCELLING
 
-    assert drain.replay().applied == 1
+    assert drain_replay.replay().applied == 1
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.stages["a"]) == ("cancelling", "completed")
     assert _published(run_id) == ["b", "c"]
     definition = registry.get()[PIPE]
-    pipeline.run_stage_message(PIPE, "b", run_id, definition.processing_version)
+    stage_attempts.run_stage_message(PIPE, "b", run_id, definition.processing_version)
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.stages["a"]) == ("cancelled", "completed")
@@ -287,12 +288,12 @@ def test_a_stage_end_postgres_keeps_refusing_is_retried_then_applied() -> None:
         (pid,) = cursor.fetchone()
     _terminate([pid])
 
-    first = drain.replay()
+    first = drain_replay.replay()
 
     assert first.retried == 1 and first.applied == 0
     assert drain.waiting_stages(run_id) == {"a"}
     assert TaskHistory.objects.get(id=run_id).stages["a"] == "active"
-    assert drain.replay(force=True).applied == 1
+    assert drain_replay.replay(force=True).applied == 1
     assert TaskHistory.objects.get(id=run_id).stages["a"] == "completed"
 
 
@@ -327,11 +328,11 @@ def test_the_reconciler_does_not_try_again_a_stage_whose_end_waits_in_the_drain(
     assert TaskHistory.objects.get(id=run_id).stages["a"] == "active"
     # The stage recovery itself leaves it too, whoever calls it.
     definition = registry.get()[PIPE]
-    assert pipeline.resume_lost_stages(definition, run_id, "test", THRESHOLD) == 0
+    assert stage_attempts.resume_lost_stages(definition, run_id, "test", THRESHOLD) == 0
     assert TaskHistory.objects.get(id=run_id).stages["a"] == "active"
     assert _published(run_id) == []
     # The drain runs under the same cluster lock: the holder replays it.
-    assert drain.replay(force=True, fence=reconciler.lock).applied == 1
+    assert drain_replay.replay(force=True, fence=reconciler.lock).applied == 1
     reconciler.release()
     assert TaskHistory.objects.get(id=run_id).stages["a"] == "completed"
     assert _published(run_id) == ["b", "c"]
@@ -347,12 +348,12 @@ def test_a_dead_claimer_here_whose_stage_end_waits_is_not_tried_again() -> None:
     _push(run_id, StageState.COMPLETED, _completed_args(claimer))
     definition = registry.get()[PIPE]
 
-    pipeline.resume_dead_stage(definition, run_id, "a")
+    stage_attempts.resume_dead_stage(definition, run_id, "a")
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.stages["a"], row.steps["a"]["attempts"]) == ("active", 1)
     assert _published(run_id) == []
-    assert drain.replay().applied == 1
+    assert drain_replay.replay().applied == 1
     assert TaskHistory.objects.get(id=run_id).stages["a"] == "completed"
 
 
@@ -364,7 +365,7 @@ def test_a_lost_stage_beside_one_whose_end_waits_is_tried_again() -> None:
     _silent(run_id)
     definition = registry.get()[PIPE]
 
-    assert pipeline.resume_lost_stages(definition, run_id, "test", THRESHOLD) == 1
+    assert stage_attempts.resume_lost_stages(definition, run_id, "test", THRESHOLD) == 1
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.stages["a"], row.stages["b"]) == ("active", "waiting")
@@ -397,7 +398,7 @@ def test_end_entries_an_older_deploy_pushed_are_still_read() -> None:
 
     assert drain.waiting_run_ids() == {named, legacy}
     assert drain.waiting_stages(named) == set()
-    assert drain.replay().applied == 2
+    assert drain_replay.replay().applied == 2
 
     for run_id in (named, legacy):
         row = TaskHistory.objects.get(id=run_id)
@@ -454,7 +455,7 @@ def test_a_stage_end_postgres_refused_is_replayed_and_the_run_completes(worker: 
     # Postgres first: nothing of the end reached Valkey while Postgres did not have it.
     assert _live_stage(run_id, "probe") == "active"
 
-    assert drain.replay().applied == 1
+    assert drain_replay.replay().applied == 1
 
     row = wait_for(
         lambda: TaskHistory.objects.filter(id=run_id, state__in=["completed", "failed"]).first(),

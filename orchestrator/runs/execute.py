@@ -1,0 +1,154 @@
+"""A claimed run's execution: the handler under its watch, then how the run ends.
+
+A pipeline run's first message dispatches its first stages (`runs.pipeline.begin`). A plain
+run's handler runs beside its watch thread (heartbeats, cancel listener, watchdogs), and its
+outcome (`runs.outcome`) decides the end: completed with its result; failed with the error's
+kind and message; a transient error with attempts left put back to pending, its message
+published again after the retry policy's backoff; a transient error on the last attempt
+failed as exhausted, a dead letter. Every end goes through `runs.terminal`, Postgres first.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.utils import timezone
+from pydantic import BaseModel, ValidationError
+
+from orchestrator.backoff import jittered_backoff
+from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks.base import Pickup
+from orchestrator.runs import pipeline, retries, steps, terminal
+from orchestrator.runs.context import RunContext
+from orchestrator.runs.outcome import outcome_of
+from orchestrator.runs.publish import republish
+from orchestrator.runs.watch import watching
+from orchestrator.states import IllegalTransition, RunState
+from orchestrator.stores import durable, live
+from orchestrator.stores.durable import ClaimedRun
+from tasks.definition import TaskDefinition
+from tasks.errors import ErrorKind
+
+log = logging.getLogger(__name__)
+
+
+def run_claimed(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> None:
+    try:
+        if definition.pipeline:
+            pipeline.begin(definition, run, pickup.owner)
+        else:
+            _execute(definition, run, pickup)
+    except Exception:
+        # The terminal write itself failed (the reconciler will end the run): the slot
+        # is not held for the rest of its lease meanwhile.
+        hooks.release(pickup)
+        raise
+
+
+def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> None:
+    try:
+        model = definition.input_model.model_validate(run.input)
+    except ValidationError as exc:
+        error = terminal.error_doc(ErrorKind.VALIDATION, str(exc))
+        _end(definition, run, pickup, RunState.FAILED, error=error)
+        return
+    context = RunContext(run.run_id, model, task_id=definition.id)
+    handler = definition.execute
+    assert handler is not None  # a task without a pipeline has one
+
+    def call() -> Any:
+        with watching(
+            definition,
+            run.run_id,
+            pickup.owner,
+            context,
+            run.attempts,
+            run.deferred_since,
+            priority=run.priority,
+        ):
+            return _jsonable(handler(context, model))
+
+    outcome = outcome_of(
+        call, soft_timeout=definition.timeout.soft, what=f"run {run.run_id}: handler"
+    )
+    if outcome.kind is None:
+        _end(definition, run, pickup, RunState.COMPLETED, context, result=outcome.result)
+    elif outcome.retries(run.attempts, definition.retry):
+        _retry_later(definition, run, pickup, outcome.message)
+    elif outcome.kind is ErrorKind.TRANSIENT:
+        # A dead letter: the admin's "outcome" filter lists runs marked exhausted.
+        attempts = definition.retry.max_attempts
+        message = retries.exhausted(outcome.message, attempts, attempts)
+        error = terminal.error_doc(outcome.kind, message, exhausted=True)
+        _end(definition, run, pickup, RunState.FAILED, context, error=error)
+    else:
+        error = terminal.error_doc(outcome.kind, outcome.message, **outcome.extra)
+        _end(definition, run, pickup, RunState.FAILED, context, error=error)
+
+
+def _end(
+    definition: TaskDefinition,
+    run: ClaimedRun,
+    pickup: Pickup,
+    target: RunState,
+    context: RunContext | None = None,
+    *,
+    result: Any = None,
+    error: dict[str, Any] | None = None,
+) -> None:
+    """The run's terminal write, with its step's telemetry and last progress when it ran."""
+    step = progress = None
+    if context is not None:
+        step, progress = steps.plain_extras(context), context.progress.document()
+    terminal.finish(
+        definition,
+        run.run_id,
+        pickup.owner,
+        target,
+        result=result,
+        error=error,
+        step=step,
+        progress=progress,
+        attempt=run.attempts,
+        started_at=run.deferred_since,
+    )
+
+
+def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, message: str) -> None:
+    attempt = run.attempts
+    delay = jittered_backoff(definition.retry, attempt)
+    error = terminal.error_doc(
+        ErrorKind.TRANSIENT,
+        f"{message} ({retries.retrying(attempt, definition.retry.max_attempts, delay)})",
+    )
+    if run.deferred_since is not None:
+        # Put back moves a claimed run: its claim is written first, if the watch has not.
+        terminal.write_live_claim(run.run_id, pickup.owner)
+    try:
+        durable.put_back(
+            run.run_id,
+            owner=pickup.owner,
+            attempts=run.attempts,
+            error=error,
+            not_before=timezone.now() + delay,
+        )
+    except IllegalTransition as exc:
+        if exc.current is not None and not terminal.still_ours(run.run_id, pickup.owner):
+            log.warning("run %s: no longer ours (%s); retry not recorded", run.run_id, exc.current)
+            hooks.release(pickup)
+            return
+        if exc.current == RunState.CANCELLING:
+            terminal.cancel(definition, run.run_id, pickup.owner)
+            return
+        raise
+    live.transition(run.run_id, RunState.PENDING, owner=pickup.owner)
+    hooks.release(pickup)
+    log.info("run %s: transient failure, attempt %s; retry in %s", run.run_id, attempt, delay)
+    republish(definition, run.run_id, run.identity, run.priority, delay)
+
+
+def _jsonable(result: object) -> Any:
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    return result
