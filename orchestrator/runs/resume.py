@@ -55,7 +55,7 @@ from orchestrator.backoff import jittered_backoff
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
 from orchestrator.runs import terminal
-from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
+from orchestrator.runs.publish import republish
 from orchestrator.runs.retries import exhausted, retrying
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import durable, live
@@ -96,12 +96,7 @@ def put_back(
     since it was judged (claimed anew, ended, beating again)."""
     delay = jittered_backoff(definition.retry, lost.attempts)
     note = retrying(lost.attempts, definition.retry.max_attempts, delay)
-    error = {
-        "kind": kind.value,
-        "message": f"{why} ({note})"[:4000],
-        "owner": lost.owner,
-        "attempt": lost.attempts,
-    }
+    error = terminal.error_doc(kind, f"{why} ({note})", owner=lost.owner, attempt=lost.attempts)
     try:
         durable.put_back(
             lost.run_id,
@@ -129,13 +124,7 @@ def put_back(
         # Its slot's lease still expires; the run must not wait for that to be delivered.
         log.exception("run %s: the lost claim's slot not given back", lost.run_id)
     try:
-        publish(
-            definition,
-            lost.run_id,
-            job_id(definition.id, lost.identity, lost.run_id),
-            lost.priority,
-            delay=min(delay, MAX_BROKER_DELAY),
-        )
+        republish(definition, lost.run_id, lost.identity, lost.priority, delay)
     except Exception:
         log.exception("run %s: not published again; the pending check will", lost.run_id)
     return True
