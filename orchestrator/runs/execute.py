@@ -144,7 +144,13 @@ def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, me
         raise
     live.transition(run.run_id, RunState.PENDING, owner=pickup.owner)
     hooks.release(pickup)
-    log.info("run %s: transient failure, attempt %s; retry in %s", run.run_id, attempt, delay)
+    log.info(
+        "run %s: transient failure, attempt %s; retry in %s: %s",
+        run.run_id,
+        attempt,
+        delay,
+        message,
+    )
     republish(definition, run.run_id, run.identity, run.priority, delay)
 
 
