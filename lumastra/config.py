@@ -41,9 +41,11 @@ class Renamed:
         if self.scale == 1.0:
             return raw
         try:
-            return f"{float(raw) * self.scale:g}"
+            value = float(raw) * self.scale
         except ValueError:
             return raw  # refused by the new variable's parser, with the old name in the error
+        # Whole seconds as an integer (an integer variable's parser takes no "2.592e+06").
+        return str(int(value)) if value.is_integer() else repr(value)
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,8 @@ def test_an_unusable_value_is_a_config_error_naming_the_variable(name: str, raw:
         ("LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS", "3600000", "circuit_force_enable_ttl_s", 3600),
         ("LUMASTRA_LEADER_JITTER_MS", "0", "leader_jitter_s", 0),
         ("LUMASTRA_HISTORY_RETENTION_DAYS", "7", "history_retention_s", 7 * 86400),
+        ("LUMASTRA_WEBHOOK_RETENTION_DAYS", "30", "webhook_retention_s", 30 * 86400),
+        ("LUMASTRA_PROGRESS_WRITE_MS", "333", "progress_write_s", 0.333),
     ],
 )
 def test_an_old_name_alone_is_read_in_the_new_unit_with_a_warning_naming_the_new_one(
