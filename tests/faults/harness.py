@@ -31,7 +31,6 @@ from django.db import close_old_connections, connection, connections
 
 from lumastra.workers import descendants
 from orchestrator.hooks.base import Refused
-from orchestrator.runs import leftovers
 from orchestrator.runs.start import start_run
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.stores import keys, valkey
@@ -104,6 +103,11 @@ class Worker:
 
     def children(self) -> list[int]:
         return descendants(self.pid) if self.alive() else []
+
+    def pool(self) -> list[int]:
+        """The pool processes: the main process's own children. A command a run started sits
+        below one of them; between its fork and its exec it carries none of its marks yet."""
+        return [pid for pid in self.children() if _parent(pid) == self.pid]
 
     def signal_all(self, signum: int) -> None:
         """The main process and its pool children (SIGSTOP/SIGCONT a whole worker)."""
@@ -530,9 +534,8 @@ class Harness:
         return cut_at, time.time()
 
     def kill_random_child(self) -> bool:
-        """SIGKILL one pool process (not a command a run started: those carry its marks)."""
-        commands = {process.pid for process in leftovers.marked()}
-        candidates = [(w, pid) for w in self.workers for pid in w.children() if pid not in commands]
+        """SIGKILL one pool process, never a command a run started."""
+        candidates = [(w, pid) for w in self.workers for pid in w.pool()]
         if not candidates:
             return False
         _, pid = self.rng.choice(candidates)
@@ -564,6 +567,14 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
 
 
 def _kill(pid: int, signum: int = signal.SIGKILL) -> None:
