@@ -27,5 +27,6 @@ For operators:
 - `management`: the catalog's `manage.py` commands (the demo catalog, seeding, recounting)
 
 The app:
+- `config`: the catalog's settings (the sweep's, the dispatcher's, the outbox's retention)
 - `apps`: the Django app; `manage.py check --database default` plans each stage's condition
 """

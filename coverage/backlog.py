@@ -169,7 +169,7 @@ def heal(stage_id: str, clock: Clock | None = None) -> int:
     returns the rows healed."""
     stage = stage_or_404(stage_id)
     clock = clock or SystemClock()
-    batch = max(settings.CONFIG.coverage_heal_per_tick, 1000)
+    batch = max(settings.COVERAGE.heal_per_tick, 1000)
     healed = after = 0
     while True:
         after, count = heal_batch(stage, clock, after=after, limit=batch)

@@ -91,7 +91,7 @@ class Dispatcher:
         stages = covered()
         sync(stages)
         for _ in range(MAX_BATCHES_PER_TICK):
-            if self.dispatch_batch(stages, report) < settings.CONFIG.coverage_dispatch_batch:
+            if self.dispatch_batch(stages, report) < settings.COVERAGE.dispatch_batch:
                 break
         if report.dispatched or report.failed:
             log.info(
@@ -129,9 +129,7 @@ class Dispatcher:
             EventOutbox.objects.select_for_update(skip_locked=True)
             .filter(dead_at__isnull=True, next_attempt_at__lte=self.clock.now())
             .order_by("next_attempt_at", "id")
-            .values_list("id", "kind", "item_id", "attempts")[
-                : settings.CONFIG.coverage_dispatch_batch
-            ]
+            .values_list("id", "kind", "item_id", "attempts")[: settings.COVERAGE.dispatch_batch]
         )
         return [_Event(*row) for row in found]
 
@@ -182,7 +180,7 @@ class Dispatcher:
         attempts = event.attempts + 1
         now = self.clock.now()
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        dead = attempts >= settings.CONFIG.coverage_dispatch_max_attempts
+        dead = attempts >= settings.COVERAGE.dispatch_max_attempts
         EventOutbox.objects.filter(id=event.id).update(
             attempts=attempts,
             last_error=message[:2000],

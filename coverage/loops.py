@@ -40,20 +40,20 @@ def loops(seat: Leadership) -> list[Loop]:
     from django.conf import settings
 
     _check_when_postgres_answers()
-    config = settings.CONFIG
+    config = settings.COVERAGE
     sweep = Sweep()
     dispatcher = Dispatcher()
     return [
         Loop(
             "stage-sweep",
-            config.coverage_sweep_interval_s,
+            config.sweep_interval_s,
             _fenced(seat, sweep.tick),
             first=_fenced(seat, lambda: sweep.tick(boot=True)),
             leader=True,
         ),
         Loop(
             "outbox-dispatcher",
-            config.coverage_dispatch_interval_s,
+            config.dispatch_interval_s,
             _fenced(seat, dispatcher.tick),
             leader=True,
         ),

@@ -41,7 +41,7 @@ class Covered:
 
 
 def authoritative(stage_id: str) -> bool:
-    listed = settings.CONFIG.coverage_authoritative_stages
+    listed = settings.COVERAGE.authoritative_stages
     return "*" in listed or stage_id in listed
 
 

@@ -139,11 +139,11 @@ class Sweep:
         self.clock = clock or SystemClock()
 
     def tick(self, *, boot: bool = False) -> TickReport:
-        config = settings.CONFIG
+        config = settings.COVERAGE
         report = TickReport()
         stages = covered()
         rows = sync(stages)
-        budget = config.coverage_starts_per_tick
+        budget = config.starts_per_tick
         depth_of: dict[str, int] = {}
         for stage in stages:
             row = rows[stage.id]
@@ -155,12 +155,10 @@ class Sweep:
                     klass = stage.task.resource_class
                     if klass not in depth_of:
                         depth_of[klass] = self._class_depth(klass)
-                    if depth_of[klass] > config.coverage_class_depth_threshold:
+                    if depth_of[klass] > config.class_depth_threshold:
                         report.skipped_classes.add(klass)
                     else:
-                        budget -= self._start(
-                            stage, min(budget, config.coverage_starts_per_stage), report
-                        )
+                        budget -= self._start(stage, min(budget, config.starts_per_stage), report)
             except Exception:
                 # One stage failing (its condition dividing by zero on some item, a store
                 # out of reach mid-start) must not stop the others: logged, counted, and
@@ -196,7 +194,7 @@ class Sweep:
         CoverageStage.objects.filter(id=stage.id).update(processing_version=version)
 
     def _seed(self, stage: Covered, row: CoverageStage, report: TickReport) -> None:
-        limit = settings.CONFIG.coverage_seed_per_tick
+        limit = settings.COVERAGE.seed_per_tick
         if limit == 0:
             return
         highest, made = seed(stage, self.clock, after=row.seeded_through, limit=limit)
@@ -206,7 +204,7 @@ class Sweep:
             CoverageStage.objects.filter(id=stage.id).update(seeded_through=highest)
 
     def _heal(self, stage: Covered, row: CoverageStage, report: TickReport) -> None:
-        limit = settings.CONFIG.coverage_heal_per_tick
+        limit = settings.COVERAGE.heal_per_tick
         if limit == 0:
             return
         next_cursor, healed = heal_batch(stage, self.clock, after=row.heal_cursor, limit=limit)
@@ -226,7 +224,7 @@ class Sweep:
         if limit <= 0:
             return 0
         now = self.clock.now()
-        settle = timedelta(seconds=settings.CONFIG.coverage_season_settle_s)
+        settle = timedelta(seconds=settings.COVERAGE.season_settle_s)
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 queries.render("candidates", stage.stage),
@@ -295,7 +293,7 @@ class Sweep:
 
     def reclaim_wedged(self, report: TickReport) -> None:
         now = self.clock.now()
-        before = now - timedelta(seconds=settings.CONFIG.coverage_wedged_after_s)
+        before = now - timedelta(seconds=settings.COVERAGE.wedged_after_s)
         with connection.cursor() as cursor:
             cursor.execute(queries.render("wedged"), {"before": before, "now": now})
             for (stage_id,) in cursor.fetchall():

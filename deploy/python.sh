@@ -1,4 +1,5 @@
-# Sourced by the role scripts: the Python to run the project with, in $PYTHON.
+# Sourced by the role scripts (`source deploy/python.sh <role>`): the Python to run the project
+# with, in $PYTHON, after checking the role's variables.
 # $LUMASTRA_PYTHON if set; else the project's virtualenv (.venv, made by `make install`) when
 # there is one; else python3 from PATH (a container image installs the packages there).
 # Stops with a clear message when that Python cannot import the project's packages.
@@ -20,11 +21,10 @@ if ! missing="$("$PYTHON" -c 'import django, celery, uvicorn' 2>&1)"; then
     "into that Python, or point LUMASTRA_PYTHON at one that has them." >&2
   exit 1
 fi
-# Every role signs sessions and CSRF tokens with the same secret: a role never starts on the
-# development fallback of lumastra/settings.py. `make run` exports the demo's own.
-if [[ -z "${LUMASTRA_SECRET_KEY:-}" ]]; then
-  echo "lumastra: LUMASTRA_SECRET_KEY is not set: give every role the same long random value" \
-    "(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(50))'); see docs/environment.md." >&2
-  exit 1
+# A role never starts on a value it cannot use or without a variable it requires (the secret
+# every role signs sessions and CSRF tokens with, Flower's credentials): the preflight names
+# each one (docs/environment.md). `make run` exports the demo's own.
+if [[ -n "${1:-}" ]]; then
+  "$PYTHON" -m lumastra.preflight --variables-only --role "$1" || exit 1
 fi
 export PYTHON

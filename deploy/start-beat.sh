@@ -4,7 +4,7 @@
 # Extra arguments go to `celery beat`. Runs from anywhere (deploy/python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source deploy/python.sh
+source deploy/python.sh beat
 
 export LUMASTRA_WORKER_MODE=disabled
 "$PYTHON" manage.py sync_schedules

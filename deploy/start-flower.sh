@@ -4,6 +4,6 @@
 # Runs from anywhere (deploy/python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source deploy/python.sh
+source deploy/python.sh flower
 
 exec "$PYTHON" -m lumastra.flower "$@"

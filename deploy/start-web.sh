@@ -6,7 +6,7 @@
 # go to uvicorn after those (e.g. --workers 4). Runs from anywhere (deploy/python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source deploy/python.sh
+source deploy/python.sh web
 
 export LUMASTRA_WORKER_MODE=disabled
 # Django's advice for ASGI: persistent connections are not reused across requests there (each

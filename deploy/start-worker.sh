@@ -7,7 +7,7 @@
 # rest back (pending, for another worker) and ends every process it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source deploy/python.sh
+source deploy/python.sh worker
 
 export LUMASTRA_WORKER_MODE=enabled
 exec "$PYTHON" -m lumastra.workers "$@"

@@ -1,9 +1,13 @@
-"""Checks PostgreSQL and Valkey before the system starts, and creates the database if missing.
+"""Checks the configuration, PostgreSQL and Valkey before the system starts, and creates the
+database if missing.
 
-`python -m lumastra.preflight` prints which service is unreachable, at which address, and how
-to start it, then exits 1 — no traceback. `--check-only` never creates anything. It also
-names the programs registered tasks run (`requires_commands`) that are not installed: a
-warning, not a failure, since every other task still works.
+`python -m lumastra.preflight` prints what is wrong and how to put it right, then exits 1 — no
+traceback: a variable whose value cannot be used, a required variable the role (`--role`,
+default: every role) lacks, a service that is unreachable (at which address, how to start it).
+`--check-only` never creates anything. `--variables-only` checks the variables alone, touching
+no service: each role script runs it first (`deploy/python.sh`). It also names the programs
+registered tasks run (`requires_commands`) that are not installed: a warning, not a failure,
+since every other task still works.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import os
 import shutil
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 import redis
 from psycopg2 import sql
 
+from coverage import config as coverage_config
 from lumastra import config
 
 START_POSTGRES = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
@@ -91,15 +97,41 @@ def missing_commands() -> list[str]:
     ]
 
 
+ROLES = ("web", "worker", "beat", "flower")
+
+
+def check_variables(role: str | None, environ: Mapping[str, str]) -> int:
+    """1 after naming each unusable value and each required variable `role` (None: any role)
+    lacks; 0 when there is none."""
+    problems = []
+    for load in (config.load, coverage_config.load):
+        try:
+            load(environ)
+        except config.ConfigError as exc:
+            problems.append(f"configuration error: {exc}")
+    for var in config.missing_required(role, environ):
+        roles = role or " and ".join(r for r in ROLES if r in var.roles)
+        problems.append(
+            f"{var.name} is required by the {roles} role and is not set: {var.help}.\n"
+            "  See docs/environment.md."
+        )
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check-only", action="store_true", help="create nothing")
+    parser.add_argument("--role", choices=ROLES, help="check the variables of this role only")
+    parser.add_argument(
+        "--variables-only", action="store_true", help="check the variables, touch no service"
+    )
     args = parser.parse_args(argv)
-    try:
-        cfg = config.current()
-    except config.ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return 1
+    failed = check_variables(args.role, os.environ)
+    if failed or args.variables_only:
+        return failed
+    cfg = config.current()
     problems = [
         check_postgres(cfg.database_url, create=not args.check_only),
         check_valkey("VALKEY_URL", cfg.valkey_url),

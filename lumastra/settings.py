@@ -7,11 +7,13 @@ from urllib.parse import urlsplit
 
 import dj_database_url
 
+from coverage import config as coverage_config
 from lumastra import config
 from lumastra.logs import logging_config
 from orchestrator.stores import keys
 
 CONFIG = config.current()
+COVERAGE = coverage_config.current()  # the catalog's own settings (coverage/config.py)
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 # The role scripts refuse to start without LUMASTRA_SECRET_KEY (deploy/python.sh; `make run`

@@ -255,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         f"loops: reconciler every {cfg.reconcile_interval_s}s "
         f"(boot recovery at start), drain replay every {cfg.drain_interval_s}s, "
         f"scheduler every {cfg.scheduler_tick_s}s (boot catch-up at start), "
-        f"stage-sweep every {cfg.coverage_sweep_interval_s}s, "
-        f"outbox dispatcher every {cfg.coverage_dispatch_interval_s}s",
+        f"stage-sweep every {settings.COVERAGE.sweep_interval_s}s, "
+        f"outbox dispatcher every {settings.COVERAGE.dispatch_interval_s}s",
         flush=True,
     )
     if args.print_plan:

@@ -24,7 +24,7 @@ def history_retention(ctx: TaskContext, params: NoInput) -> dict[str, int]:
         f"deleted {history.runs} ended runs and {history.audit} state changes older than "
         f"{_days(config.history_retention_s)}, {history.webhook_deliveries} webhook deliveries "
         f"older than {_days(config.webhook_retention_s)}, {dead_events} outbox events dead "
-        f"for more than {_days(config.coverage_outbox_retention_s)}"
+        f"for more than {_days(settings.COVERAGE.outbox_retention_s)}"
     )
     return {
         "deleted": history.runs,

@@ -59,10 +59,12 @@ def _fail_fast() -> Iterator[None]:
         config,
         webhook_allow_private=True,
         webhook_max_attempts=1,
-        coverage_dispatch_max_attempts=1,
     )
+    coverage = settings.COVERAGE
+    settings.COVERAGE = dataclasses.replace(coverage, dispatch_max_attempts=1)
     yield
     settings.CONFIG = config
+    settings.COVERAGE = coverage
 
 
 def _client(user: object) -> Client:

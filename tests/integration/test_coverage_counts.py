@@ -33,10 +33,10 @@ STAGE = "test-probe"
 def _test_stages() -> Iterator[None]:
     # Only the test stages are driven here; the configuration is put back for later tests
     # (test_coverage_demo's sweep drives the demo stages).
-    config = settings.CONFIG
+    coverage = settings.COVERAGE
     only_test_stages_driven()
     yield
-    settings.CONFIG = config
+    settings.COVERAGE = coverage
     empty_queues()
 
 

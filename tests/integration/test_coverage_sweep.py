@@ -36,10 +36,10 @@ STAGE = "test-probe"
 def _empty_queues() -> Iterator[None]:
     """Only the test stages start runs; the runs wait in their queues, emptied after each
     test, and the configuration a test's ticks changed is put back."""
-    config = settings.CONFIG
+    coverage = settings.COVERAGE
     only_test_stages_driven()
     yield
-    settings.CONFIG = config
+    settings.COVERAGE = coverage
     empty_queues()
 
 
@@ -68,7 +68,7 @@ def _status(item: MediaItem, stage: str = STAGE) -> MediaItemStageState:
 
 def _tick(clock: FrozenClock | None = None, **config: Any) -> TickReport:
     if config:
-        settings.CONFIG = dataclasses.replace(settings.CONFIG, **config)
+        settings.COVERAGE = dataclasses.replace(settings.COVERAGE, **config)
     return Sweep(clock or FrozenClock(timezone.now())).tick()
 
 
@@ -145,7 +145,7 @@ def test_a_stage_starts_at_most_its_share_and_the_tick_at_most_the_ceiling() -> 
     for season in seasons:
         _row(season, "pending", stage="test-season")
 
-    report = _tick(coverage_starts_per_stage=5, coverage_starts_per_tick=8)
+    report = _tick(starts_per_stage=5, starts_per_tick=8)
 
     assert report.started[STAGE] == 5
     assert report.started["test-season"] == 3
@@ -161,7 +161,7 @@ def test_the_oldest_due_rows_go_first() -> None:
     _row(late, "pending", next_eligible_at=now - timedelta(minutes=1))
     _row(early, "pending", next_eligible_at=now - timedelta(hours=1))
 
-    _tick(coverage_starts_per_stage=1)
+    _tick(starts_per_stage=1)
 
     assert _status(early).status == "running"
     assert _status(late).status == "pending"
@@ -173,7 +173,7 @@ def test_a_class_over_its_depth_threshold_is_skipped_for_the_tick() -> None:
     queue = class_queues(registry.get().values(), "io", settings.CONFIG.per_task_queues)[0]
     broker.client().rpush(keys.broker_queue(queue, keys.BROKER_PRIORITY_STEPS[0]), *["x"] * 3)
 
-    report = _tick(coverage_class_depth_threshold=2)
+    report = _tick(class_depth_threshold=2)
 
     assert "io" in report.skipped_classes
     assert report.started[STAGE] == 0
@@ -196,7 +196,7 @@ def test_a_season_waits_until_its_episodes_settle() -> None:
     season.refresh_from_db()
     assert season.children_changed_at is not None  # the trigger saw the episode arrive
 
-    _tick(clock, coverage_season_settle_s=1800)
+    _tick(clock, season_settle_s=1800)
     assert _status(season, "test-season").status == "pending"
 
     clock.advance(timedelta(minutes=29))
@@ -235,7 +235,7 @@ def test_the_heal_walk_resumes_where_it_stopped() -> None:
     for item in items:
         _row(item, "skipped_permanent", reason="ineligible")
 
-    healed = [_tick(coverage_heal_per_tick=2).healed[STAGE] for _ in range(3)]
+    healed = [_tick(heal_per_tick=2).healed[STAGE] for _ in range(3)]
 
     assert healed == [2, 2, 1]
     assert CoverageStage.objects.get(id=STAGE).heal_cursor == 0  # the walk starts over
@@ -245,8 +245,8 @@ def test_self_heal_gives_rows_to_at_most_its_batch_of_items_per_tick() -> None:
     items = [_item(f"n{n}") for n in range(7)]
     MediaItemStageState.objects.filter(stage=STAGE).delete()
 
-    first = _tick(coverage_seed_per_tick=4, coverage_starts_per_stage=0)
-    second = _tick(coverage_seed_per_tick=4, coverage_starts_per_stage=0)
+    first = _tick(seed_per_tick=4, starts_per_stage=0)
+    second = _tick(seed_per_tick=4, starts_per_stage=0)
 
     assert first.seeded[STAGE] == 4
     assert second.seeded[STAGE] == 3
@@ -292,7 +292,7 @@ def test_rows_running_for_a_run_that_is_gone_are_reclaimed() -> None:
     )
     _row(live_run, "running", run_id=pending_run.id, started_at=long_ago)
 
-    report = _tick(clock, coverage_starts_per_stage=0)
+    report = _tick(clock, starts_per_stage=0)
 
     assert report.wedged[STAGE] == 1
     row = _status(wedged)
@@ -313,7 +313,7 @@ def test_a_new_processing_version_makes_completed_rows_obsolete() -> None:
     tasks = {**registry.get(), "test-cover": bumped}
     registry.install(registry.Registry(tasks.values()))
     try:
-        report = _tick(coverage_starts_per_stage=0)
+        report = _tick(starts_per_stage=0)
     finally:
         registry.install(registry.Registry({**tasks, "test-cover": definition}.values()))
 
@@ -321,4 +321,4 @@ def test_a_new_processing_version_makes_completed_rows_obsolete() -> None:
     assert _status(old).status == "obsolete"
     assert _status(current).status == "completed"
     assert CoverageStage.objects.get(id=STAGE).processing_version == 2
-    assert _tick(coverage_starts_per_stage=0).obsoleted[STAGE] == 0  # once per version change
+    assert _tick(starts_per_stage=0).obsoleted[STAGE] == 0  # once per version change

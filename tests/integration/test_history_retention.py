@@ -70,7 +70,7 @@ def _event(kind: str, dead_days_ago: int | None, created_days_ago: int = 0) -> N
 def test_each_kind_of_history_goes_past_its_own_retention() -> None:
     keep = settings.CONFIG.history_retention_s // DAY_S
     keep_webhooks = settings.CONFIG.webhook_retention_s // DAY_S
-    keep_dead = settings.CONFIG.coverage_outbox_retention_s // DAY_S
+    keep_dead = settings.COVERAGE.outbox_retention_s // DAY_S
     _run("run_01OLD000000000000000000000", RunState.COMPLETED, keep + 1)
     _run("run_01NEW000000000000000000000", RunState.COMPLETED, 1)
     _run("run_01LIVE00000000000000000000", RunState.ACTIVE, None)

@@ -28,10 +28,8 @@ TEST_STAGES = ("test-probe", "test-albums", "test-season")
 
 
 def only_test_stages_driven() -> None:
-    """Only the test stages start runs: a fixture calling this puts settings.CONFIG back."""
-    settings.CONFIG = dataclasses.replace(
-        settings.CONFIG, coverage_authoritative_stages=TEST_STAGES
-    )
+    """Only the test stages start runs: a fixture calling this puts settings.COVERAGE back."""
+    settings.COVERAGE = dataclasses.replace(settings.COVERAGE, authoritative_stages=TEST_STAGES)
 
 
 def empty_queues() -> None:

@@ -1,4 +1,5 @@
-"""`docs/environment.md` lists every variable `lumastra/config.py` reads; `load` parses or refuses.
+"""`docs/environment.md` lists every variable `lumastra/config/` and `coverage/config.py` read,
+under the section of the roles that read it; `load` parses or refuses.
 
 The doc is parsed, not compared against a list kept here: a variable added to the config module
 without a row in the doc fails this test.
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from lumastra import config
-from lumastra.config import CLASS_PATTERNS, VARIABLES, ConfigError, WorkerMode
+from coverage import config as coverage_config
+from lumastra import config, preflight
+from lumastra.config import CLASS_PATTERNS, ConfigError, WorkerMode, env
 from tasks.resources import RESOURCE_CLASSES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "environment.md"
@@ -22,6 +24,15 @@ _ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|([^|]*)\|([^|]*)\|\s*$")
 # A row of the per-class table: | `class` | concurrency | cap | hard timeout | stall limit |
 _CLASS_ROW = re.compile(r"^\|\s*`([a-z]+)`\s*\|([^|]*)\|([^|]*)\|([^|]*)\|([^|]*)\|\s*$")
 _VARIABLE_NAME = re.compile(r"^[A-Z][A-Z0-9_]*(<CLASS>)?$")
+VARIABLES = {**config.VARIABLES, **coverage_config.VARIABLES}
+# The doc's top-level sections, by the roles whose variables they list.
+SECTIONS = {
+    "Every role": env.EVERY_ROLE,
+    "Web and worker roles": env.STARTERS,
+    "Web role": env.WEB,
+    "Flower role": env.FLOWER,
+    "Worker role": env.WORKER,
+}
 
 
 def _rows() -> list[tuple[str, str, str]]:
@@ -40,6 +51,19 @@ def _documented_variables() -> dict[str, tuple[str, str]]:
         if _VARIABLE_NAME.match(name):
             assert name not in found, f"{name} is listed twice in {DOC.name}"
             found[name] = (default, meaning)
+    return found
+
+
+def _sections() -> dict[str, str]:
+    """Variable name → the `## ` section its row is in."""
+    found: dict[str, str] = {}
+    section = ""
+    for line in DOC.read_text().splitlines():
+        if line.startswith("## "):
+            section = line.removeprefix("## ").strip()
+        match = _ROW.match(line.strip())
+        if match and _VARIABLE_NAME.match(match.group(1)):
+            found[match.group(1)] = section
     return found
 
 
@@ -83,11 +107,60 @@ def test_every_per_class_pattern_is_documented() -> None:
     assert not missing, f"{DOC.name} does not list: {missing}"
 
 
+def test_every_variable_is_listed_under_the_roles_that_read_it() -> None:
+    sections = _sections()
+
+    for name, var in VARIABLES.items():
+        assert sections[name] in SECTIONS, f"{name} is under {sections[name]!r}, not a role"
+        assert SECTIONS[sections[name]] == var.roles, (
+            f"{name} is read by {sorted(var.roles)} but listed under {sections[name]!r}"
+        )
+
+
+def test_required_variables_and_only_they_are_marked_required() -> None:
+    documented = _documented_variables()
+
+    required = {name for name, var in VARIABLES.items() if var.required}
+    marked = {name for name, (_, meaning) in documented.items() if "**Required.**" in meaning}
+    assert required == marked
+    assert {"LUMASTRA_SECRET_KEY", "FLOWER_BASIC_AUTH"} <= required
+
+
+@pytest.mark.parametrize(
+    ("role", "environ", "missing"),
+    [
+        ("web", {}, ["LUMASTRA_SECRET_KEY"]),
+        ("beat", {"LUMASTRA_SECRET_KEY": "  "}, ["LUMASTRA_SECRET_KEY"]),
+        ("flower", {"LUMASTRA_SECRET_KEY": "k"}, ["FLOWER_BASIC_AUTH"]),
+        ("worker", {"LUMASTRA_SECRET_KEY": "k"}, []),
+    ],
+)
+def test_preflight_names_each_required_variable_a_role_lacks(
+    role: str, environ: dict[str, str], missing: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert preflight.check_variables(role, environ) == (1 if missing else 0)
+
+    err = capsys.readouterr().err
+    for name in missing:
+        assert f"{name} is required by the {role} role and is not set" in err
+    if not missing:
+        assert err == ""
+
+
+def test_preflight_names_an_unusable_value_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    environ = {"LUMASTRA_SECRET_KEY": "k", "LUMASTRA_DEBUG": "maybe"}
+
+    assert preflight.check_variables("worker", environ) == 1
+    assert "LUMASTRA_DEBUG='maybe'" in capsys.readouterr().err
+
+
 def test_the_doc_lists_no_variable_the_config_does_not_read() -> None:
     known = set(VARIABLES) | {p.name for p in CLASS_PATTERNS}
 
     stale = sorted(set(_documented_variables()) - known)
-    assert not stale, f"{DOC.name} lists variables lumastra/config.py does not declare: {stale}"
+    assert not stale, f"{DOC.name} lists variables the settings do not declare: {stale}"
 
 
 def test_the_per_class_table_matches_resource_classes() -> None:

@@ -96,7 +96,9 @@ def test_debug_is_off_and_hosts_and_origins_come_from_the_environment() -> None:
     ]
 
 
-@pytest.mark.parametrize("script", ["start-web.sh", "start-worker.sh", "start-beat.sh"])
+@pytest.mark.parametrize(
+    "script", ["start-web.sh", "start-worker.sh", "start-beat.sh", "start-flower.sh"]
+)
 def test_a_role_script_refuses_to_start_without_a_secret_key(script: str) -> None:
     done = subprocess.run(
         [str(ROOT / "deploy" / script)],
@@ -107,4 +109,5 @@ def test_a_role_script_refuses_to_start_without_a_secret_key(script: str) -> Non
     )
 
     assert done.returncode == 1
-    assert "LUMASTRA_SECRET_KEY is not set" in done.stderr
+    role = script.removeprefix("start-").removesuffix(".sh")
+    assert f"LUMASTRA_SECRET_KEY is required by the {role} role and is not set" in done.stderr

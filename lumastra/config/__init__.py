@@ -1,0 +1,92 @@
+"""The engine's typed view of the environment.
+
+Every variable the engine reads is declared once, with its default, its parser and the roles
+it matters to, in the module of those roles; the catalog's own settings are declared beside
+the catalog, in `coverage/config.py`. `docs/environment.md` lists the same names under the
+same roles (`tests/unit/test_config_docs.py` keeps the two in step). The roles read the
+settings built from these; only process plumbing reads `os.environ` itself (the role scripts,
+the pool settings a worker hands its children, a command's marks).
+
+- `env`: how a variable is declared and read: parsers, renamed names, `ConfigError`
+- `common`: every role's settings, and those of both roles that start runs (web and worker)
+- `web`: the web role's settings, and Flower's
+- `worker`: the worker role's settings: running runs and the loops
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+
+from lumastra.config import env
+from lumastra.config.common import EveryRole, Starters, WorkerMode
+from lumastra.config.env import ConfigError, EnvVar
+from lumastra.config.web import Flower, Web
+from lumastra.config.worker import Worker
+
+__all__ = ["CLASS_PATTERNS", "VARIABLES", "Config", "ConfigError", "WorkerMode", "current", "load"]
+
+# Per-class overrides are a family of variables; the docs list them by this pattern.
+CLASS_PATTERNS = (
+    EnvVar("LUMASTRA_CONCURRENCY_<CLASS>", "see RESOURCE_CLASSES", "worker processes of a pool"),
+    EnvVar("LUMASTRA_QUEUE_DEPTH_CAP_<CLASS>", "see RESOURCE_CLASSES", "waiting messages cap"),
+    EnvVar("LUMASTRA_HARD_TIMEOUT_S_<CLASS>", "see RESOURCE_CLASSES", "default hard timeout"),
+    EnvVar("LUMASTRA_STALL_FAIL_S_<CLASS>", "see RESOURCE_CLASSES", "default stall limit"),
+)
+
+
+@dataclass(frozen=True)
+class Config(Worker, Starters, Flower, Web, EveryRole):
+    """Every role's settings in one object (`settings.CONFIG`), whichever role this process is."""
+
+    concurrency_overrides: Mapping[str, int] = field(default_factory=dict)
+    queue_depth_cap_overrides: Mapping[str, int] = field(default_factory=dict)
+    hard_timeout_overrides: Mapping[str, int] = field(default_factory=dict)
+    stall_fail_overrides: Mapping[str, int] = field(default_factory=dict)
+
+
+VARIABLES: dict[str, EnvVar] = env.declared(Config)
+
+
+def _per_class(environ: Mapping[str, str], prefix: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for key, raw in environ.items():
+        if key.startswith(prefix):
+            try:
+                found[key.removeprefix(prefix).lower()] = int(raw)
+            except ValueError:
+                raise ConfigError(f"{key}={raw!r}: expected an integer") from None
+            if int(raw) < 1:
+                raise ConfigError(f"{key}={raw!r}: must be at least 1")
+    return found
+
+
+def load(environ: Mapping[str, str]) -> Config:
+    return env.read(
+        Config,
+        environ,
+        concurrency_overrides=_per_class(environ, "LUMASTRA_CONCURRENCY_"),
+        queue_depth_cap_overrides=_per_class(environ, "LUMASTRA_QUEUE_DEPTH_CAP_"),
+        hard_timeout_overrides=_per_class(environ, "LUMASTRA_HARD_TIMEOUT_S_"),
+        stall_fail_overrides=_per_class(environ, "LUMASTRA_STALL_FAIL_S_"),
+    )
+
+
+@cache
+def current() -> Config:
+    """The process's configuration, read once from its environment."""
+    return load(os.environ)
+
+
+def missing_required(role: str | None, environ: Mapping[str, str]) -> list[EnvVar]:
+    """The variables `role` (None: any role) cannot start without that `environ` leaves unset
+    or empty."""
+    return [
+        var
+        for var in VARIABLES.values()
+        if var.required
+        and (role is None or role in var.roles)
+        and not environ.get(var.name, "").strip()
+    ]

@@ -1,0 +1,148 @@
+"""The settings every role reads (the stores, the secret, routing, process logs), and those of
+the two roles that start runs (web and worker): admission and a run's live state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from lumastra.config import env
+
+
+class WorkerMode(Enum):
+    ENABLED = "enabled"  # this process may consume queues and run orchestrator loops
+    DISABLED = "disabled"  # web role: may start runs, never consumes
+
+
+def _parse_mode(raw: str) -> WorkerMode:
+    return WorkerMode(raw.strip().lower())
+
+
+_LOG_FORMAT = env.one_of("plain", "json")
+
+
+@dataclass(frozen=True)
+class EveryRole:
+    database_url: str = env.variable(
+        "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/lumastra", str, "PostgreSQL"
+    )
+    valkey_url: str = env.variable(
+        "VALKEY_URL", "redis://127.0.0.1:6379/0", str, "coordination Valkey (noeviction)"
+    )
+    valkey_cache_url: str = env.variable(
+        "VALKEY_CACHE_URL", "redis://127.0.0.1:6379/1", str, "evictable cache Valkey"
+    )
+    celery_broker_url: str = env.variable(
+        "CELERY_BROKER_URL", "redis://127.0.0.1:6379/2", str, "Celery broker"
+    )
+    worker_mode: WorkerMode = env.variable(
+        "LUMASTRA_WORKER_MODE",
+        "enabled",
+        _parse_mode,
+        "enabled (worker role) or disabled (web role)",
+        env.Renamed("WORKER_MODE"),
+    )
+    per_task_queues: bool = env.variable(
+        "LUMASTRA_PER_TASK_QUEUES",
+        "true",
+        env.parse_bool,
+        "one queue per task; false: one per class",
+        env.Renamed("FEATURE_PER_TASK_QUEUES"),
+    )
+    secret_key: str = env.variable(
+        "LUMASTRA_SECRET_KEY",
+        "",
+        str,
+        "give every role the same long random value (e.g. python3 -c 'import secrets; "
+        "print(secrets.token_urlsafe(50))')",
+        required=True,
+    )
+    debug: bool = env.variable("LUMASTRA_DEBUG", "false", env.parse_bool, "Django DEBUG")
+    task_modules: tuple[str, ...] = env.variable(
+        "LUMASTRA_TASK_MODULES",
+        "tasks.definitions.demo,tasks.definitions.catalog,tasks.definitions.catalog_media",
+        env.parse_list,
+        "comma-separated task definition modules the registry imports, after the built-in "
+        "tasks.definitions.maintenance",
+    )
+    log_format: str = env.variable(
+        "LUMASTRA_LOG_FORMAT",
+        "plain",
+        _LOG_FORMAT,
+        "process logs as plain lines or json (one object per line)",
+    )
+    db_conn_max_age_s: int = env.variable(
+        "LUMASTRA_DB_CONN_MAX_AGE_S", "600", int, "persistent DB connection lifetime"
+    )
+    store_timeout_s: int = env.variable(
+        "LUMASTRA_STORE_TIMEOUT_S",
+        "10",
+        env.positive_int,
+        "a Valkey or Postgres call that hears nothing back this long fails",
+    )
+    db_prepare_threshold: int = env.variable(
+        "LUMASTRA_DB_PREPARE_THRESHOLD",
+        "5",
+        int,
+        "uses on one connection before a run's statements are prepared; 0: never",
+    )
+    broker_visibility_timeout_s: int = env.variable(
+        "LUMASTRA_BROKER_VISIBILITY_TIMEOUT_S",
+        "3600",
+        env.positive_int,
+        "Redis transport redelivery",
+    )
+    health_timeout_s: int = env.variable(
+        "LUMASTRA_HEALTH_TIMEOUT_S",
+        "2",
+        env.positive_int,
+        "seconds /readyz and healthcheck --ready wait for each store",
+    )
+
+
+@dataclass(frozen=True)
+class Starters:
+    run_active_ttl_s: int = env.variable(
+        "LUMASTRA_RUN_ACTIVE_TTL_S",
+        "900",
+        env.positive_int,
+        "live run hash TTL",
+        roles=env.STARTERS,
+    )
+    run_terminal_ttl_s: int = env.variable(
+        "LUMASTRA_RUN_TERMINAL_TTL_S",
+        "3600",
+        env.positive_int,
+        "TTL of a terminal run snapshot",
+        roles=env.STARTERS,
+    )
+    identity_ttl_s: int = env.variable(
+        "LUMASTRA_IDENTITY_TTL_S",
+        "86400",
+        env.positive_int,
+        "how long a run's identity key is held",
+        roles=env.STARTERS,
+    )
+    identity_provisional_ttl_s: int = env.variable(
+        "LUMASTRA_IDENTITY_PROVISIONAL_TTL_S",
+        "30",
+        env.positive_int,
+        "identity hold before the run's insert commits",
+        roles=env.STARTERS,
+    )
+    media_roots: tuple[Path, ...] = env.variable(
+        "LUMASTRA_MEDIA_ROOTS",
+        ".demo/media",
+        env.parse_paths,
+        "colon-separated folders file-reading tasks may read below",
+        roles=env.STARTERS,
+    )
+    circuit_force_enable_ttl_s: float = env.variable(
+        "LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_S",
+        "86400",
+        env.positive_seconds,
+        "how long an operator's force-enable keeps a circuit admitting",
+        env.Renamed("LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS", scale=0.001),
+        roles=env.STARTERS,
+    )

@@ -1,0 +1,179 @@
+"""How a variable is declared and read: its name, default, parser, help, the roles that read it,
+and the name it had before this release.
+
+A settings class is a frozen dataclass whose fields are `variable(...)`s; `read` builds it from
+an environment, so every settings class (the engine's `lumastra.config.Config`, the catalog's
+`coverage.config.CoverageConfig`) parses, refuses and warns the same way.
+
+A renamed variable keeps its old name for one release (`Renamed`): set alone, the old name is
+read (converted to the new unit) with a `FutureWarning` naming the new one; set with the new
+one, the new one wins.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+# The project directory: relative media roots are taken from it (the demo's default is one).
+_PROJECT_DIR = Path(__file__).resolve().parents[2]
+
+# The processes a variable matters to; docs/environment.md has one section per set used here.
+WEB = frozenset({"web"})
+WORKER = frozenset({"worker"})
+FLOWER = frozenset({"flower"})
+STARTERS = WEB | WORKER  # both start runs and read their live state
+EVERY_ROLE = frozenset({"web", "worker", "beat", "flower"})
+
+
+class ConfigError(ValueError):
+    """A variable holds a value the system cannot use."""
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """A variable's name before this release, and what one of its units is in the new one."""
+
+    old: str
+    scale: float = 1.0  # 0.001: the old name was in milliseconds, the new one in seconds
+
+    def value(self, raw: str) -> str:
+        if self.scale == 1.0:
+            return raw
+        try:
+            value = float(raw) * self.scale
+        except ValueError:
+            return raw  # refused by the new variable's parser, with the old name in the error
+        # Whole seconds as an integer (an integer variable's parser takes no "2.592e+06").
+        return str(int(value)) if value.is_integer() else repr(value)
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str
+    help: str
+    renamed: Renamed | None = None
+    roles: frozenset[str] = EVERY_ROLE
+    # The role scripts refuse to start a role in `roles` without it (`lumastra.preflight`).
+    required: bool = False
+
+
+def variable(
+    name: str,
+    default: str,
+    parse: Callable[[str], Any],
+    help: str,
+    renamed: Renamed | None = None,
+    *,
+    roles: frozenset[str] = EVERY_ROLE,
+    required: bool = False,
+) -> Any:
+    """A settings field read from variable `name`; its metadata is the documentation."""
+    var = EnvVar(name, default, help, renamed, roles, required)
+    return field(metadata={"var": var, "parse": parse})
+
+
+def declared(settings: type) -> dict[str, EnvVar]:
+    """The variables a settings class reads, by name."""
+    return {
+        f.metadata["var"].name: f.metadata["var"] for f in fields(settings) if "var" in f.metadata
+    }
+
+
+Settings = TypeVar("Settings")
+
+
+def read(settings: type[Settings], environ: Mapping[str, str], **extra: Any) -> Settings:
+    """`settings` from `environ`: each variable parsed, or the old name's value converted."""
+    values: dict[str, Any] = {}
+    for f in fields(settings):  # type: ignore[arg-type]
+        if "var" not in f.metadata:
+            continue
+        var: EnvVar = f.metadata["var"]
+        name, raw = var.name, environ.get(var.name)
+        if raw is None and var.renamed is not None and var.renamed.old in environ:
+            name, raw = var.renamed.old, var.renamed.value(environ[var.renamed.old])
+            warnings.warn(
+                f"{name} is renamed {var.name}: read as {var.name}={raw} this release, "
+                f"set {var.name} instead",
+                FutureWarning,
+                stacklevel=3,
+            )
+        if raw is None:
+            raw = var.default
+        try:
+            values[f.name] = f.metadata["parse"](raw)
+        except ValueError as exc:
+            raise ConfigError(f"{name}={raw!r}: {exc}") from None
+    return settings(**values, **extra)
+
+
+def parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {raw!r}")
+
+
+def parse_list(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def parse_paths(raw: str) -> tuple[Path, ...]:
+    # Colon-separated like PATH: a comma is more likely than a colon in a media folder's name.
+    parts = (part.strip() for part in raw.split(":"))
+    return tuple(Path(os.path.normpath(_PROJECT_DIR / part)) for part in parts if part)
+
+
+def parse_path(raw: str) -> Path:
+    if not raw.strip():
+        raise ValueError("expected a folder, got nothing")
+    return Path(os.path.normpath(_PROJECT_DIR / raw.strip()))
+
+
+def positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"must be at least 0, got {value}")
+    return value
+
+
+def one_of(*choices: str, upper: bool = False) -> Callable[[str], str]:
+    """A parser taking one of `choices` (blanks and case ignored)."""
+
+    def parse(raw: str) -> str:
+        value = raw.strip().upper() if upper else raw.strip().lower()
+        if value not in choices:
+            listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
+            raise ValueError(f"expected {listed}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def positive_seconds(raw: str) -> float:
+    value = float(raw)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"expected seconds above 0, got {raw!r}")
+    return value
+
+
+def non_negative_seconds(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"expected seconds, 0 or more, got {raw!r}")
+    return value
