@@ -16,6 +16,7 @@ The operator pages:
 - `start_form`: "Start a run" (operate): a task, its input, a priority, an idempotency key
 - `input_fields`: the start form's fields, generated from the task's input schema
 - `tasks_page`: "Tasks" (view): each task, its last run, its last day, its admission status
+- `stats`: the Tasks page's read: each task's newest run, its last day's success rate, p50/p95
 - `force_enable`: the Tasks page's force-enable of a task's circuit (operate, a POST)
 - `nodes`: "Cluster" (view): the live nodes, the leader, each pool's queue depth and runs
 - `dead_letters`: "Dead letters": all that stopped being retried, a section per kind, with actions

@@ -36,7 +36,7 @@ from orchestrator.clock import describe
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.routing import queue_name
-from orchestrator.runs import report
+from orchestrator.api import report
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import RETRYABLE, rerun
 from orchestrator.runs.start import StartRefused, is_run_id

@@ -39,7 +39,7 @@ from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
-from orchestrator.runs import report
+from orchestrator.api import report
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import StartRefused

@@ -7,7 +7,7 @@ letters page (`dead_letters`). Operators also get a force-enable button (`force_
 a link to the start form with the task chosen (`start_form`).
 
 Every label comes from the registry at render time. Whatever the number of tasks or runs, the
-page costs two queries on `task_history` (`runs.stats`: one range scan of the last day's ends,
+page costs two queries on `task_history` (`admin.stats`: one range scan of the last day's ends,
 one index probe per task for the newest run) plus the overview's reads (`hooks.overview`).
 """
 
@@ -29,7 +29,7 @@ from orchestrator.api.access import Access
 from orchestrator.clock import SYSTEM, Clock, describe
 from orchestrator.hooks import overview
 from orchestrator.routing import queue_name
-from orchestrator.runs import stats
+from orchestrator.admin import stats
 from orchestrator.scheduler.slots import CronSlots, IntervalSlots
 from orchestrator.scheduler.sync import ScheduleConfigError, resolve
 from tasks import registry

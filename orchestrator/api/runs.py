@@ -25,7 +25,7 @@ from orchestrator.api.fields import PriorityIn, Storable, StorableStr
 from orchestrator.api.pagination import Position, page
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
-from orchestrator.runs import report
+from orchestrator.api import report
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import NotRetryable, rerun
 from orchestrator.runs.start import (

@@ -42,9 +42,5 @@ Asked from outside the run:
 - `rerun`: an operator's retry: a new run of the same work; a pipeline reuses completed stages
 - `wait`: waits for a run's end from any process (`handle.wait`, `run_and_wait`, `?wait=`)
 
-Operator reads:
-- `stats`: each task's newest run, and its last day's success rate and p50/p95 duration
-- `report`: a run's Markdown report: YAML frontmatter (the run, its steps), then a readable body
-
 May import: hooks, cluster, stores and the base modules. Never recovery, api or admin.
 """

@@ -31,7 +31,7 @@ from orchestrator.hooks.concurrency import ConcurrencyLimit
 from orchestrator.hooks.quotas import DailyQuota, QuotaExceeded
 from orchestrator.models import CircuitState, TaskCircuitState, TaskHistory, TaskQuotaUsage
 from orchestrator.routing import queue_name
-from orchestrator.runs import stats
+from orchestrator.admin import stats
 from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys, valkey

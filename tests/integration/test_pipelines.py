@@ -28,7 +28,7 @@ from orchestrator.hooks.costs import CostQuotaExceeded
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.recovery.reconciler import Reconciler
 from orchestrator.routing import queue_name, stage_queue
-from orchestrator.runs import report
+from orchestrator.api import report
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import start_run
