@@ -6,7 +6,7 @@
 Loads, into its own database (`BENCH_CONSOLE_DATABASE_URL`, by default `lumastra_console_bench`;
 later invocations reuse what is there unless told to reload):
 
-- **1,000,000 runs** in `task_history` over the last 60 days (`bench/console_history.sql`, one
+- **1,000,000 runs** in `task_history` over the last 60 days (`bench/sql/console_history.sql`, one
   INSERT … SELECT from generate_series, the row triggers off, their audit rows written apart):
   tasks from the registry, mostly completed (85 %) and failed (12.5 %), some cancelled, the
   newest few thousand partly pending, active or cancelling; every trigger kind with its
@@ -41,6 +41,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench.sweep import SPREAD, SWEEP_ENV, print_spread  # noqa: E402
 from bench.throughput import prepare_stores  # noqa: E402
+from orchestrator import sql  # noqa: E402
 
 CONSOLE_ENV = {
     **SWEEP_ENV,
@@ -49,7 +50,10 @@ CONSOLE_ENV = {
     ),
 }
 TARGET_MS = 300
-HISTORY_SQL = Path(__file__).with_name("console_history.sql")
+# The load, in order: the runs, the retries among them, their audit rows.
+HISTORY_SQL = [
+    sql.load(__file__, name) for name in ("console_history", "console_retries", "console_audit")
+]
 # The queries --explain plans: reads, after any comment lines of a named query.
 _READ = re.compile(r"\s*(--[^\n]*\n\s*)*\(*\s*(SELECT|WITH)\b", re.IGNORECASE)
 
@@ -212,7 +216,7 @@ def load_history(runs: int, reload: bool) -> None:
         cursor.execute("SELECT setseed(0.13)")
         # The row triggers (audit, webhook events, coverage rows) stay off for the load.
         cursor.execute("SET session_replication_role = replica")
-        for statement in HISTORY_SQL.read_text().split("-- statement --"):
+        for statement in HISTORY_SQL:
             cursor.execute(statement, params)
         cursor.execute("SET session_replication_role = DEFAULT")
         cursor.execute("VACUUM ANALYZE task_history")

@@ -4,23 +4,22 @@ Queries that judge eligibility hold `${eligible}`, filled with the stage's own c
 the item row `mi` (`tasks.coverage.CoveredStage.eligible_sql`; `TRUE` when the stage has none
 or says it with a Python predicate, asked once when its rows are made). The condition is the
 stage author's code, like the task's body, never a user's input. Each query is rendered once
-per stage and kept.
+per stage and kept. `${eligible}` is a `string.Template` slot, filled before the query is sent,
+not a parameter: a file's `-- Parameters:` line names only its `%(name)s` ones.
 """
 
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from string import Template
 
+from orchestrator import sql
 from tasks.coverage import CoveredStage
-
-SQL_DIR = Path(__file__).parent / "sql"
 
 
 @cache
 def _template(name: str) -> Template:
-    return Template((SQL_DIR / f"{name}.sql").read_text())
+    return Template(sql.load(__file__, name))
 
 
 def eligibility(stage: CoveredStage) -> str:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from coverage.queries import SQL_DIR
+from orchestrator import sql
 from orchestrator.stores.retention import FIRST_ID, prune_in_batches, seconds_ago
 
-PRUNE_DEAD_EVENTS = (SQL_DIR / "prune_dead_events.sql").read_text()
+PRUNE_DEAD_EVENTS = sql.load(__file__, "prune_dead_events")
 
 
 def prune_dead_events(*, batch: int | None = None) -> int:

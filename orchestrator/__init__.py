@@ -29,6 +29,7 @@ The base modules:
 - `clock`: time as a dependency (`Clock`), and the ms and span conversions everyone shares
 - `backoff`: exponential backoff, capped before it is computed, with or without jitter
 - `text`: what text from outside may be: storable in Postgres, a number in ASCII digits
+- `sql`: the one reader of the `.sql` files, and what each file's header says
 
 The engine never imports the catalog (`coverage`), which plugs in through settings and SQL.
 """

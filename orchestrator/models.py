@@ -302,7 +302,8 @@ class SchedulerState(models.Model):
     sync_disabled = models.BooleanField(default=False)
     # An operator disabled this row of a dynamic schedule (`scheduler.switch`): the tick skips
     # it. A static schedule is switched on its PeriodicTask row (`enabled`) instead. A
-    # database default: the fire path's upsert (claim_slot.sql) does not name the column.
+    # database default: the fire path's upsert (scheduler/sql/claim_slot.sql) does not name
+    # the column.
     disabled = models.BooleanField(default=False, db_default=False)
     updated_at = models.DateTimeField(auto_now=True)
 

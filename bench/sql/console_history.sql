@@ -1,5 +1,6 @@
 -- bench/console.py: n runs in task_history over the last 60 days, as a system in use holds
--- them. Parameters, chosen by the script from the registry and the enums:
+-- them.
+-- Parameters: chosen by the script from the registry and the enums.
 --   n                 the number of runs
 --   tasks             text[]: task ids, repeated by weight (a run picks one at random)
 --   kinds             text[]: trigger kinds, repeated by weight
@@ -8,7 +9,8 @@
 --   live              the newest runs that may still be pending, active or cancelling
 -- Ids are ULID-like (`run_` + 12 hex digits of the creation's epoch ms + 14 of the sequence),
 -- so they sort by creation like the real ones. The caller turns the row triggers off
--- (session_replication_role = replica) and writes the audit rows itself.
+-- (session_replication_role = replica), then names the retried runs (console_retries.sql) and
+-- writes the audit rows (console_audit.sql).
 INSERT INTO task_history (
   id, task_id, state, stages, stage_results, steps, trigger, input, result, error, priority,
   identity, processing_version, owner_instance_id, attempts, cost_breakdown, progress,
@@ -90,26 +92,3 @@ FROM (
     ) AS a
   ) AS b
 ) AS c;
-
--- statement --
--- An operator's retry names the run it retried (`retryOf`): the failed run created just before.
-UPDATE task_history AS r
-   SET trigger = r.trigger || jsonb_build_object('retryOf', (
-         SELECT f.id FROM task_history AS f
-          WHERE f.state = 'failed' AND f.created_at < r.created_at
-          ORDER BY f.created_at DESC LIMIT 1))
- WHERE r.trigger ->> 'kind' = 'operator-retry';
-
--- statement --
--- Postgres's own audit of every change of state (the triggers were off for the load): born
--- pending, claimed, ended.
-INSERT INTO task_history_audit (run_id, from_state, to_state, at)
-SELECT t.id, s.from_state, s.to_state, s.at
-FROM task_history AS t
-CROSS JOIN LATERAL (VALUES
-  (NULL, 'pending', t.created_at),
-  ('pending', CASE WHEN t.state = 'pending' THEN NULL ELSE 'active' END, t.started_at),
-  ('active', CASE WHEN t.state IN ('completed', 'failed', 'cancelled') THEN t.state END,
-   t.finished_at)
-) AS s (from_state, to_state, at)
-WHERE s.to_state IS NOT NULL;

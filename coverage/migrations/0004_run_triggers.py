@@ -1,11 +1,11 @@
 """Run ↔ row triggers on task_history (sql/0004_run_triggers.sql says what they do)."""
 
-from pathlib import Path
-
 from django.db import migrations
 
+from orchestrator import sql
+
 # The SQL of a migration is never edited once released: a change is a new file and migration.
-SQL = (Path(__file__).parent / "sql" / "0004_run_triggers.sql").read_text()
+SQL = sql.load(__file__, "0004_run_triggers")
 
 REVERSE = """
 DROP TRIGGER IF EXISTS coverage_run_ended ON task_history;

@@ -1,13 +1,13 @@
 """Run ↔ row triggers, version 2 (sql/0006_run_triggers.sql says what changed), and
 `rerun_requested`: an item that changed while its run was going is done again."""
 
-from pathlib import Path
-
 from django.db import migrations, models
 
-SQL = (Path(__file__).parent / "sql" / "0006_run_triggers.sql").read_text()
+from orchestrator import sql
+
+SQL = sql.load(__file__, "0006_run_triggers")
 # Back to version 1: the functions of migration 0004.
-REVERSE = (Path(__file__).parent / "sql" / "0004_run_triggers.sql").read_text()
+REVERSE = sql.load(__file__, "0004_run_triggers")
 
 
 class Migration(migrations.Migration):

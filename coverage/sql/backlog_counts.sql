@@ -1,5 +1,6 @@
 -- Rows per stage and status (the backlog page, the API, /metrics): the base counts as of the
 -- last fold plus the deltas appended since (coverage.counts); both tables are small.
+-- Parameters: none.
 SELECT stage, status, sum(n)::bigint
   FROM (SELECT stage, status, n FROM coverage_stage_count
         UNION ALL

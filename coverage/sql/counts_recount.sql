@@ -1,6 +1,7 @@
 -- Count the rows again and make that the base, dropping the deltas: one statement, so the
 -- count and the deltas dropped are of the same snapshot (a change committed after it keeps its
 -- delta, which is not in the count). The caller holds the base table's lock (coverage.counts).
+-- Parameters: none.
 WITH counted AS (
     SELECT stage, status, count(*) AS n FROM media_item_stage_state GROUP BY stage, status
 ), dropped AS (

@@ -88,7 +88,7 @@ from orchestrator.clock import SYSTEM, Clock, describe, from_ms, span_ms, to_ms
 from orchestrator.hooks.base import Admission, Outcome, Pickup, Refused, RunHook, Step
 from orchestrator.models import CircuitState, TaskCircuitState
 from orchestrator.states import RunState
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, queries, scripts, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 from tasks.registry import UnknownTaskError
@@ -369,28 +369,12 @@ def _hash(flat: Sequence[str]) -> CircuitHash:
 
 # --- Postgres copy --------------------------------------------------------------------------
 
-_UPSERT = """
-INSERT INTO task_circuit_state AS c
-       (task_id, state, consecutive_failures, reopen_count, opened_at, half_open_at,
-        forced_until, forced_by, recent_failures, version, updated_at)
-VALUES (%(task_id)s, %(state)s, %(consecutive)s, %(reopen_count)s, %(opened_at)s,
-        %(half_open_at)s, %(forced_until)s, %(forced_by)s, %(recent)s::jsonb, %(version)s,
-        %(updated_at)s)
-ON CONFLICT (task_id) DO UPDATE
-   SET state = EXCLUDED.state, consecutive_failures = EXCLUDED.consecutive_failures,
-       reopen_count = EXCLUDED.reopen_count, opened_at = EXCLUDED.opened_at,
-       half_open_at = EXCLUDED.half_open_at, forced_until = EXCLUDED.forced_until,
-       forced_by = EXCLUDED.forced_by, recent_failures = EXCLUDED.recent_failures,
-       version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
- WHERE c.version < EXCLUDED.version
-"""
-
 
 def _persist(task_id: str, circuit: CircuitHash) -> None:
     recent = [{"at": at, "run": run} for at, run in _recent(circuit.get("recent", ""))]
     with connection.cursor() as cursor:
         cursor.execute(
-            _UPSERT,
+            queries.CIRCUIT_PERSIST,
             {
                 "task_id": task_id,
                 "state": circuit.get("state", CircuitState.CLOSED.value),

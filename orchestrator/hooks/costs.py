@@ -37,21 +37,10 @@ from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks.base import Admission, Refused, RunHook, Step, checked
 from orchestrator.hooks.quotas import COUNT_TTL, Fence, day_hashes
 from orchestrator.models import TaskQuotaUsage
-from orchestrator.stores import counters, keys, valkey
+from orchestrator.stores import counters, keys, queries, valkey
 from tasks import registry
 
 log = logging.getLogger(__name__)
-
-# Kind by kind, never lowered: a second rollup, or a late one from a leader that lost its
-# seat, changes nothing. Rows that would not change are not rewritten.
-_ROLLUP = """
-INSERT INTO task_quota_usage AS u (task_id, day, started, completed, failed, cost)
-VALUES (%(task_id)s, %(day)s, 0, 0, 0, %(cost)s::jsonb)
-ON CONFLICT (task_id, day) DO UPDATE SET cost = lumastra_greatest_costs(u.cost, EXCLUDED.cost)
- WHERE lumastra_greatest_costs(u.cost, EXCLUDED.cost) <> u.cost
-"""
-
-_ROLLED_UP = "SELECT cost FROM task_quota_usage WHERE task_id = %(task_id)s AND day = %(day)s"
 
 
 class CostQuotaExceeded(Refused):
@@ -104,7 +93,7 @@ def _rolled_up(task_id: str, day: date) -> dict[str, float] | None:
     """The table's figure, for a Valkey that lost the day's hash after a rollup. Read only when
     the hash is below a cap, so a capped start pays it; uncapped tasks never do."""
     with connection.cursor() as cursor:
-        cursor.execute(_ROLLED_UP, {"task_id": task_id, "day": day})
+        cursor.execute(queries.COST_ROLLED_UP, {"task_id": task_id, "day": day})
         found = cursor.fetchone()
     if found is None:
         return None
@@ -150,7 +139,9 @@ def rollup(*, fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
     changed = 0
     with connection.cursor() as cursor:
         for task_id, day, costs in rows:
-            cursor.execute(_ROLLUP, {"task_id": task_id, "day": day, "cost": json.dumps(costs)})
+            cursor.execute(
+                queries.COST_ROLLUP, {"task_id": task_id, "day": day, "cost": json.dumps(costs)}
+            )
             changed += cursor.rowcount
     if changed:
         log.info("cost rollup: %d task-day rows updated from Valkey", changed)

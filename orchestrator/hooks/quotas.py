@@ -49,7 +49,7 @@ from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks.base import Admission, Outcome, Refused, RunHook, Step, checked
 from orchestrator.models import TaskQuotaUsage
 from orchestrator.states import RunState
-from orchestrator.stores import keys, valkey
+from orchestrator.stores import keys, queries, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
 
@@ -59,42 +59,6 @@ log = logging.getLogger(__name__)
 # process may stop for about a week without losing counts.
 COUNT_TTL = timedelta(days=8)
 FIELDS = ("started", "completed", "failed")
-
-# One statement takes a unit or refuses: the conditional DO UPDATE returns no row when the
-# day's count has reached the cap.
-_TAKE = """
-INSERT INTO task_quota_usage AS u (task_id, day, started, completed, failed)
-VALUES (%(task_id)s, %(day)s, 1, 0, 0)
-ON CONFLICT (task_id, day) DO UPDATE SET started = u.started + 1
- WHERE u.started < %(cap)s::int
-RETURNING started
-"""
-
-_GIVE_BACK = """
-UPDATE task_quota_usage SET started = started - 1
- WHERE task_id = %(task_id)s AND day = %(day)s AND started > 0
-"""
-
-_COUNT_END = """
-INSERT INTO task_quota_usage AS u (task_id, day, started, completed, failed)
-VALUES (%(task_id)s, %(day)s, 0, %(completed)s, %(failed)s)
-ON CONFLICT (task_id, day) DO UPDATE
-   SET completed = u.completed + %(completed)s, failed = u.failed + %(failed)s
-"""
-
-# Absolute values, never lowered: idempotent, and a stale snapshot cannot undo a newer one.
-# Rows that would not change are not rewritten (no dead tuple every tick).
-_ROLLUP = """
-INSERT INTO task_quota_usage AS u (task_id, day, started, completed, failed)
-SELECT * FROM unnest(%(task_ids)s::text[], %(days)s::date[], %(started)s::int[],
-                     %(completed)s::int[], %(failed)s::int[])
-ON CONFLICT (task_id, day) DO UPDATE
-   SET started = GREATEST(u.started, EXCLUDED.started),
-       completed = GREATEST(u.completed, EXCLUDED.completed),
-       failed = GREATEST(u.failed, EXCLUDED.failed)
- WHERE EXCLUDED.started > u.started OR EXCLUDED.completed > u.completed
-    OR EXCLUDED.failed > u.failed
-"""
 
 
 class QuotaExceeded(Refused):
@@ -144,7 +108,8 @@ class DailyQuota(RunHook):
         now = self.clock.now()
         with connection.cursor() as cursor:
             cursor.execute(
-                _TAKE, {"task_id": admission.definition.id, "day": now.date(), "cap": cap}
+                queries.QUOTA_TAKE,
+                {"task_id": admission.definition.id, "day": now.date(), "cap": cap},
             )
             taken = cursor.fetchone()
         if taken is None:
@@ -168,7 +133,9 @@ class DailyQuota(RunHook):
         if connection.needs_rollback:
             return
         with connection.cursor() as cursor:
-            cursor.execute(_GIVE_BACK, {"task_id": admission.definition.id, "day": day})
+            cursor.execute(
+                queries.QUOTA_GIVE_BACK, {"task_id": admission.definition.id, "day": day}
+            )
 
     def plan_finished(self, outcome: Outcome) -> Step | None:
         if not outcome.final or outcome.state not in (RunState.COMPLETED, RunState.FAILED):
@@ -185,7 +152,7 @@ class DailyQuota(RunHook):
 def _count_end(task_id: str, day: date, completed: bool) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
-            _COUNT_END,
+            queries.QUOTA_COUNT_END,
             {
                 "task_id": task_id,
                 "day": day,
@@ -228,7 +195,7 @@ def rollup(*, fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
         fence.check()
     with connection.cursor() as cursor:
         cursor.execute(
-            _ROLLUP,
+            queries.QUOTA_ROLLUP,
             {
                 "task_ids": [task_id for task_id, _, _ in rows],
                 "days": [day for _, day, _ in rows],

@@ -2,31 +2,10 @@
 
 from django.db import migrations, models
 
-# A pipeline run's stages as its end leaves them: never started → skipped, still running →
-# failed. Used by the run's terminal writes (stores/sql/end_run.sql, cancel_run.sql).
-CLOSE_STAGES = """
-CREATE OR REPLACE FUNCTION lumastra_close_stages(stages jsonb) RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT CASE WHEN stages = '{}'::jsonb THEN stages ELSE (
-    SELECT jsonb_object_agg(name, CASE stage WHEN 'waiting' THEN 'skipped'
-                                             WHEN 'active' THEN 'failed'
-                                             ELSE stage END)
-      FROM jsonb_each_text(stages) AS s(name, stage)) END
-$$;
-"""
+from orchestrator import sql
 
-# Two cost maps ({"kind": units}) added kind by kind; NULL adds nothing.
-ADD_COSTS = """
-CREATE OR REPLACE FUNCTION lumastra_add_costs(total jsonb, more jsonb) RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT CASE WHEN more IS NULL OR more = '{}'::jsonb THEN total ELSE (
-    SELECT COALESCE(jsonb_object_agg(kind, units), '{}'::jsonb)
-      FROM (SELECT kind, sum(units::numeric) AS units
-              FROM (SELECT * FROM jsonb_each_text(total)
-                    UNION ALL SELECT * FROM jsonb_each_text(more)) AS both_maps(kind, units)
-             GROUP BY kind) AS summed) END
-$$;
-"""
+CLOSE_STAGES = sql.load(__file__, "0010_close_stages")
+ADD_COSTS = sql.load(__file__, "0010_add_costs")
 
 
 class Migration(migrations.Migration):

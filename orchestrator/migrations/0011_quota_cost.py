@@ -2,18 +2,9 @@
 
 from django.db import migrations, models
 
-# Two cost maps merged kind by kind, keeping the larger figure (the rollup never lowers one).
-GREATEST_COSTS = """
-CREATE OR REPLACE FUNCTION lumastra_greatest_costs(a jsonb, b jsonb) RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT COALESCE(jsonb_object_agg(kind, units), '{}'::jsonb)
-    FROM (SELECT kind, max(units::numeric) AS units
-            FROM (SELECT * FROM jsonb_each_text(COALESCE(a, '{}'::jsonb))
-                  UNION ALL SELECT * FROM jsonb_each_text(COALESCE(b, '{}'::jsonb)))
-                 AS both_maps(kind, units)
-           GROUP BY kind) AS larger
-$$;
-"""
+from orchestrator import sql
+
+GREATEST_COSTS = sql.load(__file__, "0011_greatest_costs")
 
 
 class Migration(migrations.Migration):
@@ -28,7 +19,7 @@ class Migration(migrations.Migration):
             name='cost',
             field=models.JSONField(blank=True, default=dict),
         ),
-        # The run counts' raw upserts (hooks/quotas.py) do not name this column.
+        # The run counts' raw upserts (stores/sql/quota_take.sql, quota_count_end.sql) do not name it.
         migrations.RunSQL(
             "ALTER TABLE task_quota_usage ALTER COLUMN cost SET DEFAULT '{}'::jsonb;",
             "ALTER TABLE task_quota_usage ALTER COLUMN cost DROP DEFAULT;",

@@ -9,20 +9,10 @@ expressions, so the planner inlines them into the query that calls them."""
 
 from django.db import migrations
 
-LAST_BEAT = """
-CREATE OR REPLACE FUNCTION lumastra_last_beat(run task_history) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT COALESCE(run.heartbeat_at, run.started_at, run.updated_at)
-$$;
-"""
+from orchestrator import sql
 
-HEARTBEAT_STALE = """
-CREATE OR REPLACE FUNCTION lumastra_heartbeat_stale(run task_history, stale_s float8)
-RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-  SELECT lumastra_last_beat(run) < now() - stale_s * interval '1 second'
-$$;
-"""
+LAST_BEAT = sql.load(__file__, "0017_last_beat")
+HEARTBEAT_STALE = sql.load(__file__, "0017_heartbeat_stale")
 
 
 class Migration(migrations.Migration):

@@ -79,7 +79,7 @@ from orchestrator.runs.drain import MOVE_STAGE, TRANSIENT_ERRORS, Entry
 from orchestrator.runs.drain import stage_follow_up as registered_stage_follow_up
 from orchestrator.runs.settle import settle
 from orchestrator.states import IllegalTransition, RunState, StageState
-from orchestrator.stores import counters, durable, keys, valkey
+from orchestrator.stores import counters, durable, keys, queries, valkey
 from orchestrator.stores.durable import Stages
 from tasks.errors import ErrorKind
 
@@ -260,7 +260,7 @@ def _bounded(lock_timeout: timedelta) -> Iterator[None]:
     timeout_ms = max(1, span_ms(lock_timeout))
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"])
+            cursor.execute(queries.DRAIN_LOCK_TIMEOUT, {"timeout": f"{timeout_ms}ms"})
         yield
 
 

@@ -66,7 +66,7 @@ from orchestrator.cluster.locks import Fence, LockLost
 from orchestrator.runs import resume, stage_attempts
 from orchestrator.runs.settle import settle
 from orchestrator.states import IllegalTransition, RunState
-from orchestrator.stores import durable, keys, valkey
+from orchestrator.stores import durable, keys, queries, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 
@@ -74,36 +74,6 @@ log = logging.getLogger(__name__)
 
 # Where a pending-run scan starts over: before any run.
 SCAN_START = (datetime(1970, 1, 1, tzinfo=UTC), "")
-
-# The one query of a reconciler tick. Stale: active or cancelling runs whose heartbeat is older
-# than the threshold, oldest heartbeat first. Pending: runs pending (since created or put back
-# for a retry, and past any retry time) for longer than the check delay, one page in
-# (created_at, id) order after the caller's cursor, so a big backlog is covered page by page.
-_CANDIDATES = """
-(SELECT id, task_id, state, owner_instance_id, identity, priority, processing_version,
-        created_at,
-        EXTRACT(EPOCH FROM now() - lumastra_last_beat(task_history))::float8,
-        attempts, stages <> '{}'
-   FROM task_history
-  WHERE state = ANY(%(stale_states)s)
-    AND lumastra_heartbeat_stale(task_history, %(stale_after_s)s)
-    -- A pipeline run between stages has nothing to heartbeat: recovery.stages moves it on.
-    AND NOT (state = 'active' AND stages <> '{}'
-             AND NOT jsonb_path_exists(stages, '$.* ? (@ == "active")'))
-  ORDER BY lumastra_last_beat(task_history)
-  LIMIT %(limit)s)
-UNION ALL
-(SELECT id, task_id, state, owner_instance_id, identity, priority, processing_version,
-        created_at,
-        EXTRACT(EPOCH FROM now() - GREATEST(updated_at, not_before))::float8,
-        attempts, stages <> '{}'
-   FROM task_history
-  WHERE state = 'pending'
-    AND GREATEST(updated_at, not_before) < now() - %(pending_after_s)s * interval '1 second'
-    AND (created_at, id) > (%(after_created)s, %(after_id)s)
-  ORDER BY created_at, id
-  LIMIT %(limit)s)
-"""
 
 
 @dataclass(frozen=True)
@@ -171,7 +141,7 @@ def candidates(
         "after_id": pending_after[1],
     }
     with connection.cursor() as cursor:
-        cursor.execute(_CANDIDATES, params)
+        cursor.execute(queries.ORPHAN_CANDIDATES, params)
         rows = cursor.fetchall()
     found = [
         Candidate(

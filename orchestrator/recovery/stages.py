@@ -34,23 +34,13 @@ from orchestrator.cluster.locks import Fence
 from orchestrator.recovery.pending import held_by_workers, in_broker_lists, stranded_after_s
 from orchestrator.routing import stage_queue
 from orchestrator.runs import pipeline
+from orchestrator.stores import queries
 from orchestrator.stores.durable import Stages, json_value
 from tasks import registry
 
 log = logging.getLogger(__name__)
 
 BATCH = 100
-
-_STALLED = """
-SELECT id, task_id, input, owner_instance_id, identity, priority, stages, stage_results
-  FROM task_history
- WHERE state = 'active'
-   AND stages <> '{}'
-   AND NOT jsonb_path_exists(stages, '$.* ? (@ == "active")')
-   AND lumastra_heartbeat_stale(task_history, %(after_s)s)
- ORDER BY lumastra_last_beat(task_history)
- LIMIT %(limit)s
-"""
 
 
 class AdvanceStalledPipelines:
@@ -61,7 +51,7 @@ class AdvanceStalledPipelines:
     def __call__(self, fence: Fence) -> int:
         params = {"after_s": settings.CONFIG.pipeline_recover_after_s, "limit": BATCH}
         with connection.cursor() as cursor:
-            cursor.execute(_STALLED, params)
+            cursor.execute(queries.STALLED_PIPELINES, params)
             rows = cursor.fetchall()
         if not rows:
             return 0

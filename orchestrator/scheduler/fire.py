@@ -3,7 +3,7 @@
 `fire(request, now)`:
 1. `SET lock:scheduler:<taskId>:<bucket> NX EX 30`: of several replicas firing one bucket at
    once, one goes on; the others return `LOCKED` after one Valkey call;
-2. in one transaction: claim the slot in `scheduler_state` (`claim_slot.sql`: a guarded
+2. in one transaction: claim the slot in `scheduler_state` (`sql/claim_slot.sql`: a guarded
    upsert, `last_bucket < slot`), then `start_run(..., trigger={"kind": "schedule",
    "bucket": ...})` in a savepoint, then record the run id. A slot already claimed returns
    `ALREADY` and starts nothing: this is what keeps a slot to one run after the 30 s lock
@@ -31,11 +31,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
 
+from orchestrator import sql
 from orchestrator.cluster.instance import instance_id
 from orchestrator.hooks.base import Refused
 from orchestrator.models import SchedulerState, TaskHistory
@@ -50,7 +50,7 @@ from tasks.registry import UnknownTaskError
 
 log = logging.getLogger(__name__)
 
-CLAIM_SLOT = (Path(__file__).parent / "claim_slot.sql").read_text()
+CLAIM_SLOT = sql.load(__file__, "claim_slot")
 
 
 class Outcome(Enum):
@@ -133,7 +133,14 @@ def fire(request: FireRequest, now: datetime) -> FireResult:
         )
         with connection.cursor() as cursor:
             cursor.execute(
-                CLAIM_SLOT, [request.key, request.task_id, request.row_key, request.slot, now]
+                CLAIM_SLOT,
+                {
+                    "key": request.key,
+                    "task_id": request.task_id,
+                    "row_key": request.row_key,
+                    "slot": request.slot,
+                    "fired_at": now,
+                },
             )
             claimed = cursor.fetchone() is not None
         if not claimed:

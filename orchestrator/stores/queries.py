@@ -23,18 +23,14 @@ from __future__ import annotations
 import re
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
 
-SQL_DIR = Path(__file__).parent / "sql"
+from orchestrator import sql
+
 _PARAMETER = re.compile(r"%\((\w+)\)s")
-
-
-def _load(name: str) -> str:
-    return (SQL_DIR / f"{name}.sql").read_text()
 
 
 @dataclass(frozen=True)
@@ -48,7 +44,7 @@ class Prepared:
 
     @classmethod
     def load(cls, name: str) -> Prepared:
-        text = _load(name)
+        text = sql.load(__file__, name)
         order = list(dict.fromkeys(_PARAMETER.findall(text)))
         positional = _PARAMETER.sub(lambda m: f"${order.index(m.group(1)) + 1}", text)
         statement = f"lumastra_{name}"
@@ -82,8 +78,8 @@ def send(cursor: Any, query: Prepared | str, params: dict[str, Any], *, before: 
     threshold = settings.CONFIG.db_prepare_threshold
     if threshold > 0 and seen != _NEVER:
         if seen == _PREPARED or seen + 1 >= threshold:
-            sql = query.execute if seen == _PREPARED else f"{query.prepare};\n{query.execute}"
-            _send_prepared(cursor, query, sql, params, before, uses)
+            statement = query.execute if seen == _PREPARED else f"{query.prepare};\n{query.execute}"
+            _send_prepared(cursor, query, statement, params, before, uses)
             return
         uses[query.name] = seen + 1
     cursor.execute(before + query.text, params)
@@ -92,13 +88,13 @@ def send(cursor: Any, query: Prepared | str, params: dict[str, Any], *, before: 
 def _send_prepared(
     cursor: Any,
     query: Prepared,
-    sql: str,
+    statement: str,
     params: dict[str, Any],
     before: str,
     uses: dict[str, int],
 ) -> None:
     try:
-        cursor.execute(before + sql, params)
+        cursor.execute(before + statement, params)
     except DatabaseError as exc:
         code = getattr(exc.__cause__, "pgcode", None)
         if code == _UNKNOWN_STATEMENT:
@@ -107,7 +103,7 @@ def _send_prepared(
                 # Nothing ran and no transaction was spoiled: send it again, as text.
                 cursor.execute(before + query.text, params)
                 return
-        elif sql != query.execute and code != _IN_FAILED_TRANSACTION:
+        elif statement != query.execute and code != _IN_FAILED_TRANSACTION:
             # PREPARE went first and outlives the failure of what followed it.
             uses[query.name] = _PREPARED
         raise
@@ -118,17 +114,30 @@ CLAIM_RUN = Prepared.load("claim_run")
 READ_CLAIMABLE = Prepared.load("read_claimable")
 END_RUN = Prepared.load("end_run")
 INSERT_RUN = Prepared.load("insert_run")
-CANCEL_RUN = _load("cancel_run")
-REQUEST_CANCEL = _load("request_cancel")
-PUT_BACK_RUN = _load("put_back_run")
-END_ORPHAN = _load("end_orphan")
-FAIL_PENDING = _load("fail_pending")
-HEARTBEAT_STALE = _load("heartbeat_stale")
-RUN_STATE = _load("run_state")
-CLAIM_STAGE = _load("claim_stage")
-MOVE_STAGE = _load("move_stage")
-REUSE_STAGES = _load("reuse_stages")
-LIVE_RUN_WITH_KEY = _load("live_run_with_key")
-# Operator reads (the admin's Tasks page, `runs/stats.py`): not on a run's path.
-TASK_STATS = _load("task_stats")
-LAST_RUNS = _load("last_runs")
+CANCEL_RUN = sql.load(__file__, "cancel_run")
+REQUEST_CANCEL = sql.load(__file__, "request_cancel")
+PUT_BACK_RUN = sql.load(__file__, "put_back_run")
+END_ORPHAN = sql.load(__file__, "end_orphan")
+FAIL_PENDING = sql.load(__file__, "fail_pending")
+HEARTBEAT_STALE = sql.load(__file__, "heartbeat_stale")
+RUN_STATE = sql.load(__file__, "run_state")
+CLAIM_STAGE = sql.load(__file__, "claim_stage")
+MOVE_STAGE = sql.load(__file__, "move_stage")
+REUSE_STAGES = sql.load(__file__, "reuse_stages")
+LIVE_RUN_WITH_KEY = sql.load(__file__, "live_run_with_key")
+# Operator reads (the admin's Tasks page, `admin/stats.py`): not on a run's path.
+TASK_STATS = sql.load(__file__, "task_stats")
+LAST_RUNS = sql.load(__file__, "last_runs")
+# Recovery's (`recovery.orphans`, `recovery.stages`, `recovery.drain_replay`).
+ORPHAN_CANDIDATES = sql.load(__file__, "orphan_candidates")
+STALLED_PIPELINES = sql.load(__file__, "stalled_pipelines")
+DRAIN_LOCK_TIMEOUT = sql.load(__file__, "drain_lock_timeout")
+# The hooks' own tables: quotas and costs (`hooks.quotas`, `hooks.costs`: task_quota_usage),
+# the circuit's Postgres copy (`hooks.circuit`: task_circuit_state).
+QUOTA_TAKE = sql.load(__file__, "quota_take")
+QUOTA_GIVE_BACK = sql.load(__file__, "quota_give_back")
+QUOTA_COUNT_END = sql.load(__file__, "quota_count_end")
+QUOTA_ROLLUP = sql.load(__file__, "quota_rollup")
+COST_ROLLUP = sql.load(__file__, "cost_rollup")
+COST_ROLLED_UP = sql.load(__file__, "cost_rolled_up")
+CIRCUIT_PERSIST = sql.load(__file__, "circuit_persist")

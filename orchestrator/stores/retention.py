@@ -23,19 +23,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
+from orchestrator import sql
 from orchestrator.states import TERMINAL_RUN_STATES
 
-_SQL_DIR = Path(__file__).parent / "sql"
-PRUNE_RUNS = (_SQL_DIR / "prune_runs.sql").read_text()
-PRUNE_AUDIT = (_SQL_DIR / "prune_audit.sql").read_text()
-PRUNE_WEBHOOK_DELIVERIES = (_SQL_DIR / "prune_webhook_deliveries.sql").read_text()
+PRUNE_RUNS = sql.load(__file__, "prune_runs")
+PRUNE_AUDIT = sql.load(__file__, "prune_audit")
+PRUNE_WEBHOOK_DELIVERIES = sql.load(__file__, "prune_webhook_deliveries")
 
 # Where the first batch of a table starts: before any id (an id cursor) or any moment.
 FIRST_ID = 0

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from orchestrator.models import TaskHistory
 from orchestrator.runs.start import start_run
 from orchestrator.states import LIVE_RUN_STATES, RunState
-from orchestrator.stores.queries import SQL_DIR
+from orchestrator.stores import queries
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 
@@ -57,7 +57,7 @@ def test_the_common_path_inserts_without_a_savepoint() -> None:
 
     ours = [q["sql"] for q in captured.captured_queries if "task_history" in q["sql"]]
     assert len(ours) == 1
-    assert ours[0].startswith((SQL_DIR / "insert_run.sql").read_text().splitlines()[0])
+    assert ours[0].startswith(queries.INSERT_RUN.text.splitlines()[0])
     assert not [q for q in captured.captured_queries if "SAVEPOINT" in q["sql"]]
 
 
@@ -78,7 +78,7 @@ def test_the_idempotency_key_lookup_uses_the_live_key_index() -> None:
             trigger=TriggerKind.MANUAL,
             idempotency_key=f"key-{index}",
         )
-    sql = (SQL_DIR / "live_run_with_key.sql").read_text()
+    sql = queries.LIVE_RUN_WITH_KEY
     params = {
         "task_id": TASK_ID,
         "key": "key-7",

@@ -3,6 +3,7 @@
 -- engine knows nothing of this: a run is a coverage run by its idempotency key,
 -- `coverage:<stage>:<item>` (per item) or `coverage:<stage>` (a batch), and only the task
 -- that covers the stage (`coverage_stage.task_id`) moves rows of it.
+-- Parameters: none.
 
 -- The backoff of a row's n-th transient failure in a row: 5 min, doubling, at most 6 h.
 CREATE OR REPLACE FUNCTION coverage_backoff(failures integer) RETURNS interval

@@ -8,6 +8,7 @@
 --   dispatcher) goes back to `pending` when the run completes;
 -- - a cancelled run's row waits one backoff step before the sweep takes it again;
 -- - `retry_after_s` is clamped to 0 s .. 1 year, whatever number the handler gave.
+-- Parameters: none.
 
 CREATE OR REPLACE FUNCTION coverage_run_started() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -8,7 +8,7 @@
 INSERT INTO scheduler_state
     (key, task_id, row_key, last_bucket, last_fired_at, last_run_id, last_error,
      sync_disabled, updated_at)
-VALUES (%s, %s, %s, %s, %s, '', '', false, now())
+VALUES (%(key)s, %(task_id)s, %(row_key)s, %(slot)s, %(fired_at)s, '', '', false, now())
 ON CONFLICT (key) DO UPDATE
     SET last_bucket = EXCLUDED.last_bucket,
         last_fired_at = EXCLUDED.last_fired_at,
