@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
             name='cost',
             field=models.JSONField(blank=True, default=dict),
         ),
-        # The run counts' raw upserts (stores/sql/quota_take.sql, quota_count_end.sql) do not name it.
+        # The quota upserts (stores/sql/quota_take.sql, quota_count_end.sql) do not name it.
         migrations.RunSQL(
             "ALTER TABLE task_quota_usage ALTER COLUMN cost SET DEFAULT '{}'::jsonb;",
             "ALTER TABLE task_quota_usage ALTER COLUMN cost DROP DEFAULT;",
