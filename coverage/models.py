@@ -398,9 +398,7 @@ class CoverageStageCount(models.Model):
 
     class Meta:
         db_table = "coverage_stage_count"
-        constraints = [
-            models.UniqueConstraint("stage", "status", name="coverage_stage_count_key"),
-        ]
+        constraints = [models.UniqueConstraint("stage", "status", name="coverage_stage_count_key")]
 
     def __str__(self) -> str:
         return f"{self.stage} {self.status}: {self.n}"

@@ -18,7 +18,7 @@ PRUNE_DEAD_EVENTS = sql.load(__file__, "prune_dead_events")
 
 def prune_dead_events(*, batch: int | None = None) -> int:
     """Delete dead-lettered outbox events past their retention; how many went."""
-    cutoff = seconds_ago(settings.CONFIG.coverage_outbox_retention_s)
+    cutoff = seconds_ago(settings.COVERAGE.outbox_retention_s)
     return prune_in_batches(
         PRUNE_DEAD_EVENTS, {"cutoff": cutoff}, start=FIRST_ID, batch=batch
     ).deleted

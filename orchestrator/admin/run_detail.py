@@ -30,13 +30,12 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from orchestrator.admin import pages
-from orchestrator.api import access
+from orchestrator.api import access, report
 from orchestrator.api.access import Access
 from orchestrator.clock import describe
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.routing import queue_name
-from orchestrator.api import report
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import RETRYABLE, rerun
 from orchestrator.runs.start import StartRefused, is_run_id

@@ -35,11 +35,10 @@ from orchestrator.admin.filters import (
     TriggerKindFilter,
 )
 from orchestrator.admin.paginator import EstimatedCountPaginator
-from orchestrator.api import access
+from orchestrator.api import access, report
 from orchestrator.api.access import Access
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
-from orchestrator.api import report
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import StartRefused

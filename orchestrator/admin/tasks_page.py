@@ -23,13 +23,12 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from orchestrator.admin import pages
+from orchestrator.admin import pages, stats
 from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.clock import SYSTEM, Clock, describe
 from orchestrator.hooks import overview
 from orchestrator.routing import queue_name
-from orchestrator.admin import stats
 from orchestrator.scheduler.slots import CronSlots, IntervalSlots
 from orchestrator.scheduler.sync import ScheduleConfigError, resolve
 from tasks import registry

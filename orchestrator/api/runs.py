@@ -19,13 +19,13 @@ from ninja import Field, Query, Router, Schema
 from ninja.responses import Status
 from pydantic import BeforeValidator, ConfigDict, StringConstraints, WithJsonSchema, field_validator
 
+from orchestrator.api import report
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
 from orchestrator.api.fields import PriorityIn, Storable, StorableStr
 from orchestrator.api.pagination import Position, page
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
-from orchestrator.api import report
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import NotRetryable, rerun
 from orchestrator.runs.start import (

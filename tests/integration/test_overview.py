@@ -20,7 +20,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from orchestrator.admin import tasks_page
+from orchestrator.admin import stats, tasks_page
 from orchestrator.api import tokens
 from orchestrator.api.access import Access
 from orchestrator.clock import SYSTEM, FrozenClock, describe
@@ -31,7 +31,6 @@ from orchestrator.hooks.concurrency import ConcurrencyLimit
 from orchestrator.hooks.quotas import DailyQuota, QuotaExceeded
 from orchestrator.models import CircuitState, TaskCircuitState, TaskHistory, TaskQuotaUsage
 from orchestrator.routing import queue_name
-from orchestrator.admin import stats
 from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys, valkey

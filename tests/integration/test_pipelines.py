@@ -23,12 +23,12 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 
+from orchestrator.api import report
 from orchestrator.hooks import costs
 from orchestrator.hooks.costs import CostQuotaExceeded
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.recovery.reconciler import Reconciler
 from orchestrator.routing import queue_name, stage_queue
-from orchestrator.api import report
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import start_run
