@@ -97,7 +97,7 @@ def _runner_steps(timer: StepTimer) -> None:
         from orchestrator.runs import terminal
     except ImportError:
         return
-    timer.wrap_if_present(terminal, "finish", "terminal write (terminal.finish)")
+    timer.wrap_if_present(terminal, "end", "terminal write (terminal.end)")
     if hasattr(runner, "watching"):
         timer.wrap_context(runner, "watching", "watch thread hand-over")
 

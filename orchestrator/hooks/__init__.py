@@ -1,12 +1,13 @@
 """Hooks: the cross-cutting concerns plugged into every run, one file each.
 
 The protocol and its caller:
-- `base`: the hook protocol (`RunHook`), its points (admit to finished) and their planned `Step`
+- `base`: the hook protocol (`RunHook`), its points (admit to finished) and their planned `Part`
 - `dispatch`: calls the installed chain at each point, their Valkey commands in one pipeline
 
 The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 - `dedup`: identity dedup: at most one live run per identity (and per `exclusive_with` group)
 - `circuit`: per-task circuit breaker: stops starting a task that keeps failing, probes it
+- `circuit_copy`: each circuit's copy in Postgres, read back when Valkey lost the hash
 - `quotas`: daily quotas: counts each task's runs per UTC day, refuses past `max_runs_per_day`
 - `costs`: each task's spend per UTC day (`ctx.spend`), refused past `max_cost_per_day`
 - `backpressure`: caps a resource class's waiting messages: drop, fail fast or shed the oldest

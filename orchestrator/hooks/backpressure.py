@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.hooks.base import Admission, Dropped, Refused, RunHook, Shed, Step
+from orchestrator.hooks.base import Admission, Dropped, Part, Refused, RunHook, Shed
 from orchestrator.routing import class_queues
 from orchestrator.stores import broker
 from tasks import registry
@@ -95,9 +95,9 @@ class QueueCap(RunHook):
     # The last depth read per resource class, in this process.
     _readings: dict[str, _Reading] = field(default_factory=dict, repr=False)
 
-    def plan_admit(self, admission: Admission) -> Step:
+    def plan_admit(self, admission: Admission) -> Part:
         # After the hooks before it answered: nothing is shed for a start they refuse.
-        return Step(lambda replies: self._judge(admission), after_replies=True)
+        return Part(lambda replies: self._judge(admission), after_replies=True)
 
     def _far_below(self, resource_class: str, cap: int) -> bool:
         """A fresh reading, with this process's starts since, says the class is at most half

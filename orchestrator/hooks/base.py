@@ -20,12 +20,12 @@ Points:
   (cancelled before pickup, refused by the version guard); must be idempotent.
 
 Planned points: at `admit`, `before_claim` and `finished` the dispatcher asks each hook for
-its `Step` (`plan_admit`, `plan_before_claim`, `plan_finished`): the Valkey commands it sends
-and what it does with their replies. The steps of all hooks at one point go out in one
+its `Part` (`plan_admit`, `plan_before_claim`, `plan_finished`): the Valkey commands it sends
+and what it does with their replies. The parts of all hooks at one point go out in one
 pipeline, so hooks that each need one call cost one round trip together, and a hook with
-nothing to do (no limit configured) plans nothing. A step whose commands must wait for the
+nothing to do (no limit configured) plans nothing. A part whose commands must wait for the
 verdicts of the hooks before it says so (`after_replies`). `admit`, `before_claim` and
-`finished` run the hook's own step alone (direct calls, tests); a hook that overrides one of
+`finished` run the hook's own part alone (direct calls, tests); a hook that overrides one of
 those instead of its plan is called at its turn, as before. `abandoned` and `release`, rare
 paths, call Valkey directly.
 """
@@ -133,7 +133,7 @@ def _nothing_to_send(pipe: Pipeline) -> None:
 
 
 @dataclass(frozen=True)
-class Step:
+class Part:
     """One hook's part of a point, sent in one pipeline with the other hooks' parts.
 
     `send` adds the hook's commands to the coordination Valkey pipeline and reads nothing;
@@ -141,7 +141,7 @@ class Step:
     may raise the point's exceptions (`Refused`, `Postpone`, ...), read Postgres or the
     broker. `after_replies`: the commands depend on the verdicts of the hooks before it (the
     rate limit must take nothing for a run the concurrency limit postpones), so the earlier
-    steps are sent and received first.
+    parts are sent and received first.
     """
 
     receive: Callable[[list[Any]], object]
@@ -150,20 +150,20 @@ class Step:
 
 
 def checked(replies: list[Any]) -> list[Any]:
-    """A step's replies, raising the first error among them (sent as a value)."""
+    """A part's replies, raising the first error among them (sent as a value)."""
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
     return replies
 
 
-def run_alone(step: Step | None) -> None:
-    """One hook's step on its own: its commands (if any) in one round trip, then its verdict."""
-    if step is None:
+def run_alone(part: Part | None) -> None:
+    """One hook's part on its own: its commands (if any) in one round trip, then its verdict."""
+    if part is None:
         return
     pipe = valkey.client().pipeline(transaction=False)
-    step.send(pipe)
-    step.receive(valkey.execute(pipe, raise_on_error=False) if len(pipe) else [])
+    part.send(pipe)
+    part.receive(valkey.execute(pipe, raise_on_error=False) if len(pipe) else [])
 
 
 @dataclass
@@ -178,20 +178,20 @@ class RunHook:
 
     name: str = field(default="hook")
 
-    def plan_admit(self, admission: Admission) -> Step | None:
+    def plan_admit(self, admission: Admission) -> Part | None:
         if type(self).admit is RunHook.admit:
             return None
-        return Step(lambda replies: self.admit(admission), after_replies=True)
+        return Part(lambda replies: self.admit(admission), after_replies=True)
 
-    def plan_before_claim(self, pickup: Pickup) -> Step | None:
+    def plan_before_claim(self, pickup: Pickup) -> Part | None:
         if type(self).before_claim is RunHook.before_claim:
             return None
-        return Step(lambda replies: self.before_claim(pickup), after_replies=True)
+        return Part(lambda replies: self.before_claim(pickup), after_replies=True)
 
-    def plan_finished(self, outcome: Outcome) -> Step | None:
+    def plan_finished(self, outcome: Outcome) -> Part | None:
         if type(self).finished is RunHook.finished:
             return None
-        return Step(lambda replies: self.finished(outcome))
+        return Part(lambda replies: self.finished(outcome))
 
     def admit(self, admission: Admission) -> None:
         run_alone(self.plan_admit(admission))

@@ -70,25 +70,26 @@ Not guaranteed:
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from functools import partial
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from redis.client import Pipeline
 from redis.exceptions import NoScriptError, ResponseError
 
-from orchestrator.clock import SYSTEM, Clock, describe, from_ms, span_ms, to_ms
-from orchestrator.hooks.base import Admission, Outcome, Pickup, Refused, RunHook, Step
+from orchestrator.clock import SYSTEM, Clock, describe, span_ms, to_ms
+from orchestrator.hooks import circuit_copy
+from orchestrator.hooks.base import Admission, Outcome, Part, Pickup, Refused, RunHook
+from orchestrator.hooks.circuit_copy import CircuitHash
 from orchestrator.models import CircuitState, TaskCircuitState
 from orchestrator.states import RunState
-from orchestrator.stores import keys, queries, scripts, valkey
+from orchestrator.stores import keys, scripts, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 from tasks.registry import UnknownTaskError
@@ -128,21 +129,6 @@ class Verdict(Enum):
     NEUTRAL = "neutral"  # says nothing about the task; a probe's frees its slot
 
 
-class CircuitHash(TypedDict, total=False):
-    version: str  # incremented by every change; orders the Postgres copy's upserts
-    state: str  # closed | open | half_open (stored as open until a probe is admitted)
-    consecutive: str
-    reopen_count: str  # times it opened in a row without closing
-    opened_at: str  # ms since the epoch, "" when closed (as every time field)
-    half_open_at: str
-    forced_until: str
-    forced_by: str
-    recent: str  # "<ms>:<runId>,..." the newest counted failures inside the window
-    probe_run: str
-    probe_until: str
-    updated_at: str
-
-
 class CircuitOpen(Refused):
     code = "circuit_open"
     http_status = 503
@@ -176,7 +162,7 @@ class CircuitBreaker(RunHook):
     name: str = "circuit"
     clock: Clock = SYSTEM
 
-    def plan_admit(self, admission: Admission) -> Step:
+    def plan_admit(self, admission: Admission) -> Part:
         task_id = admission.definition.id
         now = self.clock.now()
         args: list[object] = [to_ms(now), admission.run_id, span_ms(PROBE_PROVISIONAL_TTL)]
@@ -196,7 +182,7 @@ class CircuitBreaker(RunHook):
                 return
             raise _refusal(task_id, answer, circuit, now)
 
-        return Step(receive, partial(_queue, "circuit_admit", task_id, args))
+        return Part(receive, partial(_queue, "circuit_admit", task_id, args))
 
     def _probe_committed(self, admission: Admission, circuit: CircuitHash) -> None:
         # Runs after start_run returned its run: a failure here is logged, not raised, and
@@ -204,14 +190,14 @@ class CircuitBreaker(RunHook):
         try:
             expiry = self.clock.now() + admission.definition.timeout.hard
             _set_probe_expiry(admission.definition.id, admission.run_id, to_ms(expiry))
-            _persist(admission.definition.id, circuit)
+            circuit_copy.persist(admission.definition.id, circuit)
         except Exception:
             log.exception("run %s: could not confirm its circuit probe slot", admission.run_id)
 
     def abandoned(self, admission: Admission) -> None:
         _set_probe_expiry(admission.definition.id, admission.run_id, 0)
 
-    def plan_before_claim(self, pickup: Pickup) -> Step | None:
+    def plan_before_claim(self, pickup: Pickup) -> Part | None:
         # A probe that waited in its queue still gets its whole hard timeout to run; any
         # other run (every run while the circuit is closed) sends nothing at pickup.
         if not pickup.notes.get(PROBE_NOTE):
@@ -223,9 +209,9 @@ class CircuitBreaker(RunHook):
         def receive(replies: list[Any]) -> None:
             scripts.replied("circuit_probe", key, args, replies[0])
 
-        return Step(receive, lambda pipe: scripts.queue(pipe, "circuit_probe", key, args))
+        return Part(receive, lambda pipe: scripts.queue(pipe, "circuit_probe", key, args))
 
-    def plan_finished(self, outcome: Outcome) -> Step | None:
+    def plan_finished(self, outcome: Outcome) -> Part | None:
         if not outcome.final:
             return None
         task_id = outcome.definition.id
@@ -244,7 +230,7 @@ class CircuitBreaker(RunHook):
             reply = _replied("circuit_record", task_id, args, replies[0], self.clock)
             self._recorded(outcome, reply)
 
-        return Step(receive, partial(_queue, "circuit_record", task_id, args))
+        return Part(receive, partial(_queue, "circuit_record", task_id, args))
 
     def _recorded(self, outcome: Outcome, reply: list[str]) -> None:
         task_id = outcome.definition.id
@@ -252,7 +238,7 @@ class CircuitBreaker(RunHook):
         if event == "unchanged":
             return
         circuit = _hash(reply[1:])
-        _persist(task_id, circuit)
+        circuit_copy.persist(task_id, circuit)
         if event in ("opened", "reopened"):
             log.warning(
                 "task %s: circuit %s by run %s (%s consecutive failures, %s times in a row); "
@@ -262,7 +248,7 @@ class CircuitBreaker(RunHook):
                 outcome.run_id,
                 circuit.get("consecutive"),
                 circuit.get("reopen_count"),
-                _moment_of(circuit.get("half_open_at")),
+                circuit_copy.moment_of(circuit.get("half_open_at")),
             )
         elif event == "closed":
             log.info("task %s: circuit closed by its probe run %s", task_id, outcome.run_id)
@@ -277,7 +263,7 @@ def force_enable(task_id: str, *, actor: str, clock: Clock = SYSTEM) -> CircuitS
     now = clock.now()
     until = now + timedelta(seconds=settings.CONFIG.circuit_force_enable_ttl_s)
     circuit = _hash(_call("circuit_force", task_id, [to_ms(now), to_ms(until), actor], clock))
-    _persist(task_id, circuit)
+    circuit_copy.persist(task_id, circuit)
     log.warning("task %s: circuit force-enabled by %s until %s", task_id, actor, until)
     return _status(task_id, circuit, now)
 
@@ -300,7 +286,7 @@ def statuses(task_ids: Iterable[str], *, clock: Clock = SYSTEM) -> dict[str, Cir
     missing = [task_id for task_id, circuit in found.items() if not circuit]
     if missing:
         for row in TaskCircuitState.objects.filter(task_id__in=missing):
-            found[row.task_id] = _from_row(row)
+            found[row.task_id] = circuit_copy.from_row(row)
     now = clock.now()
     return {task_id: _status(task_id, found[task_id], now) for task_id in ids}
 
@@ -321,7 +307,7 @@ def _replied(
         # and may still find no hash (a restart without AOF loses both).
         return _call(name, task_id, args, clock)
     if isinstance(reply, ResponseError) and str(reply) == "NO_CIRCUIT":
-        _restore(task_id, clock)
+        circuit_copy.restore(task_id, clock)
         reply = scripts.call(name, [keys.circuit(task_id)], list(args))
     return cast(list[str], scripts.replied(name, [keys.circuit(task_id)], list(args), reply))
 
@@ -334,28 +320,8 @@ def _call(name: str, task_id: str, args: Sequence[object], clock: Clock) -> list
     except ResponseError as exc:
         if str(exc) != "NO_CIRCUIT":
             raise
-    _restore(task_id, clock)
+    circuit_copy.restore(task_id, clock)
     return cast(list[str], scripts.call(name, [key], list(args)))
-
-
-def _restore(task_id: str, clock: Clock) -> None:
-    row = TaskCircuitState.objects.filter(task_id=task_id).first()
-    # No row: the task has never changed its circuit; an unsaved row holds the closed defaults.
-    c = _from_row(row or TaskCircuitState(task_id=task_id, updated_at=clock.now()))
-    args = [
-        c["version"],
-        c["state"],
-        c["consecutive"],
-        c["reopen_count"],
-        c["opened_at"],
-        c["half_open_at"],
-        c["forced_until"],
-        c["forced_by"],
-        c["recent"],
-        c["updated_at"],
-    ]
-    if scripts.call("circuit_restore", [keys.circuit(task_id)], args) and row is not None:
-        log.warning("task %s: circuit hash rebuilt from Postgres (%s)", task_id, row.state)
 
 
 def _set_probe_expiry(task_id: str, run_id: str, expiry_ms: int) -> None:
@@ -367,67 +333,24 @@ def _hash(flat: Sequence[str]) -> CircuitHash:
     return cast(CircuitHash, dict(zip(flat[::2], flat[1::2], strict=True)))
 
 
-# --- Postgres copy --------------------------------------------------------------------------
-
-
-def _persist(task_id: str, circuit: CircuitHash) -> None:
-    recent = [{"at": at, "run": run} for at, run in _recent(circuit.get("recent", ""))]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            queries.CIRCUIT_PERSIST,
-            {
-                "task_id": task_id,
-                "state": circuit.get("state", CircuitState.CLOSED.value),
-                "consecutive": int(circuit.get("consecutive") or 0),
-                "reopen_count": int(circuit.get("reopen_count") or 0),
-                "opened_at": _moment_of(circuit.get("opened_at")),
-                "half_open_at": _moment_of(circuit.get("half_open_at")),
-                "forced_until": _moment_of(circuit.get("forced_until")),
-                "forced_by": circuit.get("forced_by", ""),
-                "recent": json.dumps(recent),
-                "version": int(circuit.get("version") or 0),
-                "updated_at": _moment_of(circuit.get("updated_at")),
-            },
-        )
-
-
-def _from_row(row: TaskCircuitState) -> CircuitHash:
-    def ms(moment: datetime | None) -> str:
-        return "" if moment is None else str(to_ms(moment))
-
-    recent: list[dict[str, Any]] = row.recent_failures
-    return {
-        "version": str(row.version),
-        "state": row.state,
-        "consecutive": str(row.consecutive_failures),
-        "reopen_count": str(row.reopen_count),
-        "opened_at": ms(row.opened_at),
-        "half_open_at": ms(row.half_open_at),
-        "forced_until": ms(row.forced_until),
-        "forced_by": row.forced_by,
-        "recent": ",".join(f"{entry['at']}:{entry['run']}" for entry in recent),
-        "updated_at": ms(row.updated_at),
-    }
-
-
 # --- reading --------------------------------------------------------------------------------
 
 
 def _status(task_id: str, circuit: CircuitHash, now: datetime) -> CircuitStatus:
     state = CircuitState(circuit.get("state") or CircuitState.CLOSED)
-    half_open_at = _moment_of(circuit.get("half_open_at"))
+    half_open_at = circuit_copy.moment_of(circuit.get("half_open_at"))
     if state == CircuitState.OPEN and half_open_at is not None and half_open_at <= now:
         state = CircuitState.HALF_OPEN
-    forced_until = _moment_of(circuit.get("forced_until"))
+    forced_until = circuit_copy.moment_of(circuit.get("forced_until"))
     forced = forced_until is not None and forced_until > now
-    probe_until = _moment_of(circuit.get("probe_until"))
+    probe_until = circuit_copy.moment_of(circuit.get("probe_until"))
     probing = state == CircuitState.HALF_OPEN and probe_until is not None and probe_until > now
     return CircuitStatus(
         task_id=task_id,
         state=state,
         consecutive_failures=int(circuit.get("consecutive") or 0),
         reopen_count=int(circuit.get("reopen_count") or 0),
-        opened_at=_moment_of(circuit.get("opened_at")),
+        opened_at=circuit_copy.moment_of(circuit.get("opened_at")),
         half_open_at=half_open_at,
         time_to_half_open=(
             half_open_at - now if state == CircuitState.OPEN and half_open_at else None
@@ -440,33 +363,21 @@ def _status(task_id: str, circuit: CircuitHash, now: datetime) -> CircuitStatus:
 
 def _refusal(task_id: str, answer: str, circuit: CircuitHash, now: datetime) -> CircuitOpen:
     if answer == "busy":
-        probe_until = _moment_of(circuit.get("probe_until")) or now
+        probe_until = circuit_copy.moment_of(circuit.get("probe_until")) or now
         return CircuitOpen(
             f"task {task_id!r} refused: its circuit is half-open and probe run "
             f"{circuit.get('probe_run')} is testing it; starts are admitted again once that "
             f"run succeeds (its probe slot expires at {probe_until.isoformat()})",
             retry_after=min(probe_until - now, BUSY_RETRY_AFTER),
         )
-    half_open_at = _moment_of(circuit.get("half_open_at")) or now
-    opened_at = _moment_of(circuit.get("opened_at"))
+    half_open_at = circuit_copy.moment_of(circuit.get("half_open_at")) or now
+    opened_at = circuit_copy.moment_of(circuit.get("opened_at"))
     return CircuitOpen(
         f"task {task_id!r} refused: its circuit opened at "
         f"{opened_at.isoformat() if opened_at else '?'} after repeated failures "
         f"({circuit.get('consecutive', '0')} in a row, "
-        f"{len(_recent(circuit.get('recent', '')))} in the last {describe(WINDOW)}); "
+        f"{len(circuit_copy.recent_failures(circuit.get('recent', '')))} in the last "
+        f"{describe(WINDOW)}); "
         f"it half-opens at {half_open_at.isoformat()} (in {describe(half_open_at - now)})",
         retry_after=half_open_at - now,
     )
-
-
-def _recent(raw: str) -> list[tuple[int, str]]:
-    entries = []
-    for entry in raw.split(","):
-        if entry:
-            at, _, run = entry.partition(":")
-            entries.append((int(at), run))
-    return entries
-
-
-def _moment_of(ms: str | None) -> datetime | None:
-    return from_ms(ms) if ms else None

@@ -60,7 +60,7 @@ from typing import Any, cast
 
 from orchestrator.backoff import exponential
 from orchestrator.clock import span_ms
-from orchestrator.hooks.base import Outcome, Pickup, Postpone, RunHook, Step, checked
+from orchestrator.hooks.base import Outcome, Part, Pickup, Postpone, RunHook, checked
 from orchestrator.stores import keys, scripts, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
@@ -158,7 +158,7 @@ def _give_back(task_id: str, run_id: str, owner: str) -> None:
 class ConcurrencyLimit(RunHook):
     name: str = "concurrency"
 
-    def plan_before_claim(self, pickup: Pickup) -> Step | None:
+    def plan_before_claim(self, pickup: Pickup) -> Part | None:
         definition = pickup.definition
         limit = limit_of(definition)
         if limit is None:
@@ -188,17 +188,17 @@ class ConcurrencyLimit(RunHook):
                 f"{rank} waiting ahead, postponed {postponements} time(s)",
             )
 
-        return Step(receive, lambda pipe: scripts.queue(pipe, "concurrency_take", keys_, args))
+        return Part(receive, lambda pipe: scripts.queue(pipe, "concurrency_take", keys_, args))
 
     def release(self, pickup: Pickup) -> None:
         if limit_of(pickup.definition) is not None:
             _give_back(pickup.definition.id, pickup.run_id, pickup.owner)
 
-    def plan_finished(self, outcome: Outcome) -> Step | None:
+    def plan_finished(self, outcome: Outcome) -> Part | None:
         if limit_of(outcome.definition) is None:
             return None
         # Sent with the other hooks' end-of-run commands: a run that never took a slot (ended
         # before pickup) costs a ZREM of nothing in that same round trip.
         member = holder(outcome.run_id, outcome.owner)
         key = keys.concurrency_holders(outcome.definition.id)
-        return Step(checked, lambda pipe: pipe.zrem(key, member))
+        return Part(checked, lambda pipe: pipe.zrem(key, member))

@@ -34,7 +34,7 @@ from typing import Any
 from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.hooks.base import Admission, Refused, RunHook, Step, checked
+from orchestrator.hooks.base import Admission, Part, Refused, RunHook, checked
 from orchestrator.hooks.quotas import COUNT_TTL, Fence, day_hashes
 from orchestrator.models import TaskQuotaUsage
 from orchestrator.stores import counters, keys, queries, valkey
@@ -66,7 +66,7 @@ class CostQuota(RunHook):
     name: str = "cost-quota"
     clock: Clock = SYSTEM
 
-    def plan_admit(self, admission: Admission) -> Step | None:
+    def plan_admit(self, admission: Admission) -> Part | None:
         caps = admission.definition.quotas.max_cost_per_day
         if not caps:
             return None
@@ -86,7 +86,7 @@ class CostQuota(RunHook):
                     retry_after=midnight - now,
                 )
 
-        return Step(decide, lambda pipe: pipe.hgetall(key))
+        return Part(decide, lambda pipe: pipe.hgetall(key))
 
 
 def _rolled_up(task_id: str, day: date) -> dict[str, float] | None:

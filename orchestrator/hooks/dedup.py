@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import transaction
 
 from orchestrator.clock import span_ms
-from orchestrator.hooks.base import Admission, Deduplicated, Outcome, Refused, RunHook, Step
+from orchestrator.hooks.base import Admission, Deduplicated, Outcome, Part, Refused, RunHook
 from orchestrator.models import TaskHistory
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.stores import keys, scripts
@@ -117,7 +117,7 @@ def hold_again(definition: TaskDefinition, run_id: str, identity: str) -> None:
 class IdentityDedup(RunHook):
     name: str = "dedup"
 
-    def plan_admit(self, admission: Admission) -> Step | None:
+    def plan_admit(self, admission: Admission) -> Part | None:
         namespace = scope(admission.definition)
         if namespace is None:
             return None
@@ -130,7 +130,7 @@ class IdentityDedup(RunHook):
             self._claim(admission, key, provisional_ms, answer)
 
         # The first claim goes out with the circuit's check; its verdict is still the first.
-        return Step(receive, lambda pipe: scripts.queue(pipe, "identity_claim", [key], first))
+        return Part(receive, lambda pipe: scripts.queue(pipe, "identity_claim", [key], first))
 
     def _claim(self, admission: Admission, key: str, provisional_ms: int, answer: str) -> None:
         for attempt in range(1, MAX_REPLACEMENTS + 1):
@@ -163,11 +163,11 @@ class IdentityDedup(RunHook):
         if namespace is not None:
             _hold(keys.identity(namespace, admission.identity), admission.run_id, 0)
 
-    def plan_finished(self, outcome: Outcome) -> Step | None:
+    def plan_finished(self, outcome: Outcome) -> Part | None:
         namespace = scope(outcome.definition)
         if namespace is None:
             return None
-        return Step(lambda replies: _let_go(namespace, outcome.run_id))
+        return Part(lambda replies: _let_go(namespace, outcome.run_id))
 
 
 def _let_go(namespace: str, run_id: str) -> None:

@@ -3,9 +3,9 @@
 It knows no hook by name: the composition root (`orchestrator.apps`) installs the ordered
 chain once, when Django is ready, so this module imports no hook and no hook imports it.
 
-At `admit`, `before_claim` and `finished` it collects each hook's `Step` and sends the steps'
+At `admit`, `before_claim` and `finished` it collects each hook's `Part` and sends the parts'
 commands in one coordination Valkey pipeline, then hands each hook its replies in chain
-order; a step marked `after_replies` first has the steps before it sent and received. So a
+order; a part marked `after_replies` first has the parts before it sent and received. So a
 task with no limits pays one round trip for all hooks at each point, not one per hook.
 A hook whose commands were sent counts as passed (its effect happened) until its own
 verdict raises: then it is left out of the give-back (`abandoned`, `release`), as before.
@@ -26,10 +26,10 @@ from orchestrator.hooks.base import (
     Deduplicated,
     Dropped,
     Outcome,
+    Part,
     Pickup,
     Refused,
     RunHook,
-    Step,
 )
 from orchestrator.stores import counters, keys, valkey
 
@@ -51,28 +51,28 @@ def installed() -> tuple[RunHook, ...]:
 
 
 class _Round:
-    """The steps of one point: queued into one pipeline, sent when a step needs the replies
+    """The parts of one point: queued into one pipeline, sent when a part needs the replies
     before it (or at the end), received in chain order."""
 
     def __init__(self, passed: list[RunHook]) -> None:
         self.passed = passed
         self._pipe: Pipeline | None = None
-        # hook, its step, where its replies start in the pipeline, how many
-        self._queued: list[tuple[RunHook, Step, int, int]] = []
-        # the caller's own step and where its replies start, received before the hooks'
-        self._last: tuple[Step, int] | None = None
+        # hook, its part, where its replies start in the pipeline, how many
+        self._queued: list[tuple[RunHook, Part, int, int]] = []
+        # the caller's own part and where its replies start, received before the hooks'
+        self._last: tuple[Part, int] | None = None
 
-    def run(self, planned: Iterable[tuple[RunHook, Step | None]], last: Step | None = None) -> None:
-        for hook, step in planned:
-            if step is None:
+    def run(self, planned: Iterable[tuple[RunHook, Part | None]], last: Part | None = None) -> None:
+        for hook, part in planned:
+            if part is None:
                 self.passed.append(hook)
                 continue
-            if step.after_replies:
+            if part.after_replies:
                 self.flush()
             pipe = self._pipeline()
             first = len(pipe)
-            step.send(pipe)
-            self._queued.append((hook, step, first, len(pipe) - first))
+            part.send(pipe)
+            self._queued.append((hook, part, first, len(pipe) - first))
         if last is not None:
             pipe = self._pipeline()
             self._last = (last, len(pipe))
@@ -94,17 +94,17 @@ class _Round:
             last.receive(replies[first:])
         # Sent: their effects happened, so they are given back if a later verdict refuses.
         self.passed.extend(hook for hook, *_ in queued)
-        for hook, step, first, count in queued:
+        for hook, part, first, count in queued:
             try:
-                step.receive(replies[first : first + count])
+                part.receive(replies[first : first + count])
             except BaseException:
                 self.passed.remove(hook)
                 raise
 
 
 def _planned(
-    plan: Callable[[RunHook], Step | None],
-) -> Iterable[tuple[RunHook, Step | None]]:
+    plan: Callable[[RunHook], Part | None],
+) -> Iterable[tuple[RunHook, Part | None]]:
     return ((hook, plan(hook)) for hook in _chain)
 
 
@@ -138,7 +138,7 @@ def _abandon(hooks: Sequence[RunHook], admission: Admission) -> None:
         hook.abandoned(admission)
 
 
-def before_claim(pickup: Pickup, *, last: Step | None = None) -> None:
+def before_claim(pickup: Pickup, *, last: Part | None = None) -> None:
     """Every hook's pre-claim check; if one postpones (or fails), those that passed are released.
     `last` (the caller's own command: the claim) goes after the hooks' in the same pipeline
     and runs whatever they decide: its `receive`, called first, must not raise, and the
@@ -159,29 +159,29 @@ def release(pickup: Pickup) -> None:
         hook.release(pickup)
 
 
-def finished(outcome: Outcome, *, first: Step | None = None) -> None:
-    """Every hook's end-of-run step. `first` (the caller's own command, e.g. the live hash's
+def finished(outcome: Outcome, *, first: Part | None = None) -> None:
+    """Every hook's end-of-run part. `first` (the caller's own command, e.g. the live hash's
     move) goes first in the same pipeline; its `receive` must not raise."""
     # The run has ended in Postgres; a hook's failure must not undo or hide that. The
-    # hooks' steps are independent here: each verdict is received, and logged if it fails.
-    planned: list[tuple[RunHook, Step]] = []
+    # hooks' parts are independent here: each verdict is received, and logged if it fails.
+    planned: list[tuple[RunHook, Part]] = []
     for hook in _chain:
         try:
-            step = hook.plan_finished(outcome)
+            part = hook.plan_finished(outcome)
         except Exception:
             _finish_failed(outcome, hook)
             continue
-        if step is not None:
-            planned.append((hook, step))
+        if part is not None:
+            planned.append((hook, part))
     replies: list[Any] = []
     pipe = valkey.client().pipeline(transaction=False)
     if first is not None:
         first.send(pipe)
     lead = len(pipe)
     spans = []
-    for _, step in planned:
+    for _, part in planned:
         start = len(pipe)
-        step.send(pipe)
+        part.send(pipe)
         spans.append((start, len(pipe) - start))
     if len(pipe):
         try:
@@ -191,9 +191,9 @@ def finished(outcome: Outcome, *, first: Step | None = None) -> None:
             replies = [exc] * len(pipe)
     if first is not None:
         first.receive(replies[:lead])
-    for (hook, step), (start, count) in zip(planned, spans, strict=True):
+    for (hook, part), (start, count) in zip(planned, spans, strict=True):
         try:
-            step.receive(replies[start : start + count])
+            part.receive(replies[start : start + count])
         except Exception:
             _finish_failed(outcome, hook)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.client import Pipeline
 
-from orchestrator.hooks.base import Outcome, RunHook, Step
+from orchestrator.hooks.base import Outcome, Part, RunHook
 from orchestrator.states import TERMINAL_RUN_STATES
 from orchestrator.stores import counters, keys, scripts
 
@@ -22,7 +22,7 @@ from orchestrator.stores import counters, keys, scripts
 class RunMetrics(RunHook):
     name: str = field(default="metrics")
 
-    def plan_finished(self, outcome: Outcome) -> Step | None:
+    def plan_finished(self, outcome: Outcome) -> Part | None:
         if outcome.state not in TERMINAL_RUN_STATES:
             return None
         script_keys = [
@@ -39,4 +39,4 @@ class RunMetrics(RunHook):
             (reply,) = replies
             scripts.replied("metrics_end", script_keys, args, reply)
 
-        return Step(receive, send)
+        return Part(receive, send)

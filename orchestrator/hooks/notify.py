@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.hooks.base import Outcome, RunHook, Step, checked
+from orchestrator.hooks.base import Outcome, Part, RunHook, checked
 from orchestrator.states import TERMINAL_RUN_STATES
 from orchestrator.stores import keys
 
@@ -19,8 +19,8 @@ from orchestrator.stores import keys
 class EndNotice(RunHook):
     name: str = field(default="notify")
 
-    def plan_finished(self, outcome: Outcome) -> Step | None:
+    def plan_finished(self, outcome: Outcome) -> Part | None:
         if outcome.state not in TERMINAL_RUN_STATES:
             return None
         channel = keys.run_ended(outcome.run_id)
-        return Step(checked, lambda pipe: pipe.publish(channel, outcome.state.value))
+        return Part(checked, lambda pipe: pipe.publish(channel, outcome.state.value))

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.hooks.base import Admission, Outcome, Refused, RunHook, Step, checked
+from orchestrator.hooks.base import Admission, Outcome, Part, Refused, RunHook, checked
 from orchestrator.models import TaskQuotaUsage
 from orchestrator.states import RunState
 from orchestrator.stores import keys, queries, valkey
@@ -94,14 +94,14 @@ class DailyQuota(RunHook):
     name: str = "quota"
     clock: Clock = SYSTEM
 
-    def plan_admit(self, admission: Admission) -> Step:
+    def plan_admit(self, admission: Admission) -> Part:
         definition = admission.definition
         if not capped(definition):
             day = self.clock.now().date()
-            return Step(checked, lambda pipe: _count(pipe, definition.id, day, "started", 1))
+            return Part(checked, lambda pipe: _count(pipe, definition.id, day, "started", 1))
         # The exact check reads Postgres after the hooks before it answered (the circuit
         # refuses before a unit is taken).
-        return Step(lambda replies: self._take(admission), after_replies=True)
+        return Part(lambda replies: self._take(admission), after_replies=True)
 
     def _take(self, admission: Admission) -> None:
         cap = admission.definition.quotas.max_runs_per_day
@@ -137,7 +137,7 @@ class DailyQuota(RunHook):
                 queries.QUOTA_GIVE_BACK, {"task_id": admission.definition.id, "day": day}
             )
 
-    def plan_finished(self, outcome: Outcome) -> Step | None:
+    def plan_finished(self, outcome: Outcome) -> Part | None:
         if not outcome.final or outcome.state not in (RunState.COMPLETED, RunState.FAILED):
             return None
         definition = outcome.definition
@@ -145,8 +145,8 @@ class DailyQuota(RunHook):
         completed = outcome.state == RunState.COMPLETED
         if not capped(definition):
             field = "completed" if completed else "failed"
-            return Step(checked, lambda pipe: _count(pipe, definition.id, day, field, 1))
-        return Step(lambda replies: _count_end(definition.id, day, completed))
+            return Part(checked, lambda pipe: _count(pipe, definition.id, day, field, 1))
+        return Part(lambda replies: _count_end(definition.id, day, completed))
 
 
 def _count_end(task_id: str, day: date, completed: bool) -> None:

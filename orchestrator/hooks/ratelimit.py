@@ -42,7 +42,7 @@ from typing import Any
 
 from django.conf import settings
 
-from orchestrator.hooks.base import Pickup, Postpone, RunHook, Step
+from orchestrator.hooks.base import Part, Pickup, Postpone, RunHook
 from orchestrator.stores import keys, scripts, valkey
 
 
@@ -60,7 +60,7 @@ def _longest_wait() -> timedelta:
 class RateLimit(RunHook):
     name: str = "rate"
 
-    def plan_before_claim(self, pickup: Pickup) -> Step | None:
+    def plan_before_claim(self, pickup: Pickup) -> Part | None:
         definition = pickup.definition
         rate = definition.quotas.parsed_rate()
         if rate is None:
@@ -81,7 +81,7 @@ class RateLimit(RunHook):
                 )
 
         # After the hooks before it answered: a run they postpone takes no admission.
-        return Step(
+        return Part(
             receive, lambda pipe: scripts.queue(pipe, "rate_take", key, args), after_replies=True
         )
 

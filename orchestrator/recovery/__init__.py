@@ -1,7 +1,7 @@
 """Recovery: bringing Postgres, Valkey and the broker back into agreement after a crash.
 
 - `reconciler`: one tick under the cluster lock: the drain, orphans, pending runs, then its steps
-- `orphans`: runs whose worker stopped heartbeating in both stores: resumed, or ended
+- `orphans`: runs whose worker stopped heartbeating in both stores: put back, or ended
 - `pending`: pending runs whose message the broker lost: published again, or failed at a deadline
 - `repair`: a tick's step: live hashes left behind a terminal write, settled
 - `stages`: a tick's step: pipeline runs stalled between stages, moved on
@@ -9,7 +9,7 @@
 - `drain_poison`: the drain's entries no replay could apply, kept for an operator
 
 Every run it ends is settled through `orchestrator.runs.settle`; a run it gives another
-attempt goes back through `orchestrator.runs.resume`.
+attempt goes back through `orchestrator.runs.put_back`.
 
 May import: runs, hooks, cluster, stores and the base modules. Never api or admin.
 """

@@ -273,7 +273,7 @@ def _apply_end(entry: Entry, lock_timeout: timedelta) -> Applied:
             try:
                 # The writer's own call: fenced by its claim, so a run put back to pending after
                 # that claim's worker was lost, and claimed anew, is not ended by it
-                # (`runs.resume`).
+                # (`runs.put_back`).
                 durable.end(entry.run_id, target, owner=entry.owner, **args)
             except IllegalTransition as exc:
                 if exc.current != RunState.CANCELLING or not _still_owned(entry):

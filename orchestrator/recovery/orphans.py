@@ -19,11 +19,11 @@ moves a run out of an ended state, so a heartbeat that lands late cannot bring b
 already failed.
 
 An active orphan whose task takes runs back after a lost worker (`retry_on_worker_loss`) and
-whose attempts are not spent is resumed instead of ended (`runs.resume`): active → pending,
+whose attempts are not spent is put back instead of ended (`runs.put_back`): active → pending,
 fenced by its lost claim (owner, attempt count) and by the same heartbeat condition, with
 error kind `orphaned` and the attempt kept on the row, its backoff as `not_before`, and its
 message published again; a pipeline run's running stages go back to waiting the same way
-(`runs.stage_attempts.resume_lost_stages`) while the run stays active. Counted as `resumed`.
+(`runs.stage_attempts.put_back_lost_stages`) while the run stays active. Counted as `put_back`.
 
 Otherwise an orphan is ended Postgres first, by compare-and-set: active → failed, cancelling →
 cancelled (cancelling → failed is not a legal move: the cancel request wins), with error
@@ -63,7 +63,7 @@ from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
-from orchestrator.runs import resume, stage_attempts
+from orchestrator.runs import put_back, stage_attempts
 from orchestrator.runs.settle import settle
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import durable, keys, queries, valkey
@@ -116,7 +116,7 @@ class LiveView:
 
 @dataclass
 class OrphanReport:
-    resumed: int = 0  # active → pending for the next attempt (a pipeline: its running stages)
+    put_back: int = 0  # active → pending for the next attempt (a pipeline: its running stages)
     orphaned: int = 0  # active → failed
     cancelled: int = 0  # cancelling → cancelled
     kept_alive: int = 0  # stale in Postgres, but the live hash still beats
@@ -220,7 +220,7 @@ def end_orphans(
         if ended is None:
             report.raced += 1
         elif ended == RunState.PENDING:
-            report.resumed += 1
+            report.put_back += 1
         elif ended == RunState.FAILED:
             report.orphaned += 1
         else:
@@ -229,7 +229,7 @@ def end_orphans(
 
 
 def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> RunState | None:
-    """End the orphan, or resume it: PENDING for a run (or a pipeline run's stages) put back
+    """End the orphan, or put it back: PENDING for a run (or a pipeline run's stages) put back
     for its next attempt, None when it moved on since it was judged."""
     target = RunState.FAILED if candidate.state == RunState.ACTIVE else RunState.CANCELLED
     owner = candidate.owner or "no worker (never started)"
@@ -238,10 +238,10 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
         f"(threshold {threshold_s}s), owner {owner}, {reason}"
     )
     if candidate.state == RunState.ACTIVE:
-        resumed = _resume(candidate, threshold_s, message)
-        if resumed is _Resumed.PUT_BACK:
+        done = _put_back(candidate, threshold_s, message)
+        if done is _PutBack.PUT_BACK:
             return RunState.PENDING
-        if resumed is _Resumed.MOVED_ON:
+        if done is _PutBack.MOVED_ON:
             return None
     if target == RunState.CANCELLED:
         message = f"cancel requested, and {message}"
@@ -272,36 +272,36 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
     return target
 
 
-class _Resumed(Enum):
-    """What `_resume` did with an orphan."""
+class _PutBack(Enum):
+    """What `_put_back` did with an orphan."""
 
     PUT_BACK = "put back"  # pending for its next attempt
     MOVED_ON = "moved on"  # changed since it was judged: left alone
-    NOT_RESUMABLE = "not resumable"  # may not be tried again: the caller ends it as an orphan
+    NOT_ALLOWED = "not allowed"  # may not be tried again: the caller ends it as an orphan
 
 
-def _resume(candidate: Candidate, threshold_s: int, message: str) -> _Resumed:
-    """Put an orphan back for its next attempt (`runs.resume`; a pipeline run's running
-    stages, `stage_attempts.resume_lost_stages`) while its task allows it."""
+def _put_back(candidate: Candidate, threshold_s: int, message: str) -> _PutBack:
+    """Put an orphan back for its next attempt (`runs.put_back`; a pipeline run's running
+    stages, `stage_attempts.put_back_lost_stages`) while its task allows it."""
     definition = registry.get().get(candidate.task_id)
     if definition is None:
-        return _Resumed.NOT_RESUMABLE
+        return _PutBack.NOT_ALLOWED
     if candidate.pipeline:
-        moved = stage_attempts.resume_lost_stages(
+        moved = stage_attempts.put_back_lost_stages(
             definition, candidate.run_id, message, threshold_s
         )
         if moved is None:
-            return _Resumed.NOT_RESUMABLE
-        return _Resumed.PUT_BACK if moved else _Resumed.MOVED_ON
-    if not resume.may_resume(definition, candidate.attempts):
-        return _Resumed.NOT_RESUMABLE
-    lost = resume.Lost(
+            return _PutBack.NOT_ALLOWED
+        return _PutBack.PUT_BACK if moved else _PutBack.MOVED_ON
+    if not put_back.may_put_back(definition, candidate.attempts):
+        return _PutBack.NOT_ALLOWED
+    lost = put_back.Lost(
         candidate.run_id,
         candidate.owner,
         candidate.attempts,
         candidate.identity,
         candidate.priority,
     )
-    if resume.put_back(definition, lost, ErrorKind.ORPHANED, message, stale_after_s=threshold_s):
-        return _Resumed.PUT_BACK
-    return _Resumed.MOVED_ON
+    if put_back.put_back(definition, lost, ErrorKind.ORPHANED, message, stale_after_s=threshold_s):
+        return _PutBack.PUT_BACK
+    return _PutBack.MOVED_ON

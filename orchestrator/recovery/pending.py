@@ -34,7 +34,7 @@ and from its retry time if that is later), by the Postgres clock:
   threshold the run is running: it is neither published again nor failed at the deadline
   (counted `claimed`); its owner claims it again at its next heartbeat, and its end takes the
   claim with it (`durable.end`). A silent claimer's claim is written for it, as of its last
-  heartbeat (`silent_claims`): the run is then an orphan, resumed by the next orphan pass with
+  heartbeat (`silent_claims`): the run is then an orphan, put back by the next orphan pass with
   its lost attempt counted (or failed, by its task's policy), rather than left until the
   deadline or run again uncounted.
 
@@ -98,7 +98,7 @@ class PendingReport:
     stale_version: int = 0
     skipped: int = 0  # task not registered, or recorded for a newer version
     claimed: int = 0  # Postgres lost its claim, and its owner still beats in Valkey: left alone
-    # the same, its owner silent: its claim written to Postgres, for the orphan pass to resume
+    # the same, its owner silent: its claim written to Postgres, for the orphan pass to put back
     silent_claims: int = 0
     raced: int = 0  # changed between the query and the write: left alone
     settling: int = 0  # its hash seeded again lately: published once the seed has settled
@@ -344,7 +344,7 @@ def _write_silent_claim(run_id: str, view: LiveView) -> bool:
     """The live hash names a claim Postgres does not have (not written yet, or lost in a crash
     of Postgres) whose owner stopped beating: the claim is written for it, as of its last
     heartbeat (`runs.terminal.write_live_claim`), so the run is an orphan like any other,
-    its lost attempt counted: the orphan pass resumes it, or fails it by its task's policy."""
+    its lost attempt counted: the orphan pass puts it back, or fails it by its task's policy."""
     if write_live_claim(run_id, view.owner) is None:
         log.info("run %s: silent claim not written (moved meanwhile)", run_id)
         return False

@@ -19,7 +19,7 @@ A tick, on one process of the cluster at a time:
 6. repairs the live hashes of runs Postgres has ended but whose live hash still says live (their
    writer died between the two writes), and runs their `finished` hooks
    (`orchestrator.recovery.repair`);
-7. runs its steps under the same lock: the repair of step 6 (`RepairHashes`), the pipelines
+7. runs its chores under the same lock: the repair of chore 6 (`RepairHashes`), the pipelines
    stalled between stages (`AdvanceStalledPipelines`), then any a caller adds (none today:
    coverage rows left `running` are the stage-sweep's to reclaim, `coverage.sweep`).
 
@@ -51,7 +51,7 @@ Not guaranteed:
   recovers those runs at the regular threshold.
 - Pending runs are covered a page of BATCH per tick, oldest first, starting over when a page
   comes back short, so a big backlog is checked over several ticks.
-- Pipeline runs stalled between stages are moved on by their own step
+- Pipeline runs stalled between stages are moved on by their own chore
   (`recovery.stages`); the orphan query leaves them alone (no stage of theirs runs).
 - See `recovery.orphans`, `recovery.pending` and `recovery.drain_replay` for theirs.
 """
@@ -85,11 +85,11 @@ NAME = "reconciler"
 BATCH = 500
 
 
-class Step(Protocol):
+class Chore(Protocol):
     """One more thing a tick reconciles, after the runs, under the tick's lock.
 
-    `fence.check()` before each write batch; returns how many rows it changed. A step that
-    raises is logged and counted, and the tick carries on with the next step."""
+    `fence.check()` before each write batch; returns how many rows it changed. A chore that
+    raises is logged and counted, and the tick carries on with the next chore."""
 
     name: str
 
@@ -107,33 +107,33 @@ class TickReport:
     orphans: OrphanReport = field(default_factory=OrphanReport)
     pending: PendingReport = field(default_factory=PendingReport)
     drain: ReplayReport = field(default_factory=ReplayReport)
-    steps: dict[str, int] = field(default_factory=dict)
-    errors: int = 0  # steps that raised (per-run errors are in liveness and pending)
+    chores: dict[str, int] = field(default_factory=dict)
+    errors: int = 0  # chores that raised (per-run errors are in liveness and pending)
 
     @property
     def acted(self) -> int:
         """Runs this tick changed or published."""
         return (
-            self.orphans.resumed
+            self.orphans.put_back
             + self.orphans.orphaned
             + self.orphans.cancelled
             + self.pending.republished
             + self.pending.failed
             + self.pending.stale_version
             + self.drain.done
-            + sum(self.steps.values())
+            + sum(self.chores.values())
         )
 
     def summary(self) -> str:
         return (
-            f"{self.orphans.orphaned} orphans failed, {self.orphans.resumed} resumed, "
+            f"{self.orphans.orphaned} orphans failed, {self.orphans.put_back} put back, "
             f"{self.orphans.cancelled} cancelled, "
             f"{self.orphans.kept_alive} kept alive by their live hash, "
             f"{self.pending.republished} pending runs published again, "
             f"{self.pending.failed} failed past the pending deadline, "
             f"{self.pending.stale_version} stale versions, "
             f"{self.drain.done} drained writes, "
-            + "".join(f"{name}: {count}, " for name, count in self.steps.items() if count)
+            + "".join(f"{name}: {count}, " for name, count in self.chores.items() if count)
             + f"{self.orphans.errors + self.pending.errors + self.errors} errors"
         )
 
@@ -142,15 +142,15 @@ class Reconciler:
     def __init__(
         self,
         *,
-        steps: Sequence[Step] = (),
+        chores: Sequence[Chore] = (),
         clock: Clock = SYSTEM,
         batch: int = BATCH,
         lock: FencedLock | None = None,
     ) -> None:
         config = settings.CONFIG
         # The repair of left-behind hashes and the pipelines stalled between stages are always
-        # steps; a caller may add more.
-        self.steps: tuple[Step, ...] = (RepairHashes(), AdvanceStalledPipelines(), *steps)
+        # chores; a caller may add more.
+        self.chores: tuple[Chore, ...] = (RepairHashes(), AdvanceStalledPipelines(), *chores)
         self.clock = clock
         self.batch = batch
         # The cluster seat: a leader's (never acquired here), or the same lock taken directly.
@@ -195,7 +195,7 @@ class Reconciler:
         counters.add_many(
             counters.RECOVERY,
             {
-                ("orphans_resumed",): report.orphans.resumed,
+                ("orphans_put_back",): report.orphans.put_back,
                 ("orphans_failed",): report.orphans.orphaned,
                 ("republished",): report.pending.republished,
                 ("pending_failed",): report.pending.failed,
@@ -241,12 +241,12 @@ class Reconciler:
                 fence=self.lock,
                 clock=self.clock,
             )
-        for step in self.steps:
+        for chore in self.chores:
             try:
                 self.lock.check()
-                report.steps[step.name] = step(self.lock)
+                report.chores[chore.name] = chore(self.lock)
             except LockLost:
                 raise
             except Exception:
                 report.errors += 1
-                log.exception("%s: step %s failed", NAME, step.name)
+                log.exception("%s: chore %s failed", NAME, chore.name)

@@ -44,7 +44,7 @@ BATCH = 100
 
 
 class AdvanceStalledPipelines:
-    """A reconciler step (`recovery.reconciler.Step`)."""
+    """A reconciler chore (`recovery.reconciler.Chore`)."""
 
     name = "pipelines"
 

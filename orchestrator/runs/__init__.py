@@ -32,7 +32,7 @@ While the handler runs:
 
 Recovery helpers, when a write or a worker is lost:
 - `drain`: terminal writes and stage moves Postgres refused on a transient error, pushed to wait
-- `resume`: a run whose worker was lost goes back to `pending` for its next attempt, same run
+- `put_back`: a run whose worker was lost goes back to `pending` for its next attempt, same run
 - `handback`: a stopping worker's runs, once its grace is over, put back for another worker
 - `retries`: how a failed attempt reads, tried again or not (one wording for every path)
 - `leftovers`: finds processes a run's command left behind (by their environment) and kills them

@@ -29,7 +29,7 @@ and the reconciler leaves it alone (`waiting_run_ids`, `waiting_stages`).
 Not guaranteed: a full list refuses a new entry (`push` returns False). That run stays
 `active` until the reconciler fails it as an orphan: it ends, but without the handler's
 result; a stage whose end was refused is tried again as a lost stage
-(`runs.stage_attempts.resume_lost_stages`), or fails its run when it has no attempt left. Valkey
+(`runs.stage_attempts.put_back_lost_stages`), or fails its run when it has no attempt left. Valkey
 being unreachable at push time has the same effect.
 """
 

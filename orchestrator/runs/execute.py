@@ -101,7 +101,7 @@ def _end(
     step = progress = None
     if context is not None:
         step, progress = steps.plain_extras(context), context.progress.document()
-    terminal.finish(
+    terminal.end(
         definition,
         run.run_id,
         pickup.owner,

@@ -8,13 +8,13 @@ same host, instead of being failed or left to the reconciler:
 1. The pool processes still alive are killed (SIGKILL), and `hand_back` waits until they are
    gone: a run must not be given to another worker while its handler still runs here.
 2. Every active run owned by one of them goes back to `pending` for its next attempt, its
-   message published again (`runs.resume`: fenced by the dead claim, the attempt counted,
+   message published again (`runs.put_back`: fenced by the dead claim, the attempt counted,
    the task's backoff, the error kind `worker_lost` with "handed back" in its message); a run
    on its last attempt, or of a task with `retry_on_worker_loss=False`, fails instead, as any
    run whose worker died.
 3. Every running pipeline stage one of them had claimed goes back to `waiting` for its next
    attempt (or fails, with its run, when it has none left), as a stage whose claimer died on
-   this host does when its message comes back (`runs.stage_attempts.resume_dead_stage`).
+   this host does when its message comes back (`runs.stage_attempts.put_back_dead_stage`).
 
 The messages those processes held are returned by Celery itself (`reject_on_worker_lost`)
 and those still reserved by the stopping worker by kombu when it closes its channel; a copy
@@ -22,7 +22,7 @@ that comes back after the run was handed back finds it pending (or claimed anew)
 dropped or waits its turn, as any duplicate.
 
 Not guaranteed: a worker host that loses power or is SIGKILLed whole runs none of this; its
-runs are resumed by the reconciler once their heartbeats are older than the orphan threshold
+runs are put back by the reconciler once their heartbeats are older than the orphan threshold
 (`recovery.orphans`). Under `make run`, honcho kills every process of the role 5 s after
 Ctrl+C, whatever the grace.
 """
@@ -43,7 +43,7 @@ from django.db.models import Q
 
 from orchestrator.cluster.instance import is_dead_here
 from orchestrator.models import TaskHistory
-from orchestrator.runs import resume, stage_attempts
+from orchestrator.runs import put_back, stage_attempts
 from orchestrator.states import RunState, StageState
 from tasks import registry
 
@@ -56,7 +56,7 @@ GONE_WITHIN_S = 10.0
 @dataclass
 class HandbackReport:
     killed: int = 0  # pool processes killed
-    resumed: int = 0  # runs put back to pending
+    put_back: int = 0  # runs put back to pending
     failed: int = 0  # runs with no attempt left, failed `worker_lost`
     stages: int = 0  # pipeline stages put back (or failed with their run)
     errors: int = 0  # logged with the run id
@@ -89,7 +89,7 @@ def hand_back(pids: Collection[int], *, grace_s: float) -> HandbackReport:
     log.warning(
         "handed back: %s pool processes killed, %s runs put back, %s failed, %s stages",
         report.killed,
-        report.resumed,
+        report.put_back,
         report.failed,
         report.stages,
     )
@@ -124,15 +124,15 @@ def _hand_back_runs(owners: list[str], why: str, report: HandbackReport) -> None
                 "run %s: task %r is not registered; left to the reconciler", run_id, task_id
             )
             continue
-        lost = resume.Lost(run_id, owner, attempts, identity, priority)
+        lost = put_back.Lost(run_id, owner, attempts, identity, priority)
         try:
-            ended = resume.resume_or_fail(definition, lost, f"{why} (worker {owner})")
+            ended = put_back.put_back_or_fail(definition, lost, f"{why} (worker {owner})")
         except Exception:
             report.errors += 1
-            log.exception("run %s: not handed back; the reconciler will resume it", run_id)
+            log.exception("run %s: not handed back; the reconciler will put it back", run_id)
             continue
         if ended == RunState.PENDING:
-            report.resumed += 1
+            report.put_back += 1
         elif ended is not None:
             report.failed += 1
 
@@ -149,7 +149,7 @@ def _hand_back_stages(owners: list[str], report: HandbackReport) -> None:
             if state != StageState.ACTIVE or not claimer.startswith(tuple(owners)):
                 continue
             try:
-                stage_attempts.resume_dead_stage(definition, run_id, name)
+                stage_attempts.put_back_dead_stage(definition, run_id, name)
                 report.stages += 1
             except Exception:
                 report.errors += 1

@@ -49,7 +49,7 @@ host is tried again when its message comes back (`runs.stage_attempts`).
 
 A stage whose claimer died on another host is found by the reconciler (the run's heartbeat
 stale in both stores, `recovery.orphans`): each running stage goes back to waiting and is
-published again while it has attempts (`stage_attempts.resume_lost_stages`), and the run
+published again while it has attempts (`stage_attempts.put_back_lost_stages`), and the run
 fails as an orphan only when one has none left. Every move of an attempt is fenced by its
 claim (the step record's `owner`), so a claimer that was only stopped, not dead, cannot end
 the stage its successor runs. A task with `retry_on_worker_loss=False` fails instead of retrying.
@@ -111,7 +111,7 @@ def begin(definition: TaskDefinition, run: durable.ClaimedRun, owner: str) -> No
         model = definition.input_model.model_validate(run.input)
     except ValidationError as exc:
         error = terminal.error_doc(ErrorKind.VALIDATION, str(exc))
-        terminal.finish(
+        terminal.end(
             definition, run.run_id, owner, RunState.FAILED, error=error, attempt=run.attempts
         )
         return
@@ -183,12 +183,12 @@ def discard(definition: TaskDefinition, run_id: str, error: dict[str, Any]) -> R
         queue = stage_queue(definition, stage, per_task)
         while broker.remove_waiting(queue, stage_message_id(run_id, stage.name)):
             pass
-    if finish_discard(definition, run_id, error):
+    if end_cancelled_if_idle(definition, run_id, error):
         return RunState.CANCELLED
     return RunState.CANCELLING
 
 
-def finish_discard(
+def end_cancelled_if_idle(
     definition: TaskDefinition, run_id: str, error: dict[str, Any] | None = None
 ) -> bool:
     """Ends a run being cancelled if no stage of it still runs; says whether it did."""
@@ -226,7 +226,7 @@ def advance(
             log.exception("run %s: `when` of stage %s raised", run.run_id, name)
             message = f"stage {name}: its `when` raised {type(exc).__name__}: {exc}"
             error = terminal.error_doc(ErrorKind.INTERNAL, message, stage=name)
-            terminal.finish(definition, run.run_id, run.owner, RunState.FAILED, error=error)
+            terminal.end(definition, run.run_id, run.owner, RunState.FAILED, error=error)
             return moves + 1
         if reason is None:
             if stage_message_id(run.run_id, name) not in queued:
@@ -247,9 +247,7 @@ def advance(
         ended_now.add(name)
         moves += 1
     if stages.states and all(state in _ENDED for state in stages.states.values()):
-        terminal.finish(
-            definition, run.run_id, run.owner, RunState.COMPLETED, result=stages.results
-        )
+        terminal.end(definition, run.run_id, run.owner, RunState.COMPLETED, result=stages.results)
         moves += 1
     return moves
 

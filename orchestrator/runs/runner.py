@@ -20,7 +20,7 @@ live hash to seed again). So a duplicate of an ended run takes a concurrency slo
 back at once, and a retry delivered before its time costs a claim and its give-back.
 
 A redelivery of a run whose worker died mid-run puts it back to pending for its next attempt
-(`runs.resume`), unless the task opted out (`retry_on_worker_loss=False`).
+(`runs.put_back`), unless the task opted out (`retry_on_worker_loss=False`).
 
 Database connections are checked before each run without a round trip
 (`durable.task_connections`) and closed after it if broken or too old, so a connection dropped
@@ -43,9 +43,9 @@ from redis.client import Pipeline
 
 from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Pickup, Postpone, Step
+from orchestrator.hooks.base import Part, Pickup, Postpone
 from orchestrator.models import TaskHistory
-from orchestrator.runs import execute, resume, terminal
+from orchestrator.runs import execute, put_back, terminal
 from orchestrator.runs.publish import republish
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import counters, durable, live, valkey
@@ -98,7 +98,7 @@ def _run(
     # a postponed pickup gives it back (one more).
     claim = _LiveClaim(run_id, pickup.owner)
     try:
-        hooks.before_claim(pickup, last=claim.step())
+        hooks.before_claim(pickup, last=claim.part())
     except Postpone as wait:
         claim.give_back()
         _postponed_unread(definition, pickup, wait)
@@ -214,8 +214,8 @@ class _LiveClaim:
         self.failed: Exception | None = None  # anything else the script answered
         self._read: Callable[[Any], None] | None = None
 
-    def step(self) -> Step:
-        return Step(self._receive, self._send)
+    def part(self) -> Part:
+        return Part(self._receive, self._send)
 
     def _send(self, pipe: Pipeline) -> None:
         self._read = live.queue_claim(pipe, self.run_id, self.owner)
@@ -294,7 +294,7 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> ClaimedR
             return None
         if exc.current == RunState.ACTIVE and _write_abandoned_claim(row.id):
             # Its claimer is gone: the claim is in Postgres now, and the run is a lost
-            # worker's, resumed or failed by its task's policy like any other.
+            # worker's, put back or failed by its task's policy like any other.
             row.refresh_from_db()
             _not_pending(definition, row)
             return None
@@ -375,19 +375,19 @@ def _not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
         log.info("run %s: pipeline under way; its run message again dropped", row.id)
     elif (dead := is_dead_here(row.owner_instance_id)) or _heartbeat_is_stale(row):
         # Redelivered because its worker died mid-run (reject on worker lost), and nobody
-        # is beating for it: resume it or end it here rather than wait for the reconciler.
+        # is beating for it: put it back or end it here rather than wait for the reconciler.
         # Written as the dead owner, so its fence matches and its concurrency slot is freed.
         owner = row.owner_instance_id
         why = f"worker {owner} stopped mid-run"
         if row.state == RunState.CANCELLING:
             error = terminal.error_doc(ErrorKind.WORKER_LOST, why)
             terminal.cancel(definition, row.id, owner, error=error)
-        elif dead or not resume.may_resume(definition, row.attempts):
-            lost = resume.Lost(row.id, owner, row.attempts, row.identity, row.priority)
-            resume.resume_or_fail(definition, lost, why)
+        elif dead or not put_back.may_put_back(definition, row.attempts):
+            lost = put_back.Lost(row.id, owner, row.attempts, row.identity, row.priority)
+            put_back.put_back_or_fail(definition, lost, why)
         else:
             # Silent in Postgres only, on another host: it may be alive and cut off, and a
-            # new attempt must not run beside it. The reconciler resumes it once both
+            # new attempt must not run beside it. The reconciler puts it back once both
             # stores agree it is gone (`recovery.orphans`).
             log.info("run %s: redelivered, owner %s silent; left to the reconciler", row.id, owner)
     else:
@@ -404,7 +404,7 @@ def _give_up(definition: TaskDefinition, row: TaskHistory, deliveries: int) -> N
     elif row.state == RunState.CANCELLING:
         terminal.cancel(definition, row.id, row.owner_instance_id, error=error)
     else:
-        terminal.finish(definition, row.id, row.owner_instance_id, RunState.FAILED, error=error)
+        terminal.end(definition, row.id, row.owner_instance_id, RunState.FAILED, error=error)
 
 
 def _heartbeat_is_stale(row: TaskHistory) -> bool:

@@ -41,7 +41,7 @@ from redis.exceptions import TimeoutError as ValkeyTimeoutError
 from orchestrator.backoff import exponential
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Outcome, Step
+from orchestrator.hooks.base import Outcome, Part
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import live
 from orchestrator.stores.live import FencedWrite
@@ -84,7 +84,7 @@ def settle(
         return True
     # The common end: the hash's move and the hooks' commands go in one round trip.
     move = _Move(run_id, target, fence, clock)
-    hooks.finished(outcome, first=Step(send=move.send, receive=move.receive))
+    hooks.finished(outcome, first=Part(send=move.send, receive=move.receive))
     if move.moved is not None:
         return move.moved
     # Valkey unreachable, or a cancel to take in two steps: the move alone, with retries;

@@ -8,8 +8,8 @@ error waits in the drain; its replay calls `_replayed`, which does what the writ
 
 A stage whose worker was lost is tried again while it has attempts, else fails its run:
 - a claimer dead on this host, found when the stage's message comes back (`_claim_refused`)
-  or when a stopping worker hands its runs back (`resume_dead_stage`);
-- a claimer gone on any host, found by the reconciler (`resume_lost_stages`).
+  or when a stopping worker hands its runs back (`put_back_dead_stage`);
+- a claimer gone on any host, found by the reconciler (`put_back_lost_stages`).
 The pipeline's whole story, and what is not guaranteed, is `runs.pipeline`'s docstring.
 """
 
@@ -35,7 +35,7 @@ from orchestrator.routing import stage_class
 from orchestrator.runs import drain, retries, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.outcome import outcome_of
-from orchestrator.runs.pipeline import PipelineRun, advance, finish_discard, follow
+from orchestrator.runs.pipeline import PipelineRun, advance, end_cancelled_if_idle, follow
 from orchestrator.runs.publish import publish_stage
 from orchestrator.runs.steps import StepStatus
 from orchestrator.runs.watch import watching
@@ -121,15 +121,15 @@ class _Attempt:
         owner = self.step.get("owner")
         return str(owner) if owner else None
 
-    def may_resume(self) -> bool:
-        """Its worker lost, the stage may be tried again (`runs.resume`, for stages)."""
+    def may_put_back(self) -> bool:
+        """Its worker lost, the stage may be tried again (`runs.put_back`, for stages)."""
         return self.run.definition.retry_on_worker_loss and self.number < self.retry.max_attempts
 
     def ended(self, status: StepStatus, error: dict[str, Any] | None = None) -> dict[str, Any]:
         return steps.attempt_ended(self.step, self.context, status, timezone.now(), error)
 
 
-def resume_dead_stage(definition: TaskDefinition, run_id: str, name: str) -> None:
+def put_back_dead_stage(definition: TaskDefinition, run_id: str, name: str) -> None:
     """A stage whose claimer, a process of this host, is dead (killed at a worker's shutdown,
     `runs.handback`): tried again while it has attempts, else failed with its run."""
     _claim_refused(definition, run_id, definition.stage(name))
@@ -171,7 +171,7 @@ def _claim_refused(definition: TaskDefinition, run_id: str, stage: Stage) -> Non
     context = RunContext(run_id, model, task_id=definition.id)
     attempt = _Attempt(run, stage, record, context)
     message = f"its worker {claimer} stopped mid-stage"
-    if attempt.may_resume():
+    if attempt.may_put_back():
         _stage_retry(attempt, message, ErrorKind.WORKER_LOST)
     else:
         _stage_failed(attempt, ErrorKind.WORKER_LOST, message)
@@ -243,7 +243,7 @@ def _stage_retry(
     step = attempt.ended(StepStatus.WAITING, error)
     if _end_stage(attempt, StageState.WAITING, then, step=step, stale_after_s=stale_after_s):
         return True
-    finish_discard(run.definition, run.run_id)
+    end_cancelled_if_idle(run.definition, run.run_id)
     return False
 
 
@@ -283,7 +283,7 @@ def _stage_moved(
     if target == StageState.COMPLETED:
         advance(run, stages, ended=(stage.name,))
     elif target == StageState.FAILED:
-        terminal.finish(run.definition, run.run_id, run.owner, RunState.FAILED, error=then["error"])
+        terminal.end(run.definition, run.run_id, run.owner, RunState.FAILED, error=then["error"])
     else:
         delay = timedelta(seconds=then["delay_s"])
         log.info("run %s: stage %s %s; retry in %s", run.run_id, stage.name, then["kind"], delay)
@@ -309,7 +309,7 @@ def _replayed(entry: drain.Entry, stages: Stages) -> None:
     _stage_moved(run, stage, StageState(entry.target), stages, entry.then)
 
 
-def resume_lost_stages(
+def put_back_lost_stages(
     definition: TaskDefinition, run_id: str, why: str, stale_after_s: float
 ) -> int | None:
     """The reconciler found this pipeline run's heartbeat stale in both stores while a stage
@@ -345,7 +345,7 @@ def resume_lost_stages(
     ]
     if active and not running:
         return 0
-    if not attempts or not all(attempt.may_resume() for attempt in attempts):
+    if not attempts or not all(attempt.may_put_back() for attempt in attempts):
         return None
     moved = 0
     for index, attempt in enumerate(attempts):

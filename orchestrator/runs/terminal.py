@@ -45,7 +45,7 @@ def error_doc(kind: ErrorKind, message: str, **extra: Any) -> dict[str, Any]:
     return {"kind": kind.value, "message": message[:4000], **extra}
 
 
-def finish(
+def end(
     definition: TaskDefinition,
     run_id: str,
     owner: str,
@@ -88,7 +88,7 @@ def finish(
             log.info("run %s: already ended %s; %s not recorded", run_id, exc.current, target)
             return RunState(exc.current)
         if exc.current is not None and not still_ours(run_id, owner):
-            # Put back to pending after this claim's worker was judged lost (`runs.resume`),
+            # Put back to pending after this claim's worker was judged lost (`runs.put_back`),
             # and perhaps claimed again since: the run is another attempt's now.
             log.warning(
                 "run %s: no longer ours (%s, claimed anew); %s not recorded",
@@ -124,7 +124,7 @@ def write_live_claim(run_id: str, owner: str | None = None) -> ClaimedRun | None
     (`stores/sql/claim_run.sql`), was lost in a crash of Postgres. Its owner's heartbeat calls
     this (`runs.watch`); so does a cancel, which must reach the handler rather than end the run
     under it (`runs.cancel`), and whoever finds the owner gone, so the lost attempt is counted
-    and resumed (or failed) as any other (`runs.runner`, `recovery.pending`). None, and nothing
+    and put back (or failed) as any other (`runs.runner`, `recovery.pending`). None, and nothing
     written, when Valkey does not say so or Postgres no longer calls the run pending."""
     held = live.read(run_id)
     holder = held.get("owner", "")

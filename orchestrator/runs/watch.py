@@ -24,14 +24,14 @@ A watchdog ends the run through `orchestrator.runs.terminal` (Postgres first), t
 process running the handler: the only way to stop a wedged thread. Celery's prefork pool
 replaces the child; the message comes back (reject on worker lost) and is dropped because the
 run has ended. A heartbeat that finds the run owned by someone else kills the handler too (so
-does a run put back to pending: `runs.resume`): its late writes would be refused anyway, and it
+does a run put back to pending: `runs.put_back`): its late writes would be refused anyway, and it
 must not run beside a successor. A hash Valkey lost (gone, or seeded again owned by nobody) is
 not someone else's: Postgres decides, and a plain run it still holds for this handler is
 claimed in Valkey again and goes on (`Watcher._claim_again`).
 
 A handler cut off from both stores (no heartbeat confirmed by Postgres or Valkey) for half of
 LUMASTRA_ORPHAN_THRESHOLD_S is killed as well: at the threshold the reconciler puts its run
-back for another attempt (`runs.resume`), and the two must not run side by side. That lease is
+back for another attempt (`runs.put_back`), and the two must not run side by side. That lease is
 kept by a thread of its own, on the monotonic clock alone: it takes no lock and calls no store,
 so a heartbeat hung on a dead connection cannot stop it (a partition once kept a cut-off
 handler running for 26 s past its lease that way). Every store call fails within
@@ -289,7 +289,7 @@ class Watcher:
         if state in (RunState.ACTIVE, RunState.CANCELLING):
             watched.confirmed = time.monotonic()
         # Pending: the run was put back for another attempt, its worker judged lost
-        # (`runs.resume`); this handler must not run beside the next one.
+        # (`runs.put_back`); this handler must not run beside the next one.
         if state in ("", "fenced", RunState.PENDING):
             log.error("run %s: no longer ours (live state %r); stopping it", watched.run_id, state)
             _kill_this_process()
@@ -308,7 +308,7 @@ class Watcher:
         valkey-restart). False, and the caller stops the handler, when Postgres gave the run
         to someone else, a pipeline stage lost its run's hash, or a store failed."""
         if watched.attempt is None:
-            return False  # a pipeline's stages live in the lost hash: recovery.stages resumes
+            return False  # a pipeline's stages live in the lost hash: recovery.stages acts
         run_id, owner = watched.run_id, watched.owner
         try:
             if live.read(run_id).get("owner", "") not in ("", owner):
@@ -372,7 +372,7 @@ class Watcher:
         # see them before the end, and the row keeps its tail.
         Watcher._flush(watched, final=True)
         context = watched.context
-        terminal.finish(
+        terminal.end(
             watched.definition,
             watched.run_id,
             watched.owner,
@@ -391,7 +391,7 @@ def _stop_if_cut_off(watched: Watched) -> None:
     cut_off_s = time.monotonic() - watched.confirmed
     if cut_off_s > threshold_s / 2:
         # Neither store has heard this run for half the orphan threshold: the reconciler will
-        # soon put it back for another attempt elsewhere (`runs.resume`), and this handler
+        # soon put it back for another attempt elsewhere (`runs.put_back`), and this handler
         # must not still be running then.
         log.error(
             "run %s: no heartbeat confirmed for %.0fs (orphan threshold %ss); stopping it",

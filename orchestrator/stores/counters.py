@@ -21,7 +21,7 @@ DURATION = "duration"  # task (histogram buckets, sum, count: metrics_end.lua)
 COST = "cost_units_total"  # task, kind
 REFUSALS = "refusals_total"  # task, code
 DELIVERY = "delivery_total"  # event: published, redelivered, duplicate_dropped
-# event: orphans_resumed, orphans_failed, republished, drain_replayed, poisoned
+# event: orphans_put_back, orphans_failed, republished, drain_replayed, poisoned
 RECOVERY = "recovery_total"
 SCHEDULE_SKIPS = "schedule_skips_total"  # task: slots skipped, the previous fire's run live
 # Upper bounds (seconds) of the run duration histogram's buckets.

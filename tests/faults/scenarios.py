@@ -83,7 +83,7 @@ def _kill_again_and_again(h: Harness, kills: int, mains: set[int], every_s: floa
 
 def sigkill(h: Harness) -> list[str]:
     """SIGKILL pool children again and again during a load, and twice a worker's main process:
-    every run killed mid-run is put back and completes as the same run (`runs.resume`)."""
+    every run killed mid-run is put back and completes as the same run (`runs.put_back`)."""
     h.worker()
     h.worker()
     h.loops()
@@ -215,7 +215,7 @@ def sigterm_expect(h: Harness) -> list[str]:
 def sigstop(h: Harness) -> list[str]:
     """SIGSTOP a worker running two runs past the orphan threshold; cancel one of them while it
     is stopped; SIGCONT it once both ended: the cancelled one by the reconciler, the other put
-    back by the reconciler and completed by another worker (`runs.resume`). The stopped
+    back by the reconciler and completed by another worker (`runs.put_back`). The stopped
     worker's late writes are refused."""
     config = settings.CONFIG
     stopped = h.worker(concurrency=2)

@@ -93,7 +93,7 @@ def test_a_killed_holders_run_is_put_back_and_frees_its_slot() -> None:
         wait_for(lambda: _completed("test-lease") == 2, timeout=60)
 
     # The redelivered message found its owner dead on this host: the run went back to pending
-    # at once (its next attempt, `runs.resume`) and gave its slot back, long before the lease
+    # at once (its next attempt, `runs.put_back`) and gave its slot back, long before the lease
     # would have run out; its second attempt completed.
     killed = TaskHistory.objects.get(id=victim.run_id)
     assert (killed.state, killed.attempts) == (RunState.COMPLETED, 2)

@@ -161,7 +161,7 @@ def test_a_write_for_a_run_that_ended_otherwise_is_dropped() -> None:
 
 def test_a_write_of_a_claim_put_back_and_claimed_anew_is_dropped() -> None:
     """Fenced by the claim that wrote it: OWNER's worker was judged lost, its run put back
-    and claimed by another process (`runs.resume`); OWNER's deferred end must not end it."""
+    and claimed by another process (`runs.put_back`); OWNER's deferred end must not end it."""
     run_id = seed_active(OWNER)
     drain.push(run_id, RunState.COMPLETED, _completed_fields(), OWNER)
     TaskHistory.objects.filter(id=run_id).update(owner_instance_id="host-c:1:NEWCLAIM", attempts=2)

@@ -389,9 +389,9 @@ def test_the_reconciler_moves_on_a_pipeline_stalled_between_stages(two_workers: 
     reconciler = Reconciler()
     report_ = reconciler.tick()
 
-    assert report_.steps["pipelines"] == 1
+    assert report_.chores["pipelines"] == 1
     assert report_.orphans.orphaned == 0
     row = wait_for(lambda: _ended(run_id), timeout=30)
     assert row.state == "failed" and row.error["stage"] == "final"  # it really ran again
-    assert reconciler.tick().steps["pipelines"] == 0
+    assert reconciler.tick().chores["pipelines"] == 0
     reconciler.release()

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 
 from orchestrator.clock import SYSTEM
 from orchestrator.hooks import dispatch, quotas
-from orchestrator.hooks.base import Admission, Outcome, Refused, RunHook, Step
+from orchestrator.hooks.base import Admission, Outcome, Part, Refused, RunHook
 from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.runs.start import RunHandle, start_run
@@ -152,11 +152,11 @@ class _RefusesInItsReply(RunHook):
 
     name: str = "refuser"
 
-    def plan_admit(self, admission: Admission) -> Step:
+    def plan_admit(self, admission: Admission) -> Part:
         def receive(replies: list[Any]) -> None:
             raise Refused("no")
 
-        return Step(receive, lambda pipe: pipe.ping())
+        return Part(receive, lambda pipe: pipe.ping())
 
 
 @pytest.mark.parametrize("refuser_first", [True, False])

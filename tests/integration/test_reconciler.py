@@ -275,7 +275,7 @@ def test_an_idle_tick_makes_three_indexed_queries() -> None:
         report = reconciler.tick()
 
     assert report.acted == 0 and not report.skipped
-    # The stale/pending candidates, the runs ended since the last tick (the hash repair step,
+    # The stale/pending candidates, the runs ended since the last tick (the hash repair chore,
     # on the finished_at index) and the pipelines stalled between stages (on the state index).
     assert len(queries.captured_queries) == 3
 
@@ -531,7 +531,7 @@ def test_a_claim_postgres_lost_whose_owner_went_silent_is_resumed_as_an_orphan()
     report = reconciler.tick()
     reconciler.release()
 
-    assert report.orphans.resumed == 1
+    assert report.orphans.put_back == 1
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.attempts, row.error["kind"]) == ("pending", 1, "orphaned")
     assert live.read(run_id)["state"] == "pending"
@@ -626,7 +626,7 @@ def test_a_tick_that_loses_its_lock_midway_stops_writing() -> None:
 
 
 @dataclass
-class CountingStep:
+class CountingChore:
     name: str = "probe"
     calls: int = 0
 
@@ -637,26 +637,26 @@ class CountingStep:
 
 
 @dataclass
-class BrokenStep:
+class BrokenChore:
     name: str = "broken"
 
     def __call__(self, fence: Fence) -> int:
-        raise RuntimeError("a step failed")
+        raise RuntimeError("a chore failed")
 
 
-def test_extra_steps_run_under_the_lock_each_alone() -> None:
-    probe = CountingStep()
-    reconciler = Reconciler(steps=[BrokenStep(), probe])
+def test_extra_chores_run_under_the_lock_each_alone() -> None:
+    probe = CountingChore()
+    reconciler = Reconciler(chores=[BrokenChore(), probe])
 
     report = reconciler.tick()
 
     assert probe.calls == 1
-    assert report.steps == {"repair": 0, "pipelines": 0, "probe": 2}
+    assert report.chores == {"repair": 0, "pipelines": 0, "probe": 2}
     assert report.errors == 1
     reconciler.release()
 
 
-# --- resuming orphans with attempts left (runs.resume) ------------------------------------------
+# --- resuming orphans with attempts left (runs.put_back) ------------------------------------------
 
 RESUME_TABLE = [
     Row("active, stale, hash gone", "active", 400, 500, "gone", "pending"),
@@ -674,7 +674,7 @@ def test_one_tick_resumes_the_orphans_with_attempts_left() -> None:
 
     outcomes = {label: TaskHistory.objects.get(id=run_id).state for label, run_id in seeded.items()}
     assert outcomes == {row.label: row.expected for row in RESUME_TABLE}
-    assert (report.orphans.resumed, report.orphans.orphaned, report.orphans.cancelled) == (2, 0, 1)
+    assert (report.orphans.put_back, report.orphans.orphaned, report.orphans.cancelled) == (2, 0, 1)
     resumed = [seeded[row.label] for row in RESUME_TABLE if row.expected == "pending"]
     for run_id in resumed:
         row = TaskHistory.objects.get(id=run_id)
@@ -697,7 +697,7 @@ def test_an_orphan_of_a_task_that_opted_out_fails() -> None:
 
     report = Reconciler().tick()
 
-    assert report.orphans.orphaned == 1 and report.orphans.resumed == 0
+    assert report.orphans.orphaned == 1 and report.orphans.put_back == 0
     assert TaskHistory.objects.get(id=run_id).error["kind"] == "orphaned"
 
 
@@ -714,7 +714,7 @@ def test_a_resume_is_fenced_by_the_heartbeat_and_the_claim() -> None:
 
     report = orphans.end_orphans(stale, THRESHOLD, fence=lock)
 
-    assert (report.raced, report.resumed, report.errors) == (2, 0, 0)
+    assert (report.raced, report.put_back, report.errors) == (2, 0, 0)
     assert TaskHistory.objects.get(id=beat).state == "active"
     assert TaskHistory.objects.get(id=claimed).owner_instance_id == "host-b:1:NEWCLAIM"
     assert _waiting_messages() == []
@@ -756,7 +756,7 @@ def test_a_stage_whose_claimer_went_silent_is_tried_again_not_its_run_failed() -
     report = Reconciler().tick()
 
     row = TaskHistory.objects.get(id=run_id)
-    assert (report.orphans.resumed, report.orphans.orphaned) == (1, 0)
+    assert (report.orphans.put_back, report.orphans.orphaned) == (1, 0)
     assert row.state == "active" and row.stages["a"] == "waiting"
     record = row.steps["a"]
     assert (record["status"], record["attempts"]) == ("waiting", 1)
@@ -775,6 +775,6 @@ def test_a_stage_with_no_attempt_left_fails_its_run_as_an_orphan() -> None:
     report = Reconciler().tick()
 
     row = TaskHistory.objects.get(id=run_id)
-    assert (report.orphans.resumed, report.orphans.orphaned) == (0, 1)
+    assert (report.orphans.put_back, report.orphans.orphaned) == (0, 1)
     assert (row.state, row.error["kind"]) == ("failed", "orphaned")
     assert _stage_messages() == []

@@ -1,5 +1,5 @@
 """A redelivered message of a live run: dropped while its owner lives; when its owner is dead,
-the run goes back to pending for its next attempt (`runs.resume`) while it has attempts and
+the run goes back to pending for its next attempt (`runs.put_back`) while it has attempts and
 its task allows it, else ends as worker_lost; given up after too many redeliveries.
 
 The runner is called in this process, as a worker's pool child would call it for a message
@@ -19,7 +19,7 @@ from django.utils import timezone
 from orchestrator.cluster.instance import instance_id
 from orchestrator.models import TaskHistory
 from orchestrator.recovery.pending import in_broker_lists
-from orchestrator.runs import resume, terminal
+from orchestrator.runs import put_back, terminal
 from orchestrator.runs.runner import run_message
 from orchestrator.runs.start import start_run
 from orchestrator.states import IllegalTransition, RunState
@@ -150,22 +150,20 @@ def test_the_lost_claims_late_writes_are_refused_once_the_run_is_claimed_anew() 
     old = "another-host:999:oldclaim"
     run_id = _active(old, task_id="test-resumable")
     definition = registry.get()["test-resumable"]
-    lost = resume.Lost(run_id, old, 1, TaskHistory.objects.get(id=run_id).identity, 5)
-    assert resume.put_back(definition, lost, ErrorKind.WORKER_LOST, "test")
+    lost = put_back.Lost(run_id, old, 1, TaskHistory.objects.get(id=run_id).identity, 5)
+    assert put_back.put_back(definition, lost, ErrorKind.WORKER_LOST, "test")
     # Before the new claim: pending, not ours; the old owner's heartbeat hears "pending". Its
     # end naming the attempt it ran is refused too: the row keeps that attempt's count, so it
     # is no lost claim (end_run.sql).
-    assert terminal.finish(definition, run_id, old, RunState.COMPLETED) == RunState.PENDING
-    assert (
-        terminal.finish(definition, run_id, old, RunState.COMPLETED, attempt=1) == RunState.PENDING
-    )
+    assert terminal.end(definition, run_id, old, RunState.COMPLETED) == RunState.PENDING
+    assert terminal.end(definition, run_id, old, RunState.COMPLETED, attempt=1) == RunState.PENDING
     assert TaskHistory.objects.get(id=run_id).state == RunState.PENDING
     TaskHistory.objects.filter(id=run_id).update(not_before=None)
     new = "this-host:1:newclaim"
     live.claim(run_id, new)
     assert durable.claim(run_id, new) is not None
 
-    assert terminal.finish(definition, run_id, old, RunState.COMPLETED) == RunState.ACTIVE
+    assert terminal.end(definition, run_id, old, RunState.COMPLETED) == RunState.ACTIVE
     with pytest.raises(IllegalTransition):
         durable.put_back(
             run_id, owner=old, attempts=1, error={"kind": "transient"}, not_before=timezone.now()
@@ -177,7 +175,7 @@ def test_the_lost_claims_late_writes_are_refused_once_the_run_is_claimed_anew() 
     beat = scripts.call("heartbeat_run", [keys.run_active(run_id)], [old, 60])
     assert beat[0] == "fenced"
     # The new owner ends it.
-    assert terminal.finish(definition, run_id, new, RunState.COMPLETED) == RunState.COMPLETED
+    assert terminal.end(definition, run_id, new, RunState.COMPLETED) == RunState.COMPLETED
 
 
 def test_a_put_back_races_a_claim_and_writes_nothing() -> None:
@@ -187,8 +185,8 @@ def test_a_put_back_races_a_claim_and_writes_nothing() -> None:
     # Judged at attempt 1; meanwhile someone else claimed it (attempt 2).
     TaskHistory.objects.filter(id=run_id).update(attempts=2)
 
-    lost = resume.Lost(run_id, old, 1, "x", 5)
-    assert not resume.put_back(definition, lost, ErrorKind.WORKER_LOST, "test")
+    lost = put_back.Lost(run_id, old, 1, "x", 5)
+    assert not put_back.put_back(definition, lost, ErrorKind.WORKER_LOST, "test")
     assert TaskHistory.objects.get(id=run_id).state == "active"
     assert live.read(run_id)["state"] == "active"
 

@@ -252,7 +252,7 @@ def test_a_claim_postgres_lost_is_taken_by_its_owners_terminal_write_in_one_stat
     _lose_claim(run_id)
 
     with CaptureQueriesContext(connection) as captured:
-        ended = terminal.finish(
+        ended = terminal.end(
             registry.get()[TASK],
             run_id,
             "host-a:1",
@@ -278,7 +278,7 @@ def test_a_process_valkey_does_not_name_as_owner_cannot_take_a_pending_run_at_it
 
     # Refused, nothing written: the run is not this process's (issue 14: a claim put back after
     # its worker was judged lost is refused the same way).
-    ended = terminal.finish(registry.get()[TASK], run_id, "host-b:2", RunState.COMPLETED)
+    ended = terminal.end(registry.get()[TASK], run_id, "host-b:2", RunState.COMPLETED)
 
     assert ended == RunState.PENDING
     row = TaskHistory.objects.get(id=run_id)

@@ -324,11 +324,11 @@ def test_the_reconciler_does_not_try_again_a_stage_whose_end_waits_in_the_drain(
 
     assert report.drain.backing_off
     assert report.in_drain == 1
-    assert (report.orphans.resumed, report.orphans.orphaned) == (0, 0)
+    assert (report.orphans.put_back, report.orphans.orphaned) == (0, 0)
     assert TaskHistory.objects.get(id=run_id).stages["a"] == "active"
     # The stage recovery itself leaves it too, whoever calls it.
     definition = registry.get()[PIPE]
-    assert stage_attempts.resume_lost_stages(definition, run_id, "test", THRESHOLD) == 0
+    assert stage_attempts.put_back_lost_stages(definition, run_id, "test", THRESHOLD) == 0
     assert TaskHistory.objects.get(id=run_id).stages["a"] == "active"
     assert _published(run_id) == []
     # The drain runs under the same cluster lock: the holder replays it.
@@ -348,7 +348,7 @@ def test_a_dead_claimer_here_whose_stage_end_waits_is_not_tried_again() -> None:
     _push(run_id, StageState.COMPLETED, _completed_args(claimer))
     definition = registry.get()[PIPE]
 
-    stage_attempts.resume_dead_stage(definition, run_id, "a")
+    stage_attempts.put_back_dead_stage(definition, run_id, "a")
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.stages["a"], row.steps["a"]["attempts"]) == ("active", 1)
@@ -365,7 +365,7 @@ def test_a_lost_stage_beside_one_whose_end_waits_is_tried_again() -> None:
     _silent(run_id)
     definition = registry.get()[PIPE]
 
-    assert stage_attempts.resume_lost_stages(definition, run_id, "test", THRESHOLD) == 1
+    assert stage_attempts.put_back_lost_stages(definition, run_id, "test", THRESHOLD) == 1
 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.stages["a"], row.stages["b"]) == ("active", "waiting")

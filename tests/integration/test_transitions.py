@@ -321,7 +321,7 @@ def _orphan(judged: RunState) -> Callable[[str], object]:
 
 WRITERS = [
     Writer("claim", _claim, {R.PENDING: R.ACTIVE}),
-    # The claim's own end, naming the attempt its claim returned (`runs.terminal.finish`);
+    # The claim's own end, naming the attempt its claim returned (`runs.terminal.end`);
     # also what the drain replays.
     Writer(
         "end completed",

@@ -12,7 +12,7 @@ from orchestrator.stores import durable, keys, live, valkey
 def seed_orphan(heartbeat_age_s: int) -> str:
     """An active run whose worker is gone, last heartbeat `heartbeat_age_s` ago (Postgres clock),
     on its last attempt (test-noop's third), so the reconciler fails it rather than putting it
-    back for another attempt (`orchestrator.runs.resume`)."""
+    back for another attempt (`orchestrator.runs.put_back`)."""
     run_id = new_run_id()
     TaskHistory.objects.create(
         id=run_id,

@@ -8,7 +8,7 @@
 -- reported any (`progress`), replaces the row's.
 -- Fenced by the claim (`owner`, '' for a writer that holds none): a run put back to pending
 -- after its worker was lost and claimed again has a new owner, so the old claim's late end
--- is refused (`runs.resume`).
+-- is refused (`runs.put_back`).
 -- A claim not written yet (a short run's claim is folded into its end: read_claimable.sql), or
 -- whose commit a crash of Postgres lost (the claim does not wait for its flush:
 -- claim_run.sql), left the row where the claim found it (`claimable`: pending), one attempt

@@ -1,4 +1,4 @@
--- A claim's run goes back in line for its next attempt: active → pending (`runs.resume` for a
+-- A claim's run goes back in line for its next attempt: active → pending (`runs.put_back` for a
 -- claim whose worker was lost, the runner for a TransientError). Fenced by that claim: the run
 -- is still active, still `owner`'s, still at the claim's attempt count, so a claim that came
 -- meanwhile keeps the run. With `stale_s` (NULL: no condition), only while the run's heartbeat

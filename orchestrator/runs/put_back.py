@@ -11,7 +11,7 @@ A run's worker can be lost mid-run in several ways, each found by its own path:
 
 Each calls `put_back` while the task allows it (`retry_on_worker_loss`, True by default) and
 its attempts are not spent (`Retry.max_attempts` counts every attempt, whatever ended it;
-`may_resume`). Then, in this order:
+`may_put_back`). Then, in this order:
 
 1. Postgres, one guarded UPDATE (`durable.put_back`): active → pending, fenced by the lost
    claim: the run is still active, still that owner's, still at that attempt count (and, for
@@ -77,7 +77,7 @@ class Lost:
     priority: int
 
 
-def may_resume(definition: TaskDefinition, attempts: int) -> bool:
+def may_put_back(definition: TaskDefinition, attempts: int) -> bool:
     """The task takes runs back after a lost worker, and the lost attempt was not its last."""
     return definition.retry_on_worker_loss and attempts < definition.retry.max_attempts
 
@@ -130,12 +130,12 @@ def put_back(
     return True
 
 
-def resume_or_fail(definition: TaskDefinition, lost: Lost, why: str) -> RunState | None:
+def put_back_or_fail(definition: TaskDefinition, lost: Lost, why: str) -> RunState | None:
     """A run whose worker is known dead (its process gone from this host): put back for its
     next attempt while it may be, else failed as `worker_lost` (a dead letter when its
     attempts are spent, which counts toward the circuit breaker). Returns the state it moved
     to, or None when it had moved on."""
-    if may_resume(definition, lost.attempts):
+    if may_put_back(definition, lost.attempts):
         moved = put_back(definition, lost, ErrorKind.WORKER_LOST, why)
         return RunState.PENDING if moved else None
     extra: dict[str, object] = {}
@@ -145,7 +145,7 @@ def resume_or_fail(definition: TaskDefinition, lost: Lost, why: str) -> RunState
         why = exhausted(why, attempts, attempts)
         extra["exhausted"] = True
     error = terminal.error_doc(ErrorKind.WORKER_LOST, why, **extra)
-    return terminal.finish(definition, lost.run_id, lost.owner, RunState.FAILED, error=error)
+    return terminal.end(definition, lost.run_id, lost.owner, RunState.FAILED, error=error)
 
 
 def _follow(lost: Lost) -> None:
