@@ -88,5 +88,5 @@ def missing_required(role: str | None, environ: Mapping[str, str]) -> list[EnvVa
         for var in VARIABLES.values()
         if var.required
         and (role is None or role in var.roles)
-        and not environ.get(var.name, "").strip()
+        and not (env.lookup(var, environ) or ("", ""))[1].strip()
     ]

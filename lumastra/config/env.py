@@ -88,28 +88,48 @@ def declared(settings: type) -> dict[str, EnvVar]:
 Settings = TypeVar("Settings")
 
 
+def lookup(var: EnvVar, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """Where `var`'s value comes from, and the value: the variable itself, or the file its
+    `_FILE` twin names (Docker's and Kubernetes' secrets, mounted as files), or its old name,
+    converted; None when none is set."""
+    file_name = f"{var.name}_FILE"
+    if var.name in environ and file_name in environ:
+        raise ConfigError(f"{var.name} and {file_name} are both set: set one")
+    if var.name in environ:
+        return var.name, environ[var.name]
+    if file_name in environ:
+        path = environ[file_name]
+        try:
+            # A secret file's trailing newline is the editor's, not the secret's.
+            return file_name, Path(path).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"{file_name}={path!r}: cannot read it ({exc.strerror})") from None
+    if var.renamed is not None and var.renamed.old in environ:
+        old = var.renamed.old
+        raw = var.renamed.value(environ[old])
+        warnings.warn(
+            f"{old} is renamed {var.name}: read as {var.name}={raw} this release, "
+            f"set {var.name} instead",
+            FutureWarning,
+            stacklevel=4,
+        )
+        return old, raw
+    return None
+
+
 def read(settings: type[Settings], environ: Mapping[str, str], **extra: Any) -> Settings:
-    """`settings` from `environ`: each variable parsed, or the old name's value converted."""
+    """`settings` from `environ`: each variable's value (`lookup`) parsed, or its default."""
     values: dict[str, Any] = {}
     for f in fields(settings):  # type: ignore[arg-type]
         if "var" not in f.metadata:
             continue
         var: EnvVar = f.metadata["var"]
-        name, raw = var.name, environ.get(var.name)
-        if raw is None and var.renamed is not None and var.renamed.old in environ:
-            name, raw = var.renamed.old, var.renamed.value(environ[var.renamed.old])
-            warnings.warn(
-                f"{name} is renamed {var.name}: read as {var.name}={raw} this release, "
-                f"set {var.name} instead",
-                FutureWarning,
-                stacklevel=3,
-            )
-        if raw is None:
-            raw = var.default
+        name, raw = lookup(var, environ) or (var.name, var.default)
         try:
             values[f.name] = f.metadata["parse"](raw)
         except ValueError as exc:
-            raise ConfigError(f"{name}={raw!r}: {exc}") from None
+            shown = "(from its file)" if name.endswith("_FILE") else repr(raw)
+            raise ConfigError(f"{name}={shown}: {exc}") from None
     return settings(**values, **extra)
 
 

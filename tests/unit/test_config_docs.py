@@ -315,3 +315,34 @@ def test_every_old_name_is_listed_in_the_doc_beside_its_new_one() -> None:
 def test_seconds_above_zero_refuse_what_is_not(raw: str) -> None:
     with pytest.raises(ConfigError):
         config.load({"LUMASTRA_PROGRESS_WRITE_S": raw})
+
+
+# --- values from files (`<NAME>_FILE`: Docker's and Kubernetes' secrets) ----------------------
+
+
+def test_a_value_is_read_from_the_file_its_file_twin_names(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s3cr3t-from-a-file\n")
+
+    loaded = config.load({"LUMASTRA_SECRET_KEY_FILE": str(secret)})
+
+    assert loaded.secret_key == "s3cr3t-from-a-file"
+    assert config.missing_required("web", {"LUMASTRA_SECRET_KEY_FILE": str(secret)}) == []
+
+
+def test_a_variable_and_its_file_twin_both_set_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="LUMASTRA_SECRET_KEY and LUMASTRA_SECRET_KEY_FILE"):
+        config.load({"LUMASTRA_SECRET_KEY": "a", "LUMASTRA_SECRET_KEY_FILE": "/x"})
+
+
+def test_an_unreadable_file_or_a_bad_value_in_it_names_the_file_variable(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ConfigError, match=r"^LUMASTRA_SECRET_KEY_FILE='/nonexistent/s'"):
+        config.load({"LUMASTRA_SECRET_KEY_FILE": "/nonexistent/s"})
+
+    bad = tmp_path / "debug"
+    bad.write_text("hush-hush")
+    with pytest.raises(ConfigError) as caught:
+        config.load({"LUMASTRA_DEBUG_FILE": str(bad)})
+    assert str(caught.value).startswith("LUMASTRA_DEBUG_FILE=(from its file): expected true/false")
