@@ -19,7 +19,7 @@
 # (pinned below, installed from PyPI into a virtualenv in the cache directory). With podman
 # the script runs what podman-compose + podman 4.3 do not (deploy/ci/compose.podman.yml says
 # which): the health checks (no systemd runs them here), the start order on healthy stores.
-# The run's own settings: deploy/ci/compose.ci.yml. Its secrets (LUMASTRA_SECRET_KEY,
+# The run's own settings: deploy/ci/compose.ci.yml (a deploy/.env of yours is not read). Its secrets (LUMASTRA_SECRET_KEY,
 # FLOWER_BASIC_AUTH, LUMASTRA_METRICS_TOKEN) are generated for this run and passed through the
 # environment only; the image never sees them.
 #
@@ -143,7 +143,7 @@ podman_setup() {
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet "podman-compose==$PODMAN_COMPOSE_VERSION"
   fi
-  compose=("$venv/bin/podman-compose" -p "$project"
+  compose=("$venv/bin/podman-compose" -p "$project" --env-file /dev/null
     -f deploy/docker-compose.yml -f deploy/ci/compose.ci.yml -f deploy/ci/compose.podman.yml)
   # Flower's host port: 5555 as in the compose file, another when 5555 is taken (podman-compose
   # does not interpolate variables in an `!override` value, so the file is written here).
@@ -156,7 +156,7 @@ podman_setup() {
 
 case "$engine" in
   docker)
-    compose=(docker compose -p "$project"
+    compose=(docker compose -p "$project" --env-file /dev/null
       -f deploy/docker-compose.yml -f deploy/ci/compose.ci.yml)
     ;;
   podman) podman_setup ;;
@@ -240,6 +240,34 @@ dump_state() {
   done
 }
 
+# remove_stack: every container, volume (named and anonymous), network and pod of the project.
+remove_stack() {
+  local ids volumes
+  ids="$("$engine" ps -aq --filter "label=com.docker.compose.project=$project")"
+  # Anonymous volumes (the stand-ins' VOLUME lines): podman-compose's `down -v` leaves them.
+  volumes=""
+  if [[ -n "$ids" ]]; then
+    # shellcheck disable=SC2086
+    volumes="$("$engine" inspect --format \
+      '{{range .Mounts}}{{if eq .Type "volume"}}{{.Name}} {{end}}{{end}}' $ids 2>/dev/null || true)"
+  fi
+  "${compose[@]}" down -v --remove-orphans -t 10 >/dev/null 2>&1 || true
+  # What compose leaves behind: `run` containers, and (podman-compose) the network.
+  ids="$("$engine" ps -aq --filter "label=com.docker.compose.project=$project")"
+  if [[ -n "$ids" ]]; then
+    # shellcheck disable=SC2086
+    "$engine" rm -f -v $ids >/dev/null 2>&1 || true
+  fi
+  if [[ "$engine" == podman ]]; then
+    podman pod rm -f "pod_$project" >/dev/null 2>&1 || true
+    podman network rm -f "${project}_default" >/dev/null 2>&1 || true
+  fi
+  local volume
+  for volume in $volumes "${project}_postgres-data" "${project}_valkey-coord-data"; do
+    "$engine" volume rm -f "$volume" >/dev/null 2>&1 || true
+  done
+}
+
 built_image=0
 teardown() {
   local code=$?
@@ -250,25 +278,12 @@ teardown() {
   fi
   if [[ "${LUMASTRA_CI_KEEP:-0}" == 1 ]]; then
     say "LUMASTRA_CI_KEEP=1: the stack stays up; remove it with:"
-    say "  ${compose[*]} down -v --remove-orphans && $engine rmi $image"
+    say "  cd $repo && ${CONTAINERS_CONF:+CONTAINERS_CONF=$CONTAINERS_CONF }LUMASTRA_SECRET_KEY=- FLOWER_BASIC_AUTH=-:- ${compose[*]} down -v --remove-orphans && $engine rmi $image"
     print_timings "$([[ $code == 0 ]] && echo passed || echo FAILED)"
     exit "$code"
   fi
   phase teardown
-  "${compose[@]}" down -v --remove-orphans -t 10 >/dev/null 2>&1 || true
-  # What compose leaves behind: `run` containers, and (podman-compose) the network.
-  local leftover
-  leftover="$("$engine" ps -aq --filter "label=com.docker.compose.project=$project")"
-  if [[ -n "$leftover" ]]; then
-    # shellcheck disable=SC2086
-    "$engine" rm -f -v $leftover >/dev/null 2>&1 || true
-  fi
-  if [[ "$engine" == podman ]]; then
-    podman pod rm -f "pod_$project" >/dev/null 2>&1 || true
-    podman network rm -f "${project}_default" >/dev/null 2>&1 || true
-    podman volume rm -f "${project}_postgres-data" "${project}_valkey-coord-data" \
-      >/dev/null 2>&1 || true
-  fi
+  remove_stack
   if ((built_image)); then
     "$engine" rmi -f "$image" >/dev/null 2>&1 || true
   fi
@@ -283,7 +298,7 @@ trap 'exit 143' TERM
 # A stack left by an earlier run that was killed before its teardown.
 if [[ -n "$("$engine" ps -aq --filter "label=com.docker.compose.project=$project")" ]]; then
   say "removing the stack an earlier run left"
-  "${compose[@]}" down -v --remove-orphans -t 5 >/dev/null 2>&1 || true
+  remove_stack
 fi
 
 # --- (a) the base images -------------------------------------------------------------------
@@ -298,7 +313,8 @@ build_args=(-f deploy/Dockerfile -t "$image")
 if [[ "$engine" == podman ]]; then
   # Docker format: OCI images have no HEALTHCHECK. BuildKit reads Dockerfile.dockerignore
   # beside the Dockerfile by itself; podman 4.3 needs it named.
-  build_args+=(--format docker --ignorefile deploy/Dockerfile.dockerignore)
+  # No intermediate images: the project image is removed at the end, and its layers with it.
+  build_args+=(--format docker --layers=false --ignorefile deploy/Dockerfile.dockerignore)
   # pip in the build reaches PyPI through this machine's CA bundle (a proxy's CA may be in it);
   # mounted for the build, never copied into the image.
   for bundle in /etc/ssl/certs/ca-certificates.crt; do

@@ -73,9 +73,11 @@ standin() {
     return
   fi
   ensure_base
-  local began=$SECONDS
+  local began=$SECONDS layers=()
+  # podman: no intermediate images left beside the stand-in (Docker's build cache is its own).
+  [[ "$engine" == podman ]] && layers=(--layers=false)
   log "$name: building the stand-in from $stem.Containerfile"
-  "$engine" build -q --pull=false -f "$here/$stem.Containerfile" -t "$full" "$here" >/dev/null 2> >(grep -v '^debconf: delaying' >&2)
+  "$engine" build -q --pull=false "${layers[@]}" -f "$here/$stem.Containerfile" -t "$full" "$here" >/dev/null 2> >(grep -v '^debconf: delaying' >&2)
   log "$name: built in $((SECONDS - began)) s"
 }
 
