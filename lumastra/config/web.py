@@ -124,6 +124,13 @@ class Web:
         "bearer token /metrics asks for; unset: /metrics is disabled",
         roles=env.WEB,
     )
+    metrics_cache_s: float = env.variable(
+        "LUMASTRA_METRICS_CACHE_S",
+        "5",
+        env.non_negative_seconds,
+        "seconds a /metrics body is kept in the cache Valkey for every web replica; 0: never",
+        roles=env.WEB,
+    )
     sse_keepalive_s: int = env.variable(
         "LUMASTRA_SSE_KEEPALIVE_S",
         "15",

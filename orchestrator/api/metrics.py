@@ -10,6 +10,10 @@ Gated by `Authorization: Bearer $LUMASTRA_METRICS_TOKEN` (compared in constant t
 or missing token is a 401 and counts against the client address's sign-in budget, as the
 API's tokens do). With the variable unset the endpoint answers 404, and the web role says so
 at start (`lumastra.web`).
+
+One body serves every scrape of any web replica for LUMASTRA_METRICS_CACHE_S (5 s), kept in
+the cache Valkey (`stores.cache`): several Prometheus servers, or one scraping each replica,
+cost one read of the stores, and a cache that is gone costs only that read.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from orchestrator.hooks import circuit
 from orchestrator.models import CircuitState, TaskHistory
 from orchestrator.routing import class_queues
 from orchestrator.states import RunState
-from orchestrator.stores import broker, counters
+from orchestrator.stores import broker, cache, counters, keys
 from tasks import registry
 from tasks.resources import RESOURCE_CLASSES
 
@@ -61,11 +65,16 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         refused = JsonResponse({"detail": "a valid metrics bearer token is required"}, status=401)
         refused["WWW-Authenticate"] = "Bearer"
         return refused
+    body = cache.remembered(keys.cached("metrics"), settings.CONFIG.metrics_cache_s, _scrape)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
+
+
+def _scrape() -> bytes:
     scraped = CollectorRegistry(auto_describe=False)
     scraped.register(EngineCollector())
     for path in settings.LUMASTRA_METRICS_COLLECTORS:
         scraped.register(import_string(path)())
-    return HttpResponse(generate_latest(scraped), content_type=CONTENT_TYPE_LATEST)
+    return generate_latest(scraped)
 
 
 class EngineCollector(Collector):

@@ -6,6 +6,7 @@ Valkey:
 - `scripts`: loads the Lua scripts under `lua/` and pins their versions
 - `live`: the live run hash; every change of it is one Lua script
 - `counters`: the cluster-wide counters of /metrics, kept in Valkey hashes
+- `cache`: the cache Valkey: read models that may be lost, computed again when they are
 
 Postgres:
 - `durable`: guarded run-state UPDATEs in Postgres: the one writer, one statement per move

@@ -166,3 +166,9 @@ def auth_failures(address: str) -> str:
     """Counter of failed sign-ins (API tokens and the admin login) from one client address in
     the current window (orchestrator/api/throttle.py); expires when the window ends."""
     return f"auth:failures:{address}"
+
+
+def cached(read_model: str) -> str:
+    """A read model kept in the cache Valkey (`stores.cache`), e.g. `metrics`: the last /metrics
+    body. Only the cache Valkey holds these keys."""
+    return f"cache:{read_model}"

@@ -19,9 +19,9 @@ from orchestrator.hooks import costs
 from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.runs.start import start_run
 from orchestrator.runs.wait import RunFailed
-from orchestrator.stores import counters, keys, valkey
+from orchestrator.stores import cache, counters, keys, valkey
 from orchestrator.triggers import TriggerKind
-from tests.support.servers import web_process
+from tests.support.servers import free_port, web_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,8 +30,9 @@ TOKEN = "metrics-token-for-tests"
 
 @pytest.fixture(autouse=True)
 def _token() -> Iterator[None]:
+    # Every scrape computed (no cache), but in the tests of the cache itself.
     config = settings.CONFIG
-    settings.CONFIG = dataclasses.replace(config, metrics_token=TOKEN)
+    settings.CONFIG = dataclasses.replace(config, metrics_token=TOKEN, metrics_cache_s=0)
     yield
     settings.CONFIG = config
 
@@ -177,3 +178,48 @@ def test_a_scrape_without_the_token_counts_toward_the_sign_in_budget() -> None:
     blocked = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
 
     assert blocked.status_code == 429 and "Retry-After" in blocked
+
+
+@pytest.fixture
+def cached_for_a_minute(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    config = settings.CONFIG
+    settings.CONFIG = dataclasses.replace(config, metrics_cache_s=60)
+    monkeypatch.setattr(cache, "_down_until", 0.0)
+    cache.client.cache_clear()
+    cache.client().delete(keys.cached("metrics"))
+    yield
+    settings.CONFIG = dataclasses.replace(config, metrics_cache_s=60)  # the cache a test moved
+    cache.client.cache_clear()
+    cache.client().delete(keys.cached("metrics"))
+    cache.client.cache_clear()
+
+
+def test_one_body_serves_every_scrape_until_it_expires_from_the_cache_valkey(
+    cached_for_a_minute: None,
+) -> None:
+    before = _scrape()
+    counters.add(counters.REFUSALS, ("test-metrics-cache", "quota_exceeded"))
+
+    again = _scrape(Client())  # another client, as another replica's scrape would be
+
+    assert again == before
+    assert cache.client().pttl(keys.cached("metrics")) > 50_000
+    cache.client().delete(keys.cached("metrics"))
+    refusals = _scrape()["lumastra_task_refusals_total"]
+    assert refusals[(("code", "quota_exceeded"), ("task", "test-metrics-cache"))] >= 1
+
+
+def test_a_cache_valkey_that_is_gone_costs_only_the_computation(
+    cached_for_a_minute: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.CONFIG = dataclasses.replace(
+        settings.CONFIG, valkey_cache_url=f"redis://127.0.0.1:{free_port()}/0"
+    )
+    cache.client.cache_clear()
+
+    assert "lumastra_leader_seat_held" in _scrape()
+    assert [r for r in caplog.records if "the cache Valkey failed" in r.getMessage()]
+    caplog.clear()
+    assert "lumastra_leader_seat_held" in _scrape()
+    # Inside the pause the cache is not asked again: no second failure, no connect timeout.
+    assert not [r for r in caplog.records if "the cache Valkey failed" in r.getMessage()]
