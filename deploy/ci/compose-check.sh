@@ -154,6 +154,7 @@ podman_setup() {
   compose+=(-f "$cache/compose.flower-port.yml")
 }
 
+phase setup
 case "$engine" in
   docker)
     compose=(docker compose -p "$project" --env-file /dev/null
@@ -317,9 +318,10 @@ if [[ "$engine" == podman ]]; then
   build_args+=(--format docker --layers=false --ignorefile deploy/Dockerfile.dockerignore)
   # pip in the build reaches PyPI through this machine's CA bundle (a proxy's CA may be in it);
   # mounted for the build, never copied into the image.
-  for bundle in /etc/ssl/certs/ca-certificates.crt; do
-    [[ -f "$bundle" ]] && build_args+=(-v "$bundle:$bundle:ro")
-  done
+  bundle=/etc/ssl/certs/ca-certificates.crt
+  if [[ -f "$bundle" ]]; then
+    build_args+=(-v "$bundle:$bundle:ro")
+  fi
 fi
 built_image=1
 "$engine" build -q "${build_args[@]}" . >/dev/null
@@ -356,6 +358,13 @@ compose_up --no-deps web worker beat flower
 web_replicas="$(replicas_of web)"
 [[ $(wc -w <<<"$web_replicas") -eq 2 ]] || die "expected 2 web replicas, found: $web_replicas"
 wait_healthy web worker beat flower
+# Every role runs as the image's own user, and cannot write the code it runs.
+for name in $(replicas_of worker) $web_replicas; do
+  # shellcheck disable=SC2016  # expanded in the container
+  "$engine" exec "$name" sh -c '[ "$(id -u)" = 10001 ] && ! touch /app/manage.py 2>/dev/null' \
+    || die "$name: runs as root, or can write /app"
+done
+say "roles run as uid 10001 and cannot write /app"
 # Nothing of the stack may have stopped on the way (a role that exits at once looks
 # "unhealthy" only while it is restarting).
 for service in postgres valkey-coord valkey-cache web worker beat flower; do
@@ -417,6 +426,7 @@ for base in "${urls[@]}"; do
   expect_status 200 "$base /readyz" -H "Host: localhost" "$base/readyz"
   # The admin's own stylesheet: collected at build, served by the web role (WhiteNoise).
   expect_status 200 "$base static file" -H "Host: localhost" "$base/static/admin/css/base.css"
+  expect_status 200 "$base admin sign-in page" -H "Host: localhost" "$base/admin/login/"
   run_ids+=("$(start_run "$base" '{"steps": 3, "step_seconds": 0.2}')")
   say "$base: started run ${run_ids[-1]}"
 done
@@ -442,6 +452,9 @@ scheduled() {
   [[ "$(api "${urls[0]}" GET "/runs?trigger_kind=schedule&limit=5" | jq '.items | length')" -gt 0 ]]
 }
 until_true 90 "a run started by a schedule" scheduled
+beat="$(replicas_of beat | head -1)"
+"$engine" logs "$beat" 2>&1 | grep -q 'Sending due task history-retention' \
+  || die "beat's log shows no history-retention sent"
 say "schedule fired: $(api "${urls[0]}" GET "/runs?trigger_kind=schedule&limit=1" \
   | jq -c '.items[0] | {task, state, trigger}')"
 
@@ -465,6 +478,15 @@ wait_state "${urls[0]}" "$slow" completed 120
 say "run $slow: completed after the restart ($(run_field "${urls[0]}" "$slow" \
   '"attempts \(.attempts), result \(.result | tojson)"'))"
 wait_healthy worker
+# An idle worker stops at once on SIGTERM: nothing to wait for, nothing to hand back.
+stop_began=$SECONDS
+"${compose[@]}" stop worker >/dev/null 2>&1
+idle_code="$("$engine" inspect --format '{{.State.ExitCode}}' "$worker")"
+say "idle $worker stopped after $((SECONDS - stop_began)) s, exit code $idle_code"
+if [[ "$idle_code" != 0 ]] || ((SECONDS - stop_began > 6)); then
+  say "WARNING: an idle worker should stop promptly with exit code 0; its last lines:"
+  "$engine" logs --tail 8 "$worker" 2>&1 | sed 's/^/    worker: /' >&2
+fi
 
 end_phase
 say "all checks passed"
