@@ -16,8 +16,10 @@ install: $(STAMP)
 
 # The Procfile's commands find python, celery and uvicorn on PATH: the virtualenv's first.
 # Flower's credentials: the demo user's unless FLOWER_BASIC_AUTH is set; a demo SECRET_KEY likewise
-# (the role scripts refuse to start without one).
+# (the role scripts refuse to start without one). The demo's Redis is this machine's own,
+# which keeps nothing on disk: the roles are told that is on purpose here.
 run: export FLOWER_BASIC_AUTH ?= demo:lumastra-demo
+run: export LUMASTRA_ALLOW_VOLATILE_VALKEY ?= true
 run: export LUMASTRA_METRICS_TOKEN ?= lumastra-demo-metrics
 run: export LUMASTRA_SECRET_KEY ?= lumastra-demo-secret-key-not-for-production
 run: install
@@ -37,6 +39,7 @@ FAULTS_STORES := DATABASE_URL=postgres://postgres@127.0.0.1:5432/lumastra_faults
 	VALKEY_URL=redis://127.0.0.1:6379/5 VALKEY_CACHE_URL=redis://127.0.0.1:6379/6 \
 	CELERY_BROKER_URL=redis://127.0.0.1:6379/7
 
+test: export LUMASTRA_ALLOW_VOLATILE_VALKEY ?= true
 test: install
 	$(BIN)/python -m lumastra.preflight --check-only
 	@mkdir -p .pytest_cache

@@ -21,10 +21,11 @@ if ! missing="$("$PYTHON" -c 'import django, celery, uvicorn' 2>&1)"; then
     "into that Python, or point LUMASTRA_PYTHON at one that has them." >&2
   exit 1
 fi
-# A role never starts on a value it cannot use or without a variable it requires (the secret
-# every role signs sessions and CSRF tokens with, Flower's credentials): the preflight names
-# each one (docs/environment.md). `make run` exports the demo's own.
+# A role never starts on a value it cannot use, without a variable it requires (the secret
+# every role signs sessions and CSRF tokens with, Flower's credentials), or on a coordination
+# Valkey that may evict keys or keeps nothing on disk: the preflight names each problem
+# (docs/environment.md). `make run` exports the demo's own values.
 if [[ -n "${1:-}" ]]; then
-  "$PYTHON" -m lumastra.preflight --variables-only --role "$1" || exit 1
+  "$PYTHON" -m lumastra.preflight --role "$1" || exit 1
 fi
 export PYTHON

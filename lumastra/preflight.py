@@ -4,10 +4,12 @@ database if missing.
 `python -m lumastra.preflight` prints what is wrong and how to put it right, then exits 1 — no
 traceback: a variable whose value cannot be used, a required variable the role (`--role`,
 default: every role) lacks, a service that is unreachable (at which address, how to start it).
-`--check-only` never creates anything. `--variables-only` checks the variables alone, touching
-no service: each role script runs it first (`deploy/python.sh`). It also names the programs
-registered tasks run (`requires_commands`) that are not installed: a warning, not a failure,
-since every other task still works.
+`--check-only` never creates anything. It refuses a coordination Valkey that may evict keys or
+keeps nothing on disk (`check_coordination_valkey`). `--role <role>` is what each role script
+runs first (`deploy/python.sh`): that role's variables and the coordination Valkey's settings,
+no other service (the role retries its stores itself). `--variables-only` checks the
+variables alone. It also names the programs registered tasks run (`requires_commands`) that
+are not installed: a warning, not a failure, since every other task still works.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shutil
 import sys
 from collections import defaultdict
 from collections.abc import Mapping
+from typing import cast
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
@@ -73,6 +76,49 @@ def check_valkey(name: str, url: str) -> str | None:
     return None
 
 
+def check_coordination_valkey(url: str, *, allow_volatile: bool) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the coordination Valkey's own settings. It holds the claims,
+    locks, identity keys and (in the compose file) the broker's messages: a key it evicts
+    under memory pressure, or loses in a restart, is a run executed twice or a message lost,
+    so it must run with `maxmemory-policy noeviction` and with persistence (an append-only
+    file, or snapshots). LUMASTRA_ALLOW_VOLATILE_VALKEY turns the problems into warnings (a
+    development machine's throwaway server). An unreachable server, or one whose CONFIG
+    command is disabled (some hosted ones), is a warning: the role retries its stores itself."""
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=3, socket_timeout=3, decode_responses=True
+        )
+        settings: dict[str, str] = {}
+        for name in ("maxmemory-policy", "appendonly", "save"):
+            settings.update(cast(dict[str, str], client.config_get(name)))
+        policy = settings.get("maxmemory-policy", "")
+        persisted = settings.get("appendonly") == "yes" or bool(settings.get("save", "").strip())
+    except redis.ResponseError as exc:
+        return [], [
+            f"the coordination Valkey at {_where(url)} does not show its settings ({exc}): "
+            "make sure it runs with maxmemory-policy noeviction and persistence."
+        ]
+    except redis.RedisError as exc:
+        return [], [f"the coordination Valkey at {_where(url)} is not reachable yet ({exc})."]
+    found = []
+    if policy != "noeviction":
+        found.append(
+            f"the coordination Valkey at {_where(url)} may evict keys (maxmemory-policy "
+            f"{policy}): a lost claim, lock or broker message runs work twice or loses it.\n"
+            "  Set maxmemory-policy noeviction (deploy/valkey-coord.conf)"
+        )
+    if not persisted:
+        found.append(
+            f"the coordination Valkey at {_where(url)} keeps nothing on disk (appendonly no, "
+            'save ""): a restart loses every claim, lock and queued message.\n'
+            "  Set appendonly yes (deploy/valkey-coord.conf)"
+        )
+    if allow_volatile:
+        return [], [f"{problem}: allowed by LUMASTRA_ALLOW_VOLATILE_VALKEY." for problem in found]
+    override = ", or LUMASTRA_ALLOW_VOLATILE_VALKEY=true where Valkey may lose what it holds."
+    return [problem + override for problem in found], []
+
+
 # The Debian package that brings a program, where it is not the program's own name.
 DEBIAN_PACKAGES = {"ffprobe": "ffmpeg"}
 
@@ -123,7 +169,11 @@ def check_variables(role: str | None, environ: Mapping[str, str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check-only", action="store_true", help="create nothing")
-    parser.add_argument("--role", choices=ROLES, help="check the variables of this role only")
+    parser.add_argument(
+        "--role",
+        choices=ROLES,
+        help="a role is starting: check its variables and the coordination Valkey's settings",
+    )
     parser.add_argument(
         "--variables-only", action="store_true", help="check the variables, touch no service"
     )
@@ -132,18 +182,24 @@ def main(argv: list[str] | None = None) -> int:
     if failed or args.variables_only:
         return failed
     cfg = config.current()
-    problems = [
-        check_postgres(cfg.database_url, create=not args.check_only),
-        check_valkey("VALKEY_URL", cfg.valkey_url),
-        check_valkey("CELERY_BROKER_URL", cfg.celery_broker_url),
-    ]
-    found = [p for p in problems if p]
-    for problem in found:
+    problems, warnings = check_coordination_valkey(
+        cfg.valkey_url, allow_volatile=cfg.allow_volatile_valkey
+    )
+    if args.role is None:  # `make run`, `make test`: every store must answer now
+        checked = (
+            check_postgres(cfg.database_url, create=not args.check_only),
+            check_valkey("VALKEY_URL", cfg.valkey_url),
+            check_valkey("CELERY_BROKER_URL", cfg.celery_broker_url),
+        )
+        if unreachable := [found for found in checked if found]:
+            problems, warnings = unreachable, []
+        elif not problems:
+            warnings += missing_commands()
+    for problem in problems:
         print(problem, file=sys.stderr)
-    if not found:
-        for warning in missing_commands():
-            print(f"warning: {warning}", file=sys.stderr)
-    return 1 if found else 0
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -66,6 +66,12 @@ class EveryRole:
         "comma-separated task definition modules the registry imports, after the built-in "
         "tasks.definitions.maintenance",
     )
+    allow_volatile_valkey: bool = env.variable(
+        "LUMASTRA_ALLOW_VOLATILE_VALKEY",
+        "false",
+        env.parse_bool,
+        "start even if the coordination Valkey may evict keys or keeps nothing on disk",
+    )
     log_format: str = env.variable(
         "LUMASTRA_LOG_FORMAT",
         "plain",
