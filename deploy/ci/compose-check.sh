@@ -171,7 +171,8 @@ token_of() { head -c "$1" /dev/urandom | base64 | tr -d '\n/+='; }
 LUMASTRA_SECRET_KEY="$(token_of 48)"
 FLOWER_BASIC_AUTH="ci:$(token_of 18)"
 LUMASTRA_METRICS_TOKEN="$(token_of 24)"
-export LUMASTRA_SECRET_KEY FLOWER_BASIC_AUTH LUMASTRA_METRICS_TOKEN
+POSTGRES_PASSWORD="$(token_of 18)"
+export LUMASTRA_SECRET_KEY FLOWER_BASIC_AUTH LUMASTRA_METRICS_TOKEN POSTGRES_PASSWORD
 
 if [[ "$engine" == docker ]]; then
   flower_port=5555
