@@ -2,8 +2,8 @@
 database if missing.
 
 `python -m lumastra.preflight` prints what is wrong and how to put it right, then exits 1 — no
-traceback: a variable whose value cannot be used, a required variable the role (`--role`,
-default: every role) lacks, a service that is unreachable (at which address, how to start it).
+traceback: a variable whose value cannot be used, a required variable the role starting
+(`--role`) lacks, a service that is unreachable (at which address, how to start it).
 `--check-only` never creates anything. It refuses a coordination Valkey that may evict keys or
 keeps nothing on disk (`check_coordination_valkey`). `--role <role>` is what each role script
 runs first (`deploy/python.sh`): that role's variables and the coordination Valkey's settings,
@@ -147,20 +147,21 @@ ROLES = ("web", "worker", "beat", "flower")
 
 
 def check_variables(role: str | None, environ: Mapping[str, str]) -> int:
-    """1 after naming each unusable value and each required variable `role` (None: any role)
-    lacks; 0 when there is none."""
+    """1 after naming each unusable value and, for a `role` about to start, each required
+    variable it lacks; 0 when there is none. Without a role (`make run`, `make test`) the
+    values alone are checked: each role script checks its own required ones."""
     problems = []
     for load in (config.load, coverage_config.load):
         try:
             load(environ)
         except config.ConfigError as exc:
             problems.append(f"configuration error: {exc}")
-    for var in config.missing_required(role, environ):
-        roles = role or " and ".join(r for r in ROLES if r in var.roles)
-        problems.append(
-            f"{var.name} is required by the {roles} role and is not set: {var.help}.\n"
+    if role is not None:
+        problems += [
+            f"{var.name} is required by the {role} role and is not set: {var.help}.\n"
             "  See docs/environment.md."
-        )
+            for var in config.missing_required(role, environ)
+        ]
     for problem in problems:
         print(problem, file=sys.stderr)
     return 1 if problems else 0

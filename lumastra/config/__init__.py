@@ -80,13 +80,12 @@ def current() -> Config:
     return load(os.environ)
 
 
-def missing_required(role: str | None, environ: Mapping[str, str]) -> list[EnvVar]:
-    """The variables `role` (None: any role) cannot start without that `environ` leaves unset
-    or empty."""
+def missing_required(role: str, environ: Mapping[str, str]) -> list[EnvVar]:
+    """The variables `role` cannot start without that `environ` leaves unset or empty."""
     return [
         var
         for var in VARIABLES.values()
         if var.required
-        and (role is None or role in var.roles)
+        and role in var.roles
         and not (env.lookup(var, environ) or ("", ""))[1].strip()
     ]
