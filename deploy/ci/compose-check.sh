@@ -10,6 +10,8 @@
 #               files, Flower behind its credentials, /metrics behind its token, a schedule
 #               fired by beat
 #   sigterm     the worker stopped (SIGTERM) mid-run and started again: the run completes
+#   backup      pg_dump; the database lost; pg_restore, migrate, the coordination Valkey
+#               emptied: every run is back and new ones complete (docs/operations.md)
 #   teardown    containers, volumes, network and the project image (not the cached stand-ins)
 # and prints how long each phase took.
 #
@@ -488,6 +490,43 @@ if [[ "$idle_code" != 0 ]] || ((SECONDS - stop_began > 6)); then
   say "WARNING: an idle worker should stop promptly with exit code 0; its last lines:"
   "$engine" logs --tail 8 "$worker" 2>&1 | sed 's/^/    worker: /' >&2
 fi
+
+# --- (h) back up, lose, restore ---------------------------------------------------------------
+# docs/operations.md's commands, as a user runs them: Postgres dumped; the database lost;
+# the dump restored into an empty database, migrate run, the coordination Valkey emptied;
+# the roles started again. Every run the dump held is back, and new runs complete.
+
+phase backup
+pg="$(replicas_of postgres | head -1)"
+coord="$(replicas_of valkey-coord | head -1)"
+dump="$(mktemp "${TMPDIR:-/tmp}/lumastra-ci-dump.XXXXXX")"
+"$engine" exec "$pg" pg_dump -U lumastra -Fc lumastra >"$dump" || die "pg_dump"
+say "pg_dump: $(wc -c <"$dump") bytes"
+"${compose[@]}" stop web worker beat flower >/dev/null 2>&1
+"$engine" exec "$pg" dropdb -U lumastra --force lumastra || die "dropdb"
+"$engine" exec "$pg" createdb -U lumastra lumastra || die "createdb"
+say "database lost (dropped, created empty)"
+"$engine" exec -i "$pg" pg_restore -U lumastra -d lumastra --no-owner <"$dump" || die "pg_restore"
+rm -f "$dump"
+"${compose[@]}" run --rm --no-deps -T web python manage.py migrate --noinput >/dev/null 2>&1 \
+  || die "migrate after the restore"
+"$engine" exec "$coord" valkey-cli FLUSHALL >/dev/null || die "FLUSHALL on the coordination Valkey"
+say "restored: pg_restore, migrate, coordination Valkey emptied"
+"${compose[@]}" start web worker beat flower >/dev/null 2>&1
+wait_healthy web worker beat flower
+# Started again, a container may have a new address on the compose network (podman).
+urls=()
+for name in $web_replicas; do
+  urls+=("$(url_of "$name")")
+done
+for run_id in "${run_ids[@]}" "$slow"; do
+  [[ "$(run_field "${urls[0]}" "$run_id" .state)" == completed ]] \
+    || die "run $run_id is not in the restored database as completed"
+done
+say "the ${#run_ids[@]} API runs and the slow run are back, completed"
+after="$(start_run "${urls[1]}" '{"steps": 2, "step_seconds": 0.2}')"
+wait_state "${urls[0]}" "$after" completed 90
+say "a run started after the restore completed: $after"
 
 end_phase
 say "all checks passed"
