@@ -143,9 +143,6 @@ def missing_commands() -> list[str]:
     ]
 
 
-ROLES = ("web", "worker", "beat", "flower")
-
-
 def check_variables(role: str | None, environ: Mapping[str, str]) -> int:
     """1 after naming each unusable value and, for a `role` about to start, each required
     variable it lacks; 0 when there is none. Without a role (`make run`, `make test`) the
@@ -172,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-only", action="store_true", help="create nothing")
     parser.add_argument(
         "--role",
-        choices=ROLES,
+        choices=config.env.ROLES,
         help="a role is starting: check its variables and the coordination Valkey's settings",
     )
     parser.add_argument(

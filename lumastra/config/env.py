@@ -22,12 +22,14 @@ from typing import Any, TypeVar
 # The project directory: relative media roots are taken from it (the demo's default is one).
 _PROJECT_DIR = Path(__file__).resolve().parents[2]
 
-# The processes a variable matters to; docs/environment.md has one section per set used here.
+# The roles, each a kind of process (deploy/start-<role>.sh), and the sets of them a variable
+# matters to; docs/environment.md has one section per set used here.
+ROLES = ("web", "worker", "beat", "flower")
 WEB = frozenset({"web"})
 WORKER = frozenset({"worker"})
 FLOWER = frozenset({"flower"})
 STARTERS = WEB | WORKER  # both start runs and read their live state
-EVERY_ROLE = frozenset({"web", "worker", "beat", "flower"})
+EVERY_ROLE = frozenset(ROLES)
 
 
 class ConfigError(ValueError):
