@@ -10,6 +10,8 @@ that races for `lock:orch:cluster`, the one leader seat:
 - `drain` (`orchestrator.recovery.drain_replay.replay`), on the cluster leader only: one pass every
   LUMASTRA_DRAIN_INTERVAL_S (5 s), backing off while passes fail. An empty drain costs one
   Valkey round trip.
+- `due` (`orchestrator.runs.due.release`), on the cluster leader only: publishes the delayed
+  starts whose time has come, every LUMASTRA_DUE_POLL_S (0.25 s); one indexed query when none is.
 - `quota-rollup` (`orchestrator.hooks.quotas.rollup`), on the cluster leader only: copies the
   daily run counts of tasks without a cap from Valkey into `task_quota_usage` every
   LUMASTRA_QUOTA_ROLLUP_INTERVAL_S (30 s); one Valkey pipeline and at most one statement.
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.hooks import costs, quotas
     from orchestrator.recovery import drain_replay
     from orchestrator.recovery.reconciler import Reconciler
-    from orchestrator.runs import leftovers
+    from orchestrator.runs import due, leftovers
     from orchestrator.scheduler.dynamic import Scheduler
     from orchestrator.webhooks.delivery import Deliverer
 
@@ -176,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda: drain_replay.replay(fence=cluster),
             leader=True,
         ),
+        Loop("due", config.due_poll_s, lambda: due.release(fence=cluster), leader=True),
         Loop(
             "quota-rollup",
             config.quota_rollup_interval_s,

@@ -124,6 +124,13 @@ class TaskHistory(models.Model):
                 name="task_history_dead_letters",
                 condition=Q(state="failed", error__exhausted=True),
             ),
+            # Delayed starts not yet released, soonest first: the leader's release loop asks
+            # this every LUMASTRA_DUE_POLL_S (`runs.due`).
+            models.Index(
+                fields=["not_before"],
+                name="task_history_due",
+                condition=Q(state="pending", attempts=0, not_before__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

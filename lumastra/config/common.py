@@ -137,6 +137,13 @@ class Starters:
         "identity hold before the run's insert commits",
         roles=env.STARTERS,
     )
+    max_start_delay_s: int = env.variable(
+        "LUMASTRA_MAX_START_DELAY_S",
+        "2592000",
+        env.positive_int,
+        "the furthest ahead a delayed start may be",
+        roles=env.STARTERS,
+    )
     media_roots: tuple[Path, ...] = env.variable(
         "LUMASTRA_MEDIA_ROOTS",
         ".demo/media",

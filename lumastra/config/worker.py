@@ -199,6 +199,13 @@ class Worker:
         "seconds between reconciler ticks",
         roles=env.WORKER,
     )
+    due_poll_s: float = env.variable(
+        "LUMASTRA_DUE_POLL_S",
+        "0.25",
+        env.positive_seconds,
+        "seconds between looks for delayed starts whose time has come",
+        roles=env.WORKER,
+    )
     drain_interval_s: int = env.variable(
         "LUMASTRA_DRAIN_INTERVAL_S",
         "5",

@@ -4,6 +4,7 @@ probes and /metrics. Views never write run state: they call the orchestrator.
 The API and its operations:
 - `v1`: the API itself (django-ninja): its routers, its auth default, its error shape
 - `runs`: `/runs`: start, read, list, cancel and retry runs, and a run's Markdown report
+- `batch`: `POST /runs:batch`: up to 1,000 starts in one call, each start's outcome answered
 - `report`: a run's Markdown report (YAML frontmatter: the run, its steps; a readable body)
 - `logs`: `GET /runs/{run_id}/logs`: a run's log, followed live over Server-Sent Events
 - `events`: `GET /events`: runs' state changes and live events over Server-Sent Events

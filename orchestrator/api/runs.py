@@ -10,14 +10,22 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from django.db.models.fields.json import KT
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
 from ninja.responses import Status
-from pydantic import BeforeValidator, ConfigDict, StringConstraints, WithJsonSchema, field_validator
+from pydantic import (
+    AwareDatetime,
+    BeforeValidator,
+    ConfigDict,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.api import report
 from orchestrator.api.auth import OPERATE, VIEW, current_user
@@ -49,6 +57,8 @@ MAX_WAIT_S = 60
 MAX_PAGE = 200
 # A bound on the key keeps it well inside what the unique index on it can hold.
 MAX_IDEMPOTENCY_KEY = 200
+# Only so no number overflows a timedelta: LUMASTRA_MAX_START_DELAY_S is the real bound.
+MAX_DELAY_S = 100 * 365 * 86400
 IdempotencyKey = Annotated[str, StringConstraints(max_length=MAX_IDEMPOTENCY_KEY), Storable()]
 
 
@@ -67,6 +77,30 @@ class StartRunIn(Schema):
     priority: PriorityIn | None = Field(
         default=None, description="1 most urgent … 7 least; default: the task's, else 2"
     )
+    not_before: AwareDatetime | None = Field(
+        default=None,
+        description="a delayed start: the run waits `pending` until this time (RFC 3339, with "
+        "its offset); a time already past starts now; at most LUMASTRA_MAX_START_DELAY_S ahead",
+    )
+    delay_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_DELAY_S,
+        allow_inf_nan=False,
+        description="a delayed start, in seconds from now (or `not_before`)",
+    )
+
+    @model_validator(mode="after")
+    def _one_delay(self) -> StartRunIn:
+        if self.not_before is not None and self.delay_s is not None:
+            raise ValueError("give not_before or delay_s, not both")
+        return self
+
+    def delay(self) -> datetime | timedelta | None:
+        """What `start_run` takes as `not_before`."""
+        if self.delay_s is not None:
+            return timedelta(seconds=self.delay_s)
+        return self.not_before
 
     @field_validator("idempotency_key")
     @classmethod
@@ -124,6 +158,9 @@ class RunSummary(Schema):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    not_before: datetime | None = Field(
+        description="scheduled for: while a delayed start waits, or a retry waits its backoff"
+    )
     progress: Progress | None = Field(
         description="the latest progress: live while the run runs, else as its row kept it"
     )
@@ -217,6 +254,7 @@ def create_run(request: HttpRequest, run: StartRunIn, wait: Query[WaitIn]) -> St
             trigger={"kind": TriggerKind.API.value, "actor": current_user(request).username},
             priority=run.priority,
             idempotency_key=run.idempotency_key,
+            not_before=run.delay(),
         )
     if handle.dropped:
         return Status(200, started(handle, RunState.CANCELLED))
@@ -364,6 +402,7 @@ def _summary(row: TaskHistory, live_progress: str | None = None) -> RunSummary:
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        not_before=row.not_before if row.state == RunState.PENDING else None,
         progress=_progress(progress),
     )
 

@@ -10,7 +10,7 @@ from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
 from ninja.parser import Parser
 
-from orchestrator.api import errors, events, logs, runs, tasks, webhooks
+from orchestrator.api import batch, errors, events, logs, runs, tasks, webhooks
 from orchestrator.api.auth import AUTH
 
 
@@ -36,6 +36,7 @@ api = NinjaAPI(
 )
 errors.install(api)
 api.add_router("", runs.router)
+api.add_router("", batch.router)
 api.add_router("", logs.router)
 api.add_router("", events.router)
 api.add_router("", tasks.router)

@@ -12,6 +12,8 @@ Its modules, by role.
 
 The path, in the order a run takes it:
 - `start`: `start_run`, the one way to create a run: admission, the INSERT, publish on commit
+- `batch`: `start_runs`, many starts in one call: each admitted, one INSERT, one publish
+- `due`: delayed starts, published by the cluster leader once their `not_before` has come
 - `publish`: builds a run's or a stage's Celery message and sends it to its queue
 - `celery_tasks`: registers one Celery task per task id and per pipeline stage, body the runner
 - `runner`: the body of every Celery task: version guard, hooks and claim

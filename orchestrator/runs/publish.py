@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from celery.signals import after_task_publish, before_task_publish
@@ -32,6 +33,17 @@ MAX_BROKER_DELAY = timedelta(seconds=10)
 HOOK_HEADER = "lumastra_notes"
 # The message body's third part: no callbacks, errbacks, chain or chord (Celery's "embed").
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One run's first message, for `publish_many`."""
+
+    definition: TaskDefinition
+    run_id: str
+    job_id: str
+    priority: int
+    notes: Mapping[str, bool] | None = None
 
 
 def job_id(task_id: str, identity: str, run_id: str) -> str:
@@ -108,6 +120,27 @@ def publish_stage(
     )
 
 
+def publish_many(runs: Sequence[Outgoing]) -> None:
+    """`publish` for many runs (`start_runs`, the release of delayed starts): their messages
+    in one round trip to the broker."""
+    per_task_queues = settings.CONFIG.per_task_queues
+    messages = [
+        _message(
+            run.definition.id,
+            [run.run_id, run.definition.processing_version],
+            queue_name(run.definition, per_task_queues),
+            run.job_id,
+            run.priority,
+            None,
+            run.notes,
+        )
+        for run in runs
+    ]
+    broker.push_many([message for message, _ in messages])
+    for _, sent in messages:
+        sent()
+
+
 def _send(
     task_name: str,
     args: list[object],
@@ -117,6 +150,22 @@ def _send(
     delay: timedelta | None,
     notes: Mapping[str, bool] | None = None,
 ) -> None:
+    message, sent = _message(task_name, args, queue, job_id, priority, delay, notes)
+    broker.push(*message)
+    sent()
+
+
+def _message(
+    task_name: str,
+    args: list[object],
+    queue: str,
+    job_id: str,
+    priority: int,
+    delay: timedelta | None,
+    notes: Mapping[str, bool] | None,
+) -> tuple[broker.Message, Callable[[], None]]:
+    """The message as Celery's protocol 2 has it, after `before_task_publish`; and what to
+    call once it is sent (`after_task_publish`)."""
     eta = (datetime.now(UTC) + delay).isoformat() if delay and delay > timedelta(0) else None
     headers: dict[str, object] = {
         "lang": "py",
@@ -158,8 +207,11 @@ def _send(
             properties=properties,
             retry_policy=None,
         )
-    broker.push(queue, priority, headers, properties, json.dumps(message))
-    if after_task_publish.receivers:
-        after_task_publish.send(
-            sender=task_name, body=message, headers=headers, exchange="", routing_key=queue
-        )
+
+    def sent() -> None:
+        if after_task_publish.receivers:
+            after_task_publish.send(
+                sender=task_name, body=message, headers=headers, exchange="", routing_key=queue
+            )
+
+    return broker.Message(queue, priority, headers, properties, json.dumps(message)), sent

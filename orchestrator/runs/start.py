@@ -15,15 +15,17 @@ import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, NamedTuple
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 from ulid import ULID
 
+from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped
 from orchestrator.models import TaskHistory
@@ -137,18 +139,62 @@ def resolve_priority(
     return definition.task_priority or PRIORITY_BY_TRIGGER[kind]
 
 
-def start_run(
+@dataclass(frozen=True)
+class Prepared:
+    """A start's arguments checked and resolved, nothing written yet (`prepare`)."""
+
+    definition: TaskDefinition
+    input: dict[str, Any]
+    trigger: dict[str, Any]
+    idempotency_key: str | None
+    identity: str
+    handle: RunHandle
+    # A delayed start's time (`runs.due` releases it then); None: publish on commit.
+    not_before: datetime | None
+
+    def admission(self) -> Admission:
+        return Admission(
+            self.definition, self.handle.run_id, self.identity, self.handle.priority, self.trigger
+        )
+
+    def row(
+        self,
+        state: RunState = RunState.PENDING,
+        error: Mapping[str, str] | None = None,
+        finished_at: datetime | None = None,
+    ) -> dict[str, Any]:
+        """The run's INSERT parameters (`insert_run.sql`)."""
+        stages = {name: StageState.WAITING.value for name in self.definition.stage_order}
+        return {
+            "id": self.handle.run_id,
+            "task_id": self.definition.id,
+            "state": state.value,
+            "stages": json.dumps(stages),
+            "trigger": json.dumps(self.trigger),
+            "input": json.dumps(self.input),
+            "error": None if error is None else json.dumps(error),
+            "priority": self.handle.priority,
+            "identity": self.identity,
+            "processing_version": self.definition.processing_version,
+            "not_before": self.not_before if state is RunState.PENDING else None,
+            "now": timezone.now(),
+            "finished_at": finished_at,
+        }
+
+
+def prepare(
     task_id: str,
     input: Mapping[str, Any] | None,
     *,
     trigger: TriggerKind | Mapping[str, Any],
     priority: int | None = None,
     idempotency_key: str | None = None,
-) -> RunHandle:
-    """Record a run and enqueue it once the surrounding transaction commits."""
+    not_before: datetime | timedelta | None = None,
+) -> Prepared:
+    """Check a start's arguments (UnknownTaskError, InvalidInput, StartRefused) and resolve
+    what its row holds; writes nothing."""
     definition = registry.get()[task_id]
     model = validate_input(definition, input)
-    normalised = model.model_dump(mode="json")
     kind, trigger_doc = _trigger_document(trigger)
     # An empty or blank key means "no key" (dedup only on a key the caller chose):
     # a form or client that sends "" must not make every such start share one key.
@@ -158,43 +204,82 @@ def start_run(
         if reason := unstorable(idempotency_key):
             raise StartRefused(f"idempotency key {reason}")
         trigger_doc["idempotencyKey"] = idempotency_key
-    resolved = resolve_priority(priority, definition, kind)
+    due = due_time(not_before)
+    if due is not None:
+        trigger_doc["notBefore"] = due.isoformat()
+    resolved = int(resolve_priority(priority, definition, kind))
     identity = definition.identity(model)
     run_id = new_run_id()
-    handle = RunHandle(run_id, task_id, job_id(task_id, identity, run_id), int(resolved))
+    handle = RunHandle(run_id, task_id, job_id(task_id, identity, run_id), resolved)
+    return Prepared(
+        definition,
+        model.model_dump(mode="json"),
+        trigger_doc,
+        idempotency_key,
+        identity,
+        handle,
+        due,
+    )
 
-    duplicate = _live_run_with_key(task_id, idempotency_key)
+
+def due_time(not_before: datetime | timedelta | None, clock: Clock = SYSTEM) -> datetime | None:
+    """When a delayed start is due: None for "now" (no delay, or a time already past);
+    StartRefused for a time without a zone or beyond LUMASTRA_MAX_START_DELAY_S."""
+    if not_before is None:
+        return None
+    now = clock.now()
+    if isinstance(not_before, timedelta):
+        due = now + not_before
+    elif not_before.tzinfo is None or not_before.utcoffset() is None:
+        raise StartRefused("not_before must carry a time zone (e.g. 2026-12-24T18:00:00Z)")
+    else:
+        due = not_before
+    if due <= now:
+        return None
+    longest = settings.CONFIG.max_start_delay_s
+    if (due - now).total_seconds() > longest:
+        raise StartRefused(
+            f"not_before is {int((due - now).total_seconds())} s ahead; "
+            f"at most {longest} s (LUMASTRA_MAX_START_DELAY_S)"
+        )
+    return due
+
+
+def start_run(
+    task_id: str,
+    input: Mapping[str, Any] | None,
+    *,
+    trigger: TriggerKind | Mapping[str, Any],
+    priority: int | None = None,
+    idempotency_key: str | None = None,
+    not_before: datetime | timedelta | None = None,
+) -> RunHandle:
+    """Record a run and enqueue it once the surrounding transaction commits; with
+    `not_before` (a time, or a delay from now), it waits `pending` until then."""
+    start = prepare(
+        task_id,
+        input,
+        trigger=trigger,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        not_before=not_before,
+    )
+    handle, identity, key = start.handle, start.identity, start.idempotency_key
+
+    duplicate = live_run_with_key(task_id, key)
     if duplicate is not None:
         # Answered before admission, so a duplicate consumes no quota and counts nothing.
-        return _joined(task_id, duplicate)
+        return joined(task_id, duplicate)
 
-    admission = Admission(definition, run_id, identity, int(resolved), trigger_doc)
+    admission = start.admission()
 
     def insert(
         state: RunState = RunState.PENDING,
         error: Mapping[str, str] | None = None,
         finished_at: datetime | None = None,
     ) -> None:
-        stages = {name: StageState.WAITING.value for name in definition.stage_order}
         with connection.cursor() as cursor:
-            queries.send(
-                cursor,
-                queries.INSERT_RUN,
-                {
-                    "id": run_id,
-                    "task_id": task_id,
-                    "state": state.value,
-                    "stages": json.dumps(stages),
-                    "trigger": json.dumps(trigger_doc),
-                    "input": json.dumps(normalised),
-                    "error": None if error is None else json.dumps(error),
-                    "priority": int(resolved),
-                    "identity": identity,
-                    "processing_version": definition.processing_version,
-                    "now": timezone.now(),
-                    "finished_at": finished_at,
-                },
-            )
+            queries.send(cursor, queries.INSERT_RUN, start.row(state, error, finished_at))
 
     with transaction.atomic():
         try:
@@ -202,7 +287,7 @@ def start_run(
             # give back what they took (`abandoned`).
             hooks.admit(admission)
         except Deduplicated as dup:
-            return _deduplicated(task_id, dup.run_id, identity, int(resolved))
+            return deduplicated(task_id, dup.run_id, identity, handle.priority)
         except Dropped as drop:
             # Recorded, never enqueued: the row is born terminal, no transition involved.
             insert(
@@ -211,22 +296,28 @@ def start_run(
                 finished_at=timezone.now(),
             )
             return dataclasses.replace(handle, dropped=True)
-        for shed in admission.shed:
-            transaction.on_commit(
-                partial(cancel.cancel_waiting, shed.run_ids, ErrorKind.SHED, shed.reason)
-            )
+        cancel_shed(admission)
         try:
-            duplicate = _insert_unless_keyed_run(insert, task_id, idempotency_key)
+            duplicate = _insert_unless_keyed_run(insert, task_id, key)
         except Exception:
             hooks.abandon(admission)
             raise
         if duplicate is not None:
             hooks.abandon(admission)
-            answer = _joined(task_id, duplicate)
+            answer = joined(task_id, duplicate)
             transaction.set_rollback(True)  # give back what admission took
             return answer
-        transaction.on_commit(lambda: _publish(definition, handle, admission.notes))
+        if start.not_before is None:
+            transaction.on_commit(lambda: _publish(start.definition, handle, admission.notes))
     return handle
+
+
+def cancel_shed(admission: Admission) -> None:
+    """Once the start commits, cancel the waiting runs its admission shed to make room."""
+    for shed in admission.shed:
+        transaction.on_commit(
+            partial(cancel.cancel_waiting, shed.run_ids, ErrorKind.SHED, shed.reason)
+        )
 
 
 def run_and_wait(
@@ -249,7 +340,7 @@ def run_and_wait(
     return handle.wait(timeout)
 
 
-class _LiveRun(NamedTuple):
+class LiveRun(NamedTuple):
     id: str
     identity: str
     priority: int
@@ -257,7 +348,7 @@ class _LiveRun(NamedTuple):
 
 def _insert_unless_keyed_run(
     insert: Callable[[], None], task_id: str, key: str | None
-) -> _LiveRun | None:
+) -> LiveRun | None:
     """Insert the run, or return the live run that holds its idempotency key."""
     if key is None:
         insert()
@@ -271,7 +362,7 @@ def _insert_unless_keyed_run(
             return None
         except IntegrityError:
             # A concurrent start with the same key won the unique index...
-            duplicate = _live_run_with_key(task_id, key)
+            duplicate = live_run_with_key(task_id, key)
             if duplicate is not None:
                 return duplicate
             # ...and its run has already ended, which frees the key: try again.
@@ -281,13 +372,13 @@ def _insert_unless_keyed_run(
     )
 
 
-def _joined(task_id: str, live_run: _LiveRun) -> RunHandle:
+def joined(task_id: str, live_run: LiveRun) -> RunHandle:
     """The handle of the live run that holds this start's idempotency key, as read."""
     job = job_id(task_id, live_run.identity, live_run.id)
     return RunHandle(live_run.id, task_id, job, live_run.priority, deduplicated=True)
 
 
-def _deduplicated(task_id: str, run_id: str, identity: str, fallback_priority: int) -> RunHandle:
+def deduplicated(task_id: str, run_id: str, identity: str, fallback_priority: int) -> RunHandle:
     # The holder's row may not be visible yet (its insert not committed): then the handle is
     # built from what this start computed, which names the same work.
     priority = (
@@ -299,7 +390,7 @@ def _deduplicated(task_id: str, run_id: str, identity: str, fallback_priority: i
     )
 
 
-def _live_run_with_key(task_id: str, key: str | None) -> _LiveRun | None:
+def live_run_with_key(task_id: str, key: str | None) -> LiveRun | None:
     if key is None:
         return None
     with connection.cursor() as cursor:
@@ -307,7 +398,7 @@ def _live_run_with_key(task_id: str, key: str | None) -> _LiveRun | None:
             queries.LIVE_RUN_WITH_KEY, {"task_id": task_id, "key": key, "live_states": _LIVE_STATES}
         )
         row = cursor.fetchone()
-    return None if row is None else _LiveRun(*row)
+    return None if row is None else LiveRun(*row)
 
 
 def _publish(definition: TaskDefinition, handle: RunHandle, notes: Mapping[str, bool]) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypedDict, cast
+from typing import Any, NamedTuple, TypedDict, cast
 
 from django.conf import settings
 from redis.client import Pipeline
@@ -69,6 +69,27 @@ def seed(
         lambda pipe: counters.add(counters.DELIVERY, ("published",), 1, pipe),
     )
     return bool(seeded)
+
+
+class Seed(NamedTuple):
+    run_id: str
+    task_id: str
+    priority: int
+    stages: tuple[str, ...]
+
+
+def seed_many(runs: Sequence[Seed], clock: Clock = SYSTEM) -> None:
+    """`seed` for many runs in one round trip (`start_runs`, the release of delayed starts)."""
+    if not runs:
+        return
+    pipe = valkey.client().pipeline(transaction=False)
+    calls = [_seed_call(*run, clock) for run in runs]
+    for script_keys, args in calls:
+        scripts.queue(pipe, "seed_run", script_keys, args)
+    counters.add(counters.DELIVERY, ("published",), len(runs), pipe)
+    replies = valkey.execute(pipe, raise_on_error=False)
+    for (script_keys, args), reply in zip(calls, replies, strict=False):
+        scripts.replied("seed_run", script_keys, args, reply)
 
 
 def _seed_call(

@@ -125,6 +125,8 @@ CLAIM_STAGE = sql.load(__file__, "claim_stage")
 MOVE_STAGE = sql.load(__file__, "move_stage")
 REUSE_STAGES = sql.load(__file__, "reuse_stages")
 LIVE_RUN_WITH_KEY = sql.load(__file__, "live_run_with_key")
+RELEASE_DUE = sql.load(__file__, "release_due")
+INSERT_RUNS = sql.load(__file__, "insert_runs")
 # Operator reads (the admin's Tasks page, `admin/stats.py`): not on a run's path.
 TASK_STATS = sql.load(__file__, "task_stats")
 LAST_RUNS = sql.load(__file__, "last_runs")

@@ -1,0 +1,301 @@
+"""`start_runs`: many starts in one call, each judged on its own.
+
+Each start is checked and admitted as `start_run` would (`start.prepare`, then the admission
+hooks, a Valkey round trip per run), then every admitted run is recorded by one INSERT
+(`insert_runs.sql`) in one transaction, and on its commit the live hashes are seeded and the
+messages published, a round trip each for the whole batch. What one start would have answered,
+each gets in its `Outcome`: started, joined (a live run with its idempotency key, or its
+identity, already does the work), dropped (recorded, cancelled by backpressure), or refused with
+its reason and code; a later start with the key of an earlier one in the same batch joins it.
+
+With `atomic=True` the batch is all or nothing: the first refusal gives back what admission took
+for the starts before it, nothing is written, and every other start is answered `not_started`.
+With `stop_at_refusal=True` (the coverage sweep) the starts after an admission refusal or a drop
+are not tried (`not_started`): a quota, an open circuit or a full queue would refuse them too.
+
+Not guaranteed: the starts are admitted in order, so a quota that admits three of five admits
+the first three. Like `start_run`, the batch joins the caller's transaction: nothing is
+published unless it commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Refused
+from orchestrator.runs.publish import Outgoing, publish_many
+from orchestrator.runs.start import (
+    InvalidInput,
+    Prepared,
+    RunHandle,
+    StartRefused,
+    cancel_shed,
+    deduplicated,
+    joined,
+    live_run_with_key,
+    prepare,
+)
+from orchestrator.states import RunState
+from orchestrator.stores import live, queries
+from orchestrator.triggers import TriggerKind
+from tasks.errors import ErrorKind
+from tasks.registry import UnknownTaskError
+
+log = logging.getLogger(__name__)
+
+# The most starts one call takes (`POST /runs:batch` says so too).
+MAX_BATCH = 1000
+
+
+class Result(StrEnum):
+    STARTED = "started"  # a new run, recorded (published on commit, or when due)
+    JOINED = "joined"  # a live run already does this work: its id is answered
+    DROPPED = "dropped"  # recorded cancelled: the task's queue was full (backpressure `drop`)
+    REFUSED = "refused"  # nothing written for this start: `code` and `detail` say why
+    NOT_STARTED = "not_started"  # not tried, or given back: another start stopped the batch
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """One start of a batch: `start_run`'s arguments."""
+
+    task_id: str
+    input: Mapping[str, Any] | None = None
+    trigger: TriggerKind | Mapping[str, Any] = TriggerKind.MANUAL
+    priority: int | None = None
+    idempotency_key: str | None = None
+    not_before: datetime | timedelta | None = None
+
+
+@dataclass
+class Outcome:
+    result: Result
+    run_id: str | None = None
+    priority: int | None = None
+    code: str | None = None  # a refusal's stable code (admission's, or invalid_input, ...)
+    detail: str | None = None
+    http_status: int | None = None  # what `POST /runs` would have answered for this refusal
+    errors: list[dict[str, Any]] = field(default_factory=list)  # invalid input, per field
+
+
+@dataclass
+class _Admitted:
+    index: int
+    start: Prepared
+    admission: Admission
+    dropped: str | None = None  # backpressure's reason, when the run is recorded cancelled
+
+
+def start_runs(
+    requests: Sequence[StartRequest], *, atomic: bool = False, stop_at_refusal: bool = False
+) -> list[Outcome]:
+    """Start many runs: one outcome per request, in order (see the module's docstring)."""
+    if len(requests) > MAX_BATCH:
+        raise StartRefused(f"{len(requests)} starts in one batch; at most {MAX_BATCH}")
+    outcomes: list[Outcome | None] = [None] * len(requests)
+    admitted: list[_Admitted] = []
+    keyed: dict[tuple[str, str], Prepared] = {}
+    with transaction.atomic():
+        for index, request in enumerate(requests):
+            outcome = outcomes[index] = _admit(request, index, keyed, admitted)
+            if _stops(outcome, atomic, stop_at_refusal):
+                break
+        else:
+            outcome = None
+        if atomic and outcome is not None and outcome.result is Result.REFUSED:
+            _give_back(admitted, outcomes)
+            transaction.set_rollback(True)
+            return _answered(outcomes)
+        inserted = _insert(admitted)
+        # A concurrent start took a key between its read and this insert.
+        raced = [e for e in admitted if e.start.handle.run_id not in inserted]
+        if raced and atomic:
+            for entry in raced:
+                outcomes[entry.index] = _key_taken(entry.start)
+            _give_back(admitted, outcomes)
+            transaction.set_rollback(True)
+            return _answered(outcomes)
+        for entry in raced:
+            hooks.abandon(entry.admission)
+            outcomes[entry.index] = _joined_after_race(entry.start)
+        published = [e for e in admitted if e.start.handle.run_id in inserted and not e.dropped]
+        for entry in published:
+            cancel_shed(entry.admission)
+        transaction.on_commit(lambda: _publish([e for e in published if not e.start.not_before]))
+    return _answered(outcomes)
+
+
+def _admit(
+    request: StartRequest,
+    index: int,
+    keyed: dict[tuple[str, str], Prepared],
+    admitted: list[_Admitted],
+) -> Outcome:
+    try:
+        start = prepare(
+            request.task_id,
+            request.input,
+            trigger=request.trigger,
+            priority=request.priority,
+            idempotency_key=request.idempotency_key,
+            not_before=request.not_before,
+        )
+    except UnknownTaskError as exc:
+        return Outcome(Result.REFUSED, code="unknown_task", detail=str(exc), http_status=404)
+    except InvalidInput as exc:
+        return Outcome(
+            Result.REFUSED,
+            code="invalid_input",
+            detail=f"input is invalid for task {exc.task_id!r}",
+            http_status=422,
+            errors=exc.errors,
+        )
+    except StartRefused as exc:
+        return Outcome(Result.REFUSED, code="invalid", detail=str(exc), http_status=422)
+    task_id, key = request.task_id, start.idempotency_key
+    if key is not None:
+        earlier = keyed.get((task_id, key))
+        if earlier is not None:
+            return Outcome(Result.JOINED, earlier.handle.run_id, earlier.handle.priority)
+        duplicate = live_run_with_key(task_id, key)
+        if duplicate is not None:
+            return _outcome_of(joined(task_id, duplicate))
+        keyed[(task_id, key)] = start
+    admission = start.admission()
+    try:
+        hooks.admit(admission)
+    except Deduplicated as dup:
+        handle = deduplicated(task_id, dup.run_id, start.identity, start.handle.priority)
+        return _outcome_of(handle)
+    except Dropped as drop:
+        admitted.append(_Admitted(index, start, admission, dropped=drop.reason))
+        return Outcome(Result.DROPPED, start.handle.run_id, start.handle.priority)
+    except Refused as exc:
+        return Outcome(Result.REFUSED, code=exc.code, detail=str(exc), http_status=exc.http_status)
+    admitted.append(_Admitted(index, start, admission))
+    return Outcome(Result.STARTED, start.handle.run_id, start.handle.priority)
+
+
+def _stops(outcome: Outcome, atomic: bool, stop_at_refusal: bool) -> bool:
+    """Whether this outcome ends the batch: any refusal, when atomic; admission's refusal or a
+    drop, when asked to stop there (a refused input says nothing about the next start)."""
+    if outcome.result is Result.DROPPED:
+        return stop_at_refusal  # the queue is full: the next start would be dropped too
+    if outcome.result is not Result.REFUSED:
+        return False
+    return atomic or (stop_at_refusal and outcome.code not in _INPUT_CODES)
+
+
+_INPUT_CODES = frozenset({"unknown_task", "invalid_input", "invalid"})
+
+
+def _insert(admitted: Sequence[_Admitted]) -> set[str]:
+    """One INSERT for every admitted run; the ids it recorded."""
+    if not admitted:
+        return set()
+    rows = []
+    now = timezone.now()
+    for entry in admitted:
+        if entry.dropped is None:
+            rows.append(entry.start.row())
+        else:
+            error = {"kind": ErrorKind.DROPPED.value, "message": entry.dropped}
+            rows.append(entry.start.row(RunState.CANCELLED, error, now))
+    columns = {
+        "ids": "id",
+        "task_ids": "task_id",
+        "states": "state",
+        "stages": "stages",
+        "triggers": "trigger",
+        "inputs": "input",
+        "errors": "error",
+        "priorities": "priority",
+        "identities": "identity",
+        "processing_versions": "processing_version",
+        "not_befores": "not_before",
+        "finished_ats": "finished_at",
+    }
+    params: dict[str, Any] = {name: [row[c] for row in rows] for name, c in columns.items()}
+    params["now"] = now
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(queries.INSERT_RUNS, params)
+            return {run_id for (run_id,) in cursor.fetchall()}
+    except Exception:
+        for entry in reversed(admitted):
+            hooks.abandon(entry.admission)
+        raise
+
+
+def _joined_after_race(start: Prepared) -> Outcome:
+    duplicate = live_run_with_key(start.definition.id, start.idempotency_key)
+    if duplicate is not None:
+        return _outcome_of(joined(start.definition.id, duplicate))
+    return _key_taken(start)
+
+
+def _key_taken(start: Prepared) -> Outcome:
+    return Outcome(
+        Result.REFUSED,
+        code="key_contended",
+        detail=f"idempotency key {start.idempotency_key!r} was taken by another start "
+        "meanwhile; try again",
+        http_status=409,
+    )
+
+
+def _give_back(admitted: Sequence[_Admitted], outcomes: list[Outcome | None]) -> None:
+    """An atomic batch that will not be written: admission gives back what it took, and
+    every start not refused is answered `not_started`."""
+    for entry in reversed(admitted):
+        hooks.abandon(entry.admission)
+    for index, outcome in enumerate(outcomes):
+        if outcome is None or outcome.result is not Result.REFUSED:
+            outcomes[index] = Outcome(Result.NOT_STARTED)
+
+
+def _answered(outcomes: Sequence[Outcome | None]) -> list[Outcome]:
+    return [outcome or Outcome(Result.NOT_STARTED) for outcome in outcomes]
+
+
+def _outcome_of(handle: RunHandle) -> Outcome:
+    return Outcome(Result.JOINED, handle.run_id, handle.priority)
+
+
+def _publish(entries: Sequence[_Admitted]) -> None:
+    try:
+        live.seed_many(
+            [
+                live.Seed(
+                    e.start.handle.run_id,
+                    e.start.definition.id,
+                    e.start.handle.priority,
+                    e.start.definition.stage_order,
+                )
+                for e in entries
+            ]
+        )
+        publish_many(
+            [
+                Outgoing(
+                    e.start.definition,
+                    e.start.handle.run_id,
+                    e.start.handle.job_id,
+                    e.start.handle.priority,
+                    e.admission.notes,
+                )
+                for e in entries
+            ]
+        )
+    except Exception:
+        # Committed and pending: the reconciler publishes runs whose message is missing.
+        log.exception("%d runs recorded but not published", len(entries))

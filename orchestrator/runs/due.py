@@ -1,0 +1,66 @@
+"""The release of delayed starts: `start_run(..., not_before=...)` runs, published when due.
+
+A delayed start is recorded like any run, `pending`, with its `not_before`; it is neither seeded
+in Valkey nor published then (a live hash would expire long before a run due in a week, and a
+message held by the broker or a worker for that long is one a restart can lose). The cluster
+leader's `due` loop asks Postgres every LUMASTRA_DUE_POLL_S for the runs whose time has come
+(`release_due.sql`, a partial index of only the waiting ones), releases them in one statement
+and commits, then seeds their live hashes and publishes their messages, a round trip each for
+the whole batch (`live.seed_many`, `publish.publish_many`). From there a run goes as any other.
+
+Postgres is the only record of what waits, so nothing is lost with a worker, the leader or
+Valkey: a new leader finds the same rows. A crash between the release's commit and the publish
+leaves a pending run with no message, which the reconciler publishes again once it has been
+pending for LUMASTRA_PENDING_CHECK_AFTER_S (`recovery.pending`), counted from the release.
+
+Options: LUMASTRA_DUE_POLL_S; BATCH, the most runs one look releases (a bigger crowd due at
+once takes several looks, one after another).
+
+Not guaranteed:
+- Punctuality: a run is published within about one poll interval of its time while a leader
+  runs; after the leader dies, within the leader's failover (`cluster.leaders`). Its pickup
+  then waits for a free process of its pool like any other run.
+- A run cancelled while waiting ends at once (`runs.cancel`) and is never released.
+- Admission (quotas, concurrency, exclusivity) was judged when the run was started, not when it
+  is released.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import connection, transaction
+
+from orchestrator.cluster.locks import Fence
+from orchestrator.runs.publish import Outgoing, job_id, publish_many
+from orchestrator.stores import live, queries
+from tasks import registry
+
+log = logging.getLogger(__name__)
+
+BATCH = 500
+
+
+def release(fence: Fence | None = None, limit: int = BATCH) -> int:
+    """Publish the delayed starts whose time has come; returns how many were released."""
+    if fence is not None:
+        fence.check()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(queries.RELEASE_DUE, {"limit": limit})
+        rows = cursor.fetchall()
+    if not rows:
+        return 0
+    definitions = registry.get()
+    seeds, outgoing = [], []
+    for run_id, task_id, identity, priority in rows:
+        definition = definitions.get(task_id)
+        if definition is None:
+            # Not registered on this deploy: the run waits for the pending deadline.
+            log.error("run %s: task %s is not registered; not published", run_id, task_id)
+            continue
+        seeds.append(live.Seed(run_id, task_id, priority, definition.stage_order))
+        outgoing.append(Outgoing(definition, run_id, job_id(task_id, identity, run_id), priority))
+    live.seed_many(seeds)
+    publish_many(outgoing)
+    log.info("released %d delayed starts", len(rows))
+    return len(rows)

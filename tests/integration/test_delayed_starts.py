@@ -1,0 +1,198 @@
+"""Delayed starts (`start_run(..., not_before=...)`, `runs.due`): a run waits `pending` with
+nothing in Valkey or the broker, starts once its time has come and not before, survives the
+worker role's restart while it waits, and can be cancelled while it waits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.test import Client
+
+from orchestrator.api import tokens
+from orchestrator.cluster.leaders import CLUSTER
+from orchestrator.models import TaskHistory
+from orchestrator.runs import due
+from orchestrator.runs.cancel import request_cancel
+from orchestrator.runs.start import StartRefused, due_time, start_run
+from orchestrator.stores import broker, keys, valkey
+from orchestrator.triggers import TriggerKind
+from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
+from tests.support.users import operator
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def _row(run_id: str) -> TaskHistory:
+    return TaskHistory.objects.get(id=run_id)
+
+
+def _queued(task_id: str = "test-noop") -> int:
+    return broker.depth([f"task.t.{task_id}"])
+
+
+@pytest.fixture
+def loops() -> object:
+    """The worker role's loops process (the `due` loop runs on its leader)."""
+    valkey.client().delete(keys.orchestrator_lock(CLUSTER))
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        env = {**os.environ, "DATABASE_URL": database_url(), "LUMASTRA_WORKER_MODE": "enabled"}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.loops"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=30)
+    valkey.client().delete(keys.orchestrator_lock(CLUSTER))
+
+
+def test_a_delayed_run_waits_with_nothing_queued_then_starts_on_time(loops: object) -> None:
+    handle = start_run(
+        "test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=3)
+    )
+    row = _row(handle.run_id)
+    assert row.state == "pending"
+    assert row.not_before is not None
+    assert row.trigger["notBefore"] == row.not_before.isoformat()
+    # Neither a live hash (it would expire before a run due in a week) nor a message yet.
+    assert not valkey.client().exists(keys.run_active(handle.run_id))
+    assert _queued() == 0
+    assert due.release() == 0  # not due yet
+
+    loops()  # type: ignore[operator]
+    with worker_process(["task.t.test-noop"], name="delayed"):
+        wait_for(lambda: _row(handle.run_id).state == "completed", timeout=30)
+
+    ended = _row(handle.run_id)
+    assert ended.started_at is not None
+    assert ended.started_at >= row.not_before, "started before its time"
+    assert ended.not_before is None  # released
+
+
+def test_a_waiting_run_survives_the_worker_role_restarting(loops: object) -> None:
+    handle = start_run(
+        "test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=4)
+    )
+    due_at = _row(handle.run_id).not_before
+    assert due_at is not None
+    first = loops()  # type: ignore[operator]
+    with worker_process(["task.t.test-noop"], name="delayed-first"):
+        wait_for(lambda: valkey.client().get(keys.orchestrator_lock(CLUSTER)), timeout=30)
+    first.send_signal(signal.SIGKILL)  # the whole role gone while the run waits
+    first.wait(timeout=10)
+    valkey.client().delete(keys.orchestrator_lock(CLUSTER))  # its seat, as its TTL would
+    assert _row(handle.run_id).state == "pending"
+
+    loops()  # type: ignore[operator]
+    with worker_process(["task.t.test-noop"], name="delayed-second"):
+        wait_for(lambda: _row(handle.run_id).state == "completed", timeout=30)
+    assert _row(handle.run_id).started_at >= due_at
+
+
+def test_a_run_cancelled_while_it_waits_is_never_released() -> None:
+    handle = start_run(
+        "test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=0.5)
+    )
+
+    assert request_cancel(handle.run_id, actor="ops") == "cancelled"
+
+    wait_for(lambda: datetime.now(UTC) > _row(handle.run_id).created_at + timedelta(seconds=1))
+    assert due.release() == 0
+    assert _row(handle.run_id).state == "cancelled"
+    assert _queued() == 0
+
+
+def test_a_due_run_is_seeded_and_published_once() -> None:
+    handles = [
+        start_run("test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=0.2))
+        for _ in range(3)
+    ]
+    wait_for(lambda: datetime.now(UTC) > _row(handles[-1].run_id).not_before)
+
+    assert due.release() == 3
+    assert due.release() == 0  # released once: the next look finds nothing
+    assert _queued() == 3
+    for handle in handles:
+        assert valkey.client().hget(keys.run_active(handle.run_id), "state") == "pending"
+    broker.client().flushdb()
+
+
+def test_a_time_already_past_starts_now_and_bad_times_are_refused() -> None:
+    now = datetime.now(UTC)
+    assert due_time(now - timedelta(minutes=5)) is None
+    assert due_time(timedelta(0)) is None
+    assert due_time(timedelta(days=29)) is not None
+    with pytest.raises(StartRefused, match="LUMASTRA_MAX_START_DELAY_S"):
+        due_time(timedelta(days=31))
+    with pytest.raises(StartRefused, match="time zone"):
+        due_time(datetime(2030, 1, 1))
+
+    handle = start_run(
+        "test-noop", {}, trigger=TriggerKind.MANUAL, not_before=now - timedelta(hours=1)
+    )
+    assert _row(handle.run_id).not_before is None
+    assert _queued() == 1  # published at once, as a start without a delay
+    broker.client().flushdb()
+
+
+def _client() -> Client:
+    return Client(headers={"Authorization": f"Bearer {tokens.issue(operator(), 'delay')[1]}"})
+
+
+def test_the_api_takes_a_time_or_a_delay_and_shows_when_the_run_is_due() -> None:
+    client = _client()
+    at = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
+    answer = client.post(
+        "/api/v1/runs",
+        {"task": "test-noop", "not_before": at.isoformat()},
+        content_type="application/json",
+    )
+    assert answer.status_code == 202, answer.content
+    run_id = answer.json()["run_id"]
+    shown = client.get(f"/api/v1/runs/{run_id}").json()
+    assert datetime.fromisoformat(shown["not_before"]) == at
+
+    answer = client.post(
+        "/api/v1/runs", {"task": "test-noop", "delay_s": 600}, content_type="application/json"
+    )
+    assert answer.status_code == 202
+    waiting = _row(answer.json()["run_id"]).not_before
+    assert waiting is not None
+    assert timedelta(seconds=590) < waiting - datetime.now(UTC) <= timedelta(seconds=600)
+    assert _queued() == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"not_before": "tomorrow"}, "not_before"),
+        ({"not_before": "2030-01-01T00:00:00"}, "not_before"),  # no offset
+        ({"delay_s": -1}, "delay_s"),
+        ({"delay_s": 5, "not_before": "2030-01-01T00:00:00Z"}, "not_before or delay_s"),
+        ({"delay_s": 40 * 86400}, "LUMASTRA_MAX_START_DELAY_S"),
+    ],
+)
+def test_a_bad_time_is_a_422_naming_the_field(body: dict[str, object], field: str) -> None:
+    before = TaskHistory.objects.count()
+    answer = _client().post(
+        "/api/v1/runs", {"task": "test-noop", **body}, content_type="application/json"
+    )
+
+    assert answer.status_code == 422, answer.content
+    assert field in answer.content.decode()
+    assert TaskHistory.objects.count() == before
