@@ -15,11 +15,12 @@ Each tick, for each stage the registry declares (`coverage.stages`):
    LUMASTRA_COVERAGE_AUTHORITATIVE_STAGES): the oldest due rows (`pending`, `obsolete`,
    `failed_transient` and `skipped_transient` whose `next_eligible_at` has come), at most
    LUMASTRA_COVERAGE_STARTS_PER_STAGE, are locked; those whose eligibility no longer holds
-   become `skipped_permanent` (`ineligible`), the others get their runs through
-   `orchestrator.start_run` (idempotency key `coverage:<stage>:<item>`; the run's insert marks
-   the row `running`, migration 0004). A stage covered one batch at a time (`per_item=False`)
-   gets one run per tick for its batch. A season's row waits until no episode was added or
-   removed for LUMASTRA_COVERAGE_SEASON_SETTLE_S. A stage whose class has more than
+   become `skipped_permanent` (`ineligible`), the others get their runs in one batch per
+   stage through `orchestrator.runs.batch.start_runs` (one INSERT, one publish; idempotency
+   key `coverage:<stage>:<item>`; the run's insert marks the row `running`, migration 0004).
+   A stage covered one batch at a time (`per_item=False`) gets one run per tick for its
+   batch. A season's row waits until no episode was added or removed for
+   LUMASTRA_COVERAGE_SEASON_SETTLE_S. A stage whose class has more than
    LUMASTRA_COVERAGE_CLASS_DEPTH_THRESHOLD messages waiting is skipped for the tick, as are
    the rest of a stage's candidates once admission refuses one (a quota, an open circuit).
    At most LUMASTRA_COVERAGE_STARTS_PER_TICK runs start per tick, all stages together.
@@ -47,7 +48,6 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import Enum
 from typing import Any
 
 from django.conf import settings
@@ -58,9 +58,8 @@ from coverage import queries
 from coverage.models import CoverageStage, CoverageStatus, MediaItem, MediaItemStageState
 from coverage.stages import Covered, covered, sync
 from orchestrator.clock import Clock, SystemClock
-from orchestrator.hooks.base import Refused
 from orchestrator.routing import class_queues
-from orchestrator.runs.start import StartRefused, start_run
+from orchestrator.runs.batch import INPUT_CODES, Outcome, Result, StartRequest, start_runs
 from orchestrator.stores import broker
 from orchestrator.triggers import TriggerKind
 from tasks import registry
@@ -75,13 +74,6 @@ TRIGGER = {"kind": TriggerKind.SYSTEM.value, "source": "stage-sweep"}
 def run_key(stage_id: str, item_id: int | None = None) -> str:
     """The idempotency key of a coverage run (migration 0004 reads the same shape)."""
     return f"coverage:{stage_id}" if item_id is None else f"coverage:{stage_id}:{item_id}"
-
-
-class _Start(Enum):
-    NEW = "new"  # a run was recorded for it
-    JOINED = "joined"  # a live run with its key already does it
-    SKIPPED = "skipped"  # this item's start was refused; the stage goes on
-    STOP = "stop"  # admission refuses the task for now; the stage stops for this tick
 
 
 def _items_of(params: dict[str, Any]) -> list[int]:
@@ -243,53 +235,51 @@ class Sweep:
         return started
 
     def _start_runs(self, stage: Covered, items: list[int], report: TickReport) -> int:
+        """One batch of starts (`start_runs`) for the stage's items, or one run for a stage
+        covered a batch at a time; returns the runs started."""
         if not items:
             return 0
-        if not stage.stage.per_item:
-            batch = {"stage": stage.id, "item_ids": items}
-            return int(self._start_one(stage, batch, run_key(stage.id), report) is _Start.NEW)
-        started = 0
-        for item_id in items:
-            params: dict[str, Any] = {"stage": stage.id, "item_id": item_id}
-            outcome = self._start_one(stage, params, run_key(stage.id, item_id), report)
-            if outcome is _Start.STOP:
-                break  # admission refuses this task for now: the next candidates would be too
-            started += outcome is _Start.NEW
-        return started
-
-    def _start_one(
-        self, stage: Covered, params: dict[str, Any], key: str, report: TickReport
-    ) -> _Start:
-        try:
-            handle = start_run(
+        if stage.stage.per_item:
+            starts = [({"stage": stage.id, "item_id": i}, run_key(stage.id, i)) for i in items]
+        else:
+            starts = [({"stage": stage.id, "item_ids": items}, run_key(stage.id))]
+        requests = [
+            StartRequest(
                 stage.task.id,
                 params,
                 trigger=TRIGGER,
                 priority=Priority.BACKGROUND,
                 idempotency_key=key,
             )
-        except Refused as exc:
-            log.info("stage-sweep: stage %s: start refused (%s); next tick", stage.id, exc)
-            report.refused[stage.id] += 1
-            return _Start.STOP
-        except StartRefused as exc:
-            # This item's start can never succeed as it is (its input refused): its row says
-            # why, and the stage's other items go on.
-            log.warning("stage-sweep: stage %s: %s refused: %s", stage.id, params, exc)
-            report.refused[stage.id] += 1
-            MediaItemStageState.objects.filter(
-                stage=stage.id, item_id__in=_items_of(params)
-            ).exclude(status=CoverageStatus.RUNNING).update(
-                status=CoverageStatus.FAILED_PERMANENT,
-                last_error=f"start refused: {exc}"[:2000],
-                updated_at=self.clock.now(),
+            for params, key in starts
+        ]
+        # Stopped at admission's first refusal (a quota, an open circuit) or drop: the next
+        # candidates would meet it too. A rescan's live run with the key is joined, not new.
+        outcomes = start_runs(requests, stop_at_refusal=True)
+        for (params, _), outcome in zip(starts, outcomes, strict=True):
+            if outcome.result is Result.DROPPED:
+                report.refused[stage.id] += 1
+            elif outcome.result is Result.REFUSED:
+                report.refused[stage.id] += 1
+                self._refused(stage, params, outcome)
+        return sum(outcome.result is Result.STARTED for outcome in outcomes)
+
+    def _refused(self, stage: Covered, params: dict[str, Any], outcome: Outcome) -> None:
+        if outcome.code not in INPUT_CODES:
+            log.info(
+                "stage-sweep: stage %s: start refused (%s); next tick", stage.id, outcome.detail
             )
-            return _Start.SKIPPED
-        if handle.dropped:
-            report.refused[stage.id] += 1
-            return _Start.STOP
-        # A live run with the key (a rescan's) already does it: not a new start.
-        return _Start.JOINED if handle.deduplicated else _Start.NEW
+            return
+        # This item's start can never succeed as it is (its input refused): its row says
+        # why, and the stage's other items go on.
+        log.warning("stage-sweep: stage %s: %s refused: %s", stage.id, params, outcome.detail)
+        MediaItemStageState.objects.filter(stage=stage.id, item_id__in=_items_of(params)).exclude(
+            status=CoverageStatus.RUNNING
+        ).update(
+            status=CoverageStatus.FAILED_PERMANENT,
+            last_error=f"start refused: {outcome.detail}"[:2000],
+            updated_at=self.clock.now(),
+        )
 
     def reclaim_wedged(self, report: TickReport) -> None:
         now = self.clock.now()

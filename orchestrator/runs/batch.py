@@ -192,10 +192,11 @@ def _stops(outcome: Outcome, atomic: bool, stop_at_refusal: bool) -> bool:
         return stop_at_refusal  # the queue is full: the next start would be dropped too
     if outcome.result is not Result.REFUSED:
         return False
-    return atomic or (stop_at_refusal and outcome.code not in _INPUT_CODES)
+    return atomic or (stop_at_refusal and outcome.code not in INPUT_CODES)
 
 
-_INPUT_CODES = frozenset({"unknown_task", "invalid_input", "invalid"})
+# Refusals of the start's own arguments (its task, its input), not of admission.
+INPUT_CODES = frozenset({"unknown_task", "invalid_input", "invalid"})
 
 
 def _insert(admitted: Sequence[_Admitted]) -> set[str]:

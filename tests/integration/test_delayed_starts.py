@@ -62,9 +62,7 @@ def loops() -> object:
 
 
 def test_a_delayed_run_waits_with_nothing_queued_then_starts_on_time(loops: object) -> None:
-    handle = start_run(
-        "test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=3)
-    )
+    handle = start_run("test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=3))
     row = _row(handle.run_id)
     assert row.state == "pending"
     assert row.not_before is not None
@@ -85,9 +83,7 @@ def test_a_delayed_run_waits_with_nothing_queued_then_starts_on_time(loops: obje
 
 
 def test_a_waiting_run_survives_the_worker_role_restarting(loops: object) -> None:
-    handle = start_run(
-        "test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=4)
-    )
+    handle = start_run("test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=4))
     due_at = _row(handle.run_id).not_before
     assert due_at is not None
     first = loops()  # type: ignore[operator]
