@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test screenshots lint typecheck check bench bench-peers bench-memory bench-pipeline bench-sweep bench-observability bench-console bench-media
+.PHONY: install run test screenshots lint typecheck check bench bench-peers bench-memory bench-pipeline bench-sweep bench-observability bench-console bench-media bench-starts
 
 $(STAMP): requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -103,3 +103,6 @@ bench-observability: install
 
 bench-media: install
 	$(BIN)/python bench/media.py
+
+bench-starts: install
+	$(BIN)/python bench/starts.py

@@ -15,7 +15,9 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import DurationField, ExpressionWrapper, F, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, reverse
+from django.utils.formats import date_format
 from django.utils.html import format_html
+from django.utils.timezone import localtime
 
 from orchestrator.admin import (
     dead_letters,
@@ -236,7 +238,14 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, run: TaskHistory) -> str:
-        return format_html('<span class="run-state state-{0}">{0}</span>', run.state)
+        badge = format_html('<span class="run-state state-{0}">{0}</span>', run.state)
+        if run.state == RunState.PENDING and run.not_before is not None:
+            # A delayed start, or a retry waiting for its backoff.
+            when = date_format(localtime(run.not_before), "Y-m-d H:i:s e")
+            return format_html(
+                '{} <span class="run-scheduled">scheduled for {}</span>', badge, when
+            )
+        return badge
 
     @admin.display(description="class")
     def resource_class(self, run: TaskHistory) -> str:

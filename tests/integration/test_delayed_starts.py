@@ -22,7 +22,7 @@ from orchestrator.runs.start import StartRefused, due_time, start_run
 from orchestrator.stores import broker, keys, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
-from tests.support.users import operator
+from tests.support.users import PASSWORD, operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -192,3 +192,20 @@ def test_a_bad_time_is_a_422_naming_the_field(body: dict[str, object], field: st
     assert answer.status_code == 422, answer.content
     assert field in answer.content.decode()
     assert TaskHistory.objects.count() == before
+
+
+def test_the_console_shows_when_a_waiting_run_is_due() -> None:
+    handle = start_run(
+        "test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(hours=3)
+    )
+    user = operator("delay-console")
+    client = Client()
+    assert client.login(username=user.username, password=PASSWORD)
+
+    page = client.get(f"/admin/orchestrator/taskhistory/{handle.run_id}/change/")
+    listed = client.get("/admin/orchestrator/taskhistory/")
+
+    assert page.status_code == 200
+    assert "scheduled for" in page.content.decode()
+    assert listed.status_code == 200
+    assert "scheduled for" in listed.content.decode()
