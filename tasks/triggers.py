@@ -5,6 +5,9 @@ body to the task's input with `input_from` and starts a run whose trigger is
 `{"kind": "webhook", "name": <name>}`. The input is still checked against the task's input
 model, so `input_from` only reshapes the body; a body it cannot reshape (a missing key, a
 wrong type: `LookupError`, `TypeError`, `ValueError`, `AttributeError`) is refused with a 422.
+`idempotency_key_from`, when given, names the run's idempotency key from the body (the
+request's `Idempotency-Key` header wins over it), so an integration's retries of one event
+join the run the first one started.
 
 The registry checks what only the whole set of definitions can tell: that `task` names a
 registered task and that no two triggers share a name. The secret that signs a trigger's
@@ -23,6 +26,7 @@ from tasks.definition import Priority
 from tasks.errors import ManifestError
 
 InputFrom = Callable[[dict[str, Any]], Mapping[str, Any]]
+KeyFrom = Callable[[dict[str, Any]], str | None]
 
 # Like a task id. Not ending in "-file": the secret's variable of a trigger "x-file" would be
 # read as the `_FILE` twin of the variable of a trigger "x".
@@ -42,6 +46,7 @@ class TriggerDefinition:
     # Passed to `start_run` as the run's priority; None: the task's, else the webhook kind's.
     priority: Priority | None
     description: str = ""
+    idempotency_key_from: KeyFrom | None = None
 
 
 def define_trigger(
@@ -51,6 +56,7 @@ def define_trigger(
     input_from: InputFrom = whole_body,
     priority: Priority | int | None = None,
     description: str = "",
+    idempotency_key_from: KeyFrom | None = None,
 ) -> TriggerDefinition:
     """Declare an inbound trigger. Assign the result to a module-level name in a module the
     registry loads, beside `define_task`'s."""
@@ -64,18 +70,26 @@ def define_trigger(
         raise fail("name", "must not end in '-file' (its secret variable would be a _FILE twin)")
     if not isinstance(task, str) or not task:
         raise fail("task", "must be a task id")
-    if not callable(input_from):
-        raise fail("input_from", "must be callable as input_from(body) -> input")
-    try:
-        inspect.signature(input_from).bind({})
-    except TypeError:
-        raise fail("input_from", "must take one argument, the request's JSON body") from None
-    except ValueError:
-        pass  # a callable without a readable signature (a builtin) is taken on trust
+    if problem := _mapper_problem(input_from):
+        raise fail("input_from", problem)
+    if idempotency_key_from is not None and (problem := _mapper_problem(idempotency_key_from)):
+        raise fail("idempotency_key_from", problem)
     chosen = None
     if priority is not None:
         try:
             chosen = Priority(priority)
         except ValueError:
             raise fail("priority", f"{priority!r} is not one of 1, 2, 3, 5, 7") from None
-    return TriggerDefinition(name, task, input_from, chosen, description)
+    return TriggerDefinition(name, task, input_from, chosen, description, idempotency_key_from)
+
+
+def _mapper_problem(mapper: object) -> str | None:
+    if not callable(mapper):
+        return "must be callable with the request's JSON body"
+    try:
+        inspect.signature(mapper).bind({})
+    except TypeError:
+        return "must take one argument, the request's JSON body"
+    except ValueError:
+        pass  # a callable without a readable signature (a builtin) is taken on trust
+    return None

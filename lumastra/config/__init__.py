@@ -48,7 +48,7 @@ CLASS_PATTERNS = (
 # Each inbound trigger's signing secret is a variable of its own, named after the trigger
 # (upper case, dashes as underscores), so a secret store can hand out one per integration;
 # with `_FILE` like any other.
-TRIGGER_SECRET_PREFIX = "LUMASTRA_TRIGGER_SECRET_"
+TRIGGER_SECRET_PREFIX = "LUMASTRA_TRIGGER_SECRET_"  # noqa: S105 (a name, not a secret)
 TRIGGER_SECRET = EnvVar(
     f"{TRIGGER_SECRET_PREFIX}<TRIGGER>",
     "",

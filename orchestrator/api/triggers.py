@@ -14,7 +14,8 @@ the operate permission.
 
 The body is mapped to the task's input by the trigger's `input_from` and started through
 `start_run` with trigger `{"kind": "webhook", "name": <name>}`; an `Idempotency-Key` header
-joins a live run started with the same key instead of starting another. Every refusal writes
+(else the key the trigger's `idempotency_key_from` names) joins a live run started with the
+same key instead of starting another. Every refusal writes
 no run; a refused start also forgets the signature, so the same request may be sent again.
 """
 
@@ -60,6 +61,12 @@ def _trigger(name: str) -> TriggerDefinition:
         return registry.get().trigger(name)
     except UnknownTriggerError as exc:
         raise ApiError(404, str(exc)) from None
+
+
+def _key(found: object) -> str | None:
+    if found is not None and not isinstance(found, str):
+        raise TypeError(f"idempotency_key_from gave {type(found).__name__}, not a str")
+    return found
 
 
 class TriggerSignature(APIKeyHeader):
@@ -123,6 +130,8 @@ def fire(
     try:
         try:
             data = definition.input_from(body)
+            if idempotency_key is None and definition.idempotency_key_from is not None:
+                idempotency_key = _key(definition.idempotency_key_from(body))
         except _UNFIT_BODY as exc:
             raise ApiError(422, f"the body does not fit trigger {name!r}: {exc!r}") from None
         with start_refusals(input_at=("body", "input")):

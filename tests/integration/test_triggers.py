@@ -21,6 +21,8 @@ from django.conf import settings
 from django.http import HttpResponse
 from django.test import Client
 
+from coverage.models import MediaItemStageState
+from coverage.stages import find, sync
 from lumastra.webhooks import HEADER, sign
 from orchestrator.api import tokens
 from orchestrator.api.access import Access
@@ -28,6 +30,7 @@ from orchestrator.models import TaskHistory
 from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
 from tasks.definition import Priority
+from tests.support.catalog import movie
 from tests.support.fixtures import wait_for
 from tests.support.users import account, operator
 
@@ -36,13 +39,16 @@ pytestmark = pytest.mark.django_db
 SECRET = "trsec-for-tests"
 PARKED = "test-parked-hook"
 NOOP = "test-noop-hook"
+DEMO = "download-finished"  # the demo pack's (tasks/definitions/catalog_media.py)
 
 
 @pytest.fixture(autouse=True)
 def _secrets() -> Iterator[None]:
     config = settings.CONFIG
     settings.CONFIG = dataclasses.replace(
-        config, trigger_secrets={PARKED: SECRET, NOOP: SECRET}, trigger_tolerance_s=300
+        config,
+        trigger_secrets={PARKED: SECRET, NOOP: SECRET, DEMO: SECRET},
+        trigger_tolerance_s=300,
     )
     yield
     settings.CONFIG = config
@@ -280,6 +286,29 @@ def test_an_oversized_body_is_refused_before_it_is_read() -> None:
 
     assert response.status_code == 413
     assert _runs() == 0
+
+
+def test_the_demo_trigger_probes_the_item_as_its_coverage_run() -> None:
+    probe = find("probe")
+    assert probe is not None
+    sync([probe])
+    item = movie("downloaded")
+
+    first = _post(DEMO, {"item_id": item.pk, "client": "a download client"})
+    # The client retries the event (signed anew): the live run is joined, not doubled.
+    again = _post(DEMO, {"item_id": item.pk}, at=int(time.time()) - 1)
+
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert again.json()["run_id"] == first.json()["run_id"]
+    row = TaskHistory.objects.get(id=first.json()["run_id"])
+    assert (row.task_id, row.input) == ("media-probe", {"stage": "probe", "item_id": item.pk})
+    assert row.trigger == {
+        "kind": "webhook",
+        "name": DEMO,
+        "idempotencyKey": f"coverage:probe:{item.pk}",
+    }
+    coverage = MediaItemStageState.objects.get(stage="probe", item_id=item.pk)
+    assert (coverage.status, coverage.run_id) == ("running", row.id)
 
 
 @pytest.mark.worker
