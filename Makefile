@@ -16,12 +16,13 @@ install: $(STAMP)
 
 # The Procfile's commands find python, celery and uvicorn on PATH: the virtualenv's first.
 # Flower's credentials: the demo user's unless FLOWER_BASIC_AUTH is set; a demo SECRET_KEY likewise
-# (the role scripts refuse to start without one). The demo's Redis is this machine's own,
+# (the role scripts refuse to start without one), and the demo trigger's signing secret. The demo's Redis is this machine's own,
 # which keeps nothing on disk: the roles are told that is on purpose here.
 run: export FLOWER_BASIC_AUTH ?= demo:lumastra-demo
 run: export LUMASTRA_ALLOW_VOLATILE_VALKEY ?= true
 run: export LUMASTRA_METRICS_TOKEN ?= lumastra-demo-metrics
 run: export LUMASTRA_SECRET_KEY ?= lumastra-demo-secret-key-not-for-production
+run: export LUMASTRA_TRIGGER_SECRET_DOWNLOAD_FINISHED ?= lumastra-demo-trigger-secret
 run: install
 	$(BIN)/python -m lumastra.preflight
 	$(BIN)/python manage.py migrate --noinput

@@ -7,10 +7,12 @@ chooses which hooks run or in which order.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from django.apps import AppConfig
 from django.core.exceptions import ImproperlyConfigured
 
-from lumastra.config import Config
+from lumastra.config import Config, trigger_variable
 from orchestrator.hooks.base import RunHook
 
 
@@ -64,6 +66,19 @@ def _refuse_unknown_classes(config: Config) -> None:
         )
 
 
+def _refuse_unknown_trigger_secrets(config: Config, triggers: Collection[str]) -> None:
+    """A trigger secret naming no declared trigger stops every role at startup: a misspelt
+    name would otherwise leave its trigger without a secret, open to bearer tokens only, and
+    its integration's signed requests refused with no hint why."""
+    unknown = sorted(set(config.trigger_secrets) - set(triggers))
+    if unknown:
+        named = ", ".join(trigger_variable(name) for name in unknown)
+        raise ImproperlyConfigured(
+            f"trigger secrets name no declared trigger: {named} (declared: "
+            f"{', '.join(sorted(triggers)) or 'none'}; define_trigger in a task module)"
+        )
+
+
 class OrchestratorConfig(AppConfig):
     name = "orchestrator"
     label = "orchestrator"
@@ -80,6 +95,7 @@ class OrchestratorConfig(AppConfig):
         dispatch.install(hook_chain())
         _refuse_unknown_classes(settings.CONFIG)
         registry.install(registry.load(registry.BUILT_IN_MODULES + settings.CONFIG.task_modules))
+        _refuse_unknown_trigger_secrets(settings.CONFIG, registry.get().triggers)
         celery_tasks.register_all(registry.get())
         # Registers `lumastra.schedule.dispatch`, the task celery beat's synced rows call.
         from orchestrator.scheduler import dispatch as schedule_dispatch  # noqa: F401

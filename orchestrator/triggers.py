@@ -16,6 +16,7 @@ class TriggerKind(Enum):
     SCHEDULE = "schedule"  # celery beat or the dynamic scheduler
     PIPELINE = "pipeline"  # a parent run advancing its stages
     SYSTEM = "system"  # demo, maintenance and backfills
+    WEBHOOK = "webhook"  # an integration's inbound trigger, POST /api/v1/triggers/<name>
 
 
 PRIORITY_BY_TRIGGER: dict[TriggerKind, Priority] = {
@@ -25,6 +26,9 @@ PRIORITY_BY_TRIGGER: dict[TriggerKind, Priority] = {
     TriggerKind.MANUAL: Priority.INTERACTIVE,
     TriggerKind.EVENT: Priority.EVENT,
     TriggerKind.PIPELINE: Priority.EVENT,
+    # Something just happened elsewhere (a download finished) and the caller is a program,
+    # not a person waiting: as urgent as our own events.
+    TriggerKind.WEBHOOK: Priority.EVENT,
     TriggerKind.SCHEDULE: Priority.SCHEDULED,
     TriggerKind.SYSTEM: Priority.BACKGROUND,
 }

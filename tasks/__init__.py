@@ -11,6 +11,7 @@ Declaring a task:
 - `schedule`: schedule declarations: `every('15m')`, a cron expression, or `dynamic(loader)`
 - `pipeline`: a pipeline task's stages (`Stage`) and their order
 - `coverage`: the catalog stages a task covers (`CoveredStage`), and its runs' items
+- `triggers`: `define_trigger`, an inbound trigger: a name integrations POST to that starts a task
 
 In the handler:
 - `context`: `TaskContext`, what a handler sees of its run (the engine implements it)
@@ -51,6 +52,7 @@ from tasks.policies import Retry, Stall, Timeout
 from tasks.process import ProcessResult
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import ScheduleRow, cron, dynamic, every
+from tasks.triggers import TriggerDefinition, define_trigger
 
 __all__ = [
     "RESOURCE_CLASSES",
@@ -80,9 +82,11 @@ __all__ = [
     "TaskDefinition",
     "Timeout",
     "TransientError",
+    "TriggerDefinition",
     "WatchSync",
     "cron",
     "define_task",
+    "define_trigger",
     "define_watch_sync",
     "dynamic",
     "every",

@@ -46,10 +46,11 @@ class RunCancelled(TaskError):
 
 
 class ManifestError(ValueError):
-    """A task definition is malformed; names the task and the offending field."""
+    """A task (or trigger: `what="trigger"`) definition is malformed; names it and the
+    offending field."""
 
-    def __init__(self, task_id: str, field: str, problem: str) -> None:
-        super().__init__(f"task {task_id!r}, field {field!r}: {problem}")
+    def __init__(self, task_id: str, field: str, problem: str, *, what: str = "task") -> None:
+        super().__init__(f"{what} {task_id!r}, field {field!r}: {problem}")
         self.task_id = task_id
         self.field = field
         self.problem = problem

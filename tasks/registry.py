@@ -1,7 +1,8 @@
 """The registry: imports the definition modules named in settings, validates, then freezes.
 
-Definitions are module-level `TaskDefinition` (or `WatchSync`) values; importing a module is
-all it takes to declare its tasks. After `load` the registry is read-only.
+Definitions are module-level `TaskDefinition` (or `WatchSync`) values, and inbound triggers
+`TriggerDefinition` ones (`Registry.triggers`); importing a module is all it takes to declare
+them. After `load` the registry is read-only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from types import MappingProxyType
 
 from tasks.definition import TaskDefinition, WatchSync
 from tasks.errors import ManifestError
+from tasks.triggers import TriggerDefinition
 
 
 class RegistryError(RuntimeError):
@@ -28,8 +30,21 @@ class UnknownTaskError(KeyError):
         return f"unknown task {self.task_id!r}"
 
 
+class UnknownTriggerError(KeyError):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"unknown trigger {self.name!r}"
+
+
 class Registry(Mapping[str, TaskDefinition]):
-    def __init__(self, definitions: Iterable[TaskDefinition]) -> None:
+    def __init__(
+        self,
+        definitions: Iterable[TaskDefinition],
+        triggers: Iterable[TriggerDefinition] = (),
+    ) -> None:
         by_id: dict[str, TaskDefinition] = {}
         for definition in definitions:
             if definition.id in by_id and by_id[definition.id] is not definition:
@@ -51,6 +66,7 @@ class Registry(Mapping[str, TaskDefinition]):
                     raise RegistryError(str(ManifestError(definition.id, "covers_stages", problem)))
                 covering[stage.id] = definition.id
         self._by_id = MappingProxyType(by_id)
+        self._triggers = MappingProxyType(_checked_triggers(triggers, by_id))
 
     def __getitem__(self, task_id: str) -> TaskDefinition:
         try:
@@ -64,8 +80,35 @@ class Registry(Mapping[str, TaskDefinition]):
     def __len__(self) -> int:
         return len(self._by_id)
 
+    @property
+    def triggers(self) -> Mapping[str, TriggerDefinition]:
+        """The inbound triggers, by name (read-only)."""
+        return self._triggers
 
-def _declared_in(module_name: str) -> list[TaskDefinition]:
+    def trigger(self, name: str) -> TriggerDefinition:
+        try:
+            return self._triggers[name]
+        except KeyError:
+            raise UnknownTriggerError(name) from None
+
+
+def _checked_triggers(
+    triggers: Iterable[TriggerDefinition], tasks: Mapping[str, TaskDefinition]
+) -> dict[str, TriggerDefinition]:
+    by_name: dict[str, TriggerDefinition] = {}
+    for trigger in triggers:
+        problem = None
+        if trigger.name in by_name and by_name[trigger.name] is not trigger:
+            problem = ("name", "is defined more than once")
+        elif trigger.task not in tasks:
+            problem = ("task", f"{trigger.task!r} is not a registered task")
+        if problem is not None:
+            raise RegistryError(str(ManifestError(trigger.name, *problem, what="trigger")))
+        by_name[trigger.name] = trigger
+    return by_name
+
+
+def _declared_in(module_name: str) -> tuple[list[TaskDefinition], list[TriggerDefinition]]:
     try:
         module = importlib.import_module(module_name)
     except ManifestError as exc:
@@ -73,12 +116,15 @@ def _declared_in(module_name: str) -> list[TaskDefinition]:
     except ImportError as exc:
         raise RegistryError(f"cannot import task module {module_name!r}: {exc}") from exc
     found: list[TaskDefinition] = []
+    triggers: list[TriggerDefinition] = []
     for value in vars(module).values():
         if isinstance(value, TaskDefinition):
             found.append(value)
         elif isinstance(value, WatchSync):
             found.extend((value.push, value.pull))
-    return found
+        elif isinstance(value, TriggerDefinition):
+            triggers.append(value)
+    return found, triggers
 
 
 # Registered in every process before the configured modules (LUMASTRA_TASK_MODULES): the
@@ -88,9 +134,12 @@ BUILT_IN_MODULES = ("tasks.definitions.maintenance",)
 
 def load(module_names: Iterable[str]) -> Registry:
     definitions: list[TaskDefinition] = []
+    triggers: list[TriggerDefinition] = []
     for name in module_names:
-        definitions.extend(_declared_in(name))
-    return Registry(definitions)
+        tasks, declared_triggers = _declared_in(name)
+        definitions.extend(tasks)
+        triggers.extend(declared_triggers)
+    return Registry(definitions, triggers)
 
 
 _registry: Registry | None = None

@@ -26,7 +26,17 @@ from lumastra.config.env import ConfigError, EnvVar
 from lumastra.config.web import Flower, Web
 from lumastra.config.worker import Worker
 
-__all__ = ["CLASS_PATTERNS", "VARIABLES", "Config", "ConfigError", "WorkerMode", "current", "load"]
+__all__ = [
+    "CLASS_PATTERNS",
+    "TRIGGER_SECRET",
+    "VARIABLES",
+    "Config",
+    "ConfigError",
+    "WorkerMode",
+    "current",
+    "load",
+    "trigger_variable",
+]
 
 # Per-class overrides are a family of variables; the docs list them by this pattern.
 CLASS_PATTERNS = (
@@ -34,6 +44,16 @@ CLASS_PATTERNS = (
     EnvVar("LUMASTRA_QUEUE_DEPTH_CAP_<CLASS>", "see RESOURCE_CLASSES", "waiting messages cap"),
     EnvVar("LUMASTRA_HARD_TIMEOUT_S_<CLASS>", "see RESOURCE_CLASSES", "default hard timeout"),
     EnvVar("LUMASTRA_STALL_FAIL_S_<CLASS>", "see RESOURCE_CLASSES", "default stall limit"),
+)
+# Each inbound trigger's signing secret is a variable of its own, named after the trigger
+# (upper case, dashes as underscores), so a secret store can hand out one per integration;
+# with `_FILE` like any other.
+TRIGGER_SECRET_PREFIX = "LUMASTRA_TRIGGER_SECRET_"  # noqa: S105 (a name, not a secret)
+TRIGGER_SECRET = EnvVar(
+    f"{TRIGGER_SECRET_PREFIX}<TRIGGER>",
+    "",
+    "the secret that signs the trigger's requests; unset: a bearer token only",
+    roles=env.WEB,
 )
 
 
@@ -45,6 +65,8 @@ class Config(Worker, Starters, Flower, Web, EveryRole):
     queue_depth_cap_overrides: Mapping[str, int] = field(default_factory=dict)
     hard_timeout_overrides: Mapping[str, int] = field(default_factory=dict)
     stall_fail_overrides: Mapping[str, int] = field(default_factory=dict)
+    # Trigger name → its signing secret (LUMASTRA_TRIGGER_SECRET_<TRIGGER>).
+    trigger_secrets: Mapping[str, str] = field(default_factory=dict)
 
 
 VARIABLES: dict[str, EnvVar] = env.declared(Config)
@@ -63,6 +85,26 @@ def _per_class(environ: Mapping[str, str], prefix: str) -> dict[str, int]:
     return found
 
 
+def trigger_variable(name: str) -> str:
+    """The variable holding trigger `name`'s secret."""
+    return TRIGGER_SECRET_PREFIX + name.upper().replace("-", "_")
+
+
+def _trigger_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for key in environ:
+        variable = key.removesuffix("_FILE")
+        if not variable.startswith(TRIGGER_SECRET_PREFIX):
+            continue
+        name = variable.removeprefix(TRIGGER_SECRET_PREFIX).lower().replace("_", "-")
+        if not name or name in found:
+            continue
+        _, secret = env.lookup(EnvVar(variable, "", TRIGGER_SECRET.help), environ) or ("", "")
+        if secret:  # empty is unset: that trigger takes bearer tokens only
+            found[name] = secret
+    return found
+
+
 def load(environ: Mapping[str, str]) -> Config:
     return env.read(
         Config,
@@ -71,6 +113,7 @@ def load(environ: Mapping[str, str]) -> Config:
         queue_depth_cap_overrides=_per_class(environ, "LUMASTRA_QUEUE_DEPTH_CAP_"),
         hard_timeout_overrides=_per_class(environ, "LUMASTRA_HARD_TIMEOUT_S_"),
         stall_fail_overrides=_per_class(environ, "LUMASTRA_STALL_FAIL_S_"),
+        trigger_secrets=_trigger_secrets(environ),
     )
 
 

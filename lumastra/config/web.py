@@ -131,6 +131,14 @@ class Web:
         "seconds a /metrics body is kept in the cache Valkey for every web replica; 0: never",
         roles=env.WEB,
     )
+    trigger_tolerance_s: int = env.variable(
+        "LUMASTRA_TRIGGER_TOLERANCE_S",
+        "300",
+        env.positive_int,
+        "seconds a signed trigger request's timestamp may be from now; a replay is refused "
+        "for as long",
+        roles=env.WEB,
+    )
     sse_keepalive_s: int = env.variable(
         "LUMASTRA_SSE_KEEPALIVE_S",
         "15",

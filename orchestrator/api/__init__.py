@@ -10,6 +10,8 @@ The API and its operations:
 - `events`: `GET /events`: runs' state changes and live events over Server-Sent Events
 - `tasks`: `/tasks`: the registry, each task's admission status, and force-enable
 - `webhooks`: `/webhooks`: the endpoints run events are delivered to (create, list, delete)
+- `triggers`: `POST /triggers/{name}`: an integration's inbound trigger starts its task, signed
+  (the trigger's secret) or by an operator's token
 
 What the operations share:
 - `errors`: the one JSON shape of every API error, ninja's own and unknown paths included

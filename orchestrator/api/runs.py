@@ -217,15 +217,16 @@ class RunPage(Schema):
 
 
 @contextmanager
-def start_refusals() -> Iterator[None]:
-    """start_run's refusals as API errors (a new run, or an operator's retry)."""
+def start_refusals(input_at: tuple[str, ...] = ("body", "run", "input")) -> Iterator[None]:
+    """start_run's refusals as API errors (a new run, an operator's retry, a trigger's run);
+    an invalid input's field errors located at `input_at`."""
     try:
         yield
     except UnknownTaskError as exc:
         raise ApiError(404, str(exc)) from None
     except InvalidInput as exc:
         # Located like ninja's own body errors: source, then the view's parameter name.
-        errors = [{**e, "loc": ["body", "run", "input", *e["loc"]]} for e in exc.errors]
+        errors = [{**e, "loc": [*input_at, *e["loc"]]} for e in exc.errors]
         raise ApiError(422, f"input is invalid for task {exc.task_id!r}", errors) from None
     except (NotRetryable, KeyContended) as exc:
         raise ApiError(409, str(exc)) from None
@@ -256,12 +257,18 @@ def create_run(request: HttpRequest, run: StartRunIn, wait: Query[WaitIn]) -> St
             idempotency_key=run.idempotency_key,
             not_before=run.delay(),
         )
-    if handle.dropped:
-        return Status(200, started(handle, RunState.CANCELLED))
-    if wait.wait:
+    if wait.wait and not handle.dropped:
         row = ended(handle.run_id, wait.wait)
         if row is not None:
             return Status(200, started(handle, row.state, result=row.result, error=row.error))
+    return answered(handle)
+
+
+def answered(handle: RunHandle) -> Status[StartedRun]:
+    """A start's answer: 202 with a new run; 200 with the live run that already does this
+    work, or with the recorded run backpressure dropped."""
+    if handle.dropped:
+        return Status(200, started(handle, RunState.CANCELLED))
     if handle.deduplicated:
         # The matched run's row may not be committed yet; until it is, it is still pending.
         state = TaskHistory.objects.filter(id=handle.run_id).values_list("state", flat=True)

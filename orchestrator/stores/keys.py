@@ -168,6 +168,12 @@ def auth_failures(address: str) -> str:
     return f"auth:failures:{address}"
 
 
+def trigger_signature(trigger: str, digest: str) -> str:
+    """An inbound trigger's signed request already accepted (SET NX), kept while its timestamp
+    is within the tolerance (`webhooks.inbound`): the same request again is a replay."""
+    return f"trigger:seen:{trigger}:{digest}"
+
+
 def cached(read_model: str) -> str:
     """A read model kept in the cache Valkey (`stores.cache`), e.g. `metrics`: the last /metrics
     body. Only the cache Valkey holds these keys."""

@@ -13,6 +13,12 @@ a worker's stop takes ffmpeg with it. A file ffmpeg cannot read fails the run `p
 ffmpeg's own words; anything else it fails for (a signal, a full disk) is tried again.
 ffmpeg and ffprobe come from Debian's `ffmpeg` package.
 
+The inbound trigger `download-finished` (`POST /api/v1/triggers/download-finished` with
+`{"item_id": N}`, signed with `LUMASTRA_TRIGGER_SECRET_DOWNLOAD_FINISHED`) probes an item's
+file as soon as a download client says it is there, instead of at the stage-sweep's next pass.
+Its run carries the probe's coverage key, so it is the item's coverage run (the row follows
+it) and a retry of the same event, or the sweep, joins it instead of probing twice.
+
 The file is checked through the media roots (`open_folder`, no link followed) and then named
 to the command, which opens it again by name: a file swapped between the two is not guarded.
 """
@@ -38,6 +44,7 @@ from tasks import (
     ProcessResult,
     TaskContext,
     define_task,
+    define_trigger,
     open_folder,
     skipped,
 )
@@ -264,4 +271,20 @@ trickplay_task = define_task(
             invalidated_by=("file.linked", "file.unlinked", "file.content_changed"),
         )
     ],
+)
+
+
+def _coverage_key(body: dict[str, Any]) -> str:
+    # Imported here: the catalog's sweep imports the engine, which loads this module.
+    from coverage.sweep import run_key
+
+    return run_key("probe", int(body["item_id"]))
+
+
+download_finished = define_trigger(
+    name="download-finished",
+    task="media-probe",
+    input_from=lambda body: {"stage": "probe", "item_id": body["item_id"]},
+    idempotency_key_from=_coverage_key,
+    description="a download client finished an item's file: probe it now",
 )

@@ -84,6 +84,7 @@ OWN_ERRORS = {
     ("get", "/api/v1/coverage/{stage}"): {404, 422},
     ("post", "/api/v1/coverage/{stage}/items/{item_id}/rescan"): {404, 409, 422, 503},
     ("post", "/api/v1/coverage/{stage}/heal"): {404},
+    ("post", "/api/v1/triggers/{name}"): {404, 409, 422, 503},
 }
 
 

@@ -143,6 +143,13 @@ API_OPS = [
         "cancel", Access.OPERATE, _post_json(f"{API}/runs/{{pending}}/cancel"), 200, World.cancelled
     ),
     Op("retry", Access.OPERATE, _post_json(f"{API}/runs/{{ended}}/retry"), 202, World.started_one),
+    Op(
+        "trigger",
+        Access.OPERATE,
+        _post_json(f"{API}/triggers/test-parked-hook", {"label": "by-token"}),
+        202,
+        World.started_one,
+    ),
     Op("list-tasks", Access.VIEW, _get(f"{API}/tasks"), 200),
     Op("get-task", Access.VIEW, _get(f"{API}/tasks/{CIRCUIT}"), 200),
     Op(

@@ -111,9 +111,10 @@ def _clean_redis() -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_counters() -> None:
-    """Circuits, refusal and daily run counts and failed sign-ins outlive a test's database;
-    each test starts without them, so failures one test provokes never refuse another test's
-    starts or tokens, and runs one test counts never show in another's figures."""
+    """Circuits, refusal and daily run counts, failed sign-ins and accepted trigger signatures
+    outlive a test's database; each test starts without them, so failures one test provokes
+    never refuse another test's starts, tokens or signed requests, and runs one test counts
+    never show in another's figures."""
     client = valkey.client()
     patterns = (
         keys.circuit("*"),
@@ -121,6 +122,7 @@ def _fresh_counters() -> None:
         keys.quota_counts("*", "*"),
         keys.cost_day("*", "*"),
         keys.auth_failures("*"),
+        keys.trigger_signature("*", "*"),
     )
     for pattern in patterns:
         stale = list(client.scan_iter(match=pattern, count=500))

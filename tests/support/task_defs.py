@@ -34,6 +34,7 @@ from tasks import (
     Timeout,
     TransientError,
     define_task,
+    define_trigger,
     skipped,
 )
 from tasks.definitions.catalog import HAS_PRESENT_FILE
@@ -908,4 +909,16 @@ command_timeout = define_task(
     input_model=CommandInput,
     stall=Stall(auto=True),
     timeout=Timeout(soft=timedelta(seconds=2), hard=timedelta(seconds=3)),
+)
+
+
+# Inbound triggers (tests/integration/test_triggers.py): one onto a parked task, whose runs
+# stay pending, and one onto a task the shared worker runs.
+parked_trigger = define_trigger(
+    name="test-parked-hook",
+    task="test-record-order",
+    input_from=lambda body: {"label": body["label"]},
+)
+noop_trigger = define_trigger(
+    name="test-noop-hook", task="test-noop", input_from=lambda body: {}, priority=5
 )

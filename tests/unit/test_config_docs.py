@@ -15,7 +15,7 @@ import pytest
 
 from coverage import config as coverage_config
 from lumastra import config, preflight
-from lumastra.config import CLASS_PATTERNS, ConfigError, WorkerMode, env
+from lumastra.config import CLASS_PATTERNS, TRIGGER_SECRET, ConfigError, WorkerMode, env
 from tasks.resources import RESOURCE_CLASSES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "environment.md"
@@ -23,7 +23,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "environment.md"
 _ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|([^|]*)\|([^|]*)\|\s*$")
 # A row of the per-class table: | `class` | concurrency | cap | hard timeout | stall limit |
 _CLASS_ROW = re.compile(r"^\|\s*`([a-z]+)`\s*\|([^|]*)\|([^|]*)\|([^|]*)\|([^|]*)\|\s*$")
-_VARIABLE_NAME = re.compile(r"^[A-Z][A-Z0-9_]*(<CLASS>)?$")
+_VARIABLE_NAME = re.compile(r"^[A-Z][A-Z0-9_]*(<CLASS>|<TRIGGER>)?$")
 VARIABLES = {**config.VARIABLES, **coverage_config.VARIABLES}
 # The doc's top-level sections, by the roles whose variables they list.
 SECTIONS = {
@@ -107,6 +107,13 @@ def test_every_per_class_pattern_is_documented() -> None:
     assert not missing, f"{DOC.name} does not list: {missing}"
 
 
+def test_the_trigger_secret_family_is_documented_under_the_web_role() -> None:
+    default_cell, meaning = _documented_variables()[TRIGGER_SECRET.name]
+
+    assert "unset" in default_cell and meaning
+    assert SECTIONS[_sections()[TRIGGER_SECRET.name]] == TRIGGER_SECRET.roles == env.WEB
+
+
 def test_every_variable_is_listed_under_the_roles_that_read_it() -> None:
     sections = _sections()
 
@@ -157,7 +164,7 @@ def test_preflight_names_an_unusable_value_before_anything_starts(
 
 
 def test_the_doc_lists_no_variable_the_config_does_not_read() -> None:
-    known = set(VARIABLES) | {p.name for p in CLASS_PATTERNS}
+    known = set(VARIABLES) | {p.name for p in CLASS_PATTERNS} | {TRIGGER_SECRET.name}
 
     stale = sorted(set(_documented_variables()) - known)
     assert not stale, f"{DOC.name} lists variables the settings do not declare: {stale}"
