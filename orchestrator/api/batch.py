@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
-from pydantic import ConfigDict
+from pydantic import ConfigDict, StrictBool
 
 from orchestrator.api.auth import OPERATE, current_user
 from orchestrator.api.errors import ApiError, FieldErrorOut, answers
@@ -28,7 +28,7 @@ class BatchIn(Schema):
     runs: list[StartRunIn] = Field(
         min_length=1, max_length=MAX_BATCH, description=f"the starts, at most {MAX_BATCH}"
     )
-    atomic: bool = Field(
+    atomic: StrictBool = Field(
         default=False,
         description="all or nothing: one refusal writes nothing and answers 409",
     )

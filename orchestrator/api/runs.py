@@ -21,6 +21,7 @@ from pydantic import (
     AwareDatetime,
     BeforeValidator,
     ConfigDict,
+    StrictFloat,
     StringConstraints,
     WithJsonSchema,
     field_validator,
@@ -57,13 +58,25 @@ MAX_WAIT_S = 60
 MAX_PAGE = 200
 # A bound on the key keeps it well inside what the unique index on it can hold.
 MAX_IDEMPOTENCY_KEY = 200
+def _rfc3339_text(value: object) -> object:
+    # pydantic would also read a number as seconds since the epoch, which the schema's
+    # `date-time` string does not allow.
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 time, as a string")
+    return value
+
+
+TimeText = Annotated[AwareDatetime, BeforeValidator(_rfc3339_text)]
 # Only so no number overflows a timedelta: LUMASTRA_MAX_START_DELAY_S is the real bound.
 MAX_DELAY_S = 100 * 365 * 86400
 IdempotencyKey = Annotated[str, StringConstraints(max_length=MAX_IDEMPOTENCY_KEY), Storable()]
 
 
 class StartRunIn(Schema):
-    model_config = ConfigDict(extra="forbid")
+    # The schema says what `_one_delay` checks, so a client generated from it knows.
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"not": {"required": ["not_before", "delay_s"]}}
+    )
 
     task: StorableStr = Field(description="a task id from GET /tasks")
     input: dict[str, Any] = Field(
@@ -77,12 +90,12 @@ class StartRunIn(Schema):
     priority: PriorityIn | None = Field(
         default=None, description="1 most urgent … 7 least; default: the task's, else 2"
     )
-    not_before: AwareDatetime | None = Field(
+    not_before: TimeText | None = Field(
         default=None,
         description="a delayed start: the run waits `pending` until this time (RFC 3339, with "
         "its offset); a time already past starts now; at most LUMASTRA_MAX_START_DELAY_S ahead",
     )
-    delay_s: float | None = Field(
+    delay_s: StrictFloat | None = Field(
         default=None,
         ge=0,
         le=MAX_DELAY_S,
@@ -92,7 +105,7 @@ class StartRunIn(Schema):
 
     @model_validator(mode="after")
     def _one_delay(self) -> StartRunIn:
-        if self.not_before is not None and self.delay_s is not None:
+        if {"not_before", "delay_s"} <= self.model_fields_set:
             raise ValueError("give not_before or delay_s, not both")
         return self
 

@@ -68,6 +68,7 @@ def _refused_only_the_cursor(response: Any) -> bool:
 OWN_ERRORS = {
     ("get", "/api/v1/runs"): {422},
     ("post", "/api/v1/runs"): {404, 409, 422, 503},
+    ("post", "/api/v1/runs:batch"): {409, 422},
     ("get", "/api/v1/runs/{run_id}"): {404},
     ("get", "/api/v1/runs/{run_id}/report.md"): {404},
     ("get", "/api/v1/runs/{run_id}/logs"): {404, 422},

@@ -195,9 +195,7 @@ def test_a_bad_time_is_a_422_naming_the_field(body: dict[str, object], field: st
 
 
 def test_the_console_shows_when_a_waiting_run_is_due() -> None:
-    handle = start_run(
-        "test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(hours=3)
-    )
+    handle = start_run("test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(hours=3))
     user = operator("delay-console")
     client = Client()
     assert client.login(username=user.username, password=PASSWORD)
