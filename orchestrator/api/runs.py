@@ -58,6 +58,8 @@ MAX_WAIT_S = 60
 MAX_PAGE = 200
 # A bound on the key keeps it well inside what the unique index on it can hold.
 MAX_IDEMPOTENCY_KEY = 200
+
+
 def _rfc3339_text(value: object) -> object:
     # pydantic would also read a number as seconds since the epoch, which the schema's
     # `date-time` string does not allow.
