@@ -1,5 +1,7 @@
 """`/runs`: start a run, read one run (durable row plus live state) or its Markdown report,
-list runs, cancel one (or kill it now), retry one.
+list runs, cancel one (or kill it now: `{"kill": true}`), retry one (a pipeline resumed or
+started afresh: `{"mode": "resume" | "fresh"}`). The bodies are optional: without one, a cancel
+is cooperative and a retry resumes a pipeline, as before they existed.
 
 Views never write run state: a run is started only through `start_run`, whose refusals
 (unknown task, invalid input, admission: quota, exclusivity) leave nothing written.
@@ -11,13 +13,21 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Annotated, Any
 
 from django.db.models.fields.json import KT
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
 from ninja.responses import Status
-from pydantic import BeforeValidator, ConfigDict, StringConstraints, WithJsonSchema, field_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    StrictBool,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+)
 
 from orchestrator.api import report
 from orchestrator.api.auth import OPERATE, VIEW, current_user
@@ -239,12 +249,26 @@ class CancelledRun(Schema):
     )
 
 
-@router.post("/runs/{run_id}/cancel", auth=OPERATE, response=answers({200: CancelledRun}, 404, 409))
-def cancel_run(request: HttpRequest, run_id: str) -> CancelledRun:
-    """Cancel a run: at once if it has not started, cooperatively if it is running."""
+class CancelIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    kill: StrictBool = Field(
+        default=False,
+        description="kill now: a running handler is not waited for; its run ends cancelled and "
+        "its process is killed as soon as its worker hears (also for a run already cancelling)",
+    )
+
+
+@router.post(
+    "/runs/{run_id}/cancel", auth=OPERATE, response=answers({200: CancelledRun}, 404, 409, 422)
+)
+def cancel_run(request: HttpRequest, run_id: str, options: CancelIn | None = None) -> CancelledRun:
+    """Cancel a run: at once if it has not started, cooperatively if it is running, or with
+    `{"kill": true}` without waiting for its handler. No body: a cooperative cancel."""
     _require_run_id(run_id)
+    kill = options is not None and options.kill
     try:
-        state = request_cancel(run_id, actor=current_user(request).username)
+        state = request_cancel(run_id, actor=current_user(request).username, kill=kill)
     except UnknownRun as exc:
         raise ApiError(404, str(exc)) from None
     except NotCancellable as exc:
@@ -252,17 +276,36 @@ def cancel_run(request: HttpRequest, run_id: str) -> CancelledRun:
     return CancelledRun(run_id=run_id, state=state)
 
 
+class RetryMode(StrEnum):
+    RESUME = "resume"  # a pipeline's new run reuses the stages the original completed
+    FRESH = "fresh"  # the new run runs every stage again
+
+
+class RetryIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: RetryMode | None = Field(
+        default=None,
+        description="resume: a pipeline run's new run reuses the stages the original completed "
+        "(409 for a task that is not a pipeline); fresh: every stage runs again; absent: "
+        "resume a pipeline, rerun anything else",
+    )
+
+
 @router.post(
     "/runs/{run_id}/retry",
     auth=OPERATE,
     response=answers({200: StartedRun, 202: StartedRun}, 404, 409, 422, 503),
 )
-def retry(request: HttpRequest, run_id: str) -> Status[StartedRun]:
-    """Retry a failed or cancelled run: a new run at priority 1 whose trigger names it."""
+def retry(request: HttpRequest, run_id: str, options: RetryIn | None = None) -> Status[StartedRun]:
+    """Retry a failed or cancelled run: a new run at priority 1 whose trigger names it; a
+    pipeline is resumed unless `{"mode": "fresh"}`."""
     _require_run_id(run_id)
+    mode = options.mode if options is not None else None
+    reuse = None if mode is None else mode is RetryMode.RESUME
     with start_refusals():
         try:
-            handle = rerun(run_id, actor=current_user(request).username)
+            handle = rerun(run_id, actor=current_user(request).username, reuse=reuse)
         except UnknownRun as exc:
             raise ApiError(404, str(exc)) from None
     status = 200 if handle.deduplicated else 202

@@ -10,7 +10,17 @@ from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
 from ninja.parser import Parser
 
-from orchestrator.api import errors, events, logs, runs, tasks, webhooks
+from orchestrator.api import (
+    cluster,
+    dead_letters,
+    errors,
+    events,
+    logs,
+    runs,
+    schedules,
+    tasks,
+    webhooks,
+)
 from orchestrator.api.auth import AUTH
 
 
@@ -40,6 +50,9 @@ api.add_router("", logs.router)
 api.add_router("", events.router)
 api.add_router("", tasks.router)
 api.add_router("", webhooks.router)
+api.add_router("", dead_letters.router)
+api.add_router("", schedules.router)
+api.add_router("", cluster.router)
 
 
 def urls() -> tuple[list[URLPattern | URLResolver], str, str]:
