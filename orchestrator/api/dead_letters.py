@@ -23,6 +23,7 @@ import binascii
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -94,7 +95,15 @@ def _decode(value: object) -> object:
             _CHECKS[kind](after)
     except (binascii.Error, UnicodeDecodeError, TypeError, ValueError, RecursionError):
         raise ValueError("not a cursor from a previous page") from None
-    return kind, after
+    return Resume(kind, after)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a page stopped: a kind, and that kind's own position (None: its start)."""
+
+    kind: Kind
+    after: str | None
 
 
 def _poison_position(after: str) -> tuple[str, str]:
@@ -124,7 +133,7 @@ _CHECKS: dict[Kind, Callable[[str], object]] = {
 
 # A cursor is where the last page stopped: a kind and that kind's own position in it.
 Cursor = Annotated[
-    tuple[Kind, str | None] | None,
+    Resume | None,
     BeforeValidator(_decode),
     WithJsonSchema({"type": "string", "description": "next_cursor of the previous page"}),
 ]
@@ -281,7 +290,9 @@ _READERS: dict[Kind, Callable[[str | None, str | None, int], Page]] = {
 def list_dead_letters(request: HttpRequest, filters: Query[DeadLetterFilters]) -> DeadLetterPage:
     """A kind at a time (exhausted runs, drain poison, webhook deliveries), newest first."""
     kinds = list(Kind) if filters.kind is None else [filters.kind]
-    start, after = filters.cursor or (kinds[0], None)
+    start, after = (
+        (filters.cursor.kind, filters.cursor.after) if filters.cursor else (kinds[0], None)
+    )
     if start not in kinds:
         detail = f"the cursor is for kind {start.value}, not {filters.kind}"
         raise ApiError(422, detail, [{"loc": ["query", "cursor"], "msg": detail}])
