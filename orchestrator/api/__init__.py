@@ -9,6 +9,10 @@ The API and its operations:
 - `events`: `GET /events`: runs' state changes and live events over Server-Sent Events
 - `tasks`: `/tasks`: the registry, each task's admission status, and force-enable
 - `webhooks`: `/webhooks`: the endpoints run events are delivered to (create, list, delete)
+- `dead_letters`: `/dead-letters`, `/drain/poison`: what stopped being retried; requeue, replay,
+  discard (an outcome per id)
+- `schedules`: `/schedules`: next and last fire of every schedule; switch one on or off
+- `cluster`: `/cluster/nodes`, `/cluster/leaders`: the roster and the leader seat (read-only)
 
 What the operations share:
 - `errors`: the one JSON shape of every API error, ninja's own and unknown paths included

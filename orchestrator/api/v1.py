@@ -23,7 +23,6 @@ from orchestrator.api import (
 )
 from orchestrator.api.auth import AUTH
 
-
 _FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 
