@@ -22,7 +22,7 @@ from coverage import backlog
 from coverage.models import CoverageStatus
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
-from orchestrator.api.runs import StartedRun, start_refusals, started
+from orchestrator.api.starting import StartedRun, start_refusals, started
 from orchestrator.models import TaskHistory
 from orchestrator.states import RunState
 from orchestrator.triggers import TriggerKind

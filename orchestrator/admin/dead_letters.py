@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db.models.fields.json import KT
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -37,14 +36,15 @@ from orchestrator.admin import pages
 from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.hooks.base import Refused
-from orchestrator.models import DeliveryStatus, TaskHistory, WebhookDelivery
+from orchestrator.models import DeliveryStatus, TaskHistory
 from orchestrator.recovery import drain_poison as poison_list
 from orchestrator.runs import drain
 from orchestrator.runs.cancel import UnknownRun
-from orchestrator.runs.rerun import rerun
+from orchestrator.runs.rerun import dead_letters as exhausted
+from orchestrator.runs.rerun import requeued_as, rerun
 from orchestrator.runs.start import StartRefused
-from orchestrator.states import RunState
 from orchestrator.text import is_ascii_digits
+from orchestrator.webhooks.delivery import dead as dead_deliveries
 from orchestrator.webhooks.delivery import redeliver
 
 log = logging.getLogger(__name__)
@@ -102,23 +102,13 @@ def posted(request: HttpRequest) -> tuple[str, list[str]]:
 
 
 def exhausted_runs(limit: int) -> Section:
-    # One partial index (task_history_dead_letters) serves the count and the newest rows.
-    dead = TaskHistory.objects.filter(state=RunState.FAILED, error__exhausted=True)
+    dead = exhausted()
     rows = list(
         dead.order_by("-created_at").values_list(
             "id", "task_id", "finished_at", "attempts", "error"
         )[:limit]
     )
-    requeued: dict[str, list[str]] = {}
-    if rows:
-        retries = (
-            TaskHistory.objects.filter(trigger__has_key="retryOf")
-            .annotate(retry_of=KT("trigger__retryOf"))
-            .filter(retry_of__in=[r[0] for r in rows])
-            .values_list("retry_of", "id")
-        )
-        for original, retry in retries:
-            requeued.setdefault(original, []).append(retry)
+    requeued = requeued_as(r[0] for r in rows) if rows else {}
     url = reverse("admin:orchestrator_dead_letters")
     return Section(
         key="exhausted-runs",
@@ -139,9 +129,7 @@ def exhausted_runs(limit: int) -> Section:
                     str((error or {}).get("message", ""))[:_MESSAGE_SHOWN],
                 ),
                 link=reverse("admin:orchestrator_taskhistory_change", args=[run_id]),
-                note=("requeued as " + ", ".join(sorted(requeued[run_id])))
-                if run_id in requeued
-                else "",
+                note=("requeued as " + ", ".join(requeued[run_id])) if run_id in requeued else "",
             )
             for run_id, task_id, finished, attempts, error in rows
         ),
@@ -192,7 +180,7 @@ def drain_poison(limit: int) -> Section:
 
 def dead_webhooks(limit: int) -> Section:
     # One partial index (webhook_delivery_dead) serves the count and the newest rows.
-    dead = WebhookDelivery.objects.filter(status=DeliveryStatus.DEAD)
+    dead = dead_deliveries()
     rows = list(dead.select_related("endpoint").order_by("-created_at")[:limit])
     return Section(
         key="dead-webhooks",

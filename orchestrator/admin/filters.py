@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
 
+from orchestrator.runs.rerun import dead_letters
 from orchestrator.text import is_ascii_digits
 from orchestrator.triggers import TriggerKind
 from tasks import registry
@@ -55,7 +56,7 @@ class OutcomeFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "dead-letter":
-            return queryset.filter(state="failed", error__exhausted=True)
+            return queryset & dead_letters()
         return queryset
 
 

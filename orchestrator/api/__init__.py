@@ -4,6 +4,8 @@ probes and /metrics. Views never write run state: they call the orchestrator.
 The API and its operations:
 - `v1`: the API itself (django-ninja): its routers, its auth default, its error shape
 - `runs`: `/runs`: start, read, list, cancel and retry runs, and a run's Markdown report
+- `starting`: what starting a run takes and answers (`POST /runs`, a batch's starts, a
+  trigger's, a retry's), and `start_run`'s refusals as API errors
 - `batch`: `POST /runs:batch`: up to 1,000 starts in one call, each start's outcome answered
 - `report`: a run's Markdown report (YAML frontmatter: the run, its steps; a readable body)
 - `logs`: `GET /runs/{run_id}/logs`: a run's log, followed live over Server-Sent Events
@@ -12,6 +14,10 @@ The API and its operations:
 - `webhooks`: `/webhooks`: the endpoints run events are delivered to (create, list, delete)
 - `triggers`: `POST /triggers/{name}`: an integration's inbound trigger starts its task, signed
   (the trigger's secret) or by an operator's token
+- `dead_letters`: `/dead-letters`, `/drain/poison`: what stopped being retried; requeue, replay,
+  discard (an outcome per id)
+- `schedules`: `/schedules`: next and last fire of every schedule; switch one on or off
+- `cluster`: `/cluster/nodes`, `/cluster/leaders`: the roster and the leader seat (read-only)
 
 What the operations share:
 - `errors`: the one JSON shape of every API error, ninja's own and unknown paths included

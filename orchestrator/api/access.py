@@ -1,9 +1,10 @@
 """Who may do what: the two permissions every API operation and every admin page checks.
 
 - **view** (`orchestrator.view_taskhistory`, Django's own view permission on runs): read runs,
-  tasks and their admission status, and the nodes page.
-- **operate** (`orchestrator.operate_taskhistory`): start, cancel and retry runs and
-  force-enable a task's circuit.
+  tasks and their admission status, dead letters, schedules, the nodes and leader seat.
+- **operate** (`orchestrator.operate_taskhistory`): start, cancel (or kill) and retry (or
+  resume) runs, force-enable a task's circuit, requeue dead letters, replay or discard poison
+  entries, switch schedules.
 
 Operate does not imply view: the "Lumastra operators" group (migration 0008) holds both,
 "Lumastra viewers" holds view only. A superuser holds every permission. Either counts only for

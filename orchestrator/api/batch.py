@@ -15,7 +15,7 @@ from pydantic import ConfigDict, StrictBool
 
 from orchestrator.api.auth import OPERATE, current_user
 from orchestrator.api.errors import ApiError, FieldErrorOut, answers
-from orchestrator.api.runs import StartRunIn
+from orchestrator.api.starting import StartRunIn
 from orchestrator.runs.batch import MAX_BATCH, Outcome, Result, StartRequest, start_runs
 from orchestrator.triggers import TriggerKind
 

@@ -1,5 +1,7 @@
 """`/runs`: start a run, read one run (durable row plus live state) or its Markdown report,
-list runs, cancel one (or kill it now), retry one.
+list runs, cancel one (or kill it now: `{"kill": true}`), retry one (a pipeline resumed or
+started afresh: `{"mode": "resume" | "fresh"}`). The bodies are optional: without one, a cancel
+is cooperative and a retry resumes a pipeline, as before they existed.
 
 Views never write run state: a run is started only through `start_run`, whose refusals
 (unknown task, invalid input, admission: quota, exclusivity) leave nothing written.
@@ -8,9 +10,8 @@ Views never write run state: a run is started only through `start_run`, whose re
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Annotated, Any
 
 from django.db.models.fields.json import KT
@@ -18,30 +19,22 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
 from ninja.responses import Status
 from pydantic import (
-    AwareDatetime,
     BeforeValidator,
     ConfigDict,
-    StrictFloat,
-    StringConstraints,
+    StrictBool,
     WithJsonSchema,
-    field_validator,
-    model_validator,
 )
 
 from orchestrator.api import report
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
-from orchestrator.api.fields import PriorityIn, Storable, StorableStr
+from orchestrator.api.fields import StorableStr
 from orchestrator.api.pagination import Position, page
-from orchestrator.hooks.base import Refused
+from orchestrator.api.starting import StartedRun, StartRunIn, answered, start_refusals, started
 from orchestrator.models import TaskHistory
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
-from orchestrator.runs.rerun import NotRetryable, rerun
+from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import (
-    InvalidInput,
-    KeyContended,
-    RunHandle,
-    StartRefused,
     is_run_id,
     start_run,
 )
@@ -49,101 +42,12 @@ from orchestrator.runs.wait import ended
 from orchestrator.states import RunState
 from orchestrator.stores import live
 from orchestrator.triggers import TriggerKind
-from tasks.registry import UnknownTaskError
 
 router = Router(tags=["runs"])
 # The longest `POST /runs?wait=` holds a request (and a worker thread of the web role).
 MAX_WAIT_S = 60
 
 MAX_PAGE = 200
-# A bound on the key keeps it well inside what the unique index on it can hold.
-MAX_IDEMPOTENCY_KEY = 200
-
-
-def _rfc3339_text(value: object) -> object:
-    # pydantic would also read a number as seconds since the epoch, which the schema's
-    # `date-time` string does not allow.
-    if not isinstance(value, str):
-        raise ValueError("must be an RFC 3339 time, as a string")
-    return value
-
-
-TimeText = Annotated[AwareDatetime, BeforeValidator(_rfc3339_text)]
-# Only so no number overflows a timedelta: LUMASTRA_MAX_START_DELAY_S is the real bound.
-MAX_DELAY_S = 100 * 365 * 86400
-IdempotencyKey = Annotated[str, StringConstraints(max_length=MAX_IDEMPOTENCY_KEY), Storable()]
-
-
-class StartRunIn(Schema):
-    # The schema says what `_one_delay` checks, so a client generated from it knows.
-    model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"not": {"required": ["not_before", "delay_s"]}}
-    )
-
-    task: StorableStr = Field(description="a task id from GET /tasks")
-    input: dict[str, Any] = Field(
-        default_factory=dict, description="validated against the task's input schema"
-    )
-    idempotency_key: IdempotencyKey | None = Field(
-        default=None,
-        description="while a run with this key is live, starting again returns that run; "
-        "an empty or blank key is no key (no deduplication)",
-    )
-    priority: PriorityIn | None = Field(
-        default=None, description="1 most urgent … 7 least; default: the task's, else 2"
-    )
-    not_before: TimeText | None = Field(
-        default=None,
-        description="a delayed start: the run waits `pending` until this time (RFC 3339, with "
-        "its offset); a time already past starts now; at most LUMASTRA_MAX_START_DELAY_S ahead",
-    )
-    delay_s: StrictFloat | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_DELAY_S,
-        allow_inf_nan=False,
-        description="a delayed start, in seconds from now (or `not_before`)",
-    )
-
-    @model_validator(mode="after")
-    def _one_delay(self) -> StartRunIn:
-        if {"not_before", "delay_s"} <= self.model_fields_set:
-            raise ValueError("give not_before or delay_s, not both")
-        return self
-
-    def delay(self) -> datetime | timedelta | None:
-        """What `start_run` takes as `not_before`."""
-        if self.delay_s is not None:
-            return timedelta(seconds=self.delay_s)
-        return self.not_before
-
-    @field_validator("idempotency_key")
-    @classmethod
-    def _blank_is_absent(cls, key: str | None) -> str | None:
-        # A client that always sends the field, empty when it has no key, gets no dedup
-        # rather than a refusal (or, worse, every such start sharing the key "").
-        if key is not None and not key.strip():
-            return None
-        return key
-
-
-class StartedRun(Schema):
-    run_id: str
-    task: str
-    state: RunState
-    priority: int
-    job_id: str
-    deduplicated: bool = Field(
-        description="true when a live run with this idempotency key or identity was returned"
-    )
-    dropped: bool = Field(
-        description="true when the task's queue was full and its backpressure policy is "
-        "`drop`: the run is recorded as cancelled (error kind `dropped`) and never enqueued"
-    )
-    result: Any = Field(None, description="with `wait`: the run's result once it completed")
-    error: dict[str, Any] | None = Field(
-        None, description="with `wait`: the run's error once it failed or was cancelled"
-    )
 
 
 class WaitIn(Schema):
@@ -231,28 +135,6 @@ class RunPage(Schema):
     next_cursor: str | None = Field(description="pass as `cursor` for the next page")
 
 
-@contextmanager
-def start_refusals(input_at: tuple[str, ...] = ("body", "run", "input")) -> Iterator[None]:
-    """start_run's refusals as API errors (a new run, an operator's retry, a trigger's run);
-    an invalid input's field errors located at `input_at`."""
-    try:
-        yield
-    except UnknownTaskError as exc:
-        raise ApiError(404, str(exc)) from None
-    except InvalidInput as exc:
-        # Located like ninja's own body errors: source, then the view's parameter name.
-        errors = [{**e, "loc": [*input_at, *e["loc"]]} for e in exc.errors]
-        raise ApiError(422, f"input is invalid for task {exc.task_id!r}", errors) from None
-    except (NotRetryable, KeyContended) as exc:
-        raise ApiError(409, str(exc)) from None
-    except StartRefused as exc:
-        raise ApiError(422, str(exc)) from None
-    except Refused as exc:
-        raise ApiError(
-            exc.http_status, str(exc), code=exc.code, retry_after=exc.retry_after
-        ) from None
-
-
 # A start can be refused by admission: 409 (exclusivity), 429 (quota), 503 (circuit open,
 # queue full).
 @router.post(
@@ -279,18 +161,6 @@ def create_run(request: HttpRequest, run: StartRunIn, wait: Query[WaitIn]) -> St
     return answered(handle)
 
 
-def answered(handle: RunHandle) -> Status[StartedRun]:
-    """A start's answer: 202 with a new run; 200 with the live run that already does this
-    work, or with the recorded run backpressure dropped."""
-    if handle.dropped:
-        return Status(200, started(handle, RunState.CANCELLED))
-    if handle.deduplicated:
-        # The matched run's row may not be committed yet; until it is, it is still pending.
-        state = TaskHistory.objects.filter(id=handle.run_id).values_list("state", flat=True)
-        return Status(200, started(handle, state.first() or RunState.PENDING))
-    return Status(202, started(handle, RunState.PENDING))
-
-
 class CancelledRun(Schema):
     run_id: str
     state: RunState = Field(
@@ -299,12 +169,26 @@ class CancelledRun(Schema):
     )
 
 
-@router.post("/runs/{run_id}/cancel", auth=OPERATE, response=answers({200: CancelledRun}, 404, 409))
-def cancel_run(request: HttpRequest, run_id: str) -> CancelledRun:
-    """Cancel a run: at once if it has not started, cooperatively if it is running."""
+class CancelIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    kill: StrictBool = Field(
+        default=False,
+        description="kill now: a running handler is not waited for; its run ends cancelled and "
+        "its process is killed as soon as its worker hears (also for a run already cancelling)",
+    )
+
+
+@router.post(
+    "/runs/{run_id}/cancel", auth=OPERATE, response=answers({200: CancelledRun}, 404, 409, 422)
+)
+def cancel_run(request: HttpRequest, run_id: str, options: CancelIn | None = None) -> CancelledRun:
+    """Cancel a run: at once if it has not started, cooperatively if it is running, or with
+    `{"kill": true}` without waiting for its handler. No body: a cooperative cancel."""
     _require_run_id(run_id)
+    kill = options is not None and options.kill
     try:
-        state = request_cancel(run_id, actor=current_user(request).username)
+        state = request_cancel(run_id, actor=current_user(request).username, kill=kill)
     except UnknownRun as exc:
         raise ApiError(404, str(exc)) from None
     except NotCancellable as exc:
@@ -312,37 +196,40 @@ def cancel_run(request: HttpRequest, run_id: str) -> CancelledRun:
     return CancelledRun(run_id=run_id, state=state)
 
 
+class RetryMode(StrEnum):
+    RESUME = "resume"  # a pipeline's new run reuses the stages the original completed
+    FRESH = "fresh"  # the new run runs every stage again
+
+
+class RetryIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: RetryMode | None = Field(
+        default=None,
+        description="resume: a pipeline run's new run reuses the stages the original completed "
+        "(409 for a task that is not a pipeline); fresh: every stage runs again; absent: "
+        "resume a pipeline, rerun anything else",
+    )
+
+
 @router.post(
     "/runs/{run_id}/retry",
     auth=OPERATE,
     response=answers({200: StartedRun, 202: StartedRun}, 404, 409, 422, 503),
 )
-def retry(request: HttpRequest, run_id: str) -> Status[StartedRun]:
-    """Retry a failed or cancelled run: a new run at priority 1 whose trigger names it."""
+def retry(request: HttpRequest, run_id: str, options: RetryIn | None = None) -> Status[StartedRun]:
+    """Retry a failed or cancelled run: a new run at priority 1 whose trigger names it; a
+    pipeline is resumed unless `{"mode": "fresh"}`."""
     _require_run_id(run_id)
+    mode = options.mode if options is not None else None
+    reuse = None if mode is None else mode is RetryMode.RESUME
     with start_refusals():
         try:
-            handle = rerun(run_id, actor=current_user(request).username)
+            handle = rerun(run_id, actor=current_user(request).username, reuse=reuse)
         except UnknownRun as exc:
             raise ApiError(404, str(exc)) from None
     status = 200 if handle.deduplicated else 202
     return Status(status, started(handle, RunState.PENDING))
-
-
-def started(
-    handle: RunHandle, state: str, *, result: Any = None, error: dict[str, Any] | None = None
-) -> StartedRun:
-    return StartedRun(
-        run_id=handle.run_id,
-        task=handle.task_id,
-        state=RunState(state),
-        priority=handle.priority,
-        job_id=handle.job_id,
-        deduplicated=handle.deduplicated,
-        dropped=handle.dropped,
-        result=result,
-        error=error,
-    )
 
 
 def _require_run_id(run_id: str) -> None:

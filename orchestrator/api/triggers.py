@@ -33,7 +33,7 @@ from ninja.security import APIKeyHeader
 from orchestrator.api import throttle
 from orchestrator.api.auth import OPERATE
 from orchestrator.api.errors import ApiError, answers
-from orchestrator.api.runs import IdempotencyKey, StartedRun, answered, start_refusals
+from orchestrator.api.starting import IdempotencyKey, StartedRun, answered, start_refusals
 from orchestrator.runs.start import start_run
 from orchestrator.triggers import TriggerKind
 from orchestrator.webhooks import inbound

@@ -5,12 +5,17 @@ run that did not complete can be retried: failed, or cancelled. A pipeline run i
 the new run reuses the stages the original completed, with their results, and runs only the
 failed stage and what follows it (`runs.pipeline.reuse_completed`; nothing is reused when the
 task's processing_version changed since), unless the operator asks for a fresh start
-(`reuse=False`).
+(`reuse=False`). Asking to resume a run whose task is not a pipeline (`reuse=True`) is refused:
+it has no stages to reuse, and a fresh run silently given for a resume would hide a mistake.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.db import transaction
+from django.db.models import QuerySet
+from django.db.models.fields.json import KT
 
 from orchestrator.models import TaskHistory
 from orchestrator.runs import pipeline
@@ -28,7 +33,13 @@ class NotRetryable(StartRefused):
     """The run is live or completed."""
 
 
-def rerun(run_id: str, *, actor: str, reuse: bool = True) -> RunHandle:
+class NotResumable(NotRetryable):
+    """A resume was asked of a run whose task is not a pipeline."""
+
+
+def rerun(run_id: str, *, actor: str, reuse: bool | None = None) -> RunHandle:
+    """A new run of `run_id`'s work. `reuse`: True resumes a pipeline, False starts it afresh,
+    None (the default) resumes a pipeline and reruns anything else."""
     row = (
         TaskHistory.objects.filter(id=run_id)
         .values_list(
@@ -42,6 +53,11 @@ def rerun(run_id: str, *, actor: str, reuse: bool = True) -> RunHandle:
     if state not in RETRYABLE:
         raise NotRetryable(f"run {run_id} is {state}; only failed or cancelled runs are retried")
     definition = registry.get()[task_id]
+    if reuse and not definition.pipeline:
+        raise NotResumable(
+            f"run {run_id} is not a pipeline run ({task_id!r} has no stages to reuse); "
+            "nothing was started: retry it fresh"
+        )
     # One transaction: the new run's message is published only once it has its reused stages.
     with transaction.atomic():
         handle = start_run(
@@ -50,7 +66,31 @@ def rerun(run_id: str, *, actor: str, reuse: bool = True) -> RunHandle:
             trigger={"kind": TriggerKind.OPERATOR_RETRY.value, "actor": actor, "retryOf": run_id},
             priority=Priority.OPERATOR,
         )
-        if reuse and definition.pipeline and not (handle.deduplicated or handle.dropped):
+        if (
+            reuse is not False
+            and definition.pipeline
+            and not (handle.deduplicated or handle.dropped)
+        ):
             original = pipeline.ReusableRun(version, stages, results, steps)
             pipeline.reuse_completed(definition, handle.run_id, run_id, original)
     return handle
+
+
+def dead_letters() -> QuerySet[TaskHistory]:
+    """The runs that exhausted their retries: failed after their last attempt, waiting for an
+    operator's `rerun`. One partial index (task_history_dead_letters) serves it, newest first."""
+    return TaskHistory.objects.filter(state=RunState.FAILED, error__exhausted=True)
+
+
+def requeued_as(run_ids: Iterable[str]) -> dict[str, list[str]]:
+    """The reruns of each of `run_ids` (the runs whose trigger names it), oldest id first."""
+    retries = (
+        TaskHistory.objects.filter(trigger__has_key="retryOf")
+        .annotate(retry_of=KT("trigger__retryOf"))
+        .filter(retry_of__in=list(run_ids))
+        .values_list("retry_of", "id")
+    )
+    found: dict[str, list[str]] = {}
+    for original, retry in retries:
+        found.setdefault(original, []).append(retry)
+    return {original: sorted(ids) for original, ids in found.items()}

@@ -43,7 +43,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from orchestrator.backoff import jittered_backoff
 from orchestrator.clock import SYSTEM, Clock
@@ -105,6 +105,12 @@ def create_endpoint(
         url=url, secret=secret, states=states, tasks=tasks, description=description
     )
     return endpoint, secret
+
+
+def dead() -> QuerySet[WebhookDelivery]:
+    """The deliveries that failed every attempt, for an operator to `redeliver` (one partial
+    index, webhook_delivery_dead, serves them)."""
+    return WebhookDelivery.objects.filter(status=DeliveryStatus.DEAD)
 
 
 def redeliver(delivery_ids: list[int]) -> int:

@@ -20,13 +20,15 @@ from django.apps import apps
 from django.contrib.auth.models import Group, User
 from django.http import HttpResponse
 from django.test import Client
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from orchestrator.api import access, tokens
 from orchestrator.api.access import Access
 from orchestrator.hooks import circuit
-from orchestrator.models import TaskHistory
+from orchestrator.models import SchedulerState, TaskHistory
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.start import start_run
+from orchestrator.scheduler.names import state_key
 from orchestrator.triggers import TriggerKind
 from tests.support.users import account
 
@@ -35,6 +37,9 @@ pytestmark = pytest.mark.django_db
 # Nothing consumes this task's queue during these tests (tests/support/fixtures.py).
 PARKED = "test-record-order"
 CIRCUIT = "test-circuit"  # a circuit of its own
+STATIC = "perm-static"  # an operator's own beat row
+DYNAMIC = ("epg-refresh", "perm-row")  # a row of a dynamic schedule (tasks/definitions/demo.py)
+NO_POISON = "0" * 40  # a poison record id no record has
 API = "/api/v1"
 ADMIN_RUNS = "/admin/orchestrator/taskhistory/"
 
@@ -78,6 +83,10 @@ class World:
         pending = _start("pending")
         ended = _start("ended")
         request_cancel(ended, actor="setup")
+        daily = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.DAYS)
+        PeriodicTask.objects.update_or_create(
+            name=STATIC, defaults={"task": "an.operators.own.task", "interval": daily}
+        )
         return cls(pending, ended, TaskHistory.objects.count())
 
     def started_one(self) -> bool:
@@ -85,6 +94,14 @@ class World:
 
     def cancelled(self) -> bool:
         return TaskHistory.objects.get(id=self.pending).state == "cancelled"
+
+    @staticmethod
+    def static_switched_off() -> bool:
+        return not PeriodicTask.objects.get(name=STATIC).enabled
+
+    @staticmethod
+    def dynamic_switched_off() -> bool:
+        return SchedulerState.objects.filter(key=state_key(*DYNAMIC), disabled=True).exists()
 
 
 def _start(label: str) -> str:
@@ -110,7 +127,8 @@ class Op:
 def _post_json(path: str, body: object = None) -> Callable[[Client, World], HttpResponse]:
     def call(client: Client, world: World) -> HttpResponse:
         target = path.format(pending=world.pending, ended=world.ended)
-        return client.post(target, json.dumps(body or {}), content_type="application/json")
+        sent = json.dumps(body or {}).replace("{ended}", world.ended)
+        return client.post(target, sent, content_type="application/json")
 
     return call
 
@@ -150,6 +168,60 @@ API_OPS = [
         202,
         World.started_one,
     ),
+    Op(
+        "kill-now",
+        Access.OPERATE,
+        _post_json(f"{API}/runs/{{pending}}/cancel", {"kill": True}),
+        200,
+        World.cancelled,
+    ),
+    Op(
+        "retry-fresh",
+        Access.OPERATE,
+        _post_json(f"{API}/runs/{{ended}}/retry", {"mode": "fresh"}),
+        202,
+        World.started_one,
+    ),
+    Op("dead-letters", Access.VIEW, _get(f"{API}/dead-letters?task={PARKED}"), 200),
+    Op(
+        "requeue",
+        Access.OPERATE,
+        _post_json(f"{API}/dead-letters/requeue", {"kind": "exhausted_run", "ids": ["{ended}"]}),
+        200,
+    ),
+    Op("poison", Access.VIEW, _get(f"{API}/drain/poison"), 200),
+    Op(
+        "replay",
+        Access.OPERATE,
+        _post_json(f"{API}/drain/poison/replay", {"ids": [NO_POISON]}),
+        200,
+    ),
+    Op(
+        "discard",
+        Access.OPERATE,
+        _post_json(f"{API}/drain/poison/discard", {"ids": [NO_POISON]}),
+        200,
+    ),
+    Op("schedules", Access.VIEW, _get(f"{API}/schedules"), 200),
+    Op(
+        "switch-static",
+        Access.OPERATE,
+        _post_json(f"{API}/schedules/static/switch", {"name": STATIC, "enabled": False}),
+        200,
+        lambda world: World.static_switched_off(),
+    ),
+    Op(
+        "switch-dynamic",
+        Access.OPERATE,
+        _post_json(
+            f"{API}/schedules/dynamic/switch",
+            {"task": DYNAMIC[0], "row": DYNAMIC[1], "enabled": False},
+        ),
+        200,
+        lambda world: World.dynamic_switched_off(),
+    ),
+    Op("nodes", Access.VIEW, _get(f"{API}/cluster/nodes"), 200),
+    Op("leaders", Access.VIEW, _get(f"{API}/cluster/leaders"), 200),
     Op("list-tasks", Access.VIEW, _get(f"{API}/tasks"), 200),
     Op("get-task", Access.VIEW, _get(f"{API}/tasks/{CIRCUIT}"), 200),
     Op(
