@@ -11,7 +11,7 @@ from orchestrator.api.access import Access
 from orchestrator.models import TaskHistory
 from orchestrator.runs.batch import MAX_BATCH, Result, StartRequest, start_runs
 from orchestrator.runs.start import start_run
-from orchestrator.stores import broker
+from orchestrator.stores import broker, keys
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process
 from tests.support.round_trips import recording
@@ -19,13 +19,16 @@ from tests.support.users import account, operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-NOOP_QUEUE = "task.t.test-noop"
+TASK = "test-starts"  # no shared worker takes its queue
+NOOP_QUEUE = "task.t.test-starts"
 
 
 @pytest.fixture(autouse=True)
 def _empty_broker() -> object:
     yield
-    broker.client().flushdb()
+    broker.client().delete(
+        *(keys.broker_queue(NOOP_QUEUE, step) for step in keys.BROKER_PRIORITY_STEPS)
+    )
 
 
 def _client(user: object | None = None) -> Client:
@@ -39,8 +42,8 @@ def _post(client: Client, body: object) -> object:
 
 def test_a_thousand_starts_with_three_refused_insert_997_rows_and_all_complete() -> None:
     refused_at = {10: {"task": "no-such-task"}, 500: {"task": "test-fail", "input": {"how": 7}}}
-    runs = [refused_at.get(i, {"task": "test-noop"}) for i in range(999)]
-    runs.append({"task": "test-noop", "priority": 4})  # not a priority step
+    runs = [refused_at.get(i, {"task": TASK}) for i in range(999)]
+    runs.append({"task": TASK, "priority": 4})  # not a priority step
     before = TaskHistory.objects.count()
     client = _client()
 
@@ -102,7 +105,7 @@ def test_the_api_answers_an_atomic_refusal_with_409_naming_each_refused_start() 
     before = TaskHistory.objects.count()
     answer = _post(
         _client(),
-        {"atomic": True, "runs": [{"task": "test-noop"}, {"task": "nope"}, {"task": "test-noop"}]},
+        {"atomic": True, "runs": [{"task": TASK}, {"task": "nope"}, {"task": TASK}]},
     )
 
     assert answer.status_code == 409  # type: ignore[attr-defined]
@@ -115,13 +118,13 @@ def test_the_api_answers_an_atomic_refusal_with_409_naming_each_refused_start() 
 
 
 def test_idempotency_keys_join_a_live_run_and_an_earlier_start_of_the_same_batch() -> None:
-    live = start_run("test-noop", {}, trigger=TriggerKind.MANUAL, idempotency_key="k-live")
+    live = start_run(TASK, {}, trigger=TriggerKind.MANUAL, idempotency_key="k-live")
 
     outcomes = start_runs(
         [
-            StartRequest("test-noop", idempotency_key="k-live"),
-            StartRequest("test-noop", idempotency_key="k-new"),
-            StartRequest("test-noop", idempotency_key="k-new"),
+            StartRequest(TASK, idempotency_key="k-live"),
+            StartRequest(TASK, idempotency_key="k-new"),
+            StartRequest(TASK, idempotency_key="k-new"),
         ]
     )
 
@@ -146,14 +149,14 @@ def test_stop_at_refusal_leaves_the_rest_untried() -> None:
 
 
 def test_a_batch_over_the_limit_is_a_422() -> None:
-    answer = _post(_client(), {"runs": [{"task": "test-noop"}] * (MAX_BATCH + 1)})
+    answer = _post(_client(), {"runs": [{"task": TASK}] * (MAX_BATCH + 1)})
 
     assert answer.status_code == 422  # type: ignore[attr-defined]
     assert "runs" in answer.content.decode()  # type: ignore[attr-defined]
 
 
 def test_who_may_start_a_batch() -> None:
-    body = {"runs": [{"task": "test-noop"}]}
+    body = {"runs": [{"task": TASK}]}
 
     assert _post(Client(), body).status_code == 401  # type: ignore[attr-defined]
     assert _post(_client(account("viewer", Access.VIEW)), body).status_code == 403  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -26,13 +27,22 @@ from tests.support.users import PASSWORD, operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
+TASK = "test-starts"  # no shared worker takes its queue
+QUEUE = "task.t.test-starts"
+
 
 def _row(run_id: str) -> TaskHistory:
     return TaskHistory.objects.get(id=run_id)
 
 
-def _queued(task_id: str = "test-noop") -> int:
-    return broker.depth([f"task.t.{task_id}"])
+def _queued() -> int:
+    return broker.depth([QUEUE])
+
+
+@pytest.fixture(autouse=True)
+def _empty_queue() -> Iterator[None]:
+    yield
+    broker.client().delete(*(keys.broker_queue(QUEUE, step) for step in keys.BROKER_PRIORITY_STEPS))
 
 
 @pytest.fixture
@@ -62,7 +72,7 @@ def loops() -> object:
 
 
 def test_a_delayed_run_waits_with_nothing_queued_then_starts_on_time(loops: object) -> None:
-    handle = start_run("test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=3))
+    handle = start_run(TASK, {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=3))
     row = _row(handle.run_id)
     assert row.state == "pending"
     assert row.not_before is not None
@@ -73,7 +83,7 @@ def test_a_delayed_run_waits_with_nothing_queued_then_starts_on_time(loops: obje
     assert due.release() == 0  # not due yet
 
     loops()  # type: ignore[operator]
-    with worker_process(["task.t.test-noop"], name="delayed"):
+    with worker_process([QUEUE], name="delayed"):
         wait_for(lambda: _row(handle.run_id).state == "completed", timeout=30)
 
     ended = _row(handle.run_id)
@@ -83,11 +93,11 @@ def test_a_delayed_run_waits_with_nothing_queued_then_starts_on_time(loops: obje
 
 
 def test_a_waiting_run_survives_the_worker_role_restarting(loops: object) -> None:
-    handle = start_run("test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=4))
+    handle = start_run(TASK, {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=4))
     due_at = _row(handle.run_id).not_before
     assert due_at is not None
     first = loops()  # type: ignore[operator]
-    with worker_process(["task.t.test-noop"], name="delayed-first"):
+    with worker_process([QUEUE], name="delayed-first"):
         wait_for(lambda: valkey.client().get(keys.orchestrator_lock(CLUSTER)), timeout=30)
     first.send_signal(signal.SIGKILL)  # the whole role gone while the run waits
     first.wait(timeout=10)
@@ -95,15 +105,13 @@ def test_a_waiting_run_survives_the_worker_role_restarting(loops: object) -> Non
     assert _row(handle.run_id).state == "pending"
 
     loops()  # type: ignore[operator]
-    with worker_process(["task.t.test-noop"], name="delayed-second"):
+    with worker_process([QUEUE], name="delayed-second"):
         wait_for(lambda: _row(handle.run_id).state == "completed", timeout=30)
     assert _row(handle.run_id).started_at >= due_at
 
 
 def test_a_run_cancelled_while_it_waits_is_never_released() -> None:
-    handle = start_run(
-        "test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=0.5)
-    )
+    handle = start_run(TASK, {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=0.5))
 
     assert request_cancel(handle.run_id, actor="ops") == "cancelled"
 
@@ -115,7 +123,7 @@ def test_a_run_cancelled_while_it_waits_is_never_released() -> None:
 
 def test_a_due_run_is_seeded_and_published_once() -> None:
     handles = [
-        start_run("test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=0.2))
+        start_run(TASK, {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=0.2))
         for _ in range(3)
     ]
     wait_for(lambda: datetime.now(UTC) > _row(handles[-1].run_id).not_before)
@@ -125,7 +133,6 @@ def test_a_due_run_is_seeded_and_published_once() -> None:
     assert _queued() == 3
     for handle in handles:
         assert valkey.client().hget(keys.run_active(handle.run_id), "state") == "pending"
-    broker.client().flushdb()
 
 
 def test_a_time_already_past_starts_now_and_bad_times_are_refused() -> None:
@@ -138,12 +145,9 @@ def test_a_time_already_past_starts_now_and_bad_times_are_refused() -> None:
     with pytest.raises(StartRefused, match="time zone"):
         due_time(datetime(2030, 1, 1))
 
-    handle = start_run(
-        "test-noop", {}, trigger=TriggerKind.MANUAL, not_before=now - timedelta(hours=1)
-    )
+    handle = start_run(TASK, {}, trigger=TriggerKind.MANUAL, not_before=now - timedelta(hours=1))
     assert _row(handle.run_id).not_before is None
     assert _queued() == 1  # published at once, as a start without a delay
-    broker.client().flushdb()
 
 
 def _client() -> Client:
@@ -155,7 +159,7 @@ def test_the_api_takes_a_time_or_a_delay_and_shows_when_the_run_is_due() -> None
     at = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
     answer = client.post(
         "/api/v1/runs",
-        {"task": "test-noop", "not_before": at.isoformat()},
+        {"task": TASK, "not_before": at.isoformat()},
         content_type="application/json",
     )
     assert answer.status_code == 202, answer.content
@@ -164,7 +168,7 @@ def test_the_api_takes_a_time_or_a_delay_and_shows_when_the_run_is_due() -> None
     assert datetime.fromisoformat(shown["not_before"]) == at
 
     answer = client.post(
-        "/api/v1/runs", {"task": "test-noop", "delay_s": 600}, content_type="application/json"
+        "/api/v1/runs", {"task": TASK, "delay_s": 600}, content_type="application/json"
     )
     assert answer.status_code == 202
     waiting = _row(answer.json()["run_id"]).not_before
@@ -185,9 +189,7 @@ def test_the_api_takes_a_time_or_a_delay_and_shows_when_the_run_is_due() -> None
 )
 def test_a_bad_time_is_a_422_naming_the_field(body: dict[str, object], field: str) -> None:
     before = TaskHistory.objects.count()
-    answer = _client().post(
-        "/api/v1/runs", {"task": "test-noop", **body}, content_type="application/json"
-    )
+    answer = _client().post("/api/v1/runs", {"task": TASK, **body}, content_type="application/json")
 
     assert answer.status_code == 422, answer.content
     assert field in answer.content.decode()
@@ -195,7 +197,7 @@ def test_a_bad_time_is_a_422_naming_the_field(body: dict[str, object], field: st
 
 
 def test_the_console_shows_when_a_waiting_run_is_due() -> None:
-    handle = start_run("test-noop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(hours=3))
+    handle = start_run(TASK, {}, trigger=TriggerKind.MANUAL, not_before=timedelta(hours=3))
     user = operator("delay-console")
     client = Client()
     assert client.login(username=user.username, password=PASSWORD)

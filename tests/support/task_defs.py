@@ -593,6 +593,9 @@ quota_then_drop = define_task(
 # taking a message first would change the path they check. One without limits (the same
 # as test-noop, whose queue the shared worker takes), one with every limit a task can declare.
 round_trips_plain = define_task(id="test-rt-plain", resource_class="io", execute=_noop)
+# Delayed and bulk starts (test_delayed_starts.py, test_batch_starts.py) count what waits in
+# its queue, which no shared worker takes.
+starts_noop = define_task(id="test-starts", resource_class="io", execute=_noop, overlap="allow")
 round_trips_limited = define_task(
     id="test-rt-limited",
     resource_class="io",
