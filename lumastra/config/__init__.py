@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 
 from lumastra.config import env
-from lumastra.config.common import EveryRole, Starters, WorkerMode
+from lumastra.config.common import EveryRole, Starters, WorkerMode, namespace_of
 from lumastra.config.env import ConfigError, EnvVar
 from lumastra.config.web import Flower, Web
 from lumastra.config.worker import Worker
@@ -64,7 +64,7 @@ def _per_class(environ: Mapping[str, str], prefix: str) -> dict[str, int]:
 
 
 def load(environ: Mapping[str, str]) -> Config:
-    return env.read(
+    found = env.read(
         Config,
         environ,
         concurrency_overrides=_per_class(environ, "LUMASTRA_CONCURRENCY_"),
@@ -72,6 +72,9 @@ def load(environ: Mapping[str, str]) -> Config:
         hard_timeout_overrides=_per_class(environ, "LUMASTRA_HARD_TIMEOUT_S_"),
         stall_fail_overrides=_per_class(environ, "LUMASTRA_STALL_FAIL_S_"),
     )
+    if found.namespace:
+        return found
+    return replace(found, namespace=namespace_of(found.valkey_url))
 
 
 @cache
