@@ -43,7 +43,7 @@ def namespace_of(valkey_url: str) -> str:
     coordination Valkey's DB number. Deployments sharing a server each need their own DB
     anyway, so the DB tells them apart without anyone choosing a name."""
     try:
-        db = parse_url(valkey_url).get("db") or 0
+        db = parse_url(valkey_url).get("db") or 0  # type: ignore[no-untyped-call]
     except ValueError as exc:
         raise env.ConfigError(
             f"VALKEY_URL={valkey_url!r}: {exc}; LUMASTRA_NAMESPACE cannot be derived from it"

@@ -14,8 +14,8 @@ from __future__ import annotations
 from django.conf import settings
 
 # kombu's Redis transport: the separator of priority sub-queues, and our priority steps.
-BROKER_PRIORITY_SEPARATOR = "\x06\x16"
-BROKER_PRIORITY_STEPS = (1, 2, 3, 5, 7)
+BROKER_PRIORITY_SEPARATOR: str = "\x06\x16"
+BROKER_PRIORITY_STEPS: tuple[int, ...] = (1, 2, 3, 5, 7)
 
 
 # kombu's Redis transport (Channel.unacked_key): the hash of messages workers have taken and
