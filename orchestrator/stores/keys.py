@@ -64,7 +64,7 @@ def metrics(family: str) -> str:
 
 
 def _channel(name: str) -> str:
-    """A pub/sub channel of this deployment: `<namespace>:<name>`."""
+    """A pub/sub channel of this deployment: `<namespace>:<name>` (`<ns>:` in docstrings)."""
     return f"{settings.CONFIG.namespace}:{name}"
 
 
