@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 
 from lumastra.config import env
-from lumastra.config.common import EveryRole, Starters, WorkerMode
+from lumastra.config.common import EveryRole, Starters, WorkerMode, namespace_of
 from lumastra.config.env import ConfigError, EnvVar
 from lumastra.config.web import Flower, Web
 from lumastra.config.worker import Worker
@@ -106,7 +106,7 @@ def _trigger_secrets(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def load(environ: Mapping[str, str]) -> Config:
-    return env.read(
+    found = env.read(
         Config,
         environ,
         concurrency_overrides=_per_class(environ, "LUMASTRA_CONCURRENCY_"),
@@ -115,6 +115,9 @@ def load(environ: Mapping[str, str]) -> Config:
         stall_fail_overrides=_per_class(environ, "LUMASTRA_STALL_FAIL_S_"),
         trigger_secrets=_trigger_secrets(environ),
     )
+    if found.namespace:
+        return found
+    return replace(found, namespace=namespace_of(found.valkey_url))
 
 
 @cache

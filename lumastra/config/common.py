@@ -3,9 +3,12 @@ the two roles that start runs (web and worker): admission and a run's live state
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+
+from redis.connection import parse_url
 
 from lumastra.config import env
 
@@ -21,6 +24,32 @@ def _parse_mode(raw: str) -> WorkerMode:
 
 _LOG_FORMAT = env.one_of("plain", "json")
 
+# It begins every pub/sub channel name, so nothing that could read as a separator or pattern.
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _parse_namespace(raw: str) -> str:
+    value = raw.strip()
+    if value and not _NAMESPACE.fullmatch(value):
+        raise ValueError(
+            "expected up to 64 letters, digits, '.', '_' or '-', starting with a letter or "
+            f"digit, got {raw!r}"
+        )
+    return value
+
+
+def namespace_of(valkey_url: str) -> str:
+    """The namespace a deployment gets when LUMASTRA_NAMESPACE is empty: `db<N>`, N the
+    coordination Valkey's DB number. Deployments sharing a server each need their own DB
+    anyway, so the DB tells them apart without anyone choosing a name."""
+    try:
+        db = parse_url(valkey_url).get("db") or 0  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise env.ConfigError(
+            f"VALKEY_URL={valkey_url!r}: {exc}; LUMASTRA_NAMESPACE cannot be derived from it"
+        ) from None
+    return f"db{db}"
+
 
 @dataclass(frozen=True)
 class EveryRole:
@@ -35,6 +64,13 @@ class EveryRole:
     )
     celery_broker_url: str = env.variable(
         "CELERY_BROKER_URL", "redis://127.0.0.1:6379/2", str, "Celery broker"
+    )
+    # Empty only until `config.load` puts the derived value in (`namespace_of`).
+    namespace: str = env.variable(
+        "LUMASTRA_NAMESPACE",
+        "",
+        _parse_namespace,
+        "prefix of this deployment's Valkey pub/sub channels; empty: db<N> of VALKEY_URL",
     )
     worker_mode: WorkerMode = env.variable(
         "LUMASTRA_WORKER_MODE",

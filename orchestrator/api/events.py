@@ -7,7 +7,7 @@ Two sources, merged on the web role's event loop (no thread per client):
   of a run's state: durable and ordered, each with `id: <audit id>`, so a client that
   reconnects with `Last-Event-ID` gets every change it missed (the audit is kept with the
   runs). A new stream starts after the latest change.
-- **Live events** (`event: progress`, `event: stage`) come from Valkey (`task:events`,
+- **Live events** (`event: progress`, `event: stage`) come from Valkey (`<ns>:task:events`,
   published with each progress write and stage move): live only, without ids.
 
 The audit is read every POLL_S from TRAILING_IDS behind the last change seen (one indexed

@@ -3,7 +3,7 @@
 The stream is served by the web role's event loop (ASGI), not a thread per client: the view
 checks the caller and the run, then hands Django an async iterator. It sends the lines still
 in Valkey after the client's `Last-Event-ID` (or `?after=`), then each new batch as the run's
-log announces it (`task:logfeed:<runId>`), every line as an `event: log` with `id: <seq>`, so a
+log announces it (`<ns>:task:logfeed:<runId>`), every line as an `event: log` with `id: <seq>`, so a
 client that reconnects with the last id it saw gets no gap and no repeat; a `: keep-alive`
 comment every LUMASTRA_SSE_KEEPALIVE_S while nothing happens; and `event: end` with the run's
 state once the run has ended and every line was sent. `?follow=false` answers the lines as

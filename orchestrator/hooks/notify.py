@@ -1,4 +1,4 @@
-"""Tells whoever waits for a run that it ended: `PUBLISH task:ended:<runId> <state>`, one more
+"""Tells whoever waits for a run that it ended: `PUBLISH <ns>:task:ended:<runId> <state>`, one more
 command in the end-of-run pipeline (no round trip of its own).
 
 `orchestrator.runs.wait` subscribes before it reads the run, so an end published between the

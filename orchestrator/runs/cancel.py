@@ -8,7 +8,7 @@ pickup itself (read before the worker's Valkey claim, written after its read of 
 still end the run as not started: its handler is stopped within about a second, when its
 watch finds the run gone (`runs.watch`).
 A running run goes to `cancelling` in both stores and its handler is told on
-`task:cancel:<runId>`; the context's flag trips, `raise_if_cancelled()` and `ctx.sleep()`
+`<ns>:task:cancel:<runId>`; the context's flag trips, `raise_if_cancelled()` and `ctx.sleep()`
 stop the handler. A handler that does not stop within LUMASTRA_CANCEL_ESCALATE_S is ended by
 its watch thread (Postgres `cancelled` first, then its process is killed); if its worker is
 already dead, the reconciler ends it when the heartbeat goes stale. An operator may skip the

@@ -3,7 +3,7 @@
 Threads per worker process (a prefork child runs one run at a time: `Watcher` says which),
 started on first use and kept for the process's life, so a run pays no thread start or join.
 While a run is watched, they:
-- listens on `task:cancel:<runId>` and trips the context's cancel flag at once (the context
+- listens on `<ns>:task:cancel:<runId>` and trips the context's cancel flag at once (the context
   also re-reads the hash now and then, in case the message came before the subscription);
 - writes a plain run's Postgres claim once it has run for CLAIM_AFTER_S: a shorter run's end
   takes its claim with it (`durable.read_claimable`), one write per run instead of two;

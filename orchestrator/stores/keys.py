@@ -2,13 +2,20 @@
 
 The broker's list names are kombu's, reproduced here so depth checks and shedding can read
 them: kombu's Redis transport keeps each priority of a queue in its own list.
+
+Keys live in the DB the deployment's URL selects, but pub/sub channels are the server's: a
+PUBLISH reaches every subscriber of the server whatever DB either selected. So every channel
+name begins with the deployment's namespace (`_channel`, LUMASTRA_NAMESPACE), and two
+deployments sharing a server on different DBs never hear each other.
 """
 
 from __future__ import annotations
 
+from django.conf import settings
+
 # kombu's Redis transport: the separator of priority sub-queues, and our priority steps.
-BROKER_PRIORITY_SEPARATOR = "\x06\x16"
-BROKER_PRIORITY_STEPS = (1, 2, 3, 5, 7)
+BROKER_PRIORITY_SEPARATOR: str = "\x06\x16"
+BROKER_PRIORITY_STEPS: tuple[int, ...] = (1, 2, 3, 5, 7)
 
 
 # kombu's Redis transport (Channel.unacked_key): the hash of messages workers have taken and
@@ -56,25 +63,30 @@ def metrics(family: str) -> str:
     return f"metrics:{family}"
 
 
+def _channel(name: str) -> str:
+    """A pub/sub channel of this deployment: `<namespace>:<name>` (`<ns>:` in docstrings)."""
+    return f"{settings.CONFIG.namespace}:{name}"
+
+
 def run_events() -> str:
     """Pub/sub: runs' live events (progress, stage moves) for `GET /events` followers."""
-    return "task:events"
+    return _channel("task:events")
 
 
 def run_ended(run_id: str) -> str:
     """Pub/sub: the run ended (the message is its terminal state); `runs.wait` listens."""
-    return f"task:ended:{run_id}"
+    return _channel(f"task:ended:{run_id}")
 
 
 def run_log_feed(run_id: str) -> str:
     """Pub/sub: a run's log grew (the message is the last line's sequence number)."""
-    return f"task:logfeed:{run_id}"
+    return _channel(f"task:logfeed:{run_id}")
 
 
 def cancel_channel(run_id: str) -> str:
     """Pub/sub: "cancel" asks the run's handler to stop (request_cancel.lua); CANCEL_KILL
     tells its watch not to wait for it."""
-    return f"task:cancel:{run_id}"
+    return _channel(f"task:cancel:{run_id}")
 
 
 CANCEL_KILL = "kill"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import current_app
+from celery import Celery, current_app
 from django.conf import settings
 from django.db import DatabaseError, connection
 from redis.exceptions import RedisError
@@ -50,9 +50,11 @@ def worker_process(
     name: str = "test",
     env: Mapping[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A real `celery worker` subprocess consuming `queues`; waits until it answers a ping.
-    `env` adds variables, e.g. compressed thresholds for watchdog tests."""
+    """A real `celery worker` subprocess consuming `queues`; waits until it answers a ping
+    (through the broker `env` names, if it names one). `env` adds variables, e.g. compressed
+    thresholds for watchdog tests."""
     hostname = f"{name}-{os.getpid()}-{time.monotonic_ns()}@localhost"
+    broker = (env or {}).get("CELERY_BROKER_URL")
     env = {**os.environ, "DATABASE_URL": database_url(), **(env or {})}
     log = open(ROOT / f".pytest_cache/worker-{name}-{os.getpid()}.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
@@ -69,9 +71,22 @@ def worker_process(
     )
     try:
         deadline = time.monotonic() + 30
-        while not current_app.control.ping(destination=[hostname], timeout=0.5):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker {hostname} did not start; see {log.name}")
+        # Celery's control publishes through its app's own producers, whatever connection it
+        # is given, and CELERY_BROKER_URL in the environment outranks an app's `broker`: a
+        # worker on another broker is pinged through an app configured as ours (its priority
+        # steps name the reply lists) whose write URL is that broker.
+        pinger = current_app
+        if broker:
+            pinger = Celery(set_as_current=False)
+            pinger.config_from_object("django.conf:settings", namespace="CELERY")
+            pinger.conf.broker_write_url = broker
+        try:
+            while not pinger.control.ping(destination=[hostname], timeout=0.5):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {hostname} did not start; see {log.name}")
+        finally:
+            if pinger is not current_app:
+                pinger.close()
         yield process
     finally:
         process.terminate()

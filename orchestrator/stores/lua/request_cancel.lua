@@ -1,7 +1,8 @@
--- @version 1
+-- @version 2
 -- Ask a live run to cancel: pending|active → cancelling, stamp the request time (Valkey's
 -- clock) and publish on the run's cancel channel. A run already cancelling is left as is.
--- KEYS[1] task:run:active:<runId>  KEYS[2] task:run:terminal:<runId>  KEYS[3] task:cancel:<runId>
+-- KEYS[1] task:run:active:<runId>  KEYS[2] task:run:terminal:<runId>
+-- KEYS[3] <namespace>:task:cancel:<runId>  (pub/sub channel, keys.cancel_channel)
 -- ARGV[1] actor  ARGV[2] active ttl (s)
 -- Returns the previous state. Errors: NO_RUN, ILLEGAL_TRANSITION <from> cancelling.
 if #KEYS ~= 3 or #ARGV ~= 2 then
