@@ -1,5 +1,5 @@
 """Durable state: every run (`TaskHistory`) and its audit trail, the API tokens, the daily
-quota usage, circuit and scheduler state, and the webhook endpoints with their outbox and
+quota usage, circuit and scheduler state, pauses, and the webhook endpoints with their outbox and
 deliveries."""
 
 from __future__ import annotations
@@ -279,6 +279,39 @@ class TaskCircuitState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}: {self.state}"
+
+
+class PauseScope(models.TextChoices):
+    TASK = "task"  # one task's runs (and its pipeline's stages)
+    CLASS = "class"  # every run and stage of one resource class
+
+
+class TaskPause(models.Model):
+    """An operator's pause of a task or a resource class (issue 27, `recovery/pauses.py`): the
+    row without `resumed_at` is in force, and its Valkey mirror is what runs read
+    (`hooks/pause.py`); ended rows stay, so a resume's time is known to the pending check."""
+
+    scope = models.CharField(max_length=8, choices=PauseScope.choices)
+    name = models.CharField(max_length=64)
+    refuse_starts = models.BooleanField(default=False)  # starts answered 503 while paused
+    reason = models.TextField(blank=True, default="")
+    paused_by = models.CharField(max_length=150)
+    paused_at = models.DateTimeField(db_default=Now())
+    resumed_by = models.CharField(max_length=150, blank=True, default="")
+    resumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "task_pause"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope", "name"],
+                condition=Q(resumed_at__isnull=True),
+                name="task_pause_one_in_force",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.name} paused by {self.paused_by}"
 
 
 class SchedulerState(models.Model):
