@@ -10,7 +10,7 @@ from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
 from ninja.parser import Parser
 
-from orchestrator.api import errors, events, logs, runs, tasks, webhooks
+from orchestrator.api import errors, events, logs, pauses, runs, tasks, webhooks
 from orchestrator.api.auth import AUTH
 
 
@@ -40,6 +40,7 @@ api.add_router("", logs.router)
 api.add_router("", events.router)
 api.add_router("", tasks.router)
 api.add_router("", webhooks.router)
+api.add_router("", pauses.router)
 
 
 def urls() -> tuple[list[URLPattern | URLResolver], str, str]:

@@ -144,7 +144,7 @@ def release(definitions: Sequence[TaskDefinition]) -> int:
         return 0
     rows = (
         TaskHistory.objects.filter(task_id__in=list(free), state=RunState.PENDING)
-        .order_by("priority", "created_at")
+        .order_by("priority", "created_at", "id")
         .values_list("id", "task_id", "identity", "priority", "not_before")
     )
     per_task = settings.CONFIG.per_task_queues
