@@ -76,9 +76,7 @@ def test_a_paused_class_holds_its_runs_while_another_runs_then_drains_in_priorit
         # The other class runs to the end while the paused one's messages are taken and
         # parked: acknowledged, nothing run, every run still pending.
         wait_for(lambda: _states(OTHER_TASK).count("completed") == len(others), timeout=60)
-        wait_for(
-            lambda: not in_broker_lists([HELD_QUEUE]) and not held_by_workers(), timeout=60
-        )
+        wait_for(lambda: not in_broker_lists([HELD_QUEUE]) and not held_by_workers(), timeout=60)
         assert valkey.client().llen(ORDER_KEY) == 0
         assert _states(HELD_TASK) == ["pending"] * HELD
 
