@@ -9,6 +9,7 @@ The API and its operations:
 - `events`: `GET /events`: runs' state changes and live events over Server-Sent Events
 - `tasks`: `/tasks`: the registry, each task's admission status, and force-enable
 - `webhooks`: `/webhooks`: the endpoints run events are delivered to (create, list, delete)
+- `pauses`: `/pauses`, `/tasks/{id}/pause|resume`, `/classes/{class}/pause|resume`
 
 What the operations share:
 - `errors`: the one JSON shape of every API error, ninja's own and unknown paths included
