@@ -11,7 +11,12 @@ trip for it, paused or not.
   claim and acknowledges the message without running it. The run stays `pending` in both
   stores, with no message, so no worker spins on it; `recovery.pauses.resume` publishes the
   parked runs again, most urgent first.
-- A run already claimed is not touched: running runs finish.
+- A stage of a pipeline (`stage_held`, called by its message before its claim) is held when
+  its run's task or the stage's own class is paused: the stage stays `waiting` and its message
+  is acknowledged; the resume publishes it again. A stage claim reads nothing from Valkey
+  before it, so a stage reads the mirror through a copy each process keeps for STAGE_FRESH_S:
+  at most one HGETALL per process and second, not one per stage.
+- A run or stage already claimed is not touched: running runs finish.
 
 The mirror is written by `recovery.pauses` after the `task_pause` row commits (Postgres is
 the truth) and rebuilt from it by the reconciler (`rebuild`), so a Valkey that lost it holds
@@ -23,10 +28,13 @@ Not guaranteed:
   so it finds that one too (published twice at worst: only one delivery can claim a run).
 - While Valkey has lost the mirror (a restart without persistence) and the reconciler has not
   rebuilt it, paused runs run.
+- A stage taken within STAGE_FRESH_S of a pause may still run. A resume waits that long
+  before it publishes held stages, so none is parked after it looked for them.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -39,6 +47,8 @@ from tasks.definition import TaskDefinition
 
 HOLD = "hold"  # runs wait, starts are taken
 REFUSE = "refuse"  # runs wait, starts are refused
+# How old a process's copy of the mirror may be when a stage reads it.
+STAGE_FRESH_S = 1.0
 
 
 class Paused(Refused):
@@ -131,3 +141,30 @@ def rebuild(read_truth: Any) -> bool:
         except redis.WatchError:
             return False
     return True
+
+
+class _Copy:
+    """This process's copy of the mirror, for stage pickups."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, str] = {}
+        self.read_at = float("-inf")
+
+    def current(self) -> dict[str, str]:
+        if time.monotonic() - self.read_at >= STAGE_FRESH_S:
+            self.fields = in_mirror()
+            self.read_at = time.monotonic()
+        return self.fields
+
+
+_copy = _Copy()
+
+
+def stage_held(task_id: str, stage_class: str) -> str | None:
+    """The mirror's field that holds a stage of `task_id` in `stage_class` (its task's pause, or
+    its class's), None when nothing does."""
+    paused = _copy.current()
+    for field in (keys.pause_field("task", task_id), keys.pause_field("class", stage_class)):
+        if field in paused:
+            return field
+    return None

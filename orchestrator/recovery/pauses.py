@@ -10,19 +10,22 @@ its message acknowledged unrun.
 - `resume`: the row is ended (`resumed_at`, `resumed_by`), the mirror cleared, then the runs the
   pause held are published again, most urgent first (priority, then creation), through
   `runs.publish`: every pending run of the scope's tasks whose message is not waiting in a
-  queue, unless another pause still in force holds it (a task inside a resumed class). If the
+  queue, unless another pause still in force holds it (a task inside a resumed class). Then,
+  once the processes' copies of the mirror have expired (`hooks.pause.STAGE_FRESH_S`), the
+  stages it held: the due stages of the pipeline runs under way whose messages are in no
+  queue and held by no worker (`runs.pipeline.advance_stalled`, as `recovery.stages` does). If the
   mirror cannot be cleared the error is raised; the resume stands (Postgres says so), the
   reconciler rebuilds the mirror and publishes the runs at its next tick.
 - For the reconciler (`Holds`): held runs are neither published again nor failed at
   LUMASTRA_PENDING_DEADLINE_S, and a run released by a resume counts its wait from the resume,
-  so a long pause does not fail its runs the moment it ends. `RebuildPauseMirror`, a chore of
-  every tick, makes the mirror say what the rows in force say.
+  so a long pause does not fail its runs the moment it ends; held stages are not published
+  again by `recovery.stages`. `RebuildPauseMirror`, a chore of every tick, makes the mirror say
+  what the rows in force say.
 
 Not guaranteed:
 - A resume publishes its runs one by one in the caller's request (about a broker write each):
   a pause that held many thousands of runs makes a slow resume.
-- A stage of a pipeline is not held (its message is claimed in Postgres without reading the
-  mirror); a paused task's pipeline runs already under way carry on.
+- A resume whose scope has pipeline stages answers a second later (STAGE_FRESH_S).
 - A resumed run's wait counts from the resume only within one pending deadline of it: a run
   of a scope paused, resumed, and still not taken a deadline later is failed as any other.
 """
@@ -31,12 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -46,11 +51,13 @@ from orchestrator.hooks import dedup
 from orchestrator.hooks import pause as gate
 from orchestrator.models import PauseScope, TaskHistory, TaskPause
 from orchestrator.recovery.orphans import Candidate
-from orchestrator.recovery.pending import in_broker_lists
-from orchestrator.routing import queue_name
-from orchestrator.runs.publish import job_id, publish, republish
+from orchestrator.recovery.pending import held_by_workers, in_broker_lists
+from orchestrator.routing import queue_name, stage_class, stage_queue
+from orchestrator.runs import pipeline
+from orchestrator.runs.publish import job_id, publish, republish, stage_message_id
 from orchestrator.states import RunState
-from orchestrator.stores import keys
+from orchestrator.stores import keys, queries
+from orchestrator.stores.durable import Stages, json_value
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.resources import RESOURCE_CLASSES
@@ -73,7 +80,7 @@ class NotPaused(Exception):
 @dataclass(frozen=True)
 class Resumed:
     pause: TaskPause
-    released: int  # runs published again
+    released: int  # runs and stages published again
 
 
 def tasks_of(scope: PauseScope, name: str) -> list[TaskDefinition]:
@@ -131,6 +138,10 @@ def resume(scope: PauseScope, name: str, *, by: str) -> Resumed:
     row.refresh_from_db()
     gate.mirror(keys.pause_field(scope, name), None)
     released = release(definitions)
+    pipelines = [d for d in registry.get().values() if _holds_stages_of(d, scope, name)]
+    if pipelines:
+        time.sleep(gate.STAGE_FRESH_S)
+        released += release_stages(pipelines)
     log.warning("%s %s resumed by %s: %s runs published again", scope, name, by, released)
     return Resumed(row, released)
 
@@ -160,6 +171,34 @@ def release(definitions: Sequence[TaskDefinition]) -> int:
         else:
             publish(definition, run_id, job_id(task_id, identity, run_id), priority)
         released += 1
+    return released
+
+
+def _holds_stages_of(definition: TaskDefinition, scope: PauseScope, name: str) -> bool:
+    if scope == PauseScope.TASK:
+        return definition.id == name and bool(definition.pipeline)
+    return any(stage_class(definition, stage) == name for stage in definition.pipeline)
+
+
+def release_stages(definitions: Sequence[TaskDefinition]) -> int:
+    """Publish the held stages of `definitions`' pipeline runs under way that no pause in force
+    holds, the most urgent run first."""
+    by_id = {d.id: d for d in definitions}
+    with connection.cursor() as cursor:
+        cursor.execute(queries.HELD_PIPELINES, {"task_ids": list(by_id)})
+        rows = cursor.fetchall()
+    if not rows:
+        return 0
+    per_task = settings.CONFIG.per_task_queues
+    queues = {stage_queue(d, stage, per_task) for d in definitions for stage in d.pipeline}
+    present = in_broker_lists(queues) | held_by_workers()
+    present |= Holds.load(0).held_stages(rows)
+    released = 0
+    for run_id, task_id, input_, owner, identity, priority, states, results in rows:
+        stages = Stages(json_value(states), json_value(results))
+        released += pipeline.advance_stalled(
+            by_id[task_id], run_id, json_value(input_), owner, identity, priority, stages, present
+        )
     return released
 
 
@@ -196,6 +235,26 @@ class Holds:
 
     def holds(self, task_id: str) -> bool:
         return any(field in self.paused for field in self._fields(task_id))
+
+    def held_stages(self, rows: Sequence[Sequence[Any]]) -> set[str]:
+        """The message ids of the stages a pause holds among pipeline `rows` (run id, task
+        id first): none of them is to be published while held."""
+        held: set[str] = set()
+        if not self.paused:
+            return held
+        found = registry.get()
+        for run_id, task_id, *_ in rows:
+            definition = found.get(task_id)
+            if definition is None:
+                continue
+            for stage in definition.pipeline:
+                fields = (
+                    keys.pause_field(PauseScope.TASK, task_id),
+                    keys.pause_field(PauseScope.CLASS, stage_class(definition, stage)),
+                )
+                if any(field in self.paused for field in fields):
+                    held.add(stage_message_id(run_id, stage.name))
+        return held
 
     def sort(self, pending: Sequence[Candidate]) -> tuple[list[Candidate], int]:
         """(the candidates the pending check judges, how many pauses hold); a run released by

@@ -1,8 +1,8 @@
 """Pause and resume (issue 27) with a real worker: a paused class holds its queued runs while
 another class keeps running, nothing is lost or failed meanwhile, and the resume releases
-them most urgent first. Also: "pause and refuse" refuses starts with nothing written, and the
-reconciler neither publishes again nor fails a held run, and counts a released run's wait from
-its resume."""
+them most urgent first; a paused class holds a pipeline's stage of its class too. Also: "pause
+and refuse" refuses starts with nothing written, and the reconciler neither publishes again
+nor fails a held run, and counts a released run's wait from its resume."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ from orchestrator.models import PauseScope, TaskHistory, TaskPause
 from orchestrator.recovery import pauses
 from orchestrator.recovery.pending import held_by_workers, in_broker_lists
 from orchestrator.recovery.reconciler import Reconciler
+from orchestrator.routing import stage_queue
 from orchestrator.runs.start import start_run
 from orchestrator.stores import broker, keys, valkey
 from orchestrator.triggers import TriggerKind
+from tasks import registry
 from tests.support.fixtures import wait_for, worker_process
 from tests.support.task_defs import ORDER_KEY
 
@@ -137,3 +139,41 @@ def test_a_released_run_waits_from_the_resume_and_the_mirror_is_rebuilt() -> Non
         assert TaskHistory.objects.get(id=run_id).state == "pending"
     finally:
         settings.CONFIG = config
+
+
+PIPE = "test-pipe"  # class io; its stage `right` is of class cpu
+
+
+def _stage_states(run_id: str) -> dict[str, str]:
+    return dict(TaskHistory.objects.get(id=run_id).stages)
+
+
+def test_a_paused_class_holds_a_stage_of_its_class_until_the_resume() -> None:
+    definition = registry.get()[PIPE]
+    per_task = settings.CONFIG.per_task_queues
+    queues = sorted({stage_queue(definition, s, per_task) for s in definition.pipeline})
+    pauses.pause(PauseScope.CLASS, "cpu", by="ops", reason="encoder upgrade")
+    run_id = start_run(PIPE, {}, trigger=TriggerKind.MANUAL).run_id
+
+    with worker_process(queues, concurrency=1, name="pause-pipe"):
+        # The io stages run; `right` (cpu) is taken, parked and waits, and so does the stage
+        # after it: the run stays active, nothing failed.
+        wait_for(lambda: _stage_states(run_id).get("final") == "completed", timeout=60)
+        wait_for(lambda: not in_broker_lists(queues) and not held_by_workers(), timeout=60)
+        assert _stage_states(run_id)["right"] == "waiting"
+        assert _stage_states(run_id)["after-right"] == "waiting"
+        # The stalled-pipeline chore does not publish a held stage again.
+        config = settings.CONFIG
+        settings.CONFIG = dataclasses.replace(config, pipeline_recover_after_s=0)
+        try:
+            report = Reconciler().tick()
+        finally:
+            settings.CONFIG = config
+        assert report.chores["pipelines"] == 0
+        assert not in_broker_lists(queues)
+        assert TaskHistory.objects.get(id=run_id).state == "active"
+
+        resumed = pauses.resume(PauseScope.CLASS, "cpu", by="ops")
+        assert resumed.released == 1
+        wait_for(lambda: TaskHistory.objects.get(id=run_id).state == "completed", timeout=60)
+    assert set(_stage_states(run_id).values()) == {"completed"}
