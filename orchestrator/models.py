@@ -287,9 +287,8 @@ class PauseScope(models.TextChoices):
 
 
 class TaskPause(models.Model):
-    """An operator's pause of a task or a resource class (issue 27, `recovery/pauses.py`): the
-    row without `resumed_at` is in force, and its Valkey mirror is what runs read
-    (`hooks/pause.py`); ended rows stay, so a resume's time is known to the pending check."""
+    """A pause of a task or resource class (`recovery/pauses.py`), in force until `resumed_at`;
+    ended rows stay, so the pending check knows when a resume came."""
 
     scope = models.CharField(max_length=8, choices=PauseScope.choices)
     name = models.CharField(max_length=64)
@@ -311,7 +310,7 @@ class TaskPause(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.scope} {self.name} paused by {self.paused_by}"
+        return f"{self.scope} {self.name}"
 
 
 class SchedulerState(models.Model):
