@@ -19,11 +19,11 @@ from orchestrator.hooks.base import RunHook
 def hook_chain() -> tuple[RunHook, ...]:
     """The hooks of every run, in the order they run.
 
-    At admission: dedup answers before anything is counted, the circuit before the quota
-    takes a unit, backpressure last, so a refused start consumes nothing and nothing is shed
-    for a start the quota would refuse. At pickup: the concurrency slot first, then the rate
-    limit, so a run the rate limit postpones gives its slot back (the dispatcher releases the
-    hooks that passed).
+    At admission: dedup answers before anything is counted, a pause that refuses starts and
+    the circuit before the quota takes a unit, backpressure last, so a refused start consumes
+    nothing and nothing is shed for a start the quota would refuse. At pickup: the pause first
+    (a parked run takes nothing), the concurrency slot, then the rate limit, so a run the rate
+    limit postpones gives its slot back (the dispatcher releases the hooks that passed).
     """
     from orchestrator.hooks.backpressure import QueueCap
     from orchestrator.hooks.circuit import CircuitBreaker
@@ -32,11 +32,13 @@ def hook_chain() -> tuple[RunHook, ...]:
     from orchestrator.hooks.dedup import IdentityDedup
     from orchestrator.hooks.metrics import RunMetrics
     from orchestrator.hooks.notify import EndNotice
+    from orchestrator.hooks.pause import PauseGate
     from orchestrator.hooks.quotas import DailyQuota
     from orchestrator.hooks.ratelimit import RateLimit
 
     return (
         IdentityDedup(),
+        PauseGate(),
         CircuitBreaker(),
         DailyQuota(),
         CostQuota(),

@@ -18,6 +18,7 @@ The operator pages:
 - `tasks_page`: "Tasks" (view): each task, its last run, its last day, its admission status
 - `stats`: the Tasks page's read: each task's newest run, its last day's success rate, p50/p95
 - `force_enable`: the Tasks page's force-enable of a task's circuit (operate, a POST)
+- `pause`: the Tasks page's pause and resume of a task or its class (operate, a POST)
 - `nodes`: "Cluster" (view): the live nodes, the leader, each pool's queue depth and runs
 - `dead_letters`: "Dead letters": all that stopped being retried, a section per kind, with actions
 - `schedules`: "Schedules": every static and dynamic schedule, switched on or off (operate)
@@ -28,7 +29,7 @@ API tokens and webhooks:
 
 Every run page and action checks `orchestrator.api.access` like the API does: reading (the runs
 list and a run's page, Tasks, Cluster, Dead letters, Schedules) needs view, acting (start,
-cancel, kill, retry, resume, force-enable, requeue, replay, discard, redeliver, switch a
+cancel, kill, retry, resume, force-enable, pause, requeue, replay, discard, redeliver, switch a
 schedule) needs operate; staff without the permission get a 403. The site's login counts
 failed sign-ins per client address with the API's bearer tokens (`orchestrator.api.throttle`).
 

@@ -2,13 +2,16 @@
 default priority, static schedule), how it went (its last run; success rate and p50/p95
 duration of the runs that ended in the last 24 h), and its admission status (circuit with any
 force-enable and its expiry, quota and spend against caps, queue depth against the class's
-cap, running against its limit, rate, refusals today). The drain's poison list is on the Dead
-letters page (`dead_letters`). Operators also get a force-enable button (`force_enable`) and
-a link to the start form with the task chosen (`start_form`).
+cap, running against its limit, rate, refusals today), and the pauses over it (its own, its
+class's: who paused, when, why). The drain's poison list is on the Dead letters page
+(`dead_letters`). Operators also get a force-enable button (`force_enable`), pause and resume
+buttons for the task and its class (`pause`) and a link to the start form with the task
+chosen (`start_form`).
 
 Every label comes from the registry at render time. Whatever the number of tasks or runs, the
 page costs two queries on `task_history` (`admin.stats`: one range scan of the last day's ends,
-one index probe per task for the newest run) plus the overview's reads (`hooks.overview`).
+one index probe per task for the newest run), one of the pauses in force, plus the overview's
+reads (`hooks.overview`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.clock import SYSTEM, Clock, describe
 from orchestrator.hooks import overview
+from orchestrator.models import TaskPause
+from orchestrator.recovery import pauses
 from orchestrator.routing import queue_name
 from orchestrator.scheduler.slots import CronSlots, IntervalSlots
 from orchestrator.scheduler.sync import ScheduleConfigError, resolve
@@ -50,6 +55,7 @@ class TaskRow:
     ended: stats.Ended  # in the last stats.WINDOW
     last_run: stats.LastRun | None
     start_url: str | None  # operators only
+    pauses: list[TaskPause]  # in force over this task: its own, its class's
 
     @property
     def success_percent(self) -> float | None:
@@ -121,6 +127,7 @@ def rows(
     last = stats.last_runs(ids)
     start = reverse("admin:orchestrator_taskhistory_start")
     now = clock.now()
+    in_force = {(row.scope, row.name): row for row in pauses.in_force()}
     found = []
     for definition in definitions:
         status = statuses[definition.id]
@@ -138,6 +145,11 @@ def rows(
                 ended=ended[definition.id],
                 last_run=last.get(definition.id),
                 start_url=f"{start}?{urlencode({'task': definition.id})}" if can_operate else None,
+                pauses=[
+                    in_force[key]
+                    for key in (("task", definition.id), ("class", definition.resource_class))
+                    if key in in_force
+                ],
             )
         )
     return found

@@ -39,6 +39,7 @@ from orchestrator.api import throttle
 from orchestrator.cluster import leaders
 from orchestrator.hooks import circuit
 from orchestrator.models import CircuitState, TaskHistory
+from orchestrator.recovery import pauses
 from orchestrator.routing import class_queues
 from orchestrator.states import RunState
 from orchestrator.stores import broker, cache, counters, keys
@@ -120,6 +121,7 @@ class EngineCollector(Collector):
         yield self._queue_depth()
         yield self._active_runs()
         yield self._circuits()
+        yield from self._pauses()
         yield from self._leaders()
 
     @staticmethod
@@ -164,6 +166,34 @@ class EngineCollector(Collector):
             for state in CircuitState:
                 gauge.add_metric([task_id, state.value], int(status.state == state))
         return gauge
+
+    @staticmethod
+    def _pauses() -> Iterator[Metric]:
+        paused = GaugeMetricFamily(
+            "lumastra_paused",
+            "1 for each pause in force (recovery.pauses), by scope (task, class) and name",
+            labels=["scope", "name", "refuse_starts"],
+        )
+        held = GaugeMetricFamily(
+            "lumastra_paused_runs", "Pending runs a pause holds, by task", labels=["task"]
+        )
+        rows = pauses.in_force()
+        for row in rows:
+            paused.add_metric([row.scope, row.name, str(row.refuse_starts).lower()], 1)
+        if rows:
+            holds = pauses.Holds.load(0)
+            waiting = dict(
+                TaskHistory.objects.filter(state=RunState.PENDING, task_id__in=list(registry.get()))
+                .values_list("task_id")
+                .order_by()
+                .annotate(n=Count("id"))
+                .values_list("task_id", "n")
+            )
+            for task_id in sorted(registry.get()):
+                if holds.holds(task_id):
+                    held.add_metric([task_id], waiting.get(task_id, 0))
+        yield paused
+        yield held
 
     @staticmethod
     def _leaders() -> Iterator[Metric]:

@@ -17,6 +17,7 @@ from orchestrator.api import (
     errors,
     events,
     logs,
+    pauses,
     runs,
     schedules,
     tasks,
@@ -63,6 +64,7 @@ api.add_router("", triggers.router)
 api.add_router("", dead_letters.router)
 api.add_router("", schedules.router)
 api.add_router("", cluster.router)
+api.add_router("", pauses.router)
 
 
 def urls() -> tuple[list[URLPattern | URLResolver], str, str]:

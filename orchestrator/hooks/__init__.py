@@ -6,6 +6,7 @@ The protocol and its caller:
 
 The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 - `dedup`: identity dedup: at most one live run per identity (and per `exclusive_with` group)
+- `pause`: a paused task or class: starts refused (503) or taken, runs parked at pickup
 - `circuit`: per-task circuit breaker: stops starting a task that keeps failing, probes it
 - `circuit_copy`: each circuit's copy in Postgres, read back when Valkey lost the hash
 - `quotas`: daily quotas: counts each task's runs per UTC day, refuses past `max_runs_per_day`

@@ -12,7 +12,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("orchestrator", "0020_drop_audit_run_id_pattern_index"),
+        ("orchestrator", "0021_task_pause"),
     ]
 
     operations = [

@@ -5,6 +5,7 @@
 - `pending`: pending runs whose message the broker lost: published again, or failed at a deadline
 - `repair`: a tick's step: live hashes left behind a terminal write, settled
 - `stages`: a tick's step: pipeline runs stalled between stages, moved on
+- `pauses`: pause and resume a task or class (`task_pause`, its Valkey mirror, the release)
 - `drain_replay`: the drain's writes made again once Postgres answers, and what follows each
 - `drain_poison`: the drain's entries no replay could apply, kept for an operator
 

@@ -15,12 +15,14 @@ A tick, on one process of the cluster at a time:
 4. ends the orphans among the stale runs (`recovery.orphans`: the Postgres heartbeat and
    the state-hash guard must agree);
 5. re-publishes the pending runs whose message the broker lost, and fails those past
-   LUMASTRA_PENDING_DEADLINE_S (`orchestrator.recovery.pending`);
+   LUMASTRA_PENDING_DEADLINE_S (`orchestrator.recovery.pending`), leaving alone those a pause
+   holds (`orchestrator.recovery.pauses`);
 6. repairs the live hashes of runs Postgres has ended but whose live hash still says live (their
    writer died between the two writes), and runs their `finished` hooks
    (`orchestrator.recovery.repair`);
 7. runs its chores under the same lock: the repair of chore 6 (`RepairHashes`), the pipelines
-   stalled between stages (`AdvanceStalledPipelines`), then any a caller adds (none today:
+   stalled between stages (`AdvanceStalledPipelines`), the pauses' Valkey mirror rebuilt from
+   `task_pause` (`RebuildPauseMirror`), then any a caller adds (none today:
    coverage rows left `running` are the stage-sweep's to reclaim, `coverage.sweep`).
 
 Boot recovery: each loops process runs one tick as soon as it starts (`tick(boot=True)`),
@@ -70,9 +72,10 @@ from django.conf import settings
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import Fence, FencedLock, LockLost, LoopLock
-from orchestrator.recovery import drain_replay, orphans, pending
+from orchestrator.recovery import drain_replay, orphans, pauses, pending
 from orchestrator.recovery.drain_replay import ReplayReport
 from orchestrator.recovery.orphans import SCAN_START, OrphanReport
+from orchestrator.recovery.pauses import RebuildPauseMirror
 from orchestrator.recovery.pending import PendingReport
 from orchestrator.recovery.repair import RepairHashes
 from orchestrator.recovery.stages import AdvanceStalledPipelines
@@ -104,6 +107,7 @@ class TickReport:
     stale: int = 0  # active/cancelling runs past the threshold in Postgres
     pending_checked: int = 0
     in_drain: int = 0  # candidates left alone: their end, or a stage's, waits in the drain
+    held: int = 0  # pending runs a pause holds: neither published again nor failed
     orphans: OrphanReport = field(default_factory=OrphanReport)
     pending: PendingReport = field(default_factory=PendingReport)
     drain: ReplayReport = field(default_factory=ReplayReport)
@@ -148,9 +152,14 @@ class Reconciler:
         lock: FencedLock | None = None,
     ) -> None:
         config = settings.CONFIG
-        # The repair of left-behind hashes and the pipelines stalled between stages are always
-        # chores; a caller may add more.
-        self.chores: tuple[Chore, ...] = (RepairHashes(), AdvanceStalledPipelines(), *chores)
+        # The repair of left-behind hashes, the pipelines stalled between stages and the
+        # pauses' mirror are always chores; a caller may add more.
+        self.chores: tuple[Chore, ...] = (
+            RepairHashes(),
+            AdvanceStalledPipelines(),
+            RebuildPauseMirror(),
+            *chores,
+        )
         self.clock = clock
         self.batch = batch
         # The cluster seat: a leader's (never acquired here), or the same lock taken directly.
@@ -233,6 +242,10 @@ class Reconciler:
             report.orphans = orphans.end_orphans(
                 stale, threshold, fence=self.lock, clock=self.clock
             )
+        if waiting:
+            # A paused run waits on purpose: not lost, not stuck (`recovery.pauses`).
+            holds = pauses.Holds.load(config.pending_deadline_s)
+            waiting, report.held = holds.sort(waiting)
         if waiting:
             report.pending = pending.check(
                 waiting,

@@ -11,7 +11,7 @@ their last stage move is older than LUMASTRA_PIPELINE_RECOVER_AFTER_S:
 - a stage that is due (all its dependencies completed or skipped) and still waiting, whose
   message is neither in its queue nor held by a worker (a crash between a stage's end and
   the dispatch of the next, a message the broker lost): published again, its `when` asked
-  again first.
+  again first, unless a pause holds it (`recovery.pauses`: its resume publishes it).
 
 A second message of a stage does no harm: its claim is one guarded UPDATE, and the later
 delivery finds the stage no longer waiting and is dropped. Options: the threshold above and
@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connection
 
 from orchestrator.cluster.locks import Fence
+from orchestrator.recovery.pauses import Holds
 from orchestrator.recovery.pending import held_by_workers, in_broker_lists, stranded_after_s
 from orchestrator.routing import stage_queue
 from orchestrator.runs import pipeline
@@ -65,6 +66,8 @@ class AdvanceStalledPipelines:
         }
         # Lists first, then the unacked hash: a message taken meanwhile is found in the second.
         present = in_broker_lists(queues) | held_by_workers(taken_within_s=stranded_after_s())
+        # A stage a pause holds waits on purpose: its resume publishes it (`recovery.pauses`).
+        present |= Holds.load(0).held_stages(rows)
         moved = 0
         for run_id, task_id, input_, owner, identity, priority, states, results in rows:
             definition = definitions.get(task_id)

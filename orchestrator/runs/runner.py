@@ -1,6 +1,6 @@
 """The runner: the body of every Celery task, from a delivered message to a claimed run.
 
-On pickup: processing_version guard → pre-claim hooks (concurrency, rate) and the claim in
+On pickup: processing_version guard → pre-claim hooks (pause, concurrency, rate) and the claim in
 Valkey (owner, pending → active), one pipeline → the run's input from Postgres → the claimed
 run's execution (`runs.execute`: the handler beside its watch thread, then the terminal write
 through `runs.terminal`, Postgres first).
@@ -44,6 +44,7 @@ from redis.client import Pipeline
 from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Part, Pickup, Postpone
+from orchestrator.hooks.pause import Parked
 from orchestrator.models import TaskHistory
 from orchestrator.runs import execute, put_back, terminal
 from orchestrator.runs.publish import republish
@@ -102,6 +103,11 @@ def _run(
     except Postpone as wait:
         claim.give_back()
         _postponed_unread(definition, pickup, wait)
+        return
+    except Parked as parked:
+        # Pending in both stores, its message acknowledged: a resume publishes it again.
+        claim.give_back()
+        log.info("%s; parked", parked)
         return
     except BaseException:
         claim.give_back()
@@ -166,6 +172,9 @@ def _run_from_row(
     except Postpone as wait:
         log.info("run %s: postponed %ss (%s)", row.id, wait.delay.total_seconds(), wait.reason)
         republish(definition, row.id, row.identity, row.priority, wait.delay, notes)
+        return
+    except Parked as parked:
+        log.info("%s; parked", parked)
         return
     claimed = None
     try:

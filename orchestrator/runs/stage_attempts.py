@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from orchestrator.backoff import jittered_backoff
 from orchestrator.cluster.instance import instance_id, is_dead_here
+from orchestrator.hooks import pause
 from orchestrator.models import TaskHistory
 from orchestrator.routing import stage_class
 from orchestrator.runs import drain, retries, steps, terminal
@@ -64,6 +65,10 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
         time.sleep(REQUEUE_PAUSE_S)
         raise Reject(f"run {run_id}: stage {name} needs a newer worker", requeue=True)
     stage = definition.stage(name)
+    if held := pause.stage_held(definition.id, stage_class(definition, stage)):
+        # Waiting, its message acknowledged: the resume publishes it again (`recovery.pauses`).
+        log.info("run %s: stage %s held by the pause of %s; parked", run_id, name, held)
+        return
     claimed = durable.claim_stage(run_id, name, stage_class(definition, stage), instance_id())
     if claimed is None:
         # Its run is no longer active (ended, cancelling) or the stage is not waiting (this

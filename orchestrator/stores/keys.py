@@ -127,6 +127,17 @@ def circuit(task_id: str) -> str:
     return f"task:circuit:{task_id}"
 
 
+def pauses() -> str:
+    """Hash of `<scope>:<name>` (`pause_field`) → `hold` or `refuse`: the pauses in force, a
+    mirror of `task_pause` (orchestrator/hooks/pause.py), rebuilt by the reconciler; no TTL."""
+    return "task:paused"
+
+
+def pause_field(scope: str, name: str) -> str:
+    """A field of `pauses()`: scope `task` or `class`, and the task id or class name."""
+    return f"{scope}:{name}"
+
+
 def concurrency_holders(task_id: str) -> str:
     """Sorted set of `<runId>|<owner>` → lease expiry (ms, Valkey's clock): runs holding a slot."""
     return f"task:concurrency:{task_id}:holders"

@@ -133,6 +133,7 @@ LAST_RUNS = sql.load(__file__, "last_runs")
 # Recovery's (`recovery.orphans`, `recovery.stages`, `recovery.drain_replay`).
 ORPHAN_CANDIDATES = sql.load(__file__, "orphan_candidates")
 STALLED_PIPELINES = sql.load(__file__, "stalled_pipelines")
+HELD_PIPELINES = sql.load(__file__, "held_pipelines")  # `recovery.pauses`
 DRAIN_LOCK_TIMEOUT = sql.load(__file__, "drain_lock_timeout")
 # The hooks' own tables: quotas and costs (`hooks.quotas`, `hooks.costs`: task_quota_usage),
 # the circuit's Postgres copy (`hooks.circuit`: task_circuit_state).

@@ -87,9 +87,10 @@ def test_each_point_is_one_round_trip_for_a_task_without_limits(
     # unless the warm-up's reading is still fresh (`backpressure.DEPTH_FRESH`).
     assert admitted.pop("coordination") == 1
     assert admitted in ({"other": 1}, {})
-    # Pickup: nothing (no max_concurrent, so no slot to take; only a circuit's probe asks
-    # about its slot).
-    assert picked == {}
+    # Pickup: the pause check alone (no max_concurrent, so no slot to take; only a circuit's
+    # probe asks about its slot); the runner sends the claim in this same round trip
+    # (`test_round_trips.py`).
+    assert picked == {"coordination": 1}
     # End: circuit record and daily count together.
     assert ended == {"coordination": 1}
     assert statements == []  # no quota row per start or end

@@ -1,0 +1,170 @@
+"""Pause (issue 27): a paused task or resource class starts nothing new, cluster-wide.
+
+A `RunHook`, in the chain of `orchestrator.apps.hook_chain` right after identity dedup. It reads
+the pauses' Valkey mirror (`keys.pauses()`: one HMGET of the task's field and its class's) as
+one more command of the pipelines admission and pickup already send, so a run pays no round
+trip for it, paused or not.
+
+- Admission: a pause that refuses starts answers 503 `paused` (`Paused`), and nothing is
+  written; any other pause takes the start: the run is recorded `pending` and published.
+- Pickup (`before_claim`): a paused run is parked (`Parked`): the runner gives back its Valkey
+  claim and acknowledges the message without running it. The run stays `pending` in both
+  stores, with no message, so no worker spins on it; `recovery.pauses.resume` publishes the
+  parked runs again, most urgent first.
+- A stage of a pipeline (`stage_held`, called by its message before its claim) is held when
+  its run's task or the stage's own class is paused: the stage stays `waiting` and its message
+  is acknowledged; the resume publishes it again. A stage claim reads nothing from Valkey
+  before it, so a stage reads the mirror through a copy each process keeps for STAGE_FRESH_S:
+  at most one HGETALL per process and second, not one per stage.
+- A run or stage already claimed is not touched: running runs finish.
+
+The mirror is written by `recovery.pauses` after the `task_pause` row commits (Postgres is
+the truth) and rebuilt from it by the reconciler (`rebuild`), so a Valkey that lost it holds
+runs again within one reconciler interval.
+
+Not guaranteed:
+- A pickup that read the mirror just before a resume parks its run after the resume looked
+  for parked runs; the resume publishes every pending run of the scope not waiting in a queue,
+  so it finds that one too (published twice at worst: only one delivery can claim a run).
+- While Valkey has lost the mirror (a restart without persistence) and the reconciler has not
+  rebuilt it, paused runs run.
+- A stage taken within STAGE_FRESH_S of a pause may still run. A resume waits that long
+  before it publishes held stages, so none is parked after it looked for them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, cast
+
+import redis
+from redis.client import Pipeline
+
+from orchestrator.hooks.base import Admission, Part, Pickup, Refused, RunHook, checked
+from orchestrator.stores import keys, valkey
+from tasks.definition import TaskDefinition
+
+HOLD = "hold"  # runs wait, starts are taken
+REFUSE = "refuse"  # runs wait, starts are refused
+# How old a process's copy of the mirror may be when a stage reads it.
+STAGE_FRESH_S = 1.0
+
+
+class Paused(Refused):
+    """A start of a task paused with "pause and refuse", or of a task of such a class."""
+
+    code = "paused"
+    http_status = 503
+
+
+class Parked(Exception):
+    """At pickup: the run's task or class is paused; the message is acknowledged unrun and the
+    run stays pending until a resume publishes it again."""
+
+    def __init__(self, run_id: str, field: str) -> None:
+        super().__init__(f"run {run_id}: held by the pause of {field.replace(':', ' ', 1)}")
+        self.field = field
+
+
+def fields_of(definition: TaskDefinition) -> tuple[str, str]:
+    """The mirror's fields that pause `definition`'s runs: its own and its class's."""
+    return (
+        keys.pause_field("task", definition.id),
+        keys.pause_field("class", definition.resource_class),
+    )
+
+
+def _pause_of(fields: tuple[str, str], replies: list[Any]) -> tuple[str, str] | None:
+    """(field, mode) of the pause in force among `fields`, a refusing one first; None: none."""
+    values = checked(replies)[0]
+    found = [(f, str(v)) for f, v in zip(fields, values, strict=True) if v is not None]
+    found.sort(key=lambda pair: pair[1] != REFUSE)
+    return found[0] if found else None
+
+
+class PauseGate(RunHook):
+    def __init__(self) -> None:
+        super().__init__(name="pause")
+
+    def plan_admit(self, admission: Admission) -> Part:
+        fields = fields_of(admission.definition)
+
+        def receive(replies: list[Any]) -> None:
+            pause = _pause_of(fields, replies)
+            if pause is not None and pause[1] == REFUSE:
+                scope, _, name = pause[0].partition(":")
+                raise Paused(f"{scope} {name!r} is paused and refuses new starts; resume it first")
+
+        return Part(receive, lambda pipe: pipe.hmget(keys.pauses(), list(fields)))
+
+    def plan_before_claim(self, pickup: Pickup) -> Part:
+        fields = fields_of(pickup.definition)
+
+        def receive(replies: list[Any]) -> None:
+            pause = _pause_of(fields, replies)
+            if pause is not None:
+                raise Parked(pickup.run_id, pause[0])
+
+        return Part(receive, lambda pipe: pipe.hmget(keys.pauses(), list(fields)))
+
+
+def mirror(field: str, mode: str | None, pipe: Pipeline | None = None) -> None:
+    """Set (`mode`: HOLD or REFUSE) or clear (None) one pause in the mirror."""
+    target = pipe if pipe is not None else valkey.client()
+    if mode is None:
+        target.hdel(keys.pauses(), field)
+    else:
+        target.hset(keys.pauses(), field, mode)
+
+
+def in_mirror() -> dict[str, str]:
+    return cast(dict[str, str], valkey.client().hgetall(keys.pauses()))
+
+
+def rebuild(read_truth: Any) -> bool:
+    """Make the mirror say what `read_truth()` (field → mode, from Postgres) says; True when
+    it had to change. Valkey is watched before Postgres is read, so a pause or resume written
+    meanwhile (Postgres, then the mirror) makes this pass give way rather than undo it."""
+    with valkey.client().pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(keys.pauses())  # type: ignore[no-untyped-call]
+            current = cast(dict[str, str], pipe.hgetall(keys.pauses()))
+            truth: Mapping[str, str] = read_truth()
+            if dict(truth) == current:
+                return False
+            pipe.multi()
+            pipe.delete(keys.pauses())
+            if truth:
+                pipe.hset(keys.pauses(), mapping=dict(truth))
+            valkey.execute(pipe)
+        except redis.WatchError:
+            return False
+    return True
+
+
+class _Copy:
+    """This process's copy of the mirror, for stage pickups."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, str] = {}
+        self.read_at = float("-inf")
+
+    def current(self) -> dict[str, str]:
+        if time.monotonic() - self.read_at >= STAGE_FRESH_S:
+            self.fields = in_mirror()
+            self.read_at = time.monotonic()
+        return self.fields
+
+
+_copy = _Copy()
+
+
+def stage_held(task_id: str, stage_class: str) -> str | None:
+    """The mirror's field that holds a stage of `task_id` in `stage_class` (its task's pause, or
+    its class's), None when nothing does."""
+    paused = _copy.current()
+    for field in (keys.pause_field("task", task_id), keys.pause_field("class", stage_class)):
+        if field in paused:
+            return field
+    return None

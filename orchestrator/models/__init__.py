@@ -1,0 +1,41 @@
+"""Durable state, one module per concern; every model is importable from here.
+
+- `runs`: every run (`TaskHistory`) and its audit trail, kept by triggers on the row
+- `tokens`: the API's bearer tokens, as digests
+- `admission`: per task: daily quota usage, the circuit's copy, pauses of tasks and classes
+- `schedules`: the scheduler's state, one row per schedule it fires
+- `webhooks`: webhook endpoints, the run events' outbox and each delivery
+"""
+
+from orchestrator.models.admission import (
+    CircuitState,
+    PauseScope,
+    TaskCircuitState,
+    TaskPause,
+    TaskQuotaUsage,
+)
+from orchestrator.models.runs import TaskHistory, TaskHistoryAudit
+from orchestrator.models.schedules import SchedulerState
+from orchestrator.models.tokens import ApiToken
+from orchestrator.models.webhooks import (
+    DeliveryStatus,
+    RunEventOutbox,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+
+__all__ = [
+    "ApiToken",
+    "CircuitState",
+    "DeliveryStatus",
+    "PauseScope",
+    "RunEventOutbox",
+    "SchedulerState",
+    "TaskCircuitState",
+    "TaskHistory",
+    "TaskHistoryAudit",
+    "TaskPause",
+    "TaskQuotaUsage",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+]
