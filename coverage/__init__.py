@@ -21,6 +21,7 @@ Keeping every stage's rows moving:
 For operators:
 - `backlog`: how far each stage has got, which items are where and why, rescan and heal
 - `api`: `/coverage`: the backlog over HTTP, mounted on the v1 API
+- `outbox_api`: `/coverage/outbox/dead-letters`: the outbox's dead letters over HTTP, redeliver
 - `admin`: the admin of the catalog, the EPG sources, the coverage rows and the outbox
 - `dead_letters`: the outbox's dead letters on the admin's Dead letters page, and redeliver
 - `metrics`: the backlog in /metrics: rows per stage and status, each stage's oldest due row

@@ -2,11 +2,13 @@ from django.contrib import admin
 from django.urls import path, re_path
 
 from coverage import api as coverage_api
+from coverage import outbox_api
 from orchestrator.api import errors, health, v1
 from orchestrator.api.metrics import metrics_view
 
 # The catalog's API sits above the engine: it joins the engine's v1 API here, at the root.
 v1.api.add_router("", coverage_api.router)
+v1.api.add_router("", outbox_api.router)
 
 urlpatterns = [
     path("admin/", admin.site.urls),

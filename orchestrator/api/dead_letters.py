@@ -13,7 +13,8 @@ letters page lists it, and the operator's actions on it.
 
 Reads need view, actions operate. The read and act functions are the console's own; nothing
 here writes a run, a drain entry or a delivery. The coverage outbox's dead letters are the
-catalog's (`GET /coverage`), not listed here: the engine never imports the catalog.
+catalog's (`GET /coverage/outbox/dead-letters`, `coverage/outbox_api.py`), not listed here: the
+engine never imports the catalog.
 """
 
 from __future__ import annotations
