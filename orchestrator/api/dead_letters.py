@@ -46,6 +46,7 @@ from orchestrator.runs.rerun import dead_letters, requeued_as, rerun
 from orchestrator.runs.start import StartRefused
 from orchestrator.text import is_ascii_digits
 from orchestrator.webhooks import delivery
+from tasks.registry import UnknownTaskError
 
 router = Router(tags=["dead letters"])
 
@@ -318,7 +319,8 @@ def _requeue_run(run_id: str, actor: str) -> Outcome:
         return Outcome(id=run_id, outcome="not_found", detail=f"no exhausted run {run_id!r}")
     try:
         handle = rerun(run_id, actor=actor)
-    except (StartRefused, Refused, UnknownRun) as exc:
+    except (StartRefused, Refused, UnknownRun, UnknownTaskError) as exc:
+        # UnknownTaskError: its task is no longer registered; nothing was started.
         return Outcome(id=run_id, outcome="refused", detail=str(exc))
     return Outcome(
         id=run_id,

@@ -2,7 +2,8 @@
 /tasks/{id}/pause`, `…/resume`, `POST /classes/{class}/pause`, `…/resume`, and `GET /pauses`.
 
 Views never write state: `recovery.pauses` does, under the caller's name. A paused run stays
-`pending` and queued; running runs finish; a resume publishes the held runs, most urgent first.
+`pending` (parked once a worker took its message); running runs finish; a resume publishes
+the held runs, most urgent first.
 """
 
 from __future__ import annotations

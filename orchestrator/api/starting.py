@@ -26,12 +26,15 @@ from orchestrator.api.fields import PriorityIn, Storable, StorableStr
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
 from orchestrator.runs.rerun import NotRetryable
-from orchestrator.runs.start import InvalidInput, KeyContended, RunHandle, StartRefused
+from orchestrator.runs.start import (
+    MAX_IDEMPOTENCY_KEY,
+    InvalidInput,
+    KeyContended,
+    RunHandle,
+    StartRefused,
+)
 from orchestrator.states import RunState
 from tasks.registry import UnknownTaskError
-
-# A bound on the key keeps it well inside what the unique index on it can hold.
-MAX_IDEMPOTENCY_KEY = 200
 
 
 def _rfc3339_text(value: object) -> object:

@@ -142,7 +142,9 @@ def fire(
                 priority=definition.priority,
                 idempotency_key=idempotency_key,
             )
-    except BaseException:
+    except ApiError:
+        # Refused, nothing written: the same request may be sent again. After anything else
+        # the run may exist (an error after its commit), so the signature stays spent.
         if isinstance(auth, SignedRequest):
             inbound.release(auth.trigger, auth.signed)
         raise

@@ -95,7 +95,9 @@ class QueueCap(RunHook):
     # The last depth read per resource class, in this process.
     _readings: dict[str, _Reading] = field(default_factory=dict, repr=False)
 
-    def plan_admit(self, admission: Admission) -> Part:
+    def plan_admit(self, admission: Admission) -> Part | None:
+        if admission.not_before is not None:
+            return None  # not queued until its time: today's depth says nothing of it
         # After the hooks before it answered: nothing is shed for a start they refuse.
         return Part(lambda replies: self._judge(admission), after_replies=True)
 

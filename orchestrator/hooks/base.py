@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from redis.client import Pipeline
@@ -67,6 +67,10 @@ class Admission:
     # run's first message carries it (`runs.publish.HOOK_HEADER`) and the pickup hands it back
     # (`Pickup.notes`), so a hook asks Valkey at pickup only for the runs it marked.
     notes: dict[str, bool] = field(default_factory=dict)
+    # A delayed start's time (`runs.due`): it joins no queue until then, so nothing judges it
+    # by the queue today, it is never the circuit's probe (its message carries no note), and
+    # its identity is held until then and for LUMASTRA_IDENTITY_TTL_S after.
+    not_before: datetime | None = None
 
 
 @dataclass(frozen=True)

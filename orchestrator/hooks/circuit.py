@@ -173,6 +173,10 @@ class CircuitBreaker(RunHook):
             if answer == "closed":
                 return
             circuit = _hash(reply[1:])
+            if answer == "probe" and admission.not_before is not None:
+                # A probe must run now, not in days: the slot goes back for the next start.
+                _set_probe_expiry(task_id, admission.run_id, 0)
+                raise _refusal(task_id, "busy", circuit, now)
             if answer == "probe":
                 admission.notes[PROBE_NOTE] = True
                 log.info(

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 
-from orchestrator.clock import span_ms
+from orchestrator.clock import SYSTEM, span_ms
 from orchestrator.hooks.base import Admission, Deduplicated, Outcome, Part, Refused, RunHook
 from orchestrator.models import TaskHistory
 from orchestrator.states import LIVE_RUN_STATES
@@ -82,13 +82,16 @@ def _hold(key: str, run_id: str, ttl_ms: int) -> None:
     scripts.call("identity_hold", [key], [run_id, ttl_ms])
 
 
-def _confirm(key: str, run_id: str) -> None:
-    """The committed run's identity held for LUMASTRA_IDENTITY_TTL_S. Runs after the commit,
-    before the run is published: a failure (Valkey unreachable) is logged, never raised, or
-    the caller would be told its start failed for a run that exists (and retry it), and the
-    publish after it would be skipped."""
+def _confirm(key: str, run_id: str, not_before: datetime | None = None) -> None:
+    """The committed run's identity held for LUMASTRA_IDENTITY_TTL_S (a delayed start's: from
+    its time on). Runs after the commit, before the run is published: a failure (Valkey
+    unreachable) is logged, never raised, or the caller would be told its start failed for a
+    run that exists (and retry it), and the publish after it would be skipped."""
+    ttl = timedelta(seconds=settings.CONFIG.identity_ttl_s)
+    if not_before is not None:
+        ttl += max(timedelta(0), not_before - SYSTEM.now())
     try:
-        _hold(key, run_id, span_ms(timedelta(seconds=settings.CONFIG.identity_ttl_s)))
+        _hold(key, run_id, span_ms(ttl))
     except Exception:
         log.exception(
             "run %s: identity %s not confirmed; it lapses with its provisional TTL", run_id, key
@@ -135,7 +138,9 @@ class IdentityDedup(RunHook):
     def _claim(self, admission: Admission, key: str, provisional_ms: int, answer: str) -> None:
         for attempt in range(1, MAX_REPLACEMENTS + 1):
             if answer == "":
-                transaction.on_commit(partial(_confirm, key, admission.run_id))
+                transaction.on_commit(
+                    partial(_confirm, key, admission.run_id, admission.not_before)
+                )
                 return
             holder, pttl = answer.split(" ")
             row = TaskHistory.objects.filter(id=holder).values_list("task_id", "state").first()

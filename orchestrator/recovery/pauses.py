@@ -54,9 +54,15 @@ from orchestrator.recovery.orphans import Candidate
 from orchestrator.recovery.pending import held_by_workers, in_broker_lists
 from orchestrator.routing import queue_name, stage_class, stage_queue
 from orchestrator.runs import pipeline
-from orchestrator.runs.publish import job_id, publish, republish, stage_message_id
+from orchestrator.runs.publish import (
+    Outgoing,
+    job_id,
+    publish_many,
+    republish,
+    stage_message_id,
+)
 from orchestrator.states import RunState
-from orchestrator.stores import keys, queries
+from orchestrator.stores import keys, live, queries
 from orchestrator.stores.durable import Stages, json_value
 from tasks import registry
 from tasks.definition import TaskDefinition
@@ -155,23 +161,35 @@ def release(definitions: Sequence[TaskDefinition]) -> int:
         return 0
     rows = (
         TaskHistory.objects.filter(task_id__in=list(free), state=RunState.PENDING)
+        # A delayed start not due yet is the due loop's to publish (`runs.due`).
+        .exclude(attempts=0, not_before__gt=timezone.now())
         .order_by("priority", "created_at", "id")
-        .values_list("id", "task_id", "identity", "priority", "not_before")
+        .values_list("id", "task_id", "identity", "priority", "not_before", "processing_version")
     )
     per_task = settings.CONFIG.per_task_queues
     waiting = in_broker_lists({queue_name(d, per_task) for d in free.values()})
-    released = 0
-    for run_id, task_id, identity, priority, not_before in rows.iterator():
+    now_runs, later = [], []
+    for run_id, task_id, identity, priority, not_before, version in rows.iterator():
         if run_id in waiting:
             continue
         definition = free[task_id]
         dedup.hold_again(definition, run_id, identity)
         if not_before is not None and not_before > timezone.now():
-            republish(definition, run_id, identity, priority, not_before - timezone.now())
+            later.append((definition, run_id, identity, priority, not_before))
         else:
-            publish(definition, run_id, job_id(task_id, identity, run_id), priority)
-        released += 1
-    return released
+            job = job_id(task_id, identity, run_id)
+            now_runs.append(Outgoing(definition, run_id, job, priority, processing_version=version))
+    # A pause longer than a live hash's TTL outlived the runs' hashes: seeded again (a no-op
+    # for a hash still there) before their messages, in the order of every run's start.
+    seeds = [(o.definition, o.run_id, o.priority) for o in now_runs]
+    seeds += [(d, run_id, priority) for d, run_id, _, priority, _ in later]
+    live.seed_many(
+        [live.Seed(run_id, d.id, priority, d.stage_order) for d, run_id, priority in seeds]
+    )
+    publish_many(now_runs)
+    for definition, run_id, identity, priority, not_before in later:
+        republish(definition, run_id, identity, priority, not_before - timezone.now())
+    return len(now_runs) + len(later)
 
 
 def _holds_stages_of(definition: TaskDefinition, scope: PauseScope, name: str) -> bool:

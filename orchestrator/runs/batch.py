@@ -105,12 +105,17 @@ def start_runs(
     admitted: list[_Admitted] = []
     keyed: dict[tuple[str, str], Prepared] = {}
     with transaction.atomic():
-        for index, request in enumerate(requests):
-            outcome = outcomes[index] = _admit(request, index, keyed, admitted)
-            if _stops(outcome, atomic, stop_at_refusal):
-                break
-        else:
-            outcome = None
+        outcome = None
+        try:
+            for index, request in enumerate(requests):
+                outcome = outcomes[index] = _admit(request, index, keyed, admitted)
+                if _stops(outcome, atomic, stop_at_refusal):
+                    break
+            else:
+                outcome = None
+        except BaseException:
+            _abandon(admitted)  # a store failed mid-batch: nothing of it will be written
+            raise
         if atomic and outcome is not None and outcome.result is Result.REFUSED:
             _give_back(admitted, outcomes)
             transaction.set_rollback(True)
@@ -126,7 +131,12 @@ def start_runs(
             return _answered(outcomes)
         for entry in raced:
             hooks.abandon(entry.admission)
-            outcomes[entry.index] = _joined_after_race(entry.start)
+            lost = entry.start.handle.run_id
+            answer = _joined_after_race(entry.start)
+            # Later starts of the batch that joined it join what it was answered instead.
+            for index, joined_it in enumerate(outcomes):
+                if joined_it is not None and joined_it.run_id == lost:
+                    outcomes[index] = answer
         published = [e for e in admitted if e.start.handle.run_id in inserted and not e.dropped]
         for entry in published:
             cancel_shed(entry.admission)
@@ -169,7 +179,6 @@ def _admit(
         duplicate = live_run_with_key(task_id, key)
         if duplicate is not None:
             return _outcome_of(joined(task_id, duplicate))
-        keyed[(task_id, key)] = start
     admission = start.admission()
     try:
         hooks.admit(admission)
@@ -182,6 +191,9 @@ def _admit(
     except Refused as exc:
         return Outcome(Result.REFUSED, code=exc.code, detail=str(exc), http_status=exc.http_status)
     admitted.append(_Admitted(index, start, admission))
+    if key is not None:
+        # Only a start that will be recorded: a later one with its key joins this run.
+        keyed[(task_id, key)] = start
     return Outcome(Result.STARTED, start.handle.run_id, start.handle.priority)
 
 
@@ -228,12 +240,13 @@ def _insert(admitted: Sequence[_Admitted]) -> set[str]:
     params: dict[str, Any] = {name: [row[c] for row in rows] for name, c in columns.items()}
     params["now"] = now
     try:
-        with connection.cursor() as cursor:
+        # In a savepoint, so a failed INSERT leaves the transaction usable for the give-backs
+        # (a quota's is an UPDATE) before the error goes up.
+        with transaction.atomic(savepoint=True), connection.cursor() as cursor:
             cursor.execute(queries.INSERT_RUNS, params)
             return {run_id for (run_id,) in cursor.fetchall()}
     except Exception:
-        for entry in reversed(admitted):
-            hooks.abandon(entry.admission)
+        _abandon(admitted)
         raise
 
 
@@ -257,11 +270,18 @@ def _key_taken(start: Prepared) -> Outcome:
 def _give_back(admitted: Sequence[_Admitted], outcomes: list[Outcome | None]) -> None:
     """An atomic batch that will not be written: admission gives back what it took, and
     every start not refused is answered `not_started`."""
-    for entry in reversed(admitted):
-        hooks.abandon(entry.admission)
+    _abandon(admitted)
     for index, outcome in enumerate(outcomes):
         if outcome is None or outcome.result is not Result.REFUSED:
             outcomes[index] = Outcome(Result.NOT_STARTED)
+
+
+def _abandon(admitted: Sequence[_Admitted]) -> None:
+    """Admission gives back what it took for starts that will not be written; a dropped start
+    was given back when its hook dropped it."""
+    for entry in reversed(admitted):
+        if entry.dropped is None:
+            hooks.abandon(entry.admission)
 
 
 def _answered(outcomes: Sequence[Outcome | None]) -> list[Outcome]:

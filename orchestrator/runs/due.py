@@ -21,8 +21,12 @@ Not guaranteed:
   runs; after the leader dies, within the leader's failover (`cluster.leaders`). Its pickup
   then waits for a free process of its pool like any other run.
 - A run cancelled while waiting ends at once (`runs.cancel`) and is never released.
-- Admission (quotas, concurrency, exclusivity) was judged when the run was started, not when it
-  is released.
+- Admission (quotas, the circuit, exclusivity) was judged when the run was started, not when
+  it is released; its identity is held from the start until its time and
+  LUMASTRA_IDENTITY_TTL_S after. Backpressure does not judge it (it joins no queue until then),
+  and it is never a half-open circuit's probe (refused while the probe slot is free).
+- A run recorded for an older `processing_version` than the releasing deploy's is published with
+  its own, so its pickup fails it `stale_version` rather than running newer code on it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import logging
 from django.db import connection, transaction
 
 from orchestrator.cluster.locks import Fence
+from orchestrator.hooks import dedup
 from orchestrator.runs.publish import Outgoing, job_id, publish_many
 from orchestrator.stores import live, queries
 from tasks import registry
@@ -52,14 +57,18 @@ def release(fence: Fence | None = None, limit: int = BATCH) -> int:
         return 0
     definitions = registry.get()
     seeds, outgoing = [], []
-    for run_id, task_id, identity, priority in rows:
+    for run_id, task_id, identity, priority, version in rows:
         definition = definitions.get(task_id)
         if definition is None:
             # Not registered on this deploy: the run waits for the pending deadline.
             log.error("run %s: task %s is not registered; not published", run_id, task_id)
             continue
+        # Held since the start until its time and a TTL after; a lapse (a Valkey that lost
+        # it) is closed here, as the pending check does for what it publishes.
+        dedup.hold_again(definition, run_id, identity)
         seeds.append(live.Seed(run_id, task_id, priority, definition.stage_order))
-        outgoing.append(Outgoing(definition, run_id, job_id(task_id, identity, run_id), priority))
+        job = job_id(task_id, identity, run_id)
+        outgoing.append(Outgoing(definition, run_id, job, priority, processing_version=version))
     live.seed_many(seeds)
     publish_many(outgoing)
     log.info("released %d delayed starts", len(rows))

@@ -7,7 +7,7 @@ the last LUMASTRA_LOG_CAP lines, for 24 hours (`log_append.lua`). Lines are sent
 when LUMASTRA_LOG_FLUSH_LINES are waiting, when the oldest waiting line is
 LUMASTRA_LOG_FLUSH_S old at the next write, at each watch tick (about once a second) and at
 the run's end, so a chatty handler costs a round trip per batch, not per line. Each batch is
-announced on `task:logfeed:<runId>` for the followers (`orchestrator.api.logs`).
+announced on `<namespace>:task:logfeed:<runId>` for the followers (`orchestrator.api.logs`).
 
 `logging` records are taken from the thread running the handler only, and only while it
 runs (`capturing`), at LUMASTRA_RUN_LOG_LEVEL and above, and not from the engine's own

@@ -44,6 +44,9 @@ class Outgoing:
     job_id: str
     priority: int
     notes: Mapping[str, bool] | None = None
+    # The version the run was recorded for, when not the current one's: a run older than the
+    # deploy that publishes it is failed `stale_version` at pickup, not run by newer code.
+    processing_version: int | None = None
 
 
 def job_id(task_id: str, identity: str, run_id: str) -> str:
@@ -127,7 +130,7 @@ def publish_many(runs: Sequence[Outgoing]) -> None:
     messages = [
         _message(
             run.definition.id,
-            [run.run_id, run.definition.processing_version],
+            [run.run_id, _version(run)],
             queue_name(run.definition, per_task_queues),
             run.job_id,
             run.priority,
@@ -139,6 +142,12 @@ def publish_many(runs: Sequence[Outgoing]) -> None:
     broker.push_many([message for message, _ in messages])
     for _, sent in messages:
         sent()
+
+
+def _version(run: Outgoing) -> int:
+    if run.processing_version is None:
+        return run.definition.processing_version
+    return run.processing_version
 
 
 def _send(

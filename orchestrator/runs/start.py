@@ -47,6 +47,8 @@ _RUN_ID = re.compile(r"run_[0-9A-HJKMNP-TV-Z]{26}")
 # before it could be read; each retry needs a whole other run to start and end meanwhile.
 _KEY_RACE_ATTEMPTS = 5
 _LIVE_STATES = sorted(s.value for s in LIVE_RUN_STATES)
+# A bound on the key keeps it well inside what the unique index on it can hold.
+MAX_IDEMPOTENCY_KEY = 200
 
 
 class StartRefused(ValueError):
@@ -154,7 +156,12 @@ class Prepared:
 
     def admission(self) -> Admission:
         return Admission(
-            self.definition, self.handle.run_id, self.identity, self.handle.priority, self.trigger
+            self.definition,
+            self.handle.run_id,
+            self.identity,
+            self.handle.priority,
+            self.trigger,
+            not_before=self.not_before,
         )
 
     def row(
@@ -203,6 +210,11 @@ def prepare(
     if idempotency_key is not None:
         if reason := unstorable(idempotency_key):
             raise StartRefused(f"idempotency key {reason}")
+        if len(idempotency_key) > MAX_IDEMPOTENCY_KEY:
+            raise StartRefused(
+                f"idempotency key is {len(idempotency_key)} characters; "
+                f"at most {MAX_IDEMPOTENCY_KEY}"
+            )
         trigger_doc["idempotencyKey"] = idempotency_key
     due = due_time(not_before)
     if due is not None:

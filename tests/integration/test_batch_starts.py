@@ -162,3 +162,17 @@ def test_who_may_start_a_batch() -> None:
     assert _post(_client(account("viewer", Access.VIEW)), body).status_code == 403  # type: ignore[attr-defined]
     assert _post(_client(account("nobody")), body).status_code == 403  # type: ignore[attr-defined]
     assert _post(_client(), body).status_code == 200  # type: ignore[attr-defined]
+
+
+def test_a_start_that_was_refused_is_never_joined_by_a_later_one_with_its_key() -> None:
+    outcomes = start_runs(
+        [
+            StartRequest("test-unique-quota", {"key": "a"}, idempotency_key="qa"),
+            StartRequest("test-unique-quota", {"key": "b"}, idempotency_key="qb"),
+            StartRequest("test-unique-quota", {"key": "b"}, idempotency_key="qb"),
+        ]
+    )
+
+    assert [o.result for o in outcomes] == [Result.STARTED, Result.REFUSED, Result.REFUSED]
+    assert outcomes[2].run_id is None  # not the id of a run that was never written
+    assert TaskHistory.objects.filter(task_id="test-unique-quota").count() == 1

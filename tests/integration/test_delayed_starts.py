@@ -4,6 +4,9 @@ worker role's restart while it waits, and can be cancelled while it waits."""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +15,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.conf import LazySettings, settings
 from django.test import Client
 
 from orchestrator.api import tokens
@@ -209,3 +213,46 @@ def test_the_console_shows_when_a_waiting_run_is_due() -> None:
     assert "scheduled for" in page.content.decode()
     assert listed.status_code == 200
     assert "scheduled for" in listed.content.decode()
+
+
+def test_a_delayed_runs_identity_is_held_until_its_time_and_a_ttl_after() -> None:
+    handle = start_run(
+        "test-unique", {"key": "later"}, trigger=TriggerKind.MANUAL, not_before=timedelta(days=3)
+    )
+    held_ms = valkey.client().pttl(keys.identity("test-unique", "later"))
+    ttl_ms = settings.CONFIG.identity_ttl_s * 1000
+
+    # Past the plain TTL (a day): a start of the same work the day after still joins it.
+    assert held_ms > ttl_ms + timedelta(days=2, hours=23).total_seconds() * 1000
+    again = start_run("test-unique", {"key": "later"}, trigger=TriggerKind.MANUAL)
+    assert again.deduplicated and again.run_id == handle.run_id
+
+
+def test_backpressure_does_not_judge_a_delayed_start(settings: LazySettings) -> None:
+    overrides = {**settings.CONFIG.queue_depth_cap_overrides, "discovery": 1}
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, queue_depth_cap_overrides=overrides)
+    queue = "task.t.test-bp-drop"
+    try:
+        start_run("test-bp-drop", {}, trigger=TriggerKind.MANUAL)  # the queue is full now
+        later = start_run(
+            "test-bp-drop", {}, trigger=TriggerKind.MANUAL, not_before=timedelta(hours=1)
+        )
+        now = start_run("test-bp-drop", {}, trigger=TriggerKind.MANUAL)
+    finally:
+        broker.client().delete(*(keys.broker_queue(queue, s) for s in keys.BROKER_PRIORITY_STEPS))
+
+    assert not later.dropped  # it joins no queue for an hour
+    assert _row(later.run_id).state == "pending"
+    assert now.dropped
+
+
+def test_a_run_recorded_for_an_older_version_is_released_with_it() -> None:
+    handle = start_run(TASK, {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=0.2))
+    TaskHistory.objects.filter(id=handle.run_id).update(processing_version=0)
+    wait_for(lambda: datetime.now(UTC) > _row(handle.run_id).not_before)
+
+    assert due.release() == 1
+
+    (message,) = broker.client().lrange(keys.broker_queue(QUEUE, 2), 0, -1)
+    body = json.loads(base64.b64decode(json.loads(message)["body"]))
+    assert body[0] == [handle.run_id, 0]  # its pickup fails it as stale_version

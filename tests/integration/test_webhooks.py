@@ -233,6 +233,9 @@ def test_verify_refuses_forged_tampered_stale_and_replayed_deliveries() -> None:
         verify(body, header, "whsec_right", seen=replayed)
     with pytest.raises(WebhookVerificationError, match="malformed"):
         verify(body, "v1=abc", "whsec_right")
+    # Longer than Python turns into an int (4,300 digits): malformed, not a crash.
+    with pytest.raises(WebhookVerificationError, match="malformed"):
+        verify(body, f"t={'9' * 5000},v1=abc", "whsec_right")
 
 
 def test_endpoints_over_http() -> None:

@@ -14,4 +14,4 @@ UPDATE task_history AS run
          LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED) AS due
  WHERE run.id = due.id
-RETURNING run.id, run.task_id, run.identity, run.priority
+RETURNING run.id, run.task_id, run.identity, run.priority, run.processing_version
