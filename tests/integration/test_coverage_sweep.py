@@ -308,14 +308,14 @@ def test_a_new_processing_version_makes_completed_rows_obsolete() -> None:
     _row(old, "completed", processing_version=1)
     _row(current, "completed", processing_version=2)
     CoverageStage.objects.create(id=STAGE, task_id="test-cover", processing_version=1)
-    definition = registry.get()["test-cover"]
-    bumped = dataclasses.replace(definition, processing_version=2)
-    tasks = {**registry.get(), "test-cover": bumped}
-    registry.install(registry.Registry(tasks.values()))
+    installed = registry.get()
+    bumped = dataclasses.replace(installed["test-cover"], processing_version=2)
+    tasks = {**installed, "test-cover": bumped}
+    registry.install(registry.Registry(tasks.values(), installed.triggers.values()))
     try:
         report = _tick(starts_per_stage=0)
     finally:
-        registry.install(registry.Registry({**tasks, "test-cover": definition}.values()))
+        registry.install(installed)  # the very registry, its triggers with it
 
     assert report.obsoleted[STAGE] == 1
     assert _status(old).status == "obsolete"
