@@ -4,11 +4,13 @@
 # layout), netavark + aardvark-dns (the per-project network and container-to-container DNS by
 # service name: measured to work here, so CNI's dnsname plugin is not needed), debootstrap (the
 # stand-in base images, deploy/ci/standins/build.sh), iptables (netavark's port publishing)
-# and python3-venv (the virtualenv podman-compose is pinned into).
+# python3-venv (the virtualenv podman-compose is pinned into) and catatonit (the init the
+# compose file's `init: true` asks podman for: only recommended by Debian's podman, so
+# `--no-install-recommends` left it out and every container with an init failed to start).
 # Idempotent: installs only the packages that are missing; does nothing when all are there.
 set -euo pipefail
 
-packages=(podman runc netavark aardvark-dns debootstrap iptables python3-venv ca-certificates)
+packages=(podman runc catatonit netavark aardvark-dns debootstrap iptables python3-venv ca-certificates)
 missing=()
 for package in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
