@@ -57,8 +57,8 @@ from orchestrator.runs import pipeline
 from orchestrator.runs.publish import (
     Outgoing,
     job_id,
-    publish_many,
     republish,
+    seed_and_publish_many,
     stage_message_id,
 )
 from orchestrator.states import RunState
@@ -180,13 +180,11 @@ def release(definitions: Sequence[TaskDefinition]) -> int:
             job = job_id(task_id, identity, run_id)
             now_runs.append(Outgoing(definition, run_id, job, priority, processing_version=version))
     # A pause longer than a live hash's TTL outlived the runs' hashes: seeded again (a no-op
-    # for a hash still there) before their messages, in the order of every run's start.
-    seeds = [(o.definition, o.run_id, o.priority) for o in now_runs]
-    seeds += [(d, run_id, priority) for d, run_id, _, priority, _ in later]
+    # for a hash still there) before their messages.
+    seed_and_publish_many(now_runs)
     live.seed_many(
-        [live.Seed(run_id, d.id, priority, d.stage_order) for d, run_id, priority in seeds]
+        [live.Seed(run, d.id, priority, d.stage_order) for d, run, _, priority, _ in later]
     )
-    publish_many(now_runs)
     for definition, run_id, identity, priority, not_before in later:
         republish(definition, run_id, identity, priority, not_before - timezone.now())
     return len(now_runs) + len(later)

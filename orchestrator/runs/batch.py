@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Refused
-from orchestrator.runs.publish import Outgoing, publish_many
+from orchestrator.runs.publish import Outgoing, seed_and_publish_many
 from orchestrator.runs.start import (
     InvalidInput,
     Prepared,
@@ -45,7 +45,7 @@ from orchestrator.runs.start import (
     prepare,
 )
 from orchestrator.states import RunState
-from orchestrator.stores import live, queries
+from orchestrator.stores import queries
 from orchestrator.triggers import TriggerKind
 from tasks.errors import ErrorKind
 from tasks.registry import UnknownTaskError
@@ -294,18 +294,7 @@ def _outcome_of(handle: RunHandle) -> Outcome:
 
 def _publish(entries: Sequence[_Admitted]) -> None:
     try:
-        live.seed_many(
-            [
-                live.Seed(
-                    e.start.handle.run_id,
-                    e.start.definition.id,
-                    e.start.handle.priority,
-                    e.start.definition.stage_order,
-                )
-                for e in entries
-            ]
-        )
-        publish_many(
+        seed_and_publish_many(
             [
                 Outgoing(
                     e.start.definition,

@@ -37,8 +37,8 @@ from django.db import connection, transaction
 
 from orchestrator.cluster.locks import Fence
 from orchestrator.hooks import dedup
-from orchestrator.runs.publish import Outgoing, job_id, publish_many
-from orchestrator.stores import live, queries
+from orchestrator.runs.publish import Outgoing, job_id, seed_and_publish_many
+from orchestrator.stores import queries
 from tasks import registry
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def release(fence: Fence | None = None, limit: int = BATCH) -> int:
     if not rows:
         return 0
     definitions = registry.get()
-    seeds, outgoing = [], []
+    outgoing = []
     for run_id, task_id, identity, priority, version in rows:
         definition = definitions.get(task_id)
         if definition is None:
@@ -66,10 +66,8 @@ def release(fence: Fence | None = None, limit: int = BATCH) -> int:
         # Held since the start until its time and a TTL after; a lapse (a Valkey that lost
         # it) is closed here, as the pending check does for what it publishes.
         dedup.hold_again(definition, run_id, identity)
-        seeds.append(live.Seed(run_id, task_id, priority, definition.stage_order))
         job = job_id(task_id, identity, run_id)
         outgoing.append(Outgoing(definition, run_id, job, priority, processing_version=version))
-    live.seed_many(seeds)
-    publish_many(outgoing)
+    seed_and_publish_many(outgoing)
     log.info("released %d delayed starts", len(rows))
     return len(rows)

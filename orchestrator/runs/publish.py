@@ -21,7 +21,7 @@ from celery.signals import after_task_publish, before_task_publish
 from django.conf import settings
 
 from orchestrator.routing import queue_name, stage_queue
-from orchestrator.stores import broker
+from orchestrator.stores import broker, live
 from tasks.definition import TaskDefinition
 from tasks.pipeline import Stage
 
@@ -142,6 +142,16 @@ def publish_many(runs: Sequence[Outgoing]) -> None:
     broker.push_many([message for message, _ in messages])
     for _, sent in messages:
         sent()
+
+
+def seed_and_publish_many(runs: Sequence[Outgoing]) -> None:
+    """The first messages of runs not seeded in Valkey yet (a batch's, the delayed starts due,
+    a resume's), in DESIGN's order: their live hashes in one round trip (a hash still there is
+    left as it is), then their messages in one."""
+    live.seed_many(
+        [live.Seed(r.run_id, r.definition.id, r.priority, r.definition.stage_order) for r in runs]
+    )
+    publish_many(runs)
 
 
 def _version(run: Outgoing) -> int:
