@@ -35,7 +35,7 @@ Not guaranteed:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import redis
@@ -67,12 +67,15 @@ class Parked(Exception):
         self.field = field
 
 
+def fields_for(task_id: str, resource_class: str) -> tuple[str, str]:
+    """The mirror's fields that hold a task's work in a class: the task's pause, the class's
+    (a run's own class, or a pipeline stage's)."""
+    return keys.pause_field("task", task_id), keys.pause_field("class", resource_class)
+
+
 def fields_of(definition: TaskDefinition) -> tuple[str, str]:
     """The mirror's fields that pause `definition`'s runs: its own and its class's."""
-    return (
-        keys.pause_field("task", definition.id),
-        keys.pause_field("class", definition.resource_class),
-    )
+    return fields_for(definition.id, definition.resource_class)
 
 
 def _pause_of(fields: tuple[str, str], replies: list[Any]) -> tuple[str, str] | None:
@@ -88,25 +91,29 @@ class PauseGate(RunHook):
         super().__init__(name="pause")
 
     def plan_admit(self, admission: Admission) -> Part:
-        fields = fields_of(admission.definition)
-
-        def receive(replies: list[Any]) -> None:
-            pause = _pause_of(fields, replies)
-            if pause is not None and pause[1] == REFUSE:
+        def judge(pause: tuple[str, str]) -> None:
+            if pause[1] == REFUSE:
                 scope, _, name = pause[0].partition(":")
                 raise Paused(f"{scope} {name!r} is paused and refuses new starts; resume it first")
 
-        return Part(receive, lambda pipe: pipe.hmget(keys.pauses(), list(fields)))
+        return _read(fields_of(admission.definition), judge)
 
     def plan_before_claim(self, pickup: Pickup) -> Part:
-        fields = fields_of(pickup.definition)
+        def judge(pause: tuple[str, str]) -> None:
+            raise Parked(pickup.run_id, pause[0])
 
-        def receive(replies: list[Any]) -> None:
-            pause = _pause_of(fields, replies)
-            if pause is not None:
-                raise Parked(pickup.run_id, pause[0])
+        return _read(fields_of(pickup.definition), judge)
 
-        return Part(receive, lambda pipe: pipe.hmget(keys.pauses(), list(fields)))
+
+def _read(fields: tuple[str, str], judge: Callable[[tuple[str, str]], None]) -> Part:
+    """One HMGET of `fields` in the point's pipeline; `judge` hears of a pause in force."""
+
+    def receive(replies: list[Any]) -> None:
+        pause = _pause_of(fields, replies)
+        if pause is not None:
+            judge(pause)
+
+    return Part(receive, lambda pipe: pipe.hmget(keys.pauses(), list(fields)))
 
 
 def mirror(field: str, mode: str | None, pipe: Pipeline | None = None) -> None:
@@ -164,7 +171,7 @@ def stage_held(task_id: str, stage_class: str) -> str | None:
     """The mirror's field that holds a stage of `task_id` in `stage_class` (its task's pause, or
     its class's), None when nothing does."""
     paused = _copy.current()
-    for field in (keys.pause_field("task", task_id), keys.pause_field("class", stage_class)):
+    for field in fields_for(task_id, stage_class):
         if field in paused:
             return field
     return None

@@ -264,10 +264,7 @@ class Holds:
             if definition is None:
                 continue
             for stage in definition.pipeline:
-                fields = (
-                    keys.pause_field(PauseScope.TASK, task_id),
-                    keys.pause_field(PauseScope.CLASS, stage_class(definition, stage)),
-                )
+                fields = gate.fields_for(task_id, stage_class(definition, stage))
                 if any(field in self.paused for field in fields):
                     held.add(stage_message_id(run_id, stage.name))
         return held
