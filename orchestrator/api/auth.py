@@ -39,6 +39,18 @@ def _admit(user: User, needed: Access) -> User:
     return user
 
 
+def unthrottled_address(request: HttpRequest) -> str:
+    """The client's address, once its failed sign-ins leave it free to try credentials (a
+    token, an inbound trigger's signature); else the 429 that says how long to wait."""
+    address = throttle.client_address(request)
+    wait = throttle.blocked_for(address)
+    if wait is not None:
+        raise ApiError(
+            429, throttle.refusal(wait), code="too_many_failed_sign_ins", retry_after=wait
+        )
+    return address
+
+
 class BearerToken(HttpBearer):
     def __init__(self, needed: Access) -> None:
         super().__init__()
@@ -48,12 +60,7 @@ class BearerToken(HttpBearer):
         header = request.headers.get(self.header)
         if header is None:
             return None
-        address = throttle.client_address(request)
-        wait = throttle.blocked_for(address)
-        if wait is not None:
-            raise ApiError(
-                429, throttle.refusal(wait), code="too_many_failed_sign_ins", retry_after=wait
-            )
+        address = unthrottled_address(request)
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             throttle.record_failure(address)

@@ -31,7 +31,7 @@ from ninja.responses import Status
 from ninja.security import APIKeyHeader
 
 from orchestrator.api import throttle
-from orchestrator.api.auth import OPERATE
+from orchestrator.api.auth import OPERATE, unthrottled_address
 from orchestrator.api.errors import ApiError, answers
 from orchestrator.api.starting import IdempotencyKey, StartedRun, answered, start_refusals
 from orchestrator.runs.start import start_run
@@ -79,12 +79,7 @@ class TriggerSignature(APIKeyHeader):
         if key is None:
             return None
         name = _trigger(str(request.resolver_match.kwargs.get("name", ""))).name  # type: ignore[union-attr]
-        address = throttle.client_address(request)
-        wait = throttle.blocked_for(address)
-        if wait is not None:
-            raise ApiError(
-                429, throttle.refusal(wait), code="too_many_failed_sign_ins", retry_after=wait
-            )
+        address = unthrottled_address(request)
         secret = settings.CONFIG.trigger_secrets.get(name)
         if secret is None:
             throttle.record_failure(address)
