@@ -19,9 +19,6 @@ engine never imports the catalog.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +34,7 @@ from pydantic import BeforeValidator, ConfigDict, StringConstraints, WithJsonSch
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
 from orchestrator.api.fields import Storable, StorableStr
-from orchestrator.api.pagination import Position, page
+from orchestrator.api.pagination import Position, decode_cursor, encode_cursor, page
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
 from orchestrator.recovery import drain_poison
@@ -80,8 +77,7 @@ class DeadLetterPage(Schema):
 
 
 def _encode(kind: Kind, after: str | None) -> str:
-    raw = json.dumps([kind.value, after], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return encode_cursor([kind.value, after])
 
 
 def _decode(value: object) -> object:
@@ -90,12 +86,11 @@ def _decode(value: object) -> object:
     if not isinstance(value, str):
         return value
     try:
-        padded = value + "=" * (-len(value) % 4)
-        kind, after = json.loads(base64.urlsafe_b64decode(padded))
+        kind, after = decode_cursor(value)
         kind = Kind(kind)
         if after is not None:
             _CHECKS[kind](after)
-    except (binascii.Error, UnicodeDecodeError, TypeError, ValueError, RecursionError):
+    except (TypeError, ValueError):
         raise ValueError("not a cursor from a previous page") from None
     return Resume(kind, after)
 

@@ -12,11 +12,29 @@ import binascii
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Q, QuerySet
 
 from orchestrator.models import TaskHistory
 from orchestrator.runs.start import is_run_id
+
+
+def encode_cursor(values: list[object]) -> str:
+    """An opaque cursor: the JSON of `values`, URL-safe base64 without its padding."""
+    raw = json.dumps(values, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> Any:
+    """What `encode_cursor` was given, or ValueError: a cursor comes back from the client, so
+    bad base64, bad UTF-8 and JSON nested deeper than the parser can follow are refused, not
+    raised. The caller checks the values themselves."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        return json.loads(base64.urlsafe_b64decode(padded))
+    except (binascii.Error, UnicodeDecodeError, ValueError, RecursionError):
+        raise ValueError("not a cursor from a previous page") from None
 
 
 @dataclass(frozen=True)
@@ -27,8 +45,7 @@ class Position:
     run_id: str
 
     def encode(self) -> str:
-        raw = json.dumps([self.created_at.isoformat(), self.run_id], separators=(",", ":"))
-        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+        return encode_cursor([self.created_at.isoformat(), self.run_id])
 
     @classmethod
     def decode(cls, cursor: str) -> Position:
@@ -39,10 +56,9 @@ class Position:
         deeper than the parser can follow refused rather than raised.
         """
         try:
-            padded = cursor + "=" * (-len(cursor) % 4)
-            created_at, run_id = json.loads(base64.urlsafe_b64decode(padded))
+            created_at, run_id = decode_cursor(cursor)
             position = cls(datetime.fromisoformat(created_at), run_id)
-        except (binascii.Error, UnicodeDecodeError, TypeError, ValueError, RecursionError):
+        except (TypeError, ValueError):
             raise ValueError("not a cursor from a previous page") from None
         if position.created_at.tzinfo is None or not (
             isinstance(run_id, str) and is_run_id(run_id)
