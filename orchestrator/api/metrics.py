@@ -182,16 +182,17 @@ class EngineCollector(Collector):
             paused.add_metric([row.scope, row.name, str(row.refuse_starts).lower()], 1)
         if rows:
             holds = pauses.Holds.load(0)
+            held_tasks = [task_id for task_id in sorted(registry.get()) if holds.holds(task_id)]
+            # Only the held tasks' pending runs are counted, not every task's backlog.
             waiting = dict(
-                TaskHistory.objects.filter(state=RunState.PENDING, task_id__in=list(registry.get()))
+                TaskHistory.objects.filter(state=RunState.PENDING, task_id__in=held_tasks)
                 .values_list("task_id")
                 .order_by()
                 .annotate(n=Count("id"))
                 .values_list("task_id", "n")
             )
-            for task_id in sorted(registry.get()):
-                if holds.holds(task_id):
-                    held.add_metric([task_id], waiting.get(task_id, 0))
+            for task_id in held_tasks:
+                held.add_metric([task_id], waiting.get(task_id, 0))
         yield paused
         yield held
 
