@@ -1,8 +1,10 @@
 """Browser tests: the real admin pages in headless Chromium, driven by Playwright.
 
 The browser is Debian's `chromium` package (`/usr/bin/chromium`, or `$CHROMIUM_PATH`), never
-a build Playwright downloads; `.ci/run` installs it when it is missing. Without it every test
-here fails (an infrastructure test that skipped would hide a console nobody checked).
+a build Playwright downloads; `deploy/system-deps.sh test` (run by `make test`) installs it
+when it is missing. Without it every test here fails, unless LUMASTRA_TEST_SKIP=browser says
+to skip them (tests/support/categories.py): a skip nobody asked for would hide a console
+nobody checked.
 
 One web role process (deploy/start-web.sh, on the test database) and one browser serve
 these tests; each test gets fresh accounts, a fresh browser context (its own cookies) and
@@ -69,6 +71,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.needs("browser"))
             item.add_marker(pytest.mark.worker)
 
 
@@ -82,12 +85,7 @@ def console_url(django_db_setup: None, celery_worker: subprocess.Popen[bytes]) -
 
 @pytest.fixture(scope="package")
 def chromium() -> Path:
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(
-            f"the browser tests need Chromium at {CHROMIUM}: `apt-get install -y chromium` "
-            "(.ci/run does it), or point CHROMIUM_PATH at one",
-            pytrace=False,
-        )
+    # Its absence fails each test first (the `needs("browser")` mark, tests.support.categories).
     return CHROMIUM
 
 

@@ -13,12 +13,11 @@ Only 10.77.0.0/24 (the bridge and the namespaces made here) and loopback are use
 is refused if anything on the machine already routes it. `down()` removes every namespace and
 the bridge, also after a failure (the driver calls it in a `finally`); namespaces left by a
 killed earlier run (named `lmf-*`) are removed first. Needs root, `ip` (iproute2) and `nft`
-(nftables), which `.ci/run` installs when missing.
+(nftables), which `make test` installs when missing (deploy/system-deps.sh).
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,18 +27,6 @@ STORES_ADDRESS = f"{SUBNET}.1"  # the bridge's, in the root namespace
 BRIDGE = "lmf-br0"
 NAMESPACE_PREFIX = "lmf-"
 CUT_TABLE = "lumastra_cut"
-
-
-def available() -> str | None:
-    """Why the partition scenarios cannot run here, or None when they can."""
-    import os
-
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    for tool in ("ip", "nft", "unshare"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is missing (iproute2, nftables, util-linux)"
-    return None
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,8 @@ class Scenario:
     # Hosts of its own network (`tests.faults.netns`), each running the real worker role; the
     # stores (its own Valkey and Postgres) sit behind the bridge (tests/faults/driver.py).
     hosts: tuple[str, ...] = ()
+    # What the machine must have (tests/support/categories.py); hosts need "partitions".
+    needs: tuple[str, ...] = ()
     # Longest wait after the last fault for every run to end, before the rest counts as
     # stuck: the slowest recovery path the scenario can take (see docs/reliability.md).
     bound_s: float = 60.0
@@ -1197,6 +1199,7 @@ SCENARIOS: dict[str, Scenario] = {
             "media",
             "real ffmpeg encodes with pool children SIGKILLed and runs cancelled mid-encode",
             media,
+            needs=("media",),
         ),
         Scenario(
             "backlog",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import netns
 from tests.faults.scenarios import SCENARIOS
+from tests.support import categories
 from tests.support.fixtures import ROOT, database_url
 
 pytestmark = [pytest.mark.faults, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -30,9 +30,9 @@ TIMEOUT_S = 900
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_scenario(name: str, tmp_path: Path) -> None:
-    if SCENARIOS[name].hosts and (missing := netns.available()):
-        # CI runs as root with iproute2 and nftables (.ci/run installs them).
-        pytest.skip(f"partition scenarios need network namespaces: {missing}")
+    scenario = SCENARIOS[name]
+    for category in (*scenario.needs, *(("partitions",) if scenario.hosts else ())):
+        categories.require(category)
     report_path = tmp_path / "report.json"
     env = {**os.environ, "DATABASE_URL": database_url()}
     finished = subprocess.run(

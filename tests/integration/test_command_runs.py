@@ -6,7 +6,6 @@ can ignore SIGTERM) and real ffmpeg encoding a test pattern."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 
 import pytest
@@ -26,7 +25,7 @@ PROGRAMS = [
     "python",
     pytest.param(
         "ffmpeg",
-        marks=pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg"),
+        marks=pytest.mark.needs("media"),
     ),
 ]
 
@@ -88,7 +87,7 @@ def test_a_killed_pool_child_takes_its_command_and_the_run_is_tried_again(progra
     assert TaskHistory.objects.get(id=run_id).attempts >= 2
 
 
-@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg")
+@pytest.mark.needs("media")
 def test_a_command_writing_output_is_alive_and_a_silent_one_stalls() -> None:
     """Stall limit 3 s: ffmpeg's progress lines keep a 6 s encode alive; a command that says
     nothing for 6 s fails the run as stalled and is stopped with it."""

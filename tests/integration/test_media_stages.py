@@ -10,7 +10,6 @@ import dataclasses
 import io
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,7 @@ from tests.support.fixtures import wait_for, worker_process
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.worker,
-    pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg (apt-get install)"),
+    pytest.mark.needs("media"),
 ]
 
 STAGES = ("probe", "trickplay")

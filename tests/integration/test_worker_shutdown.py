@@ -6,7 +6,6 @@ no new message, gives its running runs LUMASTRA_SHUTDOWN_GRACE_S, hands back the
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -116,7 +115,7 @@ def test_a_run_that_ends_within_the_grace_completes() -> None:
         assert (row.state, row.attempts) == ("completed", 1)
 
 
-@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg")
+@pytest.mark.needs("media")
 def test_a_handed_back_run_takes_its_ffmpeg_with_it_and_completes_later() -> None:
     with _worker_role("hand-back-ffmpeg") as role:
         _started(role)
