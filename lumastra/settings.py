@@ -127,7 +127,13 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
-WHITENOISE_USE_FINDERS = True
+# Hashed names and gzip copies written by collectstatic (at image build, by `make run`, and once
+# per test session when the sources changed: tests.support.fixtures), served by WhiteNoise
+# with a year's max-age, since a changed file gets a new name.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 
 LOGGING = logging_config(CONFIG.log_format)
 

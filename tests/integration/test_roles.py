@@ -166,6 +166,19 @@ def test_the_consumer_checks_detect_a_real_worker(django_db_setup: None) -> None
         assert any(_consuming(c) for c in _broker_clients_of(pids))
 
 
+def test_static_files_have_hashed_names_gzip_and_a_long_max_age(web_role: WebRole) -> None:
+    with urllib.request.urlopen(f"{web_role.base_url}/admin/login/") as page:
+        css = re.search(r'href="(/static/admin/css/base\.[0-9a-f]{12}\.css)"', page.read().decode())
+    assert css, "the login page names base.css without a content hash"
+    request = urllib.request.Request(
+        web_role.base_url + css.group(1), headers={"Accept-Encoding": "gzip"}
+    )
+    with urllib.request.urlopen(request) as answer:
+        assert answer.headers["Content-Encoding"] == "gzip"
+        assert "max-age=315360000" in answer.headers["Cache-Control"]
+        assert "immutable" in answer.headers["Cache-Control"]
+
+
 def test_web_role_serves_starts_runs_and_consumes_nothing(web_role: WebRole) -> None:
     assert http_status(f"{web_role.base_url}/static/admin/css/base.css") == 200
     environ = Path(f"/proc/{web_role.process.pid}/environ").read_bytes().split(b"\0")

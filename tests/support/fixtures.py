@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 from celery import Celery, current_app
 from django.conf import settings
+from django.contrib.staticfiles import finders
+from django.core.management import call_command
 from django.db import DatabaseError, connection
 from redis.exceptions import RedisError
 
@@ -113,6 +116,24 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: floa
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _static_files() -> None:
+    """The pages name their static files by hashed names from collectstatic's manifest (the
+    storage the image and `make run` use): collect them once when any source is newer than the
+    manifest. Locked, since the fault battery's session starts beside the rest."""
+    manifest = Path(settings.STATIC_ROOT) / "staticfiles.json"
+    (ROOT / ".pytest_cache").mkdir(exist_ok=True)
+    with open(ROOT / ".pytest_cache" / "collectstatic.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        sources = (
+            Path(storage.path(path)).stat().st_mtime
+            for finder in finders.get_finders()
+            for path, storage in finder.list([])
+        )
+        if not manifest.exists() or max(sources) > manifest.stat().st_mtime:
+            call_command("collectstatic", interactive=False, verbosity=0)
 
 
 @pytest.fixture(scope="session", autouse=True)
