@@ -63,8 +63,9 @@ from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
-from orchestrator.runs import put_back, stage_attempts
+from orchestrator.runs import put_back, retries, stage_attempts
 from orchestrator.runs.settle import settle
+from orchestrator.runs.terminal import error_doc
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import durable, keys, queries, valkey
 from tasks import registry
@@ -243,14 +244,7 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
             return RunState.PENDING
         if done is _PutBack.MOVED_ON:
             return None
-    if target == RunState.CANCELLED:
-        message = f"cancel requested, and {message}"
-    error = {
-        "kind": ErrorKind.ORPHANED.value,
-        "message": message,
-        "owner": candidate.owner,
-        "heartbeat_age_s": round(candidate.age_s),
-    }
+    error = _final_error(candidate, message)
     try:
         durable.end_orphan(
             candidate.run_id, candidate.state, error=error, stale_after_s=threshold_s
@@ -270,6 +264,27 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
         clock=clock,
     )
     return target
+
+
+def _final_error(candidate: Candidate, message: str) -> dict[str, Any]:
+    """An orphan that ends: a cancelled one says the cancel came first; a failed one is
+    judged by the one retry rule (`runs.retries`), a dead letter when its attempts are spent.
+    (A pipeline's attempts are its stages': the stage that may not be tried again was judged
+    by the same rule, `stage_attempts.put_back_lost_stages`.)"""
+    extra = {"owner": candidate.owner, "heartbeat_age_s": round(candidate.age_s)}
+    if candidate.state != RunState.ACTIVE:
+        return error_doc(ErrorKind.ORPHANED, f"cancel requested, and {message}", **extra)
+    definition = registry.get().get(candidate.task_id)
+    if definition is None or candidate.pipeline:
+        return error_doc(ErrorKind.ORPHANED, message, **extra)
+    return retries.decide(
+        ErrorKind.ORPHANED,
+        message,
+        candidate.attempts,
+        definition.retry,
+        retry_on_worker_loss=definition.retry_on_worker_loss,
+        **extra,
+    ).error
 
 
 class _PutBack(Enum):

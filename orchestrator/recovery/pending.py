@@ -77,7 +77,7 @@ from orchestrator.recovery.orphans import Candidate, LiveView, live_views
 from orchestrator.routing import queue_name
 from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
 from orchestrator.runs.settle import settle
-from orchestrator.runs.terminal import write_live_claim
+from orchestrator.runs.terminal import error_doc, write_live_claim
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import broker, durable, keys, live, scripts, valkey
 from tasks import registry
@@ -361,7 +361,7 @@ def _write_silent_claim(run_id: str, view: LiveView) -> bool:
 def _fail(failure: _Failure, clock: Clock) -> bool:
     """pending → failed by compare-and-set, Postgres first; False when the run moved on."""
     candidate = failure.candidate
-    error = {"kind": failure.kind.value, "message": failure.message}
+    error = error_doc(failure.kind, failure.message)
     try:
         durable.fail_pending(candidate.run_id, error=error, older_than_s=failure.older_than_s)
     except IllegalTransition:

@@ -5,18 +5,19 @@ run's handler runs beside its watch thread (heartbeats, cancel listener, watchdo
 outcome (`runs.outcome`) decides the end: completed with its result; failed with the error's
 kind and message; a transient error with attempts left put back to pending, its message
 published again after the retry policy's backoff; a transient error on the last attempt
-failed as exhausted, a dead letter. Every end goes through `runs.terminal`, Postgres first.
+failed as exhausted, a dead letter (the one rule: `runs.retries`). Every end goes through
+`runs.terminal`, Postgres first.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.backoff import jittered_backoff
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
 from orchestrator.runs import pipeline, retries, steps, terminal
@@ -74,17 +75,19 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
     )
     if outcome.kind is None:
         _end(definition, run, pickup, RunState.COMPLETED, context, result=outcome.result)
-    elif outcome.retries(run.attempts, definition.retry):
-        _retry_later(definition, run, pickup, outcome.message)
-    elif outcome.kind is ErrorKind.TRANSIENT:
-        # A dead letter: the admin's "outcome" filter lists runs marked exhausted.
-        attempts = definition.retry.max_attempts
-        message = retries.exhausted(outcome.message, attempts, attempts)
-        error = terminal.error_doc(outcome.kind, message, exhausted=True)
-        _end(definition, run, pickup, RunState.FAILED, context, error=error)
+        return
+    decision = retries.decide(
+        outcome.kind,
+        outcome.message,
+        run.attempts,
+        definition.retry,
+        retry_on_worker_loss=definition.retry_on_worker_loss,
+        **outcome.extra,
+    )
+    if decision.delay is not None:
+        _retry_later(definition, run, pickup, decision.error, decision.delay, outcome.message)
     else:
-        error = terminal.error_doc(outcome.kind, outcome.message, **outcome.extra)
-        _end(definition, run, pickup, RunState.FAILED, context, error=error)
+        _end(definition, run, pickup, RunState.FAILED, context, error=decision.error)
 
 
 def _end(
@@ -115,13 +118,15 @@ def _end(
     )
 
 
-def _retry_later(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup, message: str) -> None:
+def _retry_later(
+    definition: TaskDefinition,
+    run: ClaimedRun,
+    pickup: Pickup,
+    error: dict[str, Any],
+    delay: timedelta,
+    message: str,
+) -> None:
     attempt = run.attempts
-    delay = jittered_backoff(definition.retry, attempt)
-    error = terminal.error_doc(
-        ErrorKind.TRANSIENT,
-        f"{message} ({retries.retrying(attempt, definition.retry.max_attempts, delay)})",
-    )
     if run.deferred_since is not None:
         # Put back moves a claimed run: its claim is written first, if the watch has not.
         terminal.write_live_claim(run.run_id, pickup.owner)

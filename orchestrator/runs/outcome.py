@@ -4,8 +4,8 @@
 turns each way it can end into an `Outcome`: the handler's result; a `TaskError`'s own kind
 and message (a cancel is one, `RunCancelled`); the soft time limit, as `timeout`; any other
 exception, as `internal`, logged with its traceback, whose tail the error keeps.
-`Outcome.retries` is the one retry decision: a transient error with attempts left. What each
-path then writes (a run's end or put-back, a stage's move) stays with that path.
+Whether a failure is tried again is `runs.retries`' one rule. What each path then writes (a
+run's end or put-back, a stage's move) stays with that path.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from billiard.exceptions import SoftTimeLimitExceeded
 
 from orchestrator.runs.terminal import traceback_tail
 from tasks.errors import ErrorKind, TaskError
-from tasks.policies import Retry
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +30,6 @@ class Outcome:
     kind: ErrorKind | None = None  # None: the call returned `result`
     message: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)  # an internal error's traceback
-
-    def retries(self, attempt: int, policy: Retry) -> bool:
-        """Whether attempt number `attempt` is tried again under `policy`."""
-        return self.kind is ErrorKind.TRANSIENT and attempt < policy.max_attempts
 
 
 def outcome_of(call: Callable[[], Any], *, soft_timeout: timedelta, what: str) -> Outcome:

@@ -11,7 +11,7 @@ A run's worker can be lost mid-run in several ways, each found by its own path:
 
 Each calls `put_back` while the task allows it (`retry_on_worker_loss`, True by default) and
 its attempts are not spent (`Retry.max_attempts` counts every attempt, whatever ended it;
-`may_put_back`). Then, in this order:
+`may_put_back`, by the one retry rule, `runs.retries`). Then, in this order:
 
 1. Postgres, one guarded UPDATE (`durable.put_back`): active → pending, fenced by the lost
    claim: the run is still active, still that owner's, still at that attempt count (and, for
@@ -51,12 +51,10 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from orchestrator.backoff import jittered_backoff
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
-from orchestrator.runs import terminal
+from orchestrator.runs import retries, terminal
 from orchestrator.runs.publish import republish
-from orchestrator.runs.retries import exhausted, retrying
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import durable, live
 from orchestrator.stores.live import FencedWrite
@@ -79,7 +77,24 @@ class Lost:
 
 def may_put_back(definition: TaskDefinition, attempts: int) -> bool:
     """The task takes runs back after a lost worker, and the lost attempt was not its last."""
-    return definition.retry_on_worker_loss and attempts < definition.retry.max_attempts
+    return retries.may_retry(
+        ErrorKind.WORKER_LOST,
+        attempts,
+        definition.retry,
+        retry_on_worker_loss=definition.retry_on_worker_loss,
+    )
+
+
+def _decide(definition: TaskDefinition, lost: Lost, kind: ErrorKind, why: str) -> retries.Decision:
+    return retries.decide(
+        kind,
+        why,
+        lost.attempts,
+        definition.retry,
+        retry_on_worker_loss=definition.retry_on_worker_loss,
+        owner=lost.owner,
+        attempt=lost.attempts,
+    )
 
 
 def put_back(
@@ -93,10 +108,11 @@ def put_back(
     """active → pending for the lost claim's next attempt, then Valkey, the hooks and a new
     message (see the module docstring). With `stale_after_s`, only while the run's heartbeat
     is still that old by the Postgres clock. False, and nothing written, when the run moved on
-    since it was judged (claimed anew, ended, beating again)."""
-    delay = jittered_backoff(definition.retry, lost.attempts)
-    note = retrying(lost.attempts, definition.retry.max_attempts, delay)
-    error = terminal.error_doc(kind, f"{why} ({note})", owner=lost.owner, attempt=lost.attempts)
+    since it was judged (claimed anew, ended, beating again). The caller asked
+    `may_put_back` first."""
+    decision = _decide(definition, lost, kind, why)
+    error, delay = decision.error, decision.delay
+    assert delay is not None, "put back a run that may not be"
     try:
         durable.put_back(
             lost.run_id,
@@ -138,13 +154,7 @@ def put_back_or_fail(definition: TaskDefinition, lost: Lost, why: str) -> RunSta
     if may_put_back(definition, lost.attempts):
         moved = put_back(definition, lost, ErrorKind.WORKER_LOST, why)
         return RunState.PENDING if moved else None
-    extra: dict[str, object] = {}
-    if lost.attempts >= definition.retry.max_attempts > 1:
-        # A dead letter, as for a TransientError: the admin's "outcome" filter lists it.
-        attempts = definition.retry.max_attempts
-        why = exhausted(why, attempts, attempts)
-        extra["exhausted"] = True
-    error = terminal.error_doc(ErrorKind.WORKER_LOST, why, **extra)
+    error = _decide(definition, lost, ErrorKind.WORKER_LOST, why).error
     return terminal.end(definition, lost.run_id, lost.owner, RunState.FAILED, error=error)
 
 

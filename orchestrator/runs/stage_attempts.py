@@ -28,7 +28,6 @@ from django.conf import settings
 from django.utils import timezone
 from pydantic import BaseModel
 
-from orchestrator.backoff import jittered_backoff
 from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import pause
 from orchestrator.models import TaskHistory
@@ -86,7 +85,7 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
             f"enqueued for processing_version {processing_version}, "
             f"current is {definition.processing_version}"
         )
-        _stage_failed(attempt, ErrorKind.STALE_VERSION, message)
+        _stage_attempt_failed(attempt, ErrorKind.STALE_VERSION, message)
         return
 
     def call() -> Any:
@@ -97,10 +96,8 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
     outcome = outcome_of(call, soft_timeout=timeout, what=f"run {run_id}: stage {name}")
     if outcome.kind is None:
         _stage_completed(attempt, outcome.result)
-    elif outcome.retries(attempt.number, attempt.retry):
-        _stage_retry(attempt, outcome.message)
     else:
-        _stage_failed(attempt, outcome.kind, outcome.message, **outcome.extra)
+        _stage_attempt_failed(attempt, outcome.kind, outcome.message, **outcome.extra)
 
 
 @dataclass(frozen=True)
@@ -128,7 +125,12 @@ class _Attempt:
 
     def may_put_back(self) -> bool:
         """Its worker lost, the stage may be tried again (`runs.put_back`, for stages)."""
-        return self.run.definition.retry_on_worker_loss and self.number < self.retry.max_attempts
+        return retries.may_retry(
+            ErrorKind.WORKER_LOST,
+            self.number,
+            self.retry,
+            retry_on_worker_loss=self.run.definition.retry_on_worker_loss,
+        )
 
     def ended(self, status: StepStatus, error: dict[str, Any] | None = None) -> dict[str, Any]:
         return steps.attempt_ended(self.step, self.context, status, timezone.now(), error)
@@ -175,11 +177,7 @@ def _claim_refused(definition: TaskDefinition, run_id: str, stage: Stage) -> Non
     run = PipelineRun(definition, run_id, owner, identity, priority, model)
     context = RunContext(run_id, model, task_id=definition.id)
     attempt = _Attempt(run, stage, record, context)
-    message = f"its worker {claimer} stopped mid-stage"
-    if attempt.may_put_back():
-        _stage_retry(attempt, message, ErrorKind.WORKER_LOST)
-    else:
-        _stage_failed(attempt, ErrorKind.WORKER_LOST, message)
+    _stage_attempt_failed(attempt, ErrorKind.WORKER_LOST, f"its worker {claimer} stopped mid-stage")
 
 
 def _as_watched(definition: TaskDefinition, stage: Stage) -> TaskDefinition:
@@ -216,20 +214,39 @@ def _stage_completed(attempt: _Attempt, result: Any) -> None:
     _end_stage(attempt, StageState.COMPLETED, {}, result=result, step=attempt.ended(StepStatus.OK))
 
 
-def _stage_failed(attempt: _Attempt, kind: ErrorKind, message: str, **extra: Any) -> None:
-    """The stage fails, its step record first; then the run fails with the stage named."""
+def _stage_attempt_failed(
+    attempt: _Attempt, kind: ErrorKind, message: str, **extra: Any
+) -> retries.Decision:
+    """The attempt failed: the stage is tried again or fails, by the one retry rule
+    (`runs.retries`); a stage out of attempts makes its run a dead letter."""
     name = attempt.stage.name
-    if kind is ErrorKind.TRANSIENT and attempt.number > 1:
-        message = retries.exhausted(message, attempt.number, attempt.retry.max_attempts)
-    error = terminal.error_doc(kind, f"stage {name}: {message}", stage=name, **extra)
+    decision = retries.decide(
+        kind,
+        f"stage {name}: {message}",
+        attempt.number,
+        attempt.retry,
+        retry_on_worker_loss=attempt.run.definition.retry_on_worker_loss,
+        stage=name,
+        **extra,
+    )
+    if decision.delay is not None:
+        _stage_retry(attempt, kind, decision.error, decision.delay)
+    else:
+        _stage_failed(attempt, decision.error)
+    return decision
+
+
+def _stage_failed(attempt: _Attempt, error: dict[str, Any]) -> None:
+    """The stage fails, its step record first; then the run fails with the stage named."""
     step = attempt.ended(StepStatus.FAILED, error)
     _end_stage(attempt, StageState.FAILED, {"error": error}, step=step)
 
 
 def _stage_retry(
     attempt: _Attempt,
-    message: str,
-    kind: ErrorKind = ErrorKind.TRANSIENT,
+    kind: ErrorKind,
+    error: dict[str, Any],
+    delay: timedelta,
     *,
     stale_after_s: float | None = None,
 ) -> bool:
@@ -239,11 +256,6 @@ def _stage_retry(
     `stale_after_s`, by the run's heartbeat being still that old. Returns whether it moved
     (or waits in the drain to)."""
     run = attempt.run
-    delay = jittered_backoff(attempt.retry, attempt.number)
-    error = terminal.error_doc(
-        kind,
-        f"{message} ({retries.retrying(attempt.number, attempt.retry.max_attempts, delay)})",
-    )
     then = {"delay_s": delay.total_seconds(), "kind": kind.value}
     step = attempt.ended(StepStatus.WAITING, error)
     if _end_stage(attempt, StageState.WAITING, then, step=step, stale_after_s=stale_after_s):
@@ -355,10 +367,21 @@ def put_back_lost_stages(
     moved = 0
     for index, attempt in enumerate(attempts):
         message = f"{why}; its worker {attempt.claimer or 'unknown'} was running it"
+        decision = retries.decide(
+            ErrorKind.ORPHANED,
+            f"stage {attempt.stage.name}: {message}",
+            attempt.number,
+            attempt.retry,
+            retry_on_worker_loss=definition.retry_on_worker_loss,
+            stage=attempt.stage.name,
+        )
+        assert decision.delay is not None  # every attempt may be put back (above)
         # The first move stamps the run's heartbeat: the stale heartbeat is checked by it, the
         # later stages' moves are fenced by their claims alone.
         stale = stale_after_s if index == 0 else None
-        if _stage_retry(attempt, message, ErrorKind.ORPHANED, stale_after_s=stale):
+        if _stage_retry(
+            attempt, ErrorKind.ORPHANED, decision.error, decision.delay, stale_after_s=stale
+        ):
             moved += 1
         elif index == 0:
             return 0  # it moved on since it was judged: a heartbeat landed, or a stage ended

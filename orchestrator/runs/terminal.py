@@ -41,8 +41,12 @@ def traceback_tail(exc: BaseException) -> str:
     return text if len(text) <= TRACEBACK_MAX_CHARS else "…" + text[-TRACEBACK_MAX_CHARS:]
 
 
+# An error's message is kept to this many characters.
+MESSAGE_MAX_CHARS = 4000
+
+
 def error_doc(kind: ErrorKind, message: str, **extra: Any) -> dict[str, Any]:
-    return {"kind": kind.value, "message": message[:4000], **extra}
+    return {"kind": kind.value, "message": message[:MESSAGE_MAX_CHARS], **extra}
 
 
 def end(

@@ -30,7 +30,7 @@ from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.recovery.reconciler import Reconciler
 from orchestrator.routing import queue_name, stage_queue
 from orchestrator.runs.cancel import request_cancel
-from orchestrator.runs.rerun import rerun
+from orchestrator.runs.rerun import dead_letters, rerun
 from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
 from orchestrator.stores import live, valkey
@@ -276,6 +276,19 @@ def test_a_transient_error_retries_the_stage_alone(two_workers: object) -> None:
     assert row.cost_breakdown == {"cpu_seconds": 1.25}  # probe, left x3, final
     assert records["right"]["status"] == "skipped"
     assert records["right"]["reason"] == "its `when` said no"
+
+
+def test_a_stage_out_of_retries_makes_its_run_a_dead_letter(two_workers: object) -> None:
+    # `left` allows 3 attempts; it fails transiently on every one of them.
+    run_id = _start(flaky_left=5, skip_right=True)
+
+    row = wait_for(lambda: _ended(run_id), timeout=30)
+
+    assert row.state == "failed"
+    assert row.error["kind"] == "transient" and row.error["stage"] == "left"
+    assert "attempts exhausted: 3 of 3" in row.error["message"]
+    assert row.error["exhausted"] is True
+    assert run_id in set(dead_letters().values_list("id", flat=True))
 
 
 def test_the_report_lists_every_step_in_yaml_frontmatter(two_workers: object) -> None:
