@@ -6,10 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install run test screenshots lint typecheck check bench bench-peers bench-memory bench-pipeline bench-sweep bench-observability bench-console bench-media bench-starts
 
-$(STAMP): requirements.lock
+# The runtime lock (all the image installs) and what development and CI add; the dev lock
+# includes the runtime one (`-r requirements.lock`), so one install takes both.
+$(STAMP): requirements.lock requirements-dev.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet -r requirements-dev.lock
 	touch $(STAMP)
 
 install: $(STAMP)
