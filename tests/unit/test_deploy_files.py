@@ -1,7 +1,7 @@
 """The container image and the compose file, read as files (no container engine here): every
 role from one image through its role script, the stores (a coord Valkey that keeps all it
 holds, a cache that may lose anything), health checks, the start order, and hadolint-like
-rules on the Dockerfile."""
+rules on the Dockerfile; the two locks (what the image installs, what development adds)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,15 @@ def test_app_services_start_after_their_stores_are_healthy(service: str) -> None
     depends = SERVICES[service]["depends_on"]
     for store in STORES:
         assert depends[store] == {"condition": "service_healthy"}, (service, store)
+
+
+def test_the_worker_writes_trickplay_sprites_to_a_volume_its_user_owns() -> None:
+    worker = SERVICES["worker"]
+    root = worker["environment"]["LUMASTRA_TRICKPLAY_ROOT"]
+    assert root == "${LUMASTRA_TRICKPLAY_ROOT:-/srv/trickplay}"
+    assert "trickplay:/srv/trickplay" in worker["volumes"] and "trickplay" in COMPOSE["volumes"]
+    assert re.search(r"chown lumastra:lumastra[^\n]*/srv/trickplay", DOCKERFILE)
+    assert SERVICES["web"]["environment"]["LUMASTRA_MEDIA_ROOTS"].endswith(":-/srv/media}")
 
 
 def test_two_web_replicas_each_on_a_host_port() -> None:
@@ -171,12 +180,85 @@ def test_the_image_runs_as_a_user_that_is_not_root() -> None:
     assert re.search(rf"useradd[^\n]*\b{re.escape(users[-1])}\b", DOCKERFILE)
 
 
-def test_pip_installs_the_lock_without_a_cache() -> None:
+def test_pip_installs_the_runtime_lock_only_without_a_cache() -> None:
     pips = [args for word, args in _instructions() if word == "RUN" and "pip install" in args]
     assert pips
     for args in pips:
         assert "--no-cache-dir" in args  # DL3042
         assert "-r requirements.lock" in args
+    assert "requirements-dev" not in DOCKERFILE
+
+
+def test_the_image_has_debian_s_ffmpeg_without_recommends_or_package_lists() -> None:
+    installs = [
+        args for word, args in _instructions() if word == "RUN" and "apt-get install" in args
+    ]
+    assert len(installs) == 1
+    (args,) = installs
+    assert re.search(r"apt-get install -y --no-install-recommends ffmpeg\b", args)
+    assert args.index("apt-get update") < args.index("apt-get install")  # DL3009, same layer
+    assert "rm -rf /var/lib/apt/lists/*" in args
+    assert "ffprobe -version" in args
+
+
+# --- the locks: what the image installs, and what development adds ------------------------
+
+# Development and CI only: none of them may reach the image (requirements.lock).
+DEV_TOOL = re.compile(
+    r"pytest(-.+)?|mypy(-extensions)?|ruff|playwright|schemathesis|hypothesis(-.+)?|factory-boy"
+    r"|import-linter|django-stubs|celery-types|types-.+"
+)
+
+
+def _name(requirement: str) -> str:
+    """A requirement's package name, normalised (PEP 503): no extras, bounds or pin."""
+    found = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement.strip())
+    assert found, requirement
+    return re.sub(r"[-_.]+", "-", found.group()).lower()
+
+
+def _requirements(name: str) -> list[str]:
+    lines = (ROOT / name).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _pins(name: str) -> dict[str, str]:
+    pins = {}
+    for line in _requirements(name):
+        if line.startswith("-"):
+            continue
+        package, _, version = line.partition("==")
+        assert version, f"{name}: {line} is not pinned"
+        pins[_name(package)] = version
+    return pins
+
+
+def test_the_runtime_lock_holds_no_development_tool() -> None:
+    pins = _pins("requirements.lock")
+    assert {"django", "celery", "uvicorn", "flower", "django-stubs-ext"} <= set(pins)
+    assert [package for package in pins if DEV_TOOL.fullmatch(package)] == []
+
+
+def test_the_dev_lock_adds_to_the_runtime_lock_without_repeating_a_pin() -> None:
+    runtime, dev = _pins("requirements.lock"), _pins("requirements-dev.lock")
+    assert _requirements("requirements-dev.lock")[0] == "-r requirements.lock"
+    assert set(runtime).isdisjoint(dev)
+    assert {"pytest", "mypy", "ruff", "playwright", "schemathesis", "django-stubs"} <= set(dev)
+
+
+def test_each_top_level_requirement_is_pinned_in_its_own_lock() -> None:
+    runtime, dev = _pins("requirements.lock"), _pins("requirements-dev.lock")
+    wanted = [_name(line) for line in _requirements("requirements.in")]
+    assert set(wanted) <= set(runtime)
+    dev_in = _requirements("requirements-dev.in")
+    assert dev_in[0] == "-r requirements.in"
+    assert {_name(line) for line in dev_in[1:]} <= set(dev)
+
+
+def test_make_install_installs_both_locks() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\$\(STAMP\): requirements\.lock requirements-dev\.lock$", makefile, re.M)
+    assert "pip install --quiet -r requirements-dev.lock" in makefile
 
 
 def test_static_files_are_collected_at_build_time() -> None:
