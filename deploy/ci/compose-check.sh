@@ -5,10 +5,14 @@
 #   build       the project image, lumastra-tasks:local
 #   stores      postgres, valkey-coord, valkey-cache up and healthy
 #   migrate     the one-shot migrate, exit 0
-#   roles       two web replicas, worker, beat, flower up and healthy
+#   roles       two web replicas, worker, beat, flower up and healthy; no development tool
+#               (pytest, mypy, ruff, playwright, ...) in the image
 #   api         an API token; a run started through each web replica completes; static
 #               files, Flower behind its credentials, /metrics behind its token, a schedule
 #               fired by beat
+#   media       ffmpeg and ffprobe in the worker (preflight finds them); test videos made there
+#               with ffmpeg; a media-probe and a trickplay run through the API complete; a
+#               trickplay run cancelled mid-encode leaves no ffmpeg process behind
 #   sigterm     the worker stopped (SIGTERM) mid-run and started again: the run completes
 #   backup      pg_dump; the database lost; pg_restore, migrate, the coordination Valkey
 #               emptied: every run is back and new ones complete (docs/operations.md)
@@ -109,10 +113,9 @@ if [[ -z "$engine" ]]; then
 fi
 
 podman_setup() {
-  if [[ $(id -u) -eq 0 ]]; then
-    "$repo/deploy/ci/install-podman.sh"
-  fi
-  command -v podman >/dev/null || die "no podman (deploy/ci/install-podman.sh installs it)"
+  # podman and what goes with it (deploy/system-deps.sh says which and why): installed when
+  # missing and this user may; else each missing package is named with its install command.
+  "$repo/deploy/system-deps.sh" compose || die "podman and its helpers are missing (above)"
   # podman's defaults that fail on machines like this one: rlimits above the machine's hard
   # limits (runc: "error setting rlimits ... operation not permitted"), crun on hybrid cgroups,
   # the systemd cgroup manager without systemd. CONTAINERS_CONF replaces the system's
@@ -267,7 +270,8 @@ remove_stack() {
     podman network rm -f "${project}_default" >/dev/null 2>&1 || true
   fi
   local volume
-  for volume in $volumes "${project}_postgres-data" "${project}_valkey-coord-data"; do
+  for volume in $volumes "${project}_postgres-data" "${project}_valkey-coord-data" \
+    "${project}_trickplay" "${project}_media"; do
     "$engine" volume rm -f "$volume" >/dev/null 2>&1 || true
   done
 }
@@ -328,6 +332,8 @@ if [[ "$engine" == podman ]]; then
 fi
 built_image=1
 "$engine" build -q "${build_args[@]}" . >/dev/null
+# Its size, as docs/operations.md records it (decimal MB, base image included).
+say "image $image: $(("$("$engine" image inspect --format '{{.Size}}' "$image")" / 1000000)) MB"
 
 # --- (c, d) the stack ----------------------------------------------------------------------
 
@@ -368,6 +374,19 @@ for name in $(replicas_of worker) $web_replicas; do
     || die "$name: runs as root, or can write /app"
 done
 say "roles run as uid 10001 and cannot write /app"
+# The image holds the runtime lock only (requirements.lock): no test, lint or type-checking
+# tool, neither importable nor installed.
+worker="$(replicas_of worker | head -1)"
+for module in pytest mypy ruff playwright schemathesis hypothesis factory; do
+  if "$engine" exec "$worker" python -c "import $module" >/dev/null 2>&1; then
+    die "the image holds $module, a development tool (requirements-dev.lock only)"
+  fi
+done
+dev_packages="$("$engine" exec "$worker" python -m pip list --format=freeze 2>/dev/null \
+  | grep -iE '^(pytest[a-z-]*|mypy|ruff|playwright|schemathesis|hypothesis|factory.boy|django-stubs|celery-types|types-[a-z0-9-]+)==' || true)"
+[[ -z "$dev_packages" ]] || die "development packages in the image: $(tr '\n' ' ' <<<"$dev_packages")"
+say "the image holds no development tool ($("$engine" exec "$worker" python -m pip list \
+  --format=freeze 2>/dev/null | grep -c '==') Python packages)"
 # Nothing of the stack may have stopped on the way (a role that exits at once looks
 # "unhealthy" only while it is restarting).
 for service in postgres valkey-coord valkey-cache web worker beat flower; do
@@ -403,11 +422,12 @@ api() {
   web_curl -X "$method" -H "Authorization: Bearer $api_token" \
     -H 'Content-Type: application/json' "$@" "$base/api/v1$path"
 }
-start_run() { # start_run <base url> <input JSON> → run id
+start_task() { # start_task <base url> <task> <input JSON> → run id
   local answer
-  answer="$(api "$1" POST /runs -d "{\"task\": \"slow-progress\", \"input\": $2}")"
-  jq -er .run_id <<<"$answer" || die "POST /runs on $1: $answer"
+  answer="$(api "$1" POST /runs -d "{\"task\": \"$2\", \"input\": $3}")"
+  jq -er .run_id <<<"$answer" || die "POST /runs ($2) on $1: $answer"
 }
+start_run() { start_task "$1" slow-progress "$2"; } # start_run <base url> <input JSON>
 run_field() { api "$1" GET "/runs/$2" | jq -r "$3"; }
 wait_state() { # wait_state <base> <run id> <state> <seconds>
   local deadline=$((SECONDS + $4)) state
@@ -461,7 +481,121 @@ beat="$(replicas_of beat | head -1)"
 say "schedule fired: $(api "${urls[0]}" GET "/runs?trigger_kind=schedule&limit=1" \
   | jq -c '.items[0] | {task, state, trigger}')"
 
-# --- (f) SIGTERM to the worker mid-run -------------------------------------------------------
+# --- (f) media work in the worker: ffmpeg, a probe, a trickplay, a cancel mid-encode ---------
+
+phase media
+worker="$(replicas_of worker | head -1)"
+# ctx.run_process's grace (tasks/context.py, grace_s): SIGTERM to the command's process group,
+# SIGKILL this long after.
+process_grace_s=5
+# The worker finds ffmpeg and ffprobe: the role's own preflight passes, and the full one (every
+# store, and the programs registered tasks run) names no missing program.
+preflight="$("$engine" exec "$worker" python -m lumastra.preflight --role worker 2>&1)" \
+  || die "preflight --role worker in $worker: $preflight"
+preflight+="$("$engine" exec "$worker" python -m lumastra.preflight --check-only 2>&1)" \
+  || die "preflight --check-only in $worker: $preflight"
+if grep -q "is not installed" <<<"$preflight"; then
+  die "preflight in $worker: $(grep -A1 'is not installed' <<<"$preflight")"
+fi
+missing="$("$engine" exec "$worker" python -c \
+  'from lumastra.preflight import missing_commands; print(*missing_commands(), sep="\n")' 2>&1)" \
+  || die "$worker: cannot ask preflight for missing programs: $missing"
+[[ -z "$missing" ]] || die "$worker: $missing"
+say "preflight in $worker finds ffmpeg and ffprobe" \
+  "($("$engine" exec "$worker" ffmpeg -version | head -1 | cut -d' ' -f1-3))"
+
+# Test videos made in the worker container, in the media root the CI mounts there
+# (deploy/ci/compose.ci.yml), as the operator (root) puts media there: a short one for the probe
+# and the trickplay to complete, and one of 20 minutes (a 10 s clip looped, copied without
+# re-encoding) whose trickplay takes long enough to be cancelled mid-encode.
+media_dir=/srv/media/compose-check
+began=$SECONDS
+"$engine" exec -u 0 "$worker" sh -c "set -e; mkdir -p $media_dir; cd $media_dir
+  ffmpeg -nostdin -v error -y -f lavfi -i testsrc2=duration=6:size=320x240:rate=25 \
+    -f lavfi -i sine=duration=6 -c:v libx264 -pix_fmt yuv420p -c:a aac short.mkv
+  ffmpeg -nostdin -v error -y -f lavfi -i testsrc2=duration=10:size=1280x720:rate=30 \
+    -f lavfi -i sine=duration=10 -c:v libx264 -preset veryfast -crf 45 -pix_fmt yuv420p \
+    -c:a aac clip.mkv
+  ffmpeg -nostdin -v error -y -stream_loop 119 -i clip.mkv -c copy long.mkv
+  rm clip.mkv" || die "ffmpeg in $worker could not make the test videos"
+say "test videos made with ffmpeg in $worker in $((SECONDS - began)) s:" \
+  "$("$engine" exec "$worker" sh -c "cd $media_dir && ls -s --block-size=K *.mkv | tr '\n' ' '")"
+
+# The catalog knows them: a movie item each, with its file (the tasks take an item id).
+catalog_ids="$("$engine" exec "$worker" python manage.py shell -c "
+import json, os
+from coverage.models import MediaFile, MediaFileItem, MediaItem
+ids = {}
+for name in ('short', 'long'):
+    path = '$media_dir/' + name + '.mkv'
+    item = MediaItem.objects.create(kind='movie', library='compose-check', title=name)
+    file = MediaFile.objects.create(path=path, size=os.path.getsize(path))
+    MediaFileItem.objects.create(file=file, item=item)
+    ids[name] = item.id
+print(json.dumps(ids))
+" 2>&1 | tail -1)"
+short_item="$(jq -er .short <<<"$catalog_ids")" || die "catalog items: $catalog_ids"
+long_item="$(jq -er .long <<<"$catalog_ids")" || die "catalog items: $catalog_ids"
+say "catalog: movie items $short_item (short.mkv) and $long_item (long.mkv)"
+
+# A probe through one replica, its trickplay through the other.
+probe="$(start_task "${urls[0]}" media-probe "{\"stage\": \"probe\", \"item_id\": $short_item}")"
+wait_state "${urls[1]}" "$probe" completed 90
+probed="$(run_field "${urls[1]}" "$probe" .result)"
+jq -e '(.duration_s > 5.5 and .duration_s < 6.5) and ([.streams[].type] | sort == ["audio", "video"])' \
+  <<<"$probed" >/dev/null || die "media-probe run $probe: $probed"
+say "media-probe run $probe: completed, $(jq -c '{duration_s, streams}' <<<"$probed")"
+trickplay="$(start_task "${urls[1]}" trickplay "{\"stage\": \"trickplay\", \"item_id\": $short_item}")"
+wait_state "${urls[0]}" "$trickplay" completed 90
+made="$(run_field "${urls[0]}" "$trickplay" .result)"
+# A tile every 2 s of the 6 s video (tasks/definitions/catalog_media.py, TRICKPLAY_EVERY_S).
+jq -e '.tiles >= 3 and .tiles <= 4' <<<"$made" >/dev/null || die "trickplay run $trickplay: $made"
+"$engine" exec "$worker" sh -c "cd /srv/trickplay/$short_item && [ \"\$(head -c 3 sprite.jpg | od -An -tx1 | tr -d ' ')\" = ffd8ff ] && head -1 index.vtt | grep -qx WEBVTT" \
+  || die "trickplay run $trickplay: no JPEG sprite and WebVTT index in /srv/trickplay/$short_item"
+say "trickplay run $trickplay: completed, $(jq -c . <<<"$made")"
+
+# The long video probed, then its trickplay cancelled once ffmpeg runs: within the grace and
+# 5 s, no ffmpeg process is left in the worker container (a zombie counts as left).
+ffmpeg_pids() {
+  "$engine" exec "$worker" sh -c 'grep -lx ffmpeg /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3' \
+    | tr '\n' ' ' || true
+}
+long_probe="$(start_task "${urls[0]}" media-probe "{\"stage\": \"probe\", \"item_id\": $long_item}")"
+wait_state "${urls[0]}" "$long_probe" completed 90
+[[ -z "$(ffmpeg_pids)" ]] || die "ffmpeg runs in $worker before the long trickplay: $(ffmpeg_pids)"
+long_trickplay="$(start_task "${urls[1]}" trickplay "{\"stage\": \"trickplay\", \"item_id\": $long_item}")"
+encoding() {
+  [[ "$(run_field "${urls[1]}" "$long_trickplay" .state)" == active && -n "$(ffmpeg_pids)" ]]
+}
+until_true 60 "trickplay run $long_trickplay active with ffmpeg running" encoding
+# Mid-encode: ffmpeg has decoded for a while (its run's progress says nothing yet: ffmpeg reports
+# the time of its output, and the sprite is its one output frame, written at the end).
+sleep 2
+encoding || die "trickplay run $long_trickplay ended before its cancel: $(api "${urls[1]}" GET "/runs/$long_trickplay")"
+# shellcheck disable=SC2016  # expanded in the container
+ffmpeg_cpu="$("$engine" exec "$worker" sh -c 'for pid in $(grep -lx ffmpeg /proc/[0-9]*/comm | cut -d/ -f3); do cut -d" " -f14,15 /proc/$pid/stat; done' \
+  | awk '{ s += $1 + $2 } END { printf "%.1f", s / 100 }')"
+say "trickplay run $long_trickplay: active, ffmpeg (pid $(ffmpeg_pids | xargs)) in $worker has" \
+  "decoded for $ffmpeg_cpu CPU seconds"
+cancel_began="$EPOCHREALTIME"
+answer="$(api "${urls[0]}" POST "/runs/$long_trickplay/cancel")"
+jq -e '.state == "cancelling" or .state == "cancelled"' <<<"$answer" >/dev/null \
+  || die "POST /runs/$long_trickplay/cancel: $answer"
+limit_s=$((process_grace_s + 5))
+until [[ -z "$(ffmpeg_pids)" ]]; do
+  if (($(elapsed "$cancel_began" "$EPOCHREALTIME" | cut -d. -f1) >= limit_s)); then
+    "$engine" exec "$worker" sh -c 'for p in $(grep -lx ffmpeg /proc/[0-9]*/comm | cut -d/ -f3); do grep -E "^(State|PPid)" /proc/$p/status | tr "\n" " "; echo; done' >&2 || true
+    die "ffmpeg still runs in $worker $limit_s s after the cancel of $long_trickplay"
+  fi
+  sleep 0.2
+done
+say "no ffmpeg left in $worker $(elapsed "$cancel_began" "$EPOCHREALTIME") s after the cancel (limit $limit_s s)"
+wait_state "${urls[1]}" "$long_trickplay" cancelled 30
+"$engine" exec "$worker" sh -c "! ls /srv/trickplay/$long_item/*.partial* 2>/dev/null" \
+  || die "the cancelled trickplay left a partial sprite in /srv/trickplay/$long_item"
+say "trickplay run $long_trickplay: cancelled, no partial sprite left"
+
+# --- (g) SIGTERM to the worker mid-run -------------------------------------------------------
 
 phase sigterm
 slow="$(start_run "${urls[0]}" '{"steps": 12, "step_seconds": 1}')"

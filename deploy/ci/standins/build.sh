@@ -30,7 +30,7 @@ ensure_base() {
     return
   fi
   command -v debootstrap >/dev/null || {
-    log "debootstrap is missing (deploy/ci/install-podman.sh installs it)"
+    log "debootstrap is missing (deploy/system-deps.sh compose installs it)"
     exit 1
   }
   local scratch
