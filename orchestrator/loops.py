@@ -69,6 +69,8 @@ import django
 log = logging.getLogger("orchestrator.loops")
 
 STOP_TIMEOUT_S = 30.0
+# How soon the main thread sees a SIGTERM or SIGINT (it polls the handler's note).
+SIGNAL_POLL_S = 0.1
 # How often a loop of the leader looks again while this process does not lead (a local
 # check, no I/O).
 FOLLOWER_POLL_S = 0.5
@@ -211,9 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         elector.hand_over()
         return 0
 
+    # The handler only notes the signal; the main thread stops the loops. `stop.set()` takes
+    # the event's lock, and a handler runs in the main thread between any two bytecodes, also
+    # inside `stop.wait` while that thread holds the same lock: the worker role's SIGTERM
+    # close behind its process group's (honcho, `make run`) deadlocked this process there,
+    # every loop thread waiting on the lock, until the role killed it.
+    received: list[int] = []
+
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("loops: %s received, stopping", signal.Signals(signum).name)
-        stop.set()
+        received.append(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -243,8 +251,15 @@ def main(argv: list[str] | None = None) -> int:
         config.leader_renew_s,
         config.leader_jitter_s,
     )
-    while not stop.wait(1.0):
-        pass
+    while not received:
+        time.sleep(SIGNAL_POLL_S)
+    log.info("loops: %s received, stopping", signal.Signals(received[0]).name)
+    # The stop is bounded by STOP_TIMEOUT_S; a later signal (the role's, after the group's)
+    # changes nothing, and ignored it cannot end the process at its exit with the signal's
+    # status instead of 0.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stop.set()
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for thread in threads:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
