@@ -24,7 +24,9 @@ untrusted network belongs behind a proxy that limits connections per address.
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
+from types import FrameType
 from typing import Any
 
 import uvicorn.main
@@ -175,11 +177,22 @@ def uvicorn_arguments(settings: Config) -> list[str]:
     ]
 
 
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
 def main(argv: list[str]) -> None:
     if not current().metrics_token:
         print(
             "lumastra web: /metrics is disabled: LUMASTRA_METRICS_TOKEN is unset", file=sys.stderr
         )
+    # A stop asked for (a deploy's SIGTERM, Ctrl+C) ends the role with 0. uvicorn shuts down
+    # gracefully on either, then restores the handlers it found and raises the signal again,
+    # so that Python's default would end the process by it (143 for SIGTERM). The handler it
+    # finds and raises is this one: exit 0 once the shutdown is done, or at once if the signal
+    # comes before uvicorn listens. (`--workers N` supervises its processes itself.)
+    signal.signal(signal.SIGTERM, _stopped)
+    signal.signal(signal.SIGINT, _stopped)
     uvicorn.main.main(args=[*uvicorn_arguments(current()), *argv], prog_name="uvicorn")
 
 
