@@ -23,7 +23,6 @@ class CoverageConfig:
         "2592000",
         env.positive_int,
         "history-retention deletes outbox events dead-lettered longer ago",
-        env.Renamed("LUMASTRA_COVERAGE_OUTBOX_RETENTION_DAYS", scale=86400),
         roles=env.WORKER,
     )
     authoritative_stages: tuple[str, ...] = env.variable(
@@ -31,7 +30,6 @@ class CoverageConfig:
         "*",
         env.parse_list,
         "comma-separated covered stages the stage-sweep starts runs for; * for every one",
-        env.Renamed("PIPELINE_COVERAGE_AUTHORITATIVE_STAGES"),
         roles=env.WORKER,
     )
     sweep_interval_s: int = env.variable(

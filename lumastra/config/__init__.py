@@ -7,7 +7,7 @@ same roles (`tests/unit/test_config_docs.py` keeps the two in step). The roles r
 settings built from these; only process plumbing reads `os.environ` itself (the role scripts,
 the pool settings a worker hands its children, a command's marks).
 
-- `env`: how a variable is declared and read: parsers, renamed names, `ConfigError`
+- `env`: how a variable is declared and read: parsers, `ConfigError`
 - `common`: every role's settings, and those of both roles that start runs (web and worker)
 - `web`: the web role's settings, and Flower's
 - `worker`: the worker role's settings: running runs and the loops

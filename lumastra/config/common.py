@@ -77,14 +77,12 @@ class EveryRole:
         "enabled",
         _parse_mode,
         "enabled (worker role) or disabled (web role)",
-        env.Renamed("WORKER_MODE"),
     )
     per_task_queues: bool = env.variable(
         "LUMASTRA_PER_TASK_QUEUES",
         "true",
         env.parse_bool,
         "one queue per task; false: one per class",
-        env.Renamed("FEATURE_PER_TASK_QUEUES"),
     )
     secret_key: str = env.variable(
         "LUMASTRA_SECRET_KEY",
@@ -192,6 +190,5 @@ class Starters:
         "86400",
         env.positive_seconds,
         "how long an operator's force-enable keeps a circuit admitting",
-        env.Renamed("LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS", scale=0.001),
         roles=env.STARTERS,
     )

@@ -1,19 +1,16 @@
-"""How a variable is declared and read: its name, default, parser, help, the roles that read it,
-and the name it had before this release.
+"""How a variable is declared and read: its name, default, parser, help and the roles that read
+it.
 
 A settings class is a frozen dataclass whose fields are `variable(...)`s; `read` builds it from
 an environment, so every settings class (the engine's `lumastra.config.Config`, the catalog's
-`coverage.config.CoverageConfig`) parses, refuses and warns the same way.
+`coverage.config.CoverageConfig`) parses and refuses the same way.
 
-A renamed variable keeps its old name for one release (`Renamed`): set alone, the old name is
-read (converted to the new unit) with a `FutureWarning` naming the new one; set with the new
-one, the new one wins.
+A variable has one name: Lumastra has no release yet, so a renamed variable keeps no old name.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -37,29 +34,10 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class Renamed:
-    """A variable's name before this release, and what one of its units is in the new one."""
-
-    old: str
-    scale: float = 1.0  # 0.001: the old name was in milliseconds, the new one in seconds
-
-    def value(self, raw: str) -> str:
-        if self.scale == 1.0:
-            return raw
-        try:
-            value = float(raw) * self.scale
-        except ValueError:
-            return raw  # refused by the new variable's parser, with the old name in the error
-        # Whole seconds as an integer (an integer variable's parser takes no "2.592e+06").
-        return str(int(value)) if value.is_integer() else repr(value)
-
-
-@dataclass(frozen=True)
 class EnvVar:
     name: str
     default: str
     help: str
-    renamed: Renamed | None = None
     roles: frozenset[str] = EVERY_ROLE
     # The role scripts refuse to start a role in `roles` without it (`lumastra.preflight`).
     required: bool = False
@@ -70,13 +48,12 @@ def variable(
     default: str,
     parse: Callable[[str], Any],
     help: str,
-    renamed: Renamed | None = None,
     *,
     roles: frozenset[str] = EVERY_ROLE,
     required: bool = False,
 ) -> Any:
     """A settings field read from variable `name`; its metadata is the documentation."""
-    var = EnvVar(name, default, help, renamed, roles, required)
+    var = EnvVar(name, default, help, roles, required)
     return field(metadata={"var": var, "parse": parse})
 
 
@@ -92,8 +69,8 @@ Settings = TypeVar("Settings")
 
 def lookup(var: EnvVar, environ: Mapping[str, str]) -> tuple[str, str] | None:
     """Where `var`'s value comes from, and the value: the variable itself, or the file its
-    `_FILE` twin names (Docker's and Kubernetes' secrets, mounted as files), or its old name,
-    converted; None when none is set."""
+    `_FILE` twin names (Docker's and Kubernetes' secrets, mounted as files); None when neither
+    is set."""
     file_name = f"{var.name}_FILE"
     if var.name in environ and file_name in environ:
         raise ConfigError(f"{var.name} and {file_name} are both set: set one")
@@ -106,16 +83,6 @@ def lookup(var: EnvVar, environ: Mapping[str, str]) -> tuple[str, str] | None:
             return file_name, Path(path).read_text().rstrip("\r\n")
         except OSError as exc:
             raise ConfigError(f"{file_name}={path!r}: cannot read it ({exc.strerror})") from None
-    if var.renamed is not None and var.renamed.old in environ:
-        old = var.renamed.old
-        raw = var.renamed.value(environ[old])
-        warnings.warn(
-            f"{old} is renamed {var.name}: read as {var.name}={raw} this release, "
-            f"set {var.name} instead",
-            FutureWarning,
-            stacklevel=4,
-        )
-        return old, raw
     return None
 
 

@@ -32,7 +32,6 @@ class Worker:
         "0.25",
         env.positive_seconds,
         "a run's waiting log lines are sent at its next line once the oldest is this old",
-        env.Renamed("LUMASTRA_LOG_FLUSH_MS", scale=0.001),
         roles=env.WORKER,
     )
     run_log_tail: int = env.variable(
@@ -54,7 +53,6 @@ class Worker:
         "0.25",
         env.positive_seconds,
         "a run's progress reaches its live hash at most this often",
-        env.Renamed("LUMASTRA_PROGRESS_WRITE_MS", scale=0.001),
         roles=env.WORKER,
     )
     progress_force_s: int = env.variable(
@@ -104,7 +102,6 @@ class Worker:
         "2592000",
         env.positive_int,
         "history-retention deletes older runs",
-        env.Renamed("LUMASTRA_HISTORY_RETENTION_DAYS", scale=86400),
         roles=env.WORKER,
     )
     webhook_retention_s: int = env.variable(
@@ -112,7 +109,6 @@ class Worker:
         "1209600",
         env.positive_int,
         "history-retention deletes older delivered or dead webhook deliveries",
-        env.Renamed("LUMASTRA_WEBHOOK_RETENTION_DAYS", scale=86400),
         roles=env.WORKER,
     )
     retention_batch: int = env.variable(
@@ -246,7 +242,6 @@ class Worker:
         "1",
         env.non_negative_seconds,
         "most random delay added to each attempt to take a leader lock",
-        env.Renamed("LUMASTRA_LEADER_JITTER_MS", scale=0.001),
         roles=env.WORKER,
     )
     worker_max_tasks_per_child: int = env.variable(

@@ -8,7 +8,6 @@ without a row in the doc fails this test.
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 
 import pytest
@@ -267,55 +266,6 @@ def test_an_unusable_value_is_a_config_error_naming_the_variable(name: str, raw:
         config.load({name: raw})
 
     assert str(caught.value).startswith(f"{name}={raw!r}")
-
-
-# --- renamed variables -----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("old", "raw", "attribute", "expected"),
-    [
-        ("WORKER_MODE", "disabled", "worker_mode", WorkerMode.DISABLED),
-        ("FEATURE_PER_TASK_QUEUES", "false", "per_task_queues", False),
-        ("LUMASTRA_LOG_FLUSH_MS", "500", "log_flush_s", 0.5),
-        ("LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_MS", "3600000", "circuit_force_enable_ttl_s", 3600),
-        ("LUMASTRA_LEADER_JITTER_MS", "0", "leader_jitter_s", 0),
-        ("LUMASTRA_HISTORY_RETENTION_DAYS", "7", "history_retention_s", 7 * 86400),
-        ("LUMASTRA_WEBHOOK_RETENTION_DAYS", "30", "webhook_retention_s", 30 * 86400),
-        ("LUMASTRA_PROGRESS_WRITE_MS", "333", "progress_write_s", 0.333),
-    ],
-)
-def test_an_old_name_alone_is_read_in_the_new_unit_with_a_warning_naming_the_new_one(
-    old: str, raw: str, attribute: str, expected: object
-) -> None:
-    (new,) = [v.name for v in VARIABLES.values() if v.renamed and v.renamed.old == old]
-
-    with pytest.warns(FutureWarning, match=f"^{old} is renamed {new}: .* set {new} instead"):
-        loaded = config.load({old: raw})
-
-    assert getattr(loaded, attribute) == expected
-
-
-def test_the_new_name_wins_over_the_old_one_and_warns_of_nothing() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        loaded = config.load({"LUMASTRA_LOG_FLUSH_S": "2", "LUMASTRA_LOG_FLUSH_MS": "500"})
-
-    assert loaded.log_flush_s == 2
-
-
-def test_an_unusable_old_value_is_a_config_error_naming_the_old_variable() -> None:
-    with pytest.warns(FutureWarning), pytest.raises(ConfigError) as caught:
-        config.load({"LUMASTRA_LEADER_JITTER_MS": "soon"})
-
-    assert str(caught.value).startswith("LUMASTRA_LEADER_JITTER_MS='soon'")
-
-
-def test_every_old_name_is_listed_in_the_doc_beside_its_new_one() -> None:
-    text = DOC.read_text()
-    for var in VARIABLES.values():
-        if var.renamed is not None:
-            assert re.search(rf"\| `{var.renamed.old}`[^|]*\| `{var.name}`", text), var.name
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "inf", "nan", "soon"])
