@@ -67,7 +67,6 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.utils import timezone
 
 from orchestrator.backoff import exponential
 from orchestrator.clock import span_ms
@@ -75,13 +74,12 @@ from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import FencedLock, LockLost, LoopLock
 from orchestrator.models import TaskHistory
 from orchestrator.recovery import drain_poison
-from orchestrator.runs.drain import MOVE_STAGE, TRANSIENT_ERRORS, Entry
+from orchestrator.runs import terminal
+from orchestrator.runs.drain import END_ARGS, MOVE_STAGE, TRANSIENT_ERRORS, Entry
 from orchestrator.runs.drain import stage_follow_up as registered_stage_follow_up
-from orchestrator.runs.settle import settle
 from orchestrator.states import IllegalTransition, RunState, StageState
 from orchestrator.stores import counters, durable, keys, queries, valkey
 from orchestrator.stores.durable import Stages
-from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -265,37 +263,31 @@ def _bounded(lock_timeout: timedelta) -> Iterator[None]:
 
 
 def _apply_end(entry: Entry, lock_timeout: timedelta) -> Applied:
-    target = RunState(entry.target)
+    """The writer's own end, made again through the one end (`terminal.finish`): fenced by its
+    claim, so a run put back to pending after that claim's worker was lost, and claimed anew,
+    is not ended by it (`runs.put_back`); a cancel that raced the handler's end wins there."""
     args = entry.call_args()
-    try:
-        with _bounded(lock_timeout):
-            outcome = "applied"
-            try:
-                # The writer's own call: fenced by its claim, so a run put back to pending after
-                # that claim's worker was lost, and claimed anew, is not ended by it
-                # (`runs.put_back`).
-                durable.end(entry.run_id, target, owner=entry.owner, **args)
-            except IllegalTransition as exc:
-                if exc.current != RunState.CANCELLING or not _still_owned(entry):
-                    raise
-                # A cancel raced the handler's end: the run ends once, as cancelled.
-                finished_at = args.get("finished_at") or timezone.now()
-                durable.end_cancelled(entry.run_id, finished_at=finished_at)
-                outcome = "cancelled"
-            task_id = _task_id(entry.run_id)
-    except IllegalTransition as exc:
-        if exc.current == target.value and _landed(entry.run_id, args):
-            outcome, task_id = "already", _task_id(entry.run_id)
-        else:
-            log.warning(
-                "run %s: drained write %s dropped: the run is %s now",
-                entry.run_id,
-                target,
-                exc.current,
-            )
-            return "superseded", None
-    ended = RunState.CANCELLED if outcome == "cancelled" else target
-    return outcome, functools.partial(_finish, entry, ended, task_id)
+    end = terminal.End(
+        entry.run_id,
+        "",
+        RunState(entry.target),
+        entry.owner,
+        **{name: args[name] for name in END_ARGS if name in args},
+    )
+    replay = terminal.Replay(
+        transaction=functools.partial(_bounded, lock_timeout),
+        landed=functools.partial(_landed, entry.run_id, args),
+    )
+    # Settled inside `finish`: nothing follows it here.
+    ended = terminal.finish(end, replay=replay)
+    if ended.written is terminal.Written.SUPERSEDED:
+        log.warning(
+            "run %s: drained write %s dropped: the run is %s now",
+            entry.run_id,
+            entry.target,
+            ended.state,
+        )
+    return ended.written.value, None
 
 
 def _apply_stage_move(entry: Entry, lock_timeout: timedelta) -> Applied:
@@ -324,11 +316,6 @@ def _apply_stage_move(entry: Entry, lock_timeout: timedelta) -> Applied:
             return "superseded", None
         return "already", functools.partial(follow_up, entry, landed)
     return "applied", functools.partial(follow_up, entry, stages)
-
-
-def _still_owned(entry: Entry) -> bool:
-    rows = TaskHistory.objects.filter(id=entry.run_id)
-    return not entry.owner or rows.filter(owner_instance_id=entry.owner).exists()
 
 
 def _landed(run_id: str, args: dict[str, Any]) -> bool:
@@ -365,22 +352,6 @@ def _stage_landed(run_id: str, args: dict[str, Any]) -> Stages | None:
     if args.get("result") is not None:
         same = same and results.get(stage) == args["result"]
     return Stages(states, results) if same else None
-
-
-def _task_id(run_id: str) -> str | None:
-    return TaskHistory.objects.filter(id=run_id).values_list("task_id", flat=True).first()
-
-
-def _finish(entry: Entry, ended: RunState, task_id: str | None) -> None:
-    """What the writer skipped: the run is settled (the live hash follows, hooks hear of it)."""
-    kind = None
-    error = entry.args.get("error")
-    if ended != RunState.CANCELLED and isinstance(error, dict):
-        try:
-            kind = ErrorKind(error.get("kind"))
-        except ValueError:
-            kind = None
-    settle(entry.run_id, task_id or "", ended, owner=entry.owner, error_kind=kind)
 
 
 def _retry(raw: str, entry: Entry) -> None:

@@ -63,11 +63,9 @@ from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
-from orchestrator.runs import put_back, retries, stage_attempts
-from orchestrator.runs.settle import settle
-from orchestrator.runs.terminal import error_doc
-from orchestrator.states import IllegalTransition, RunState
-from orchestrator.stores import durable, keys, queries, valkey
+from orchestrator.runs import put_back, retries, stage_attempts, terminal
+from orchestrator.states import RunState
+from orchestrator.stores import keys, queries, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 
@@ -244,25 +242,21 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
             return RunState.PENDING
         if done is _PutBack.MOVED_ON:
             return None
-    error = _final_error(candidate, message)
-    try:
-        durable.end_orphan(
-            candidate.run_id, candidate.state, error=error, stale_after_s=threshold_s
-        )
-    except IllegalTransition:
-        log.info("run %s: changed since it was judged an orphan; left alone", candidate.run_id)
-        return None
-    log.warning("run %s: orphan %s: %s", candidate.run_id, target.value, message)
-    # Postgres has the end; its owner is gone, so the live hash follows without a fence.
-    settle(
+    end = terminal.End(
         candidate.run_id,
         candidate.task_id,
         target,
-        owner=candidate.owner,
-        fenced=False,
-        error_kind=ErrorKind.ORPHANED,
-        clock=clock,
+        candidate.owner,
+        error=_final_error(candidate, message),
+        guard=terminal.Guard.ORPHAN,
+        stale_after_s=threshold_s,
     )
+    # Its owner is gone, so the live hash follows without a fence (`Guard.ORPHAN`).
+    ended = terminal.finish(end, clock=clock)
+    if ended.written is terminal.Written.SUPERSEDED:
+        log.info("run %s: changed since it was judged an orphan; left alone", candidate.run_id)
+        return None
+    log.warning("run %s: orphan %s: %s", candidate.run_id, target.value, message)
     return target
 
 
@@ -273,10 +267,10 @@ def _final_error(candidate: Candidate, message: str) -> dict[str, Any]:
     by the same rule, `stage_attempts.put_back_lost_stages`.)"""
     extra = {"owner": candidate.owner, "heartbeat_age_s": round(candidate.age_s)}
     if candidate.state != RunState.ACTIVE:
-        return error_doc(ErrorKind.ORPHANED, f"cancel requested, and {message}", **extra)
+        return terminal.error_doc(ErrorKind.ORPHANED, f"cancel requested, and {message}", **extra)
     definition = registry.get().get(candidate.task_id)
     if definition is None or candidate.pipeline:
-        return error_doc(ErrorKind.ORPHANED, message, **extra)
+        return terminal.error_doc(ErrorKind.ORPHANED, message, **extra)
     return retries.decide(
         ErrorKind.ORPHANED,
         message,

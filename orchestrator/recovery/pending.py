@@ -75,11 +75,11 @@ from orchestrator.hooks import dedup
 from orchestrator.models import TaskHistory
 from orchestrator.recovery.orphans import Candidate, LiveView, live_views
 from orchestrator.routing import queue_name
+from orchestrator.runs import terminal
 from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
-from orchestrator.runs.settle import settle
-from orchestrator.runs.terminal import error_doc, write_live_claim
-from orchestrator.states import IllegalTransition, RunState
-from orchestrator.stores import broker, durable, keys, live, scripts, valkey
+from orchestrator.runs.terminal import write_live_claim
+from orchestrator.states import RunState
+from orchestrator.stores import broker, keys, live, scripts, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
@@ -361,14 +361,16 @@ def _write_silent_claim(run_id: str, view: LiveView) -> bool:
 def _fail(failure: _Failure, clock: Clock) -> bool:
     """pending → failed by compare-and-set, Postgres first; False when the run moved on."""
     candidate = failure.candidate
-    error = error_doc(failure.kind, failure.message)
-    try:
-        durable.fail_pending(candidate.run_id, error=error, older_than_s=failure.older_than_s)
-    except IllegalTransition:
+    end = terminal.End(
+        candidate.run_id,
+        candidate.task_id,
+        RunState.FAILED,
+        error=terminal.error_doc(failure.kind, failure.message),
+        guard=terminal.Guard.PENDING_DEADLINE,
+        stale_after_s=failure.older_than_s,
+    )
+    if terminal.finish(end, clock=clock).written is terminal.Written.SUPERSEDED:
         log.info("run %s: no longer pending as judged; left alone", candidate.run_id)
         return False
     log.warning("run %s: failed (%s): %s", candidate.run_id, failure.kind.value, failure.message)
-    settle(
-        candidate.run_id, candidate.task_id, RunState.FAILED, error_kind=failure.kind, clock=clock
-    )
     return True

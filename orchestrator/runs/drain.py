@@ -3,8 +3,8 @@ waits in Valkey for its replay (`orchestrator.recovery.drain_replay`).
 
 Two writes go to the drain when they fail with a transient database error
 (`TRANSIENT_ERRORS`: Postgres restarting or unreachable, a dropped connection, a lock timeout):
-a run's terminal write (`durable.end`, from `runs.terminal`) and a pipeline stage's end
-(`durable.move_stage`: completed, failed, or back to waiting for a retry, from
+a run's end (`runs.terminal.finish`: `durable.end`, or `end_cancelled` for a cancel) and a
+pipeline stage's end (`durable.move_stage`: completed, failed, or back to waiting for a retry, from
 `runs.pipeline`). The writer calls `push` with that call's name and arguments. The call goes,
 as JSON `{run_id, call, target, args, owner, attempts, then}`, onto a bounded Valkey list
 (`task:drain:pending`, at most MAX_ENTRIES). The replay makes the same call again, oldest entry
@@ -12,9 +12,7 @@ first: the same guarded statement (`stores/sql/end_run.sql`, `move_stage.sql`) w
 arguments, fenced by the same claim (the run's `owner` for an end, the stage claim's `claimer`
 for a stage move), so a replay can never make a move `states.py` forbids nor write anything the
 writer would not have. `then` holds what the writer would have used after a stage move and
-that Postgres does not keep: the run's error (a failed stage), the retry's delay. Entries
-pushed by an older deploy (`{call: "end", …}` without `then`, or `{…, fields}`: the row's
-columns) are read as the same end.
+that Postgres does not keep: the run's error (a failed stage), the retry's delay.
 
 Valkey after Postgres. Valkey must never be ahead of the truth, so a writer whose Postgres
 write failed writes nothing to Valkey for it; once Postgres has the write, the replay does
@@ -61,8 +59,9 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceErro
 # target (and, for `end`, owner: the entry's own).
 END = "end"
 MOVE_STAGE = "move_stage"
+END_ARGS = ("finished_at", "result", "error", "step", "progress", "attempt", "started_at")
 _ARGS = {
-    END: frozenset({"finished_at", "result", "error", "step", "progress", "attempt", "started_at"}),
+    END: frozenset(END_ARGS),
     MOVE_STAGE: frozenset({"stage", "result", "step", "cost", "claimer", "stale_after_s"}),
 }
 # `end`'s moments, kept in an entry as ISO 8601 strings (a stage's step record keeps its own
@@ -112,12 +111,9 @@ class Entry:
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise ValueError("not a drain entry")
-        if "fields" in data:
-            call, args = END, _legacy_args(data["fields"])
-        elif data.get("call") in _ARGS and isinstance(data.get("args"), dict):
-            call, args = data["call"], data["args"]
-        else:
+        if data.get("call") not in _ARGS or not isinstance(data.get("args"), dict):
             raise ValueError(f"not a drain entry of {sorted(_ARGS)}")
+        call, args = data["call"], data["args"]
         then = data.get("then", {})
         if not isinstance(then, dict):
             raise ValueError("not a drain entry: `then` is not an object")
@@ -160,23 +156,6 @@ def on_stage_move(follow_up: StageFollowUp) -> StageFollowUp:
 def stage_follow_up() -> StageFollowUp | None:
     """What `runs.pipeline` registered, for the replay; None where it is not loaded."""
     return _stage_follow_up
-
-
-def _legacy_args(fields: Any) -> dict[str, Any]:
-    """An older deploy's entry held the row's columns (`result`, `error`, `finished_at`, a
-    plain run's `steps` as {task: step} with its `cost_breakdown`, `progress`): the same end.
-    Its claim's attempt count was not kept, so it cannot end a run whose claim was lost."""
-    if not isinstance(fields, dict):
-        raise ValueError("not a drain entry")
-    args = {
-        name: fields[name]
-        for name in ("result", "error", "finished_at", "progress")
-        if name in fields
-    }
-    steps = fields.get("steps")
-    if isinstance(steps, dict) and len(steps) == 1:
-        (args["step"],) = steps.values()
-    return args
 
 
 def push(

@@ -104,11 +104,11 @@ def _end(
     step = progress = None
     if context is not None:
         step, progress = steps.plain_extras(context), context.progress.document()
-    terminal.end(
-        definition,
+    end = terminal.End(
         run.run_id,
-        pickup.owner,
+        definition.id,
         target,
+        pickup.owner,
         result=result,
         error=error,
         step=step,
@@ -116,6 +116,7 @@ def _end(
         attempt=run.attempts,
         started_at=run.deferred_since,
     )
+    terminal.finish(end)
 
 
 def _retry_later(

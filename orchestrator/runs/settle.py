@@ -1,11 +1,9 @@
 """Settling a run Postgres has ended: Valkey follows, then the `finished` hooks hear of it.
 
-Every path that ends a run writes Postgres first — the runner and the watchdogs
-(`runs.terminal`), the drain replaying a deferred write (`recovery.drain_replay`), the
-reconciler ending an orphan or a pending run past its deadline (`recovery.orphans`,
-`recovery.pending`), and the repair of a live hash left behind (`recovery.repair`) — and then
+Every end of a run goes through `runs.terminal.finish`, which writes Postgres first and then
 calls `settle`, the one place that brings the live hash to the Postgres state and runs the
-end-of-run hooks.
+end-of-run hooks; so does the repair of a live hash left behind (`recovery.repair`), for an
+end Postgres already holds.
 
 - The live hash follows by one Lua transition, fenced by the claim's owner where that owner
   is the caller (a process that lost the run cannot move it; an orphan's or a repaired run's

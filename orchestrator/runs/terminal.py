@@ -1,21 +1,30 @@
-"""Ending a run: the terminal write in both stores, Postgres first, exactly once.
+"""Ending a run: the one owner of a run's end, in both stores, Postgres first, exactly once.
 
-Whoever ends a run — the runner when the handler returns, the watchdog on a stall or hard
-timeout, the cancel escalation — goes through here, and only the writer whose guarded
-Postgres UPDATE succeeded settles the run (`runs.settle`: Valkey follows, the `finished`
-hooks run). A writer that finds the run already ended (someone else won) writes nothing more.
+Whoever ends a run goes through `finish`: the runner when the handler returns, the watchdogs
+(stall, hard timeout), a cancel or a kill, a lost worker's last attempt, the reconciler (an
+orphan, a pending run past its deadline) and the drain replaying an end Postgres refused.
+Only the writer whose guarded Postgres statement won settles the run (`runs.settle`: Valkey
+follows, the `finished` hooks run); a cancel request that raced a claim's end wins here, once;
+the error document is capped here. A writer that finds the run already ended (someone else
+won) writes nothing more. `tests/unit/test_one_end.py` fails when anything else ends a run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import traceback
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
 
-from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
+from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
 from orchestrator.models import TaskHistory
@@ -24,6 +33,7 @@ from orchestrator.runs.settle import settle
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import durable, live
 from orchestrator.stores.durable import ClaimedRun
+from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
@@ -49,6 +59,175 @@ def error_doc(kind: ErrorKind, message: str, **extra: Any) -> dict[str, Any]:
     return {"kind": kind.value, "message": message[:MESSAGE_MAX_CHARS], **extra}
 
 
+class Guard(Enum):
+    """Who may end the run, as the Postgres statement checks it."""
+
+    CLAIM = "claim"  # the claim's own end (fenced by its owner), or a run no claim started
+    ORPHAN = "orphan"  # the reconciler's: only while the heartbeat is still stale
+    PENDING_DEADLINE = "pending deadline"  # the reconciler's: only while still pending that long
+
+
+class Written(Enum):
+    """What `finish` found."""
+
+    APPLIED = "applied"  # Postgres holds this end now; settled
+    ALREADY = "already"  # a replay: this very end was in Postgres (its reply was lost); settled
+    CANCELLED = "cancelled"  # a cancel request won: the run ended cancelled; settled
+    SUPERSEDED = "superseded"  # the run ended otherwise, moved on, or is another claim's now
+    DEFERRED = "deferred"  # Postgres away: the end waits in the drain, whose replay settles it
+
+
+@dataclass(frozen=True)
+class End:
+    """One end of one run, as its writer asks for it. `target` is completed, failed or
+    cancelled; `owner` the claim ending it ('' for none). A claim's end names its `attempt`
+    (the count the claim returned) and `started_at`, so it also lands if Postgres has not
+    heard of the claim (`durable.end`). `stale_after_s`: the orphan's heartbeat age, or how
+    long the pending run has waited, that the reconciler judged it by."""
+
+    run_id: str
+    task_id: str  # '' to read it from the run's row when needed (the drain's replay)
+    target: RunState
+    owner: str = ""
+    error: dict[str, Any] | None = None
+    result: Any = None
+    step: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None
+    attempt: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime = field(default_factory=timezone.now)
+    guard: Guard = Guard.CLAIM
+    stale_after_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Ended:
+    written: Written
+    state: RunState | None  # the run's state as this end left or found it
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The drain's replay of an end (`recovery.drain_replay`): the write in the replay's
+    transaction, a transient error raised to it, and `landed` telling its own lost reply from
+    another writer's end."""
+
+    transaction: Callable[[], AbstractContextManager[None]]
+    landed: Callable[[], bool]
+
+
+def finish(end: End, *, replay: Replay | None = None, clock: Clock = SYSTEM) -> Ended:
+    """The one way a run ends, whoever ends it: the runner, the watchdogs, a cancel or a kill,
+    a lost worker, the reconciler (orphans, the pending deadline) and the drain's replay.
+
+    Postgres first, one guarded statement (`End.guard` says which); a cancel request that
+    raced a claim's end wins here, once: the run ends cancelled. Then, only for the writer
+    whose statement won, the run is settled (`runs.settle`: the live hash follows, the
+    `finished` hooks hear of it). Postgres away: a claim's end waits in the drain (a replay
+    raises instead). A refused end writes nothing more; a claim that lost its run gives back
+    what it took."""
+    error = end.error
+    if error is not None and len(str(error.get("message", ""))) > MESSAGE_MAX_CHARS:
+        capped = {**error, "message": str(error["message"])[:MESSAGE_MAX_CHARS]}
+        end = dataclasses.replace(end, error=capped)
+    args = {name: getattr(end, name) for name in drain.END_ARGS}  # `durable.end`'s
+    try:
+        with replay.transaction() if replay else contextlib.nullcontext():
+            try:
+                if end.guard is Guard.ORPHAN:
+                    source = (
+                        RunState.ACTIVE if end.target is RunState.FAILED else RunState.CANCELLING
+                    )
+                    durable.end_orphan(
+                        end.run_id, source, error=args["error"], stale_after_s=end.stale_after_s
+                    )
+                elif end.guard is Guard.PENDING_DEADLINE:
+                    durable.fail_pending(
+                        end.run_id, error=args["error"], older_than_s=end.stale_after_s
+                    )
+                elif end.target is RunState.CANCELLED:
+                    durable.end_cancelled(end.run_id, finished_at=end.finished_at, error=end.error)
+                else:
+                    durable.end(end.run_id, end.target, owner=end.owner, **args)
+                ended = Ended(Written.APPLIED, end.target)
+            except IllegalTransition as exc:
+                if not _cancel_wins(end, exc):
+                    raise
+                durable.end_cancelled(end.run_id, finished_at=end.finished_at)
+                ended = Ended(Written.CANCELLED, RunState.CANCELLED)
+    except drain.TRANSIENT_ERRORS:
+        if replay is not None or end.guard is not Guard.CLAIM:
+            raise
+        return _deferred(end, args)
+    except IllegalTransition as exc:
+        ended = _refused(end, exc, replay)
+        if ended.written is not Written.ALREADY:
+            return ended
+    kind = None
+    if ended.written is not Written.CANCELLED and end.error:
+        kind = ErrorKind(end.error["kind"])
+    settle(
+        end.run_id,
+        end.task_id or _task_of(end.run_id),
+        end.target if ended.written is not Written.CANCELLED else RunState.CANCELLED,
+        owner=end.owner,
+        fenced=end.guard is Guard.CLAIM,
+        error_kind=kind,
+        clock=clock,
+    )
+    return ended
+
+
+def _deferred(end: End, args: dict[str, Any]) -> Ended:
+    """Postgres is away: the drain makes this same call once it is back, then settles the run
+    itself, so Valkey is never ahead of Postgres."""
+    ids = (end.run_id, end.target)
+    log.warning("run %s: terminal write %s deferred to the drain", *ids)
+    if not drain.push(end.run_id, end.target, args, end.owner):
+        log.error("run %s: terminal write %s lost; the reconciler will end it", *ids)
+    return Ended(Written.DEFERRED, end.target)
+
+
+def _cancel_wins(end: End, exc: IllegalTransition) -> bool:
+    """A cancel request reached the run before this claim's end: the run ends cancelled."""
+    return (
+        end.guard is Guard.CLAIM
+        and end.target is not RunState.CANCELLED
+        and exc.current == RunState.CANCELLING
+        and still_ours(end.run_id, end.owner)
+    )
+
+
+def _refused(end: End, exc: IllegalTransition, replay: Replay | None) -> Ended:
+    current = RunState(exc.current) if exc.current else None
+    run_id, target = end.run_id, end.target
+    if replay is not None and current is target and replay.landed():
+        return Ended(Written.ALREADY, current)
+    if end.guard is not Guard.CLAIM or replay is not None or target is RunState.CANCELLED:
+        log.info("run %s: %s not recorded, the run is %s now", run_id, target, exc.current)
+        return Ended(Written.SUPERSEDED, current)
+    if current in TERMINAL_RUN_STATES:
+        log.info("run %s: already ended %s; %s not recorded", run_id, exc.current, target)
+        return Ended(Written.SUPERSEDED, current)
+    if current is not None and not still_ours(run_id, end.owner):
+        # Put back to pending after this claim's worker was judged lost (`runs.put_back`),
+        # and perhaps claimed again since: the run is another attempt's now.
+        log.warning(
+            "run %s: no longer ours (%s, claimed anew); %s not recorded", run_id, current, target
+        )
+        # What this claim took (its concurrency slot) is not the next attempt's to keep.
+        definition = registry.get().get(end.task_id or _task_of(run_id))
+        if definition is not None:
+            hooks.release(Pickup(definition, run_id, end.owner))
+        return Ended(Written.SUPERSEDED, current)
+    raise exc
+
+
+def _task_of(run_id: str) -> str:
+    found = TaskHistory.objects.filter(id=run_id).values_list("task_id", flat=True).first()
+    return found or ""
+
+
 def end(
     definition: TaskDefinition,
     run_id: str,
@@ -62,53 +241,25 @@ def end(
     attempt: int | None = None,
     started_at: datetime | None = None,
 ) -> RunState:
-    """End a claimed run in `target`; returns the state it really ended in (a cancel that
-    raced the handler wins: cancelled; a watchdog that ended it first: its state). `step`:
-    a plain run's warnings, counters, cost and log tail (`runs.steps.plain_extras`);
-    `progress`: its latest progress (`runs.progress`); `attempt`: the attempt count `owner`'s
-    claim returned, so the end also lands if that claim is not in Postgres (not written yet, or
-    lost in a crash), with `started_at`, when the claim was taken (`durable.end`)."""
-    kind = ErrorKind(error["kind"]) if error else None
-    args: dict[str, Any] = {
-        "finished_at": timezone.now(),
-        "result": result,
-        "error": error,
-        "step": step,
-        "progress": progress,
-        "attempt": attempt,
-        "started_at": started_at,
-    }
-    try:
-        durable.end(run_id, target, owner=owner, **args)
-    except (OperationalError, InterfaceError):
-        # Postgres is away: the drain replays this same call, then settles the run itself,
-        # so Valkey is never ahead of Postgres.
-        log.warning("run %s: terminal write %s deferred to the drain", run_id, target)
-        if not drain.push(run_id, target, args, owner):
-            log.error("run %s: terminal write %s lost; the reconciler will end it", run_id, target)
-        return target
-    except IllegalTransition as exc:
-        if exc.current in TERMINAL_RUN_STATES:
-            log.info("run %s: already ended %s; %s not recorded", run_id, exc.current, target)
-            return RunState(exc.current)
-        if exc.current is not None and not still_ours(run_id, owner):
-            # Put back to pending after this claim's worker was judged lost (`runs.put_back`),
-            # and perhaps claimed again since: the run is another attempt's now.
-            log.warning(
-                "run %s: no longer ours (%s, claimed anew); %s not recorded",
-                run_id,
-                exc.current,
-                target,
-            )
-            # What this claim took (its concurrency slot) is not the next attempt's to keep.
-            hooks.release(Pickup(definition, run_id, owner))
-            return RunState(exc.current)
-        if exc.current == RunState.CANCELLING:
-            cancel(definition, run_id, owner)
-            return RunState.CANCELLED
-        raise
-    settle(run_id, definition.id, target, owner=owner, error_kind=kind)
-    return target
+    """A claim's end in `target` (`finish`); returns the state the run really ended in (a
+    cancel that raced the handler wins: cancelled; a watchdog that ended it first: its
+    state). `step`: a plain run's warnings, counters, cost and log tail
+    (`runs.steps.plain_extras`); `progress`: its latest progress (`runs.progress`)."""
+    ended = finish(
+        End(
+            run_id,
+            definition.id,
+            target,
+            owner,
+            error=error,
+            result=result,
+            step=step,
+            progress=progress,
+            attempt=attempt,
+            started_at=started_at,
+        )
+    )
+    return ended.state or target
 
 
 def still_ours(run_id: str, owner: str) -> bool:
@@ -154,17 +305,11 @@ def cancel(
     *,
     error: dict[str, Any] | None = None,
 ) -> None:
-    """cancelling → cancelled, Postgres first; a no-op if the run has already ended."""
-    try:
-        durable.end_cancelled(run_id, finished_at=timezone.now(), error=error)
-    except IllegalTransition as exc:
-        log.info("run %s: not cancelled, Postgres says %s", run_id, exc.current)
-        return
-    kind = ErrorKind(error["kind"]) if error else None
-    settle(run_id, definition.id, RunState.CANCELLED, owner=owner, error_kind=kind)
+    """cancelling → cancelled (`finish`); the run keeps its error unless one is given. A no-op
+    if the run has already ended."""
+    finish(End(run_id, definition.id, RunState.CANCELLED, owner, error=error))
 
 
 def fail_unstarted(definition: TaskDefinition, run_id: str, kind: ErrorKind, message: str) -> None:
-    """pending → failed for a run refused before it ever started."""
-    durable.end(run_id, RunState.FAILED, finished_at=timezone.now(), error=error_doc(kind, message))
-    settle(run_id, definition.id, RunState.FAILED, error_kind=kind)
+    """pending → failed for a run refused before it ever started (`finish`)."""
+    finish(End(run_id, definition.id, RunState.FAILED, error=error_doc(kind, message)))

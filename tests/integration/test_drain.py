@@ -364,31 +364,3 @@ def test_a_lost_claims_deferred_end_is_replayed_with_its_attempt() -> None:
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.owner_instance_id, row.attempts) == ("completed", OWNER, 1)
     assert live.read(run_id)["state"] == "completed"
-
-
-def test_an_entry_an_older_deploy_pushed_is_replayed_as_the_same_end() -> None:
-    """A rolling deploy: the entry holds the row's columns (`fields`), as drains did before
-    entries named the writer's call."""
-    run_id = seed_active(OWNER)
-    old = {
-        "run_id": run_id,
-        "target": "completed",
-        "fields": {
-            "result": {"ok": True},
-            "error": None,
-            "finished_at": FINISHED_AT.isoformat(),
-            "steps": {TASK: {"counters": {"n": 3}, "cost": {"gpu_s": 1}}},
-            "cost_breakdown": {"gpu_s": 1},
-        },
-        "owner": OWNER,
-        "attempts": 0,
-    }
-    valkey.client().lpush(keys.drain_pending(), json.dumps(old))
-
-    assert drain_replay.replay().applied == 1
-
-    row = TaskHistory.objects.get(id=run_id)
-    assert (row.state, row.result, row.finished_at) == ("completed", {"ok": True}, FINISHED_AT)
-    assert row.steps[TASK]["counters"] == {"n": 3}
-    assert row.cost_breakdown == {"gpu_s": 1}
-    assert live.read(run_id)["state"] == "completed"

@@ -372,13 +372,13 @@ def test_a_lost_stage_beside_one_whose_end_waits_is_tried_again() -> None:
     assert _published(run_id) == ["b"]
 
 
-# --- entries an older deploy pushed -----------------------------------------------------------
+# --- entries of a shape the drain does not write ---------------------------------------------
 
 
-def test_end_entries_an_older_deploy_pushed_are_still_read() -> None:
-    """Before stage moves: `{call: "end", …}` without `then`; before that, the row's columns
-    (`fields`). Both are waiting writes, and both are replayed as the same end."""
-    named, legacy = seed_active(OWNER), seed_active(OWNER)
+def test_an_end_without_then_is_read_and_a_row_columns_entry_is_poisoned() -> None:
+    """`then` is optional (an end has nothing to follow); an entry holding the row's columns
+    (`fields`, a shape no release wrote: Lumastra has none yet) is not guessed at."""
+    named, columns = seed_active(OWNER), seed_active(OWNER)
     end = {
         "run_id": named,
         "call": "end",
@@ -388,7 +388,7 @@ def test_end_entries_an_older_deploy_pushed_are_still_read() -> None:
         "attempts": 0,
     }
     fields = {
-        "run_id": legacy,
+        "run_id": columns,
         "target": "completed",
         "fields": {"result": {"ok": True}, "error": None, "finished_at": FINISHED_AT.isoformat()},
         "owner": OWNER,
@@ -396,14 +396,14 @@ def test_end_entries_an_older_deploy_pushed_are_still_read() -> None:
     }
     valkey.client().lpush(keys.drain_pending(), json.dumps(end), json.dumps(fields))
 
-    assert drain.waiting_run_ids() == {named, legacy}
-    assert drain.waiting_stages(named) == set()
-    assert drain_replay.replay().applied == 2
+    assert drain.waiting_run_ids() == {named}
+    report = drain_replay.replay()
+    assert (report.applied, report.poisoned) == (1, 1)
 
-    for run_id in (named, legacy):
-        row = TaskHistory.objects.get(id=run_id)
-        assert (row.state, row.result, row.finished_at) == ("completed", {"ok": True}, FINISHED_AT)
-        assert live.read(run_id)["state"] == "completed"
+    row = TaskHistory.objects.get(id=named)
+    assert (row.state, row.result, row.finished_at) == ("completed", {"ok": True}, FINISHED_AT)
+    assert live.read(named)["state"] == "completed"
+    assert TaskHistory.objects.get(id=columns).state == "active"
 
 
 def test_push_refuses_what_the_stage_move_does_not_take() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 
 import pytest
@@ -49,45 +48,6 @@ def test_a_drain_entry_round_trips_with_its_datetimes() -> None:
 
     assert again == entry
     assert again.call_args() == {"result": {"n": 2**60}, "finished_at": at}
-
-
-def test_an_older_deploys_drain_entry_is_read_as_the_same_end() -> None:
-    """A rolling deploy finds entries holding the row's columns (`fields`): the same call."""
-    at = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
-    step = {"warnings": ["w"], "cost": {"gpu_s": 2}}
-    raw = json.dumps(
-        {
-            "run_id": "run_1",
-            "target": "completed",
-            "fields": {
-                "result": {"ok": True},
-                "error": None,
-                "finished_at": at.isoformat(),
-                "steps": {"test-noop": step},
-                "cost_breakdown": {"gpu_s": 2},
-                "progress": {"done": 3},
-            },
-            "owner": "host:1:X",
-            "attempts": 2,
-        }
-    )
-
-    entry = Entry.from_json(raw)
-
-    assert (entry.run_id, entry.target, entry.owner, entry.attempts) == (
-        "run_1",
-        "completed",
-        "host:1:X",
-        2,
-    )
-    assert entry.call_args() == {
-        "result": {"ok": True},
-        "error": None,
-        "finished_at": at,
-        "step": step,
-        "progress": {"done": 3},
-    }
-    assert json.loads(entry.to_json())["call"] == "end"
 
 
 @pytest.mark.parametrize(
