@@ -7,13 +7,21 @@ yet) has that claim written first, and is cancelled as a running run. A cancel t
 pickup itself (read before the worker's Valkey claim, written after its read of the row) may
 still end the run as not started: its handler is stopped within about a second, when its
 watch finds the run gone (`runs.watch`).
-A running run goes to `cancelling` in both stores and its handler is told on
-`<ns>:task:cancel:<runId>`; the context's flag trips, `raise_if_cancelled()` and `ctx.sleep()`
-stop the handler. A handler that does not stop within LUMASTRA_CANCEL_ESCALATE_S is ended by
-its watch thread (Postgres `cancelled` first, then its process is killed); if its worker is
-already dead, the reconciler ends it when the heartbeat goes stale. An operator may skip the
-cooperative wait (`kill=True`, "kill now"): the watch then ends the run and kills its process
-as soon as it hears, as the escalation would.
+A running run goes to `cancelling` in both stores and its handler is told: "cancel <runId>" on
+the cancel channel of the process that owns it (`<ns>:task:cancel:<owner>`, the live hash's
+`owner`, which every worker process's run watch listens on for its whole life: no channel per
+run), sent by the same script that marks the hash, so a claim cannot slip between the two. A
+pipeline's running stages may run in other processes (a stage runs wherever its message was
+taken, under the run's watch): each stage's claimer (its step record's `owner` in Postgres) is
+told too. The watch trips the context's flag when the message names the run it watches;
+`raise_if_cancelled()` and `ctx.sleep()` stop the handler. A cancel no watch heard (asked
+before the run's watch began, or while Valkey was away) is still seen: the context reads the
+hash at most once a second while the handler checks, and each heartbeat reads `cancelling`.
+A handler that does not stop within LUMASTRA_CANCEL_ESCALATE_S is ended by its watch thread
+(Postgres `cancelled` first, then its process is killed); if its worker is already dead, the
+reconciler ends it when the heartbeat goes stale. An operator may skip the cooperative wait
+(`kill=True`, "kill now"): "kill <runId>" on the same channels, and the watch ends the run and
+kills its process as soon as it hears, as the escalation would.
 """
 
 from __future__ import annotations
@@ -27,8 +35,8 @@ from redis.exceptions import ResponseError
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
 from orchestrator.runs import pipeline, terminal
-from orchestrator.states import IllegalTransition, RunState
-from orchestrator.stores import broker, durable, keys, scripts, valkey
+from orchestrator.states import IllegalTransition, RunState, StageState
+from orchestrator.stores import broker, durable, keys, live, scripts, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 
@@ -70,7 +78,12 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
     _signal(run_id, actor)
     error = terminal.error_doc(ErrorKind.CANCELLED, f"cancelled by {actor}")
     if not was_pending:
-        state = pipeline.discard(definition, run_id, error) if definition.pipeline else None
+        state = None
+        if definition.pipeline:
+            # Its stages can no longer be claimed (a claim needs the run active): the running
+            # ones are all the claimers there will be.
+            _tell(_claimers(run_id)[1], keys.cancel_message(run_id))
+            state = pipeline.discard(definition, run_id, error)
         if kill and state != RunState.CANCELLED:
             _kill_now(run_id)
         return state or RunState.CANCELLING
@@ -80,11 +93,12 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
 
 
 def _signal(run_id: str, actor: str) -> None:
-    """Valkey follows Postgres: the hash goes cancelling and the handler is told."""
+    """Valkey follows Postgres: the hash goes cancelling and the process that owns the run is
+    told, on its own cancel channel (nobody, if no process has claimed it)."""
     try:
         scripts.call(
             "request_cancel",
-            [keys.run_active(run_id), keys.run_terminal(run_id), keys.cancel_channel(run_id)],
+            [keys.run_active(run_id), keys.run_terminal(run_id), keys.cancel_channel_prefix()],
             [actor, settings.CONFIG.run_active_ttl_s],
         )
     except ResponseError as exc:
@@ -93,11 +107,45 @@ def _signal(run_id: str, actor: str) -> None:
 
 
 def _kill_now(run_id: str) -> None:
-    # After the cancel itself, on the same channel: the watch has tripped the handler's flag
+    # After the cancel itself, on the same channels: the watch has tripped the handler's flag
     # (or will, from its heartbeat) and now stops waiting for it.
-    listeners = valkey.client().publish(keys.cancel_channel(run_id), keys.CANCEL_KILL)
-    if not listeners:
+    # Its owner as Valkey and as Postgres name it (the same process but while one of them
+    # lost it), and its running stages' claimers.
+    owner, stages = _claimers(run_id)
+    owners = {str(live.read(run_id).get("owner") or ""), owner, *stages}
+    if not _tell(owners, keys.cancel_message(run_id, kill=True)):
         log.info("run %s: kill requested but no watch listens; the reconciler will end it", run_id)
+
+
+def _claimers(run_id: str) -> tuple[str, set[str]]:
+    """The run's owner as Postgres names it, and the processes running its pipeline stages
+    now (each running stage's step record names its claimer): a stage runs under the run's
+    watch, but in whichever process took its message, which may not be the run's owner."""
+    found = (
+        TaskHistory.objects.filter(id=run_id)
+        .values_list("owner_instance_id", "stages", "steps")
+        .first()
+    )
+    if found is None:
+        return "", set()
+    owner, stages, records = found[0] or "", found[1] or {}, found[2] or {}
+    running = {
+        str(records.get(name, {}).get("owner") or "")
+        for name, state in stages.items()
+        if state == StageState.ACTIVE.value
+    }
+    return owner, running - {""}
+
+
+def _tell(owners: Iterable[str], message: str) -> int:
+    """`message` on each owner's cancel channel; how many watches heard it."""
+    channels = sorted(keys.cancel_channel(owner) for owner in set(owners) - {""})
+    if not channels:
+        return 0
+    pipe = valkey.client().pipeline(transaction=False)
+    for channel in channels:
+        pipe.publish(channel, message)
+    return sum(int(heard) for heard in valkey.execute(pipe))
 
 
 def cancel_waiting(run_ids: Iterable[str], kind: ErrorKind, message: str) -> int:

@@ -1,10 +1,12 @@
 """The watch beside every running handler: heartbeats, the cancel listener and watchdogs.
 
 Threads per worker process (a prefork child runs one run at a time: `Watcher` says which),
-started on first use and kept for the process's life, so a run pays no thread start or join.
-While a run is watched, they:
-- listens on `<ns>:task:cancel:<runId>` and trips the context's cancel flag at once (the context
-  also re-reads the hash now and then, in case the message came before the subscription);
+started on first use and kept for the process's life, so a run pays no thread start or join,
+nor a SUBSCRIBE: the watch thread listens on the process's cancel channel (named by its instance
+id, a claimed run's `owner`: `keys.cancel_channel`) from its start. While a run is watched, they:
+- trips the context's cancel flag when a message there names the run, not an earlier one
+  (`runs.cancel`); one sent before the watch took the run is seen in the hash, which the context
+  reads at most once a second while the handler checks, as each heartbeat does;
 - writes a plain run's Postgres claim once it has run for CLAIM_AFTER_S: a shorter run's end
   takes its claim with it (`durable.read_claimable`), one write per run instead of two;
 - every LUMASTRA_HEARTBEAT_INTERVAL_S stamps `task_history.heartbeat_at` (Postgres clock),
@@ -58,7 +60,9 @@ import structlog
 from django.conf import settings
 from django.db import close_old_connections
 from redis.client import PubSub
+from redis.exceptions import RedisError
 
+from orchestrator.cluster.instance import instance_id
 from orchestrator.hooks import concurrency
 from orchestrator.runs import logs, steps, terminal
 from orchestrator.runs.context import RunContext
@@ -118,17 +122,17 @@ class Watched:
 
 
 class Watcher:
-    """Three threads per process: the watch (the cancel listener, the Valkey heartbeat, the
-    watchdogs, the log and progress flushes), the Postgres beat (the Postgres heartbeat and
-    the deferred claim's write) and the lease. Each store has a thread of its own, so a store
-    that hangs stops only its own beat: the other still confirms the run, as the reconciler
-    judges a run lost only when both stores stopped hearing it."""
+    """Three threads per process: the watch (the process's cancel channel, the Valkey
+    heartbeat, the watchdogs, the log and progress flushes), the Postgres beat (the Postgres
+    heartbeat and the deferred claim's write) and the lease. Each store has a thread of its
+    own, so a store that hangs stops only its own beat: the other still confirms the run, as
+    the reconciler judges a run lost only when both stores stopped hearing it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # the watch thread's turn
         self._postgres_lock = threading.Lock()  # the Postgres beat's turn
         self._current: Watched | None = None
-        self._wake = threading.Event()
+        self.channel = keys.cancel_channel(instance_id())  # `runs.cancel` sends to the owner's
         self._thread = threading.Thread(target=self._loop, name="run-watch", daemon=True)
         self._thread.start()
         self._postgres = threading.Thread(
@@ -141,7 +145,6 @@ class Watcher:
     def watch(self, watched: Watched) -> None:
         with self._lock:
             self._current = watched
-        self._wake.set()
 
     def unwatch(self, watched: Watched) -> None:
         # Once this returns, neither thread writes for the run (its end follows): each turn is
@@ -196,44 +199,41 @@ class Watcher:
 
     def _loop(self) -> None:
         pubsub: PubSub = valkey.client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        channel: str | None = None
         while True:
             try:
-                channel = self._tick(pubsub, channel)
+                self._tick(pubsub)
             except Exception:
                 # The thread must outlive any one failure; the reconciler judges the run if
                 # its heartbeats stop.
                 log.exception("run watch: tick failed")
                 time.sleep(CHECK_EVERY_S)
 
-    def _tick(self, pubsub: PubSub, channel: str | None) -> str | None:
+    def _tick(self, pubsub: PubSub) -> None:
+        heard = self._listen(pubsub)
         with self._lock:
-            watched = self._current
-        wanted = keys.cancel_channel(watched.run_id) if watched else None
-        if wanted != channel:
-            if channel:
-                pubsub.unsubscribe(channel)  # type: ignore[no-untyped-call]
-            if wanted:
-                pubsub.subscribe(wanted)  # type: ignore[no-untyped-call]
-            channel = wanted
-        if channel is None:
-            self._wake.wait(CHECK_EVERY_S)
-            self._wake.clear()
-            return channel
-        message = pubsub.get_message(timeout=CHECK_EVERY_S)
-        with self._lock:
-            # Only act for the run still being watched: the one we read may have ended.
-            if watched is None or self._current is not watched:
-                return channel
-            if message is not None:
+            if (watched := self._current) is None:
+                return
+            if heard is not None and heard[0] == watched.run_id:  # the run watched now only
                 self._cancel_requested(watched)
-                if message.get("data") == keys.CANCEL_KILL:
+                if heard[1]:
                     self._kill_now(watched)
             if time.monotonic() >= watched.next_beat:
                 self._beat(watched)
             self._watchdogs(watched)
             self._flush(watched)
-        return channel
+
+    def _listen(self, pubsub: PubSub) -> tuple[str, bool] | None:
+        """(run id, kill?) of the next cancel message within CHECK_EVERY_S, subscribed on the
+        first call (redis-py again as it reconnects); Valkey away costs no watchdog its tick."""
+        try:
+            if not pubsub.subscribed:
+                pubsub.subscribe(self.channel)  # type: ignore[no-untyped-call]
+            message = pubsub.get_message(timeout=CHECK_EVERY_S)
+        except RedisError:
+            log.warning("run watch: cancel channel %s unreadable", self.channel, exc_info=True)
+            time.sleep(CHECK_EVERY_S)
+            return None
+        return None if message is None else keys.read_cancel_message(message.get("data"))
 
     @staticmethod
     def _flush(watched: Watched, *, final: bool = False) -> None:

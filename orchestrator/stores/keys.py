@@ -83,13 +83,38 @@ def run_log_feed(run_id: str) -> str:
     return _channel(f"task:logfeed:{run_id}")
 
 
-def cancel_channel(run_id: str) -> str:
-    """Pub/sub: "cancel" asks the run's handler to stop (request_cancel.lua); CANCEL_KILL
-    tells its watch not to wait for it."""
-    return _channel(f"task:cancel:{run_id}")
+def cancel_channel(owner: str) -> str:
+    """Pub/sub: one worker process's cancel channel, named by its instance id (what a claimed
+    run's live hash holds as `owner`); the process's run watch listens on it for its whole
+    life (`runs.watch`). Each message names one run (`cancel_message`): "cancel <runId>" asks
+    the run's handler to stop (request_cancel.lua, which appends the owner to
+    `cancel_channel_prefix()`), "kill <runId>" tells its watch not to wait for it."""
+    return cancel_channel_prefix() + owner
 
 
+def cancel_channel_prefix() -> str:
+    """What every process's cancel channel begins with: `cancel_channel(owner)` is this
+    followed by the owner, which is how request_cancel.lua names the channel of the owner it
+    reads from the run's hash."""
+    return _channel("task:cancel:")
+
+
+CANCEL = "cancel"
 CANCEL_KILL = "kill"
+
+
+def cancel_message(run_id: str, *, kill: bool = False) -> str:
+    """A message on a cancel channel: "cancel <runId>", or "kill <runId>" (request_cancel.lua
+    writes the first the same way)."""
+    return f"{CANCEL_KILL if kill else CANCEL} {run_id}"
+
+
+def read_cancel_message(data: object) -> tuple[str, bool] | None:
+    """(run id, whether it is a kill) of a cancel channel's message; None if it is not one."""
+    verb, _, run_id = str(data).partition(" ")
+    if verb not in (CANCEL, CANCEL_KILL) or not run_id:
+        return None
+    return run_id, verb == CANCEL_KILL
 
 
 def orchestrator_lock(name: str) -> str:

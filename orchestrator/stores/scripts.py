@@ -33,7 +33,7 @@ PINNED_VERSIONS = {
     "identity_hold": 1,
     "shed_oldest": 1,
     "heartbeat_run": 1,
-    "request_cancel": 2,
+    "request_cancel": 3,
     "remove_message": 1,
     "count_delivery": 1,
     "circuit_admit": 1,

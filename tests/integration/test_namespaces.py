@@ -30,7 +30,7 @@ from orchestrator.api import tokens
 from orchestrator.routing import queue_name
 from orchestrator.runs import cancel, logs
 from orchestrator.runs.start import start_run
-from orchestrator.stores import keys, live, valkey
+from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.faults.servers import ValkeyServer
@@ -48,6 +48,7 @@ class Stack:
     namespace: str  # what the stack's VALKEY_URL DB should give it
     web: str  # the web role's base URL
     broker_db: int
+    coordination_db: int
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def stacks(server: ValkeyServer, django_db_setup: None) -> Iterator[tuple[Stack,
             url = running.enter_context(
                 web_process(f"web-ns-{name}", LUMASTRA_SSE_KEEPALIVE_S="1", **env)
             )
-            found.append(Stack(f"db{coordination}", url, broker))
+            found.append(Stack(f"db{coordination}", url, broker, coordination))
         yield found[0], found[1]
 
 
@@ -154,8 +155,17 @@ def test_two_stacks_on_one_server_see_only_their_own_live_events(
     assert live_runs(seen_b) == {run_b}
 
 
+def _owner(server: ValkeyServer, stack: Stack, run_id: str) -> str:
+    """The instance id of the process running the run (its live hash's owner)."""
+    own = redis.Redis.from_url(server.url(stack.coordination_db), decode_responses=True)
+    try:
+        return str(own.hget(keys.run_active(run_id), "owner") or "")
+    finally:
+        own.close()
+
+
 def test_waits_log_followers_and_cancel_listeners_use_their_own_namespace(
-    stacks: tuple[Stack, Stack], client: redis.Redis
+    server: ValkeyServer, stacks: tuple[Stack, Stack], client: redis.Redis
 ) -> None:
     session = _session()
     answers: dict[str, requests.Response] = {}
@@ -188,12 +198,16 @@ def test_waits_log_followers_and_cancel_listeners_use_their_own_namespace(
                 )
             )
 
-        for namespace, run_id in runs.items():
+        for stack in stacks:
+            namespace, run_id = stack.namespace, runs[stack.namespace]
             other = "db2" if namespace == "db1" else "db1"
-            for channel in ("ended", "logfeed", "cancel"):  # the waiter, the log, the handler
-                wait_for(lambda c=f"{namespace}:task:{channel}:{run_id}": _subscribers(client, c))
-                assert _subscribers(client, f"{other}:task:{channel}:{run_id}") == 0
-                assert _subscribers(client, f"task:{channel}:{run_id}") == 0
+            # The handler's watch listens on its process's channel, named by the run's owner.
+            owner = wait_for(lambda s=stack, r=run_id: _owner(server, s, r))
+            # The waiter, the log follower, the handler.
+            for channel in (f"ended:{run_id}", f"logfeed:{run_id}", f"cancel:{owner}"):
+                wait_for(lambda c=f"{namespace}:task:{channel}": _subscribers(client, c))
+                assert _subscribers(client, f"{other}:task:{channel}") == 0
+                assert _subscribers(client, f"task:{channel}") == 0
         # Nothing on the server listens on a channel without a namespace.
         channels = client.pubsub_channels()
         assert channels and all(c.startswith(("db1:", "db2:")) for c in channels), channels
@@ -220,16 +234,25 @@ def test_celery_broadcasts_carry_the_broker_db(server: ValkeyServer) -> None:
 
 
 def test_what_one_namespace_publishes_never_reaches_the_other(settings: LazySettings) -> None:
-    """The publishers themselves (events, the end of a run, its log feed, its cancel signal)
-    on the tests' own server, under two namespaces in turn."""
+    """The publishers themselves (events, the end of a run, its log feed, its cancel signal and
+    kill now) on the tests' own server, under two namespaces in turn."""
     theirs = dataclasses.replace(settings.CONFIG, namespace="theirs")
     ours = settings.CONFIG
     settings.CONFIG = theirs
     handle = start_run("test-unique", {"key": f"ns-{id(theirs)}"}, trigger=TriggerKind.API)
-    names = ("run_events", "run_ended", "run_log_feed", "cancel_channel")
+    # A run a worker process claimed (in Valkey: the cancel writes its Postgres claim): its
+    # cancel goes to that process's channel.
+    running = start_run("test-unique", {"key": f"ns-run-{id(theirs)}"}, trigger=TriggerKind.API)
+    owner = "ns-host:1:OWNER"
+    live.claim(running.run_id, owner)
 
     def channels() -> list[str]:
-        return [getattr(keys, n)(*([] if n == "run_events" else [handle.run_id])) for n in names]
+        return [
+            keys.run_events(),
+            keys.run_ended(handle.run_id),
+            keys.run_log_feed(handle.run_id),
+            keys.cancel_channel(owner),
+        ]
 
     settings.CONFIG = ours
     our_channels = channels()
@@ -245,6 +268,7 @@ def test_what_one_namespace_publishes_never_reaches_the_other(settings: LazySett
         run_log.write("info", "a line")
         run_log.flush()
         cancel.request_cancel(handle.run_id, actor="test")  # a pending run: cancel, then end
+        cancel.request_cancel(running.run_id, actor="test", kill=True)  # a running one
 
         # A second for stragglers; None is also what a subscription's confirmation reads as.
         heard: dict[str, list[str]] = {}
@@ -256,10 +280,12 @@ def test_what_one_namespace_publishes_never_reaches_the_other(settings: LazySett
     finally:
         pubsub.close()
         settings.CONFIG = ours
+        queue = queue_name(registry.get()["test-unique"], settings.CONFIG.per_task_queues)
+        broker.remove_waiting(queue, running.run_id)
 
     assert set(heard) == set(their_channels)
     assert heard[their_channels[2]] == ["1"]  # the log's last line number
-    assert heard[their_channels[3]] == ["cancel"]
+    assert heard[their_channels[3]] == [f"cancel {running.run_id}", f"kill {running.run_id}"]
     assert heard[their_channels[1]] == ["cancelled"]
     assert all(channel.startswith("theirs:") for channel in their_channels)
     assert all(channel.startswith(f"{ours.namespace}:") for channel in our_channels)
