@@ -45,7 +45,10 @@ case "$purpose" in
     ;;
   compose)
     # catatonit: the init the compose file's `init: true` asks podman for, only recommended by
-    # Debian's podman; runc: the default crun refuses this machine's hybrid cgroups.
+    # Debian's podman; runc: the default crun refuses this machine's hybrid cgroups;
+    # netavark + aardvark-dns: the per-project network and DNS by service name (CNI's dnsname
+    # plugin is not needed); debootstrap: the stand-in base images (deploy/ci/standins/);
+    # iptables: netavark's port publishing; python3-venv: where podman-compose is pinned.
     packages=(podman runc catatonit netavark aardvark-dns debootstrap iptables python3-venv ca-certificates)
     ;;
   *)
