@@ -193,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             problems, warnings = unreachable, []
         elif not problems:
             warnings += missing_commands()
+    elif args.role == "worker" and not problems:
+        # The role that runs the commands says which are missing as it starts (its log).
+        warnings += missing_commands()
     for problem in problems:
         print(problem, file=sys.stderr)
     for warning in warnings:
