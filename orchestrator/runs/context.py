@@ -117,8 +117,8 @@ class RunContext:
 
     @property
     def cancelled(self) -> bool:
-        # The watch thread trips the flag from the cancel channel; a message published before
-        # it subscribed is caught by reading the hash, at most once a second.
+        # The watch thread trips the flag from its process's cancel channel; a message published
+        # before the watch took this run is caught by reading the hash, at most once a second.
         if (
             not self._cancel.is_set()
             and time.monotonic() - self._state_read_at > 1.0

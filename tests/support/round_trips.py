@@ -6,10 +6,10 @@ health check, which bypass cursors; Redis (the coordination Valkey and a Redis b
 through redis-py's `send_packed_command`, the one call that writes to the socket, so a
 pipeline is one round trip carrying several commands. Nothing of ours is replaced.
 
-Only the calling thread is counted: the run-watch thread subscribes to a run's cancel channel
-when it wakes, which may be before or after a no-op handler ends (it is listed apart, in
-`other_threads`). redis-py's periodic PING health check is left out for the same reason: it
-depends on how long a connection sat idle, not on the code measured.
+Only the calling thread is counted: the run-watch thread's ticks (its Valkey heartbeat, the
+log and progress flushes) may fall before or after a no-op handler ends (they are listed
+apart, in `other_threads`). redis-py's periodic PING health check is left out for the same
+reason: it depends on how long a connection sat idle, not on the code measured.
 """
 
 from __future__ import annotations
