@@ -97,6 +97,33 @@ def test_sigterm_stops_the_loops_cleanly_and_hands_the_lock_over() -> None:
     assert not valkey.client().exists(LOCK)
 
 
+def test_signals_close_behind_one_another_stop_the_loops_once() -> None:
+    # Under honcho the worker role's SIGTERM follows its process group's by a few ms: a handler
+    # that set the stop event itself deadlocked the process (the lock the event's own wait
+    # held) or, ending, left it to die of a late signal (-15). A burst makes either likely.
+    process = _loops()
+    try:
+        assert process.stdout is not None
+        # Its last line before the main thread waits for a signal.
+        while "leader: racing for" not in process.stdout.readline():
+            assert process.poll() is None, "the loops process ended on its own"
+
+        started = time.monotonic()
+        for _ in range(200):
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0)  # lets the process run between two: pending signals merge
+        output, _ = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    assert process.returncode == 0, output
+    assert time.monotonic() - started < 10
+    assert output.count("loops: SIGTERM received, stopping") == 1
+    assert "loops stopped" in output
+
+
 def test_once_rolls_the_daily_counts_of_uncapped_tasks_up() -> None:
     day = SYSTEM.now().date()
     valkey.client().hset(keys.quota_counts("test-noop", day.isoformat()), "completed", 7)
