@@ -13,11 +13,17 @@ SIGTERM and SIGINT stop the role gracefully (a deploy, Ctrl+C):
 2. the runs still running get LUMASTRA_SHUTDOWN_GRACE_S to finish;
 3. then the pool processes still running are killed and their runs handed back, pending for
    another worker (`orchestrator.runs.handback`), instead of failing or waiting for the
-   reconciler; a second signal skips the rest of the grace;
+   reconciler, one log line per run (the workers do not report those kills as crashes:
+   `orchestrator.runs.stopping`); a second signal skips the rest of the grace;
 4. a worker still alive STOP_TIMEOUT_S later is killed, and so is every process this one
    started, and theirs: nothing it started outlives it.
-When a worker or the loops process exits on its own, the others are stopped the same way and
-this process exits non-zero.
+It exits 0 when stopped this way. When a worker or the loops process exits on its own, the
+others are stopped the same way and this process exits non-zero.
+
+A signal to the whole process group (honcho's, `make run`; systemd's control-group stop)
+reaches every process directly as well: each worker and the loops process take a second
+SIGTERM as the first, and the pool processes, which Celery leaves to SIGTERM's default, end at
+once, their runs found lost as for any dead pool process (`orchestrator.runs.put_back`).
 
 It does not restart a dead worker: a role with a pool missing would look healthy while that
 pool's queues fill up, so the whole role ends and its supervisor (honcho, compose, systemd)
@@ -28,11 +34,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 import django
@@ -40,7 +49,7 @@ from django.conf import settings
 
 from lumastra.config import WorkerMode
 from orchestrator.routing import Pool, plan_pools
-from orchestrator.runs import leftovers
+from orchestrator.runs import leftovers, stopping
 from orchestrator.scheduler.names import SCHEDULER_QUEUE
 from tasks import registry
 from tasks.resources import budgets
@@ -98,6 +107,8 @@ class Supervisor:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._stopping = False
         self._signals = 0
+        # Where the hand back marks the pool processes it kills (`orchestrator.runs.stopping`).
+        self._marks = Path(tempfile.mkdtemp(prefix="lumastra-handback-"))
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
@@ -113,10 +124,17 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            return self._run()
+        finally:
+            shutil.rmtree(self._marks, ignore_errors=True)
+
+    def _run(self) -> int:
+        env = {**os.environ, stopping.MARKS: str(self._marks)}
         for name, argv in self._commands.items():
             if self._stopping:
                 break
-            self._children[name] = subprocess.Popen(argv)  # noqa: S603 (our own argv)
+            self._children[name] = subprocess.Popen(argv, env=env)  # noqa: S603 (our own argv)
             print(f"started {name} (pid {self._children[name].pid})", flush=True)
         status = 0
         while not self._stopping:
@@ -165,12 +183,11 @@ class Supervisor:
             flush=True,
         )
         try:
-            report = hand_back(pids, grace_s=self._grace_s)
+            # It logs each run it hands back, and the totals.
+            hand_back(pids, grace_s=self._grace_s, marks=self._marks)
         except Exception as exc:
             # The reconciler resumes what was not handed back (its heartbeats stop).
             print(f"hand back failed: {exc!r}", file=sys.stderr, flush=True)
-            return
-        print(f"handed back: {report}", file=sys.stderr, flush=True)
 
 
 def descendants(pid: int) -> list[int]:

@@ -20,6 +20,14 @@ _registered: set[str] = set()
 HARD_LIMIT_GRACE_S = 30
 
 
+# Celery's Task takes no type parameters at run time (they are the stubs').
+class RunTask(Task):  # type: ignore[type-arg]
+    """Every run's and stage's Celery task: Celery's, but for a pool process the worker role's
+    hand back killed, whose message goes back without a crash report (`runs.stopping`)."""
+
+    Request = "orchestrator.runs.stopping:Request"
+
+
 def register_all(registry: Registry) -> None:
     for definition in registry.values():
         if definition.id in _registered:
@@ -37,6 +45,7 @@ def register_all(registry: Registry) -> None:
             bind=True,
             acks_late=True,
             reject_on_worker_lost=True,
+            base=RunTask,
             soft_time_limit=int(definition.timeout.soft.total_seconds()),
             time_limit=int(definition.timeout.hard.total_seconds()) + HARD_LIMIT_GRACE_S,
             ignore_result=True,
@@ -58,6 +67,7 @@ def _register_stage(definition: TaskDefinition, stage: Stage) -> None:
         bind=True,
         acks_late=True,
         reject_on_worker_lost=True,
+        base=RunTask,
         soft_time_limit=int(timeout.soft.total_seconds()),
         time_limit=int(timeout.hard.total_seconds()) + HARD_LIMIT_GRACE_S,
         ignore_result=True,

@@ -6,7 +6,8 @@ LUMASTRA_SHUTDOWN_GRACE_S to finish. Those still running then are handed back he
 same host, instead of being failed or left to the reconciler:
 
 1. The pool processes still alive are killed (SIGKILL), and `hand_back` waits until they are
-   gone: a run must not be given to another worker while its handler still runs here.
+   gone: a run must not be given to another worker while its handler still runs here. Each is
+   marked first (`runs.stopping`), so its Celery worker does not log the kill as a crash.
 2. Every active run owned by one of them goes back to `pending` for its next attempt, its
    message published again (`runs.put_back`: fenced by the dead claim, the attempt counted,
    the task's backoff, the error kind `worker_lost` with "handed back" in its message); a run
@@ -15,6 +16,9 @@ same host, instead of being failed or left to the reconciler:
 3. Every running pipeline stage one of them had claimed goes back to `waiting` for its next
    attempt (or fails, with its run, when it has none left), as a stage whose claimer died on
    this host does when its message comes back (`runs.stage_attempts.put_back_dead_stage`).
+
+The log says it once per run: one line naming each run put back (`runs.put_back`), failed, or
+whose stage was put back; then one line of totals, and no traceback.
 
 The messages those processes held are returned by Celery itself (`reject_on_worker_lost`)
 and those still reserved by the stopping worker by kombu when it closes its channel; a copy
@@ -38,12 +42,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from functools import reduce
 from operator import or_
+from pathlib import Path
 
 from django.db.models import Q
 
 from orchestrator.cluster.instance import is_dead_here
 from orchestrator.models import TaskHistory
-from orchestrator.runs import put_back, stage_attempts
+from orchestrator.runs import put_back, stage_attempts, stopping
 from orchestrator.states import RunState, StageState
 from tasks import registry
 
@@ -62,15 +67,19 @@ class HandbackReport:
     errors: int = 0  # logged with the run id
 
 
-def hand_back(pids: Collection[int], *, grace_s: float) -> HandbackReport:
+def hand_back(
+    pids: Collection[int], *, grace_s: float, marks: Path | None = None
+) -> HandbackReport:
     """Kill the pool processes `pids` of this host and hand back the runs and stages they
-    were running (see the module docstring)."""
+    were running (see the module docstring); each process is marked in `marks` first."""
     report = HandbackReport()
     pids = sorted(set(pids))
     if not pids:
         return report
     for pid in pids:
         try:
+            if marks is not None:
+                stopping.mark(marks, pid)
             os.kill(pid, signal.SIGKILL)
             report.killed += 1
         except ProcessLookupError:
@@ -132,9 +141,10 @@ def _hand_back_runs(owners: list[str], why: str, report: HandbackReport) -> None
             log.exception("run %s: not handed back; the reconciler will put it back", run_id)
             continue
         if ended == RunState.PENDING:
-            report.put_back += 1
+            report.put_back += 1  # `put_back` logged it
         elif ended is not None:
             report.failed += 1
+            log.warning("run %s: %s (worker %s); %s, not retried", run_id, why, owner, ended)
 
 
 def _hand_back_stages(owners: list[str], report: HandbackReport) -> None:
@@ -151,6 +161,7 @@ def _hand_back_stages(owners: list[str], report: HandbackReport) -> None:
             try:
                 stage_attempts.put_back_dead_stage(definition, run_id, name)
                 report.stages += 1
+                log.warning("run %s: stage %s handed back (worker %s)", run_id, name, claimer)
             except Exception:
                 report.errors += 1
                 log.exception("run %s: stage %s not handed back", run_id, name)
