@@ -17,7 +17,8 @@ from orchestrator.hooks.base import RunHook
 
 
 def hook_chain() -> tuple[RunHook, ...]:
-    """The hooks of every run, in the order they run.
+    """The hook chain, in the order its hooks run. Each task's runs go through the hooks of it
+    that apply to the task (`RunHook.applies`, compiled per task by `dispatch.plan`).
 
     At admission: dedup answers before anything is counted, a pause that refuses starts and
     the circuit before the quota takes a unit, backpressure last, so a refused start consumes

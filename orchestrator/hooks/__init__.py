@@ -1,8 +1,11 @@
-"""Hooks: the cross-cutting concerns plugged into every run, one file each.
+"""Hooks: the cross-cutting concerns plugged into a run's lifecycle, one file each.
 
 The protocol and its caller:
-- `base`: the hook protocol (`RunHook`), its points (admit to finished) and their planned `Part`
-- `dispatch`: calls the installed chain at each point, their Valkey commands in one pipeline
+- `base`: the hook protocol (`RunHook`): whether it applies to a task, one method per point
+  (admit, abandoned, before_claim, release, before_stage, heartbeat, republished, finished)
+  and their planned `Part`
+- `dispatch`: compiles each task's plan (the hooks of the chain that apply to it, per point)
+  and calls only those at each point, their Valkey commands in one pipeline
 
 The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 - `dedup`: identity dedup: at most one live run per identity (and per `exclusive_with` group)
@@ -20,7 +23,10 @@ The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 For operators:
 - `overview`: each task's admission state as operators see it (`/tasks`, the admin), read-only
 
-The chain and its order are chosen by the composition root (`orchestrator.apps`).
+The chain and its order are chosen by the composition root (`orchestrator.apps`). A hook a
+task does not declare (dedup without an identity, concurrency without `max_concurrent`, the
+rate limit without a rate, costs without caps) is in none of its plan's points; the others
+apply to every task. The run code calls hooks only through `dispatch`.
 
 A hook decides, its caller acts: a hook never ends, cancels or publishes a run itself.
 May import: `orchestrator.stores` and the base modules. Never runs, recovery or cluster.

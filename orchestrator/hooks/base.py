@@ -1,33 +1,44 @@
 """Lifecycle hooks: the documented points where cross-cutting concerns plug into a run.
 
-Each concern (identity dedup, circuit breaker, quotas, backpressure, concurrency, rate limit)
-lives in its own module of this package as a `RunHook` subclass and overrides only the points
-it needs. The composition root (`orchestrator.apps`) installs them, in order, into
-`orchestrator.hooks.dispatch`; that order is the order they run in.
+Each concern (identity dedup, pause, circuit breaker, quotas, costs, backpressure, concurrency,
+rate limit, metrics, the end notice) lives in its own module of this package as a `RunHook`
+subclass and overrides only the points it needs. The composition root (`orchestrator.apps`)
+installs them, in order, into `orchestrator.hooks.dispatch`; that order is the order they run in.
 
-Points:
-- `admit` — inside `start_run`'s transaction, before the INSERT. Raise `Refused` to refuse
+Whether a hook has anything to do for a task is said once, from the task's definition
+(`applies`): the dispatcher compiles each task's plan, the hooks that apply and take part in
+each point, and calls only those. A task that declares no identity, limit, rate or cost cap
+runs none of that code, not even a call that returns None.
+
+Points (one method each):
+- `plan_admit` — inside `start_run`'s transaction, before the INSERT. Raise `Refused` to refuse
   (the transaction rolls back whatever admission wrote); raise `Deduplicated` to hand back a
   live run instead, or `Dropped` to have the start recorded as dropped. A hook that displaces
   waiting runs records them in `Admission.shed`; `start_run` cancels them on commit.
 - `abandoned` — the admitted start did not happen after all (a later hook refused, the insert
   failed): undo what `admit` did outside the transaction (Valkey). A caller's transaction
   that rolls back later is not reported; hooks bound such leftovers with TTLs.
-- `before_claim` — in the runner, before the claim. Raise `Postpone` to put the message
-  back for later without claiming; hooks that already passed get `release`.
+- `plan_before_claim` — in the runner, before the claim. Raise `Postpone` to put the message
+  back for later without claiming, `Parked` to have it acknowledged unrun; hooks that already
+  passed get `release`.
 - `release` — undo `before_claim` (a later hook postponed, or the claim was refused).
-- `finished` — after a run's terminal write in both stores, whether or not it was claimed
+- `plan_before_stage` — a pipeline stage's message, before the stage's claim. Raise `Parked`
+  to leave the stage waiting and its message acknowledged.
+- `plan_heartbeat` — each Valkey heartbeat of a running run (or stage): renew what the run
+  holds for as long as it runs (the concurrency lease).
+- `plan_republished` — recovery publishes a live run's message again, or seeds its hash again,
+  after Valkey may have lost what its start wrote (a delayed start released, the pending check,
+  a resume): take it again (the identity).
+- `plan_finished` — after a run's terminal write in both stores, whether or not it was claimed
   (cancelled before pickup, refused by the version guard); must be idempotent.
 
-Planned points: at `admit`, `before_claim` and `finished` the dispatcher asks each hook for
-its `Part` (`plan_admit`, `plan_before_claim`, `plan_finished`): the Valkey commands it sends
-and what it does with their replies. The parts of all hooks at one point go out in one
-pipeline, so hooks that each need one call cost one round trip together, and a hook with
-nothing to do (no limit configured) plans nothing. A part whose commands must wait for the
-verdicts of the hooks before it says so (`after_replies`). `admit`, `before_claim` and
-`finished` run the hook's own part alone (direct calls, tests); a hook that overrides one of
-those instead of its plan is called at its turn, as before. `abandoned` and `release`, rare
-paths, call Valkey directly.
+A `plan_*` point returns the hook's `Part`: the Valkey commands it sends and what it does with
+their replies, or None when this one run gives it nothing to do (a run that is not the
+circuit's probe, a delayed start for backpressure). The parts of all hooks at one point go out
+in one pipeline, so hooks that each need one call cost one round trip together. A part whose
+commands must wait for the verdicts of the hooks before it says so (`after_replies`).
+`abandoned` and `release`, rare paths, call Valkey directly. `run_alone` runs one hook's part
+by itself (tests, a hook's own helpers).
 """
 
 from __future__ import annotations
@@ -84,6 +95,35 @@ class Pickup:
 
 
 @dataclass(frozen=True)
+class StagePickup:
+    """A pipeline stage's message, before the stage is claimed."""
+
+    definition: TaskDefinition
+    run_id: str
+    stage: str
+    resource_class: str  # the stage's own class, else its task's
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One Valkey heartbeat of a running run (or of one of its stages)."""
+
+    definition: TaskDefinition
+    run_id: str
+    owner: str  # the run's claim (a stage's run's): whose holdings the beat renews
+
+
+@dataclass(frozen=True)
+class Republished:
+    """A live run that Valkey may have forgotten: its message published, or its hash seeded,
+    again by recovery (or by the release of a delayed start)."""
+
+    definition: TaskDefinition
+    run_id: str
+    identity: str
+
+
+@dataclass(frozen=True)
 class Outcome:
     definition: TaskDefinition
     run_id: str
@@ -121,6 +161,16 @@ class Dropped(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class Parked(Exception):
+    """Held (a pause): the message is acknowledged unrun and the run stays pending (a stage:
+    waiting) until whoever holds it publishes it again (the resume). `held_by` names what
+    holds it."""
+
+    def __init__(self, message: str, held_by: str) -> None:
+        super().__init__(message)
+        self.held_by = held_by
 
 
 class Postpone(Exception):
@@ -172,42 +222,50 @@ def run_alone(part: Part | None) -> None:
 
 @dataclass
 class RunHook:
-    """Base of the lifecycle hooks; every point is a no-op until overridden.
-
-    The dispatcher calls `plan_admit`, `plan_before_claim` and `plan_finished`, `abandoned`
-    and `release`. A hook overrides either a point's plan (to share the round trip) or the
-    point itself (`admit`, ...), which is then called in its turn, after the replies of the
-    hooks before it.
-    """
+    """Base of the lifecycle hooks; every point is a no-op until overridden, and the dispatcher
+    calls a hook only at the points it overrides, for the tasks it `applies` to."""
 
     name: str = field(default="hook")
 
+    def applies(self, definition: TaskDefinition) -> bool:
+        """Whether the hook has anything to do for `definition`'s runs, at any point. Asked
+        once per definition (and registry) when the dispatcher compiles the task's plan: it
+        may read only the definition and the registry, never a store or the clock."""
+        return True
+
     def plan_admit(self, admission: Admission) -> Part | None:
-        if type(self).admit is RunHook.admit:
-            return None
-        return Part(lambda replies: self.admit(admission), after_replies=True)
-
-    def plan_before_claim(self, pickup: Pickup) -> Part | None:
-        if type(self).before_claim is RunHook.before_claim:
-            return None
-        return Part(lambda replies: self.before_claim(pickup), after_replies=True)
-
-    def plan_finished(self, outcome: Outcome) -> Part | None:
-        if type(self).finished is RunHook.finished:
-            return None
-        return Part(lambda replies: self.finished(outcome))
-
-    def admit(self, admission: Admission) -> None:
-        run_alone(self.plan_admit(admission))
+        return None
 
     def abandoned(self, admission: Admission) -> None:
         return None
 
-    def before_claim(self, pickup: Pickup) -> None:
-        run_alone(self.plan_before_claim(pickup))
+    def plan_before_claim(self, pickup: Pickup) -> Part | None:
+        return None
 
     def release(self, pickup: Pickup) -> None:
         return None
 
-    def finished(self, outcome: Outcome) -> None:
-        run_alone(self.plan_finished(outcome))
+    def plan_before_stage(self, stage: StagePickup) -> Part | None:
+        return None
+
+    def plan_heartbeat(self, beat: Beat) -> Part | None:
+        return None
+
+    def plan_republished(self, run: Republished) -> Part | None:
+        return None
+
+    def plan_finished(self, outcome: Outcome) -> Part | None:
+        return None
+
+
+# The points, by the name of the method a hook overrides to take part in them.
+POINTS = (
+    "plan_admit",
+    "abandoned",
+    "plan_before_claim",
+    "release",
+    "plan_before_stage",
+    "plan_heartbeat",
+    "plan_republished",
+    "plan_finished",
+)

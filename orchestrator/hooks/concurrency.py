@@ -1,11 +1,12 @@
 """Per-task concurrency limit across every worker and host: a lease semaphore in Valkey.
 
 A `RunHook`, in the chain of `orchestrator.apps.hook_chain` after the admission hooks and
-before the rate limit, for the tasks that declare `quotas.max_concurrent`; a task that does
-not is bounded only by its pool's processes on each host (`LUMASTRA_CONCURRENCY_<CLASS>`), as
-a Celery queue is by its workers, and its runs take no slot: nothing is sent for them. A
-pipeline run takes its slot with its first message and keeps it until its end (refreshed by
-its stages' heartbeats; a lease that runs out between stages frees the slot early).
+before the rate limit, for the tasks that declare `quotas.max_concurrent` (`applies`); a task
+that does not is bounded only by its pool's processes on each host
+(`LUMASTRA_CONCURRENCY_<CLASS>`), as a Celery queue is by its workers, and its runs never call
+this hook: no slot, no lease refresh. A pipeline run takes its slot with its first message and
+keeps it until its end (refreshed by its stages' heartbeats; a lease that runs out between
+stages frees the slot early).
 At pickup (`before_claim`) one Lua script (`lua/concurrency_take.lua`) drops
 expired leases and takes a slot, or records that the run must wait; the slot is given back
 when the claim is refused or a later hook postpones (`release`), and after the terminal write
@@ -19,8 +20,9 @@ Options:
   processes of its pool to others, or that a remote service limits, declares its number.
 - Lease: the task's hard timeout plus LEASE_MARGIN. The hard timeout is counted from the
   start of the Celery task, before the lease is taken, so a holder still running when its
-  lease ends has been killed. `refresh(run_id)` renews a live lease for the heartbeat of a
-  longer run; a lease that has run out is never revived. Expiry uses Valkey's clock (TIME).
+  lease ends has been killed. Each heartbeat of a longer run renews its live lease
+  (`plan_heartbeat`); a lease that has run out is never revived. Expiry uses Valkey's clock
+  (TIME).
 - A run that finds no slot raises `Postpone`: the runner re-publishes its message with that
   countdown and nothing blocks. The delay starts at BASE_DELAY and grows by GROWTH with each
   postponement of the run (counted in Valkey, so the count carries across workers and hosts)
@@ -56,11 +58,11 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 from orchestrator.backoff import exponential
 from orchestrator.clock import span_ms
-from orchestrator.hooks.base import Outcome, Part, Pickup, Postpone, RunHook, checked
+from orchestrator.hooks.base import Beat, Outcome, Part, Pickup, Postpone, RunHook, checked
 from orchestrator.stores import keys, scripts, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
@@ -111,26 +113,6 @@ def backoff(
     return delay * (rng or random).uniform(1 - JITTER, 1 + JITTER)
 
 
-def refresh(run_id: str) -> bool:
-    """Renew the lease of a run that holds a slot, from its live hash (task and owner).
-
-    False when the run holds no live lease: it has ended, it was never given one, or its
-    lease ran out (the slot may be another run's by now).
-    """
-    task_id, owner = cast(
-        list[str | None], valkey.client().hmget(keys.run_active(run_id), ["task_id", "owner"])
-    )
-    definition = registry.get().get(task_id) if task_id else None
-    if definition is None or limit_of(definition) is None or not owner:
-        return False
-    renewed = scripts.call(
-        "concurrency_refresh",
-        [keys.concurrency_holders(definition.id)],
-        [holder(run_id, owner), span_ms(lease_of(definition))],
-    )
-    return bool(renewed)
-
-
 def running(task_ids: Iterable[str]) -> dict[str, int]:
     """How many runs of each task hold a live slot now, in one Valkey round trip.
 
@@ -157,6 +139,9 @@ def _give_back(task_id: str, run_id: str, owner: str) -> None:
 @dataclass
 class ConcurrencyLimit(RunHook):
     name: str = "concurrency"
+
+    def applies(self, definition: TaskDefinition) -> bool:
+        return limit_of(definition) is not None
 
     def plan_before_claim(self, pickup: Pickup) -> Part | None:
         definition = pickup.definition
@@ -193,6 +178,23 @@ class ConcurrencyLimit(RunHook):
     def release(self, pickup: Pickup) -> None:
         if limit_of(pickup.definition) is not None:
             _give_back(pickup.definition.id, pickup.run_id, pickup.owner)
+
+    def plan_heartbeat(self, beat: Beat) -> Part | None:
+        """Renew the lease of the run's slot, if it holds a live one: a run that has ended,
+        was never given one, or whose lease ran out (the slot may be another run's by now)
+        renews nothing."""
+        # The task's lease, as its pickup took it (a stage watched under its own timeout
+        # renews its run's slot for the task's).
+        definition = registry.get().get(beat.definition.id, beat.definition)
+        if limit_of(definition) is None:
+            return None
+        key = [keys.concurrency_holders(definition.id)]
+        args: list[object] = [holder(beat.run_id, beat.owner), span_ms(lease_of(definition))]
+
+        def receive(replies: list[Any]) -> None:
+            scripts.replied("concurrency_refresh", key, args, replies[0])
+
+        return Part(receive, lambda pipe: scripts.queue(pipe, "concurrency_refresh", key, args))
 
     def plan_finished(self, outcome: Outcome) -> Part | None:
         if limit_of(outcome.definition) is None:

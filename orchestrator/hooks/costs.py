@@ -9,7 +9,8 @@ stage it comes from and whether or not the run succeeds: money spent is spent. T
 - **Cost quotas**: a task with `Quotas(max_cost_per_day={"openai_tokens": 2_000_000})` is
   refused at admission (429, `cost_quota_exceeded`, Retry-After until the next UTC midnight)
   once the day's spend of any capped kind has reached its cap. The check reads the day's hash
-  in the admission pipeline (no extra round trip); a task without caps sends nothing. The
+  in the admission pipeline (no extra round trip); the hook applies only to tasks with caps
+  (`applies`), so the runs of others never call it. The
   cap is checked at start, not at each `spend`: a run already running may take the day past
   its cap.
 - **Rollup**: `rollup` copies the hashes into `task_quota_usage.cost` (per task and day) on
@@ -39,6 +40,7 @@ from orchestrator.hooks.quotas import COUNT_TTL, Fence, day_hashes
 from orchestrator.models import TaskQuotaUsage
 from orchestrator.stores import counters, keys, queries, valkey
 from tasks import registry
+from tasks.definition import TaskDefinition
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,9 @@ def _as_costs(found: dict[str, str] | None) -> dict[str, float]:
 class CostQuota(RunHook):
     name: str = "cost-quota"
     clock: Clock = SYSTEM
+
+    def applies(self, definition: TaskDefinition) -> bool:
+        return bool(definition.quotas.max_cost_per_day)
 
     def plan_admit(self, admission: Admission) -> Part | None:
         caps = admission.definition.quotas.max_cost_per_day

@@ -2,8 +2,9 @@
 
 Applies to tasks that declare `identity_for` (their identity names the work) and to tasks in
 an `exclusive_with` group (the group shares one identity space: a run of one task blocks the
-same identity for every task of the group). Other tasks are never deduplicated by identity;
-their callers can still pass an idempotency key (a partial unique index, see models).
+same identity for every task of the group): `applies`, from `scope`. Other tasks are never
+deduplicated by identity, and their runs never call this hook; their callers can still pass an
+idempotency key (a partial unique index, see models).
 
 How: `SET task:identity:<scope>:<identity> <runId>` is claimed in Valkey before the Postgres
 insert with a short provisional TTL (LUMASTRA_IDENTITY_PROVISIONAL_TTL_S), extended to
@@ -19,9 +20,9 @@ with the provisional holder's run id, whose row becomes visible when its transac
 If Valkey becomes unreachable between the claim and the commit, the start still returns its
 run (committed, published by the reconciler's pending check), but its identity is not extended;
 the pending check holds it again when it publishes the run or seeds its lost hash
-(`hold_again`, as after a Valkey restart that lost every key). Until then, once the provisional
-TTL has run out, a start of the same identity is not deduplicated: the check runs every
-reconciler tick, on runs pending longer than LUMASTRA_PENDING_CHECK_AFTER_S.
+(`plan_republished`, as after a Valkey restart that lost every key). Until then, once the
+provisional TTL has run out, a start of the same identity is not deduplicated: the check runs
+every reconciler tick, on runs pending longer than LUMASTRA_PENDING_CHECK_AFTER_S.
 """
 
 from __future__ import annotations
@@ -36,7 +37,15 @@ from django.conf import settings
 from django.db import transaction
 
 from orchestrator.clock import SYSTEM, span_ms
-from orchestrator.hooks.base import Admission, Deduplicated, Outcome, Part, Refused, RunHook
+from orchestrator.hooks.base import (
+    Admission,
+    Deduplicated,
+    Outcome,
+    Part,
+    Refused,
+    Republished,
+    RunHook,
+)
 from orchestrator.models import TaskHistory
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.stores import keys, scripts
@@ -98,27 +107,12 @@ def _confirm(key: str, run_id: str, not_before: datetime | None = None) -> None:
         )
 
 
-def hold_again(definition: TaskDefinition, run_id: str, identity: str) -> None:
-    """A live run that Valkey may have forgotten (its message published again, its hash seeded
-    again) holds its identity again for LUMASTRA_IDENTITY_TTL_S, unless another run took it
-    meanwhile (logged: the lapse let a second start in). Logged, never raised, as `_confirm`."""
-    namespace = scope(definition)
-    if namespace is None:
-        return
-    key = keys.identity(namespace, identity)
-    ttl_ms = span_ms(timedelta(seconds=settings.CONFIG.identity_ttl_s))
-    try:
-        answer = scripts.call("identity_claim", [key], [run_id, ttl_ms, ""])
-    except Exception:
-        log.exception("run %s: identity %s not held again", run_id, key)
-        return
-    if answer:
-        log.warning("run %s: identity %s is held by run %s", run_id, key, answer.split(" ")[0])
-
-
 @dataclass
 class IdentityDedup(RunHook):
     name: str = "dedup"
+
+    def applies(self, definition: TaskDefinition) -> bool:
+        return scope(definition) is not None
 
     def plan_admit(self, admission: Admission) -> Part | None:
         namespace = scope(admission.definition)
@@ -173,6 +167,33 @@ class IdentityDedup(RunHook):
         if namespace is None:
             return None
         return Part(lambda replies: _let_go(namespace, outcome.run_id))
+
+    def plan_republished(self, run: Republished) -> Part | None:
+        """A live run that Valkey may have forgotten (its message published again, its hash
+        seeded again) holds its identity again for LUMASTRA_IDENTITY_TTL_S, unless another run
+        took it meanwhile (logged: the lapse let a second start in). Logged, never raised, as
+        `_confirm`."""
+        namespace = scope(run.definition)
+        if namespace is None:
+            return None
+        key = keys.identity(namespace, run.identity)
+        args: list[object] = [
+            run.run_id,
+            span_ms(timedelta(seconds=settings.CONFIG.identity_ttl_s)),
+            "",
+        ]
+
+        def receive(replies: list[Any]) -> None:
+            try:
+                answer = scripts.replied("identity_claim", [key], args, replies[0])
+            except Exception:
+                log.exception("run %s: identity %s not held again", run.run_id, key)
+                return
+            if answer:
+                holder = answer.split(" ")[0]
+                log.warning("run %s: identity %s is held by run %s", run.run_id, key, holder)
+
+        return Part(receive, lambda pipe: scripts.queue(pipe, "identity_claim", [key], args))
 
 
 def _let_go(namespace: str, run_id: str) -> None:

@@ -3,18 +3,29 @@
 It knows no hook by name: the composition root (`orchestrator.apps`) installs the ordered
 chain once, when Django is ready, so this module imports no hook and no hook imports it.
 
-At `admit`, `before_claim` and `finished` it collects each hook's `Part` and sends the parts'
-commands in one coordination Valkey pipeline, then hands each hook its replies in chain
-order; a part marked `after_replies` first has the parts before it sent and received. So a
-task with no limits pays one round trip for all hooks at each point, not one per hook.
-A hook whose commands were sent counts as passed (its effect happened) until its own
-verdict raises: then it is left out of the give-back (`abandoned`, `release`), as before.
+Per-task plans: for each task definition it compiles, once, the tuple of hooks each point
+calls: the hooks of the chain, in chain order, that apply to the task (`RunHook.applies`) and
+override that point's method (`Plan`). Every point iterates only its tuple, so a hook a task
+does not declare (no identity, limit, rate or cost cap) costs its runs nothing, and a point no
+hook of the task takes part in (a heartbeat without a concurrency limit) sends nothing. Plans
+are compiled on first use per definition and kept while the chain and the registry they were
+compiled against stay installed (a registry or a chain installed again, by a test, drops them);
+a definition that is not the registry's own (a stage watched under its own timeout) gets a
+plan compiled for it, not kept.
+
+At each planned point it collects each hook's `Part` and sends the parts' commands in one
+coordination Valkey pipeline, then hands each hook its replies in chain order; a part marked
+`after_replies` first has the parts before it sent and received. So a task with no limits
+pays one round trip for all hooks at each point, not one per hook. A hook whose commands were
+sent counts as passed (its effect happened) until its own verdict raises: then it is left out
+of the give-back (`abandoned`, `release`), as before.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -23,15 +34,20 @@ from redis.client import Pipeline
 from orchestrator.clock import SYSTEM
 from orchestrator.hooks.base import (
     Admission,
+    Beat,
     Deduplicated,
     Dropped,
     Outcome,
     Part,
     Pickup,
     Refused,
+    Republished,
     RunHook,
+    StagePickup,
 )
 from orchestrator.stores import counters, keys, valkey
+from tasks import registry
+from tasks.definition import TaskDefinition
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +56,89 @@ REFUSAL_COUNT_TTL = timedelta(days=8)
 _chain: tuple[RunHook, ...] = ()
 
 
+@dataclass(frozen=True)
+class Plan:
+    """The hooks one task's runs go through at each point, in chain order."""
+
+    definition: TaskDefinition
+    admit: tuple[RunHook, ...]
+    abandoned: tuple[RunHook, ...]
+    before_claim: tuple[RunHook, ...]
+    release: tuple[RunHook, ...]
+    before_stage: tuple[RunHook, ...]
+    heartbeat: tuple[RunHook, ...]
+    republished: tuple[RunHook, ...]
+    finished: tuple[RunHook, ...]
+
+    def hooks(self) -> tuple[RunHook, ...]:
+        """Every hook that takes part in at least one point, in chain order."""
+        points = (
+            self.admit,
+            self.abandoned,
+            self.before_claim,
+            self.release,
+            self.before_stage,
+            self.heartbeat,
+            self.republished,
+            self.finished,
+        )
+        return tuple(hook for hook in _chain if any(_among(hook, point) for point in points))
+
+
+# Compiled plans by task id, and the registry they were compiled against.
+_plans: dict[str, Plan] = {}
+_plans_for: object = None
+
+
 def install(hooks: Sequence[RunHook]) -> None:
     """Set the chain every run goes through (the composition root, at startup)."""
     global _chain
     _chain = tuple(hooks)
+    _plans.clear()
 
 
 def installed() -> tuple[RunHook, ...]:
     return _chain
+
+
+def _among(hook: RunHook, hooks: Sequence[RunHook]) -> bool:
+    return any(other is hook for other in hooks)
+
+
+def _taking_part(hooks: Sequence[RunHook], point: str) -> tuple[RunHook, ...]:
+    unchanged = getattr(RunHook, point)
+    return tuple(hook for hook in hooks if getattr(type(hook), point) is not unchanged)
+
+
+def _compile(definition: TaskDefinition) -> Plan:
+    applying = [hook for hook in _chain if hook.applies(definition)]
+    return Plan(
+        definition,
+        admit=_taking_part(applying, "plan_admit"),
+        abandoned=_taking_part(applying, "abandoned"),
+        before_claim=_taking_part(applying, "plan_before_claim"),
+        release=_taking_part(applying, "release"),
+        before_stage=_taking_part(applying, "plan_before_stage"),
+        heartbeat=_taking_part(applying, "plan_heartbeat"),
+        republished=_taking_part(applying, "plan_republished"),
+        finished=_taking_part(applying, "plan_finished"),
+    )
+
+
+def plan(definition: TaskDefinition) -> Plan:
+    """`definition`'s plan: compiled on first use, kept while its registry is installed."""
+    global _plans_for
+    tasks = registry.get()
+    if tasks is not _plans_for:
+        _plans.clear()
+        _plans_for = tasks
+    compiled = _plans.get(definition.id)
+    if compiled is not None and compiled.definition is definition:
+        return compiled
+    compiled = _compile(definition)
+    if tasks.get(definition.id) is definition:
+        _plans[definition.id] = compiled
+    return compiled
 
 
 class _Round:
@@ -102,17 +193,12 @@ class _Round:
                 raise
 
 
-def _planned(
-    plan: Callable[[RunHook], Part | None],
-) -> Iterable[tuple[RunHook, Part | None]]:
-    return ((hook, plan(hook)) for hook in _chain)
-
-
 def admit(admission: Admission) -> None:
     """Every hook's admission; if one refuses or deduplicates, those that passed abandon."""
+    hooks = plan(admission.definition).admit
     passed: list[RunHook] = []
     try:
-        _Round(passed).run(_planned(lambda hook: hook.plan_admit(admission)))
+        _Round(passed).run((hook, hook.plan_admit(admission)) for hook in hooks)
     except (Refused, Dropped) as refused:
         _abandon(passed, admission)
         # Counted in Valkey: the caller's transaction rolls back with a refusal.
@@ -130,12 +216,14 @@ def admit(admission: Admission) -> None:
 
 def abandon(admission: Admission) -> None:
     """The admitted start will not be inserted after all."""
-    _abandon(_chain, admission)
-
-
-def _abandon(hooks: Sequence[RunHook], admission: Admission) -> None:
-    for hook in reversed(hooks):
+    for hook in reversed(plan(admission.definition).abandoned):
         hook.abandoned(admission)
+
+
+def _abandon(passed: Sequence[RunHook], admission: Admission) -> None:
+    for hook in reversed(plan(admission.definition).abandoned):
+        if _among(hook, passed):
+            hook.abandoned(admission)
 
 
 def before_claim(pickup: Pickup, *, last: Part | None = None) -> None:
@@ -143,33 +231,84 @@ def before_claim(pickup: Pickup, *, last: Part | None = None) -> None:
     `last` (the caller's own command: the claim) goes after the hooks' in the same pipeline
     and runs whatever they decide: its `receive`, called first, must not raise, and the
     caller undoes it when a hook postpones."""
+    hooks = plan(pickup.definition)
     passed: list[RunHook] = []
     try:
-        _Round(passed).run(_planned(lambda hook: hook.plan_before_claim(pickup)), last)
+        _Round(passed).run(
+            ((hook, hook.plan_before_claim(pickup)) for hook in hooks.before_claim), last
+        )
     except BaseException:
         # Not only on Postpone: a hook that failed (Valkey unreachable, the soft time limit)
         # must not leave an earlier hook's concurrency slot taken until its lease runs out.
-        for hook in reversed(passed):
-            hook.release(pickup)
+        for hook in reversed(hooks.release):
+            if _among(hook, passed):
+                hook.release(pickup)
         raise
 
 
 def release(pickup: Pickup) -> None:
-    for hook in reversed(_chain):
+    for hook in reversed(plan(pickup.definition).release):
         hook.release(pickup)
+
+
+def before_stage(stage: StagePickup) -> None:
+    """Every hook's check of a pipeline stage's message before its claim (`Parked`: held)."""
+    hooks = plan(stage.definition).before_stage
+    if hooks:
+        _Round([]).run((hook, hook.plan_before_stage(stage)) for hook in hooks)
+
+
+def heartbeat(definition: TaskDefinition, run_id: str, owner: str) -> None:
+    """A running run's Valkey heartbeat, heard by the hooks that keep something alive for it
+    (`owner`: the run's claim). Nothing is sent for a task none of whose hooks does."""
+    hooks = plan(definition).heartbeat
+    if hooks:
+        beat = Beat(definition, run_id, owner)
+        _Round([]).run((hook, hook.plan_heartbeat(beat)) for hook in hooks)
+
+
+def republished(run: Republished) -> None:
+    """A live run published or seeded again by recovery: the hooks take again what its start
+    took in Valkey. A hook's failure is logged, never raised: the publish goes on."""
+    hooks = plan(run.definition).republished
+    if hooks:
+        _each(
+            hooks,
+            lambda hook: hook.plan_republished(run),
+            run.run_id,
+            "as the run was published again",
+        )
 
 
 def finished(outcome: Outcome, *, first: Part | None = None) -> None:
     """Every hook's end-of-run part. `first` (the caller's own command, e.g. the live hash's
     move) goes first in the same pipeline; its `receive` must not raise."""
-    # The run has ended in Postgres; a hook's failure must not undo or hide that. The
-    # hooks' parts are independent here: each verdict is received, and logged if it fails.
+    # The run has ended in Postgres; a hook's failure must not undo or hide that.
+    hooks = plan(outcome.definition).finished
+    _each(
+        hooks,
+        lambda hook: hook.plan_finished(outcome),
+        outcome.run_id,
+        "after the run ended",
+        first,
+    )
+
+
+def _each(
+    hooks: Sequence[RunHook],
+    plan_of: Callable[[RunHook], Part | None],
+    run_id: str,
+    when: str,
+    first: Part | None = None,
+) -> None:
+    """The parts of hooks independent of each other, in one pipeline: each verdict is
+    received, and logged if it fails; none is raised."""
     planned: list[tuple[RunHook, Part]] = []
-    for hook in _chain:
+    for hook in hooks:
         try:
-            part = hook.plan_finished(outcome)
+            part = plan_of(hook)
         except Exception:
-            _finish_failed(outcome, hook)
+            _failed(run_id, hook, when)
             continue
         if part is not None:
             planned.append((hook, part))
@@ -195,8 +334,8 @@ def finished(outcome: Outcome, *, first: Part | None = None) -> None:
         try:
             part.receive(replies[start : start + count])
         except Exception:
-            _finish_failed(outcome, hook)
+            _failed(run_id, hook, when)
 
 
-def _finish_failed(outcome: Outcome, hook: RunHook) -> None:
-    log.exception("run %s: hook %s failed after the run ended", outcome.run_id, hook.name)
+def _failed(run_id: str, hook: RunHook, when: str) -> None:
+    log.exception("run %s: hook %s failed %s", run_id, hook.name, when)

@@ -11,11 +11,11 @@ trip for it, paused or not.
   claim and acknowledges the message without running it. The run stays `pending` in both
   stores, with no message, so no worker spins on it; `recovery.pauses.resume` publishes the
   parked runs again, most urgent first.
-- A stage of a pipeline (`stage_held`, called by its message before its claim) is held when
-  its run's task or the stage's own class is paused: the stage stays `waiting` and its message
-  is acknowledged; the resume publishes it again. A stage claim reads nothing from Valkey
-  before it, so a stage reads the mirror through a copy each process keeps for STAGE_FRESH_S:
-  at most one HGETALL per process and second, not one per stage.
+- A stage of a pipeline (`plan_before_stage`, heard by its message before its claim) is held
+  (`Parked`) when its run's task or the stage's own class is paused: the stage stays `waiting`
+  and its message is acknowledged; the resume publishes it again. A stage claim reads nothing
+  from Valkey before it, so a stage reads the mirror through a copy each process keeps for
+  STAGE_FRESH_S: at most one HGETALL per process and second, not one per stage.
 - A run or stage already claimed is not touched: running runs finish.
 
 The mirror is written by `recovery.pauses` after the `task_pause` row commits (Postgres is
@@ -41,7 +41,16 @@ from typing import Any, cast
 import redis
 from redis.client import Pipeline
 
-from orchestrator.hooks.base import Admission, Part, Pickup, Refused, RunHook, checked
+from orchestrator.hooks.base import (
+    Admission,
+    Parked,
+    Part,
+    Pickup,
+    Refused,
+    RunHook,
+    StagePickup,
+    checked,
+)
 from orchestrator.stores import keys, valkey
 from tasks.definition import TaskDefinition
 
@@ -58,13 +67,10 @@ class Paused(Refused):
     http_status = 503
 
 
-class Parked(Exception):
-    """At pickup: the run's task or class is paused; the message is acknowledged unrun and the
-    run stays pending until a resume publishes it again."""
-
-    def __init__(self, run_id: str, field: str) -> None:
-        super().__init__(f"run {run_id}: held by the pause of {field.replace(':', ' ', 1)}")
-        self.field = field
+def parked(run_id: str, field: str) -> Parked:
+    """At pickup: the run's task or class is paused (the mirror's `field`); the message is
+    acknowledged unrun and the run stays pending until a resume publishes it again."""
+    return Parked(f"run {run_id}: held by the pause of {field.replace(':', ' ', 1)}", field)
 
 
 def fields_for(task_id: str, resource_class: str) -> tuple[str, str]:
@@ -100,9 +106,20 @@ class PauseGate(RunHook):
 
     def plan_before_claim(self, pickup: Pickup) -> Part:
         def judge(pause: tuple[str, str]) -> None:
-            raise Parked(pickup.run_id, pause[0])
+            raise parked(pickup.run_id, pause[0])
 
         return _read(fields_of(pickup.definition), judge)
+
+    def plan_before_stage(self, stage: StagePickup) -> Part:
+        """From this process's copy of the mirror: nothing is sent."""
+
+        def judge(replies: list[Any]) -> None:
+            paused = _copy.current()
+            for field in fields_for(stage.definition.id, stage.resource_class):
+                if field in paused:
+                    raise parked(stage.run_id, field)
+
+        return Part(judge)
 
 
 def _read(fields: tuple[str, str], judge: Callable[[tuple[str, str]], None]) -> Part:
@@ -165,13 +182,3 @@ class _Copy:
 
 
 _copy = _Copy()
-
-
-def stage_held(task_id: str, stage_class: str) -> str | None:
-    """The mirror's field that holds a stage of `task_id` in `stage_class` (its task's pause, or
-    its class's), None when nothing does."""
-    paused = _copy.current()
-    for field in fields_for(task_id, stage_class):
-        if field in paused:
-            return field
-    return None

@@ -1,8 +1,9 @@
 """Per-task rate limit (`quotas.rate`, e.g. "60/m") across every worker and host, in Valkey.
 
 A `RunHook`, in the chain of `orchestrator.apps.hook_chain` after the concurrency limit, for
-tasks that call rate-limited external APIs. Unlike Celery's per-worker `rate_limit`, it holds
-for the whole cluster and never blocks a worker process.
+tasks that call rate-limited external APIs: it applies only to tasks that declare a rate
+(`applies`); the runs of others never call it. Unlike Celery's per-worker `rate_limit`, it
+holds for the whole cluster and never blocks a worker process.
 
 At pickup (`before_claim`) one Lua script (`lua/rate_take.lua`) keeps a sliding-window log of
 the task's admissions (`keys.rate_window`: one sorted-set member per admitted run, scored by
@@ -44,6 +45,7 @@ from django.conf import settings
 
 from orchestrator.hooks.base import Part, Pickup, Postpone, RunHook
 from orchestrator.stores import keys, scripts, valkey
+from tasks.definition import TaskDefinition
 
 
 def member(run_id: str, owner: str) -> str:
@@ -59,6 +61,9 @@ def _longest_wait() -> timedelta:
 @dataclass
 class RateLimit(RunHook):
     name: str = "rate"
+
+    def applies(self, definition: TaskDefinition) -> bool:
+        return definition.quotas.rate is not None
 
     def plan_before_claim(self, pickup: Pickup) -> Part | None:
         definition = pickup.definition

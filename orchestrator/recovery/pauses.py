@@ -47,8 +47,9 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from orchestrator.cluster.locks import Fence
-from orchestrator.hooks import dedup
+from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks import pause as gate
+from orchestrator.hooks.base import Republished
 from orchestrator.models import PauseScope, TaskHistory, TaskPause
 from orchestrator.recovery.orphans import Candidate
 from orchestrator.recovery.pending import held_by_workers, in_broker_lists
@@ -173,7 +174,7 @@ def release(definitions: Sequence[TaskDefinition]) -> int:
         if run_id in waiting:
             continue
         definition = free[task_id]
-        dedup.hold_again(definition, run_id, identity)
+        hooks.republished(Republished(definition, run_id, identity))
         if not_before is not None and not_before > timezone.now():
             later.append((definition, run_id, identity, priority, not_before))
         else:

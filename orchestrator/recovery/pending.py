@@ -71,7 +71,8 @@ from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
-from orchestrator.hooks import dedup
+from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks.base import Republished
 from orchestrator.models import TaskHistory
 from orchestrator.recovery.orphans import Candidate, LiveView, live_views
 from orchestrator.routing import queue_name
@@ -232,7 +233,7 @@ def _look_for_messages(
         try:
             fence.check()
             if not has_hash and _reseed(candidate, definition, clock):
-                dedup.hold_again(definition, run_id, candidate.identity)
+                hooks.republished(Republished(definition, run_id, candidate.identity))
                 report.reseeded += 1
                 # Not published yet: a worker may run it with its Postgres claim not written
                 # yet (for about `runs.watch.CLAIM_AFTER_S`), its hash lost with a Valkey
@@ -245,7 +246,7 @@ def _look_for_messages(
                 report.settling += 1
                 continue
             # Its start may not have reached Valkey after its commit: the identity too.
-            dedup.hold_again(definition, run_id, candidate.identity)
+            hooks.republished(Republished(definition, run_id, candidate.identity))
             publish(
                 definition,
                 run_id,

@@ -36,7 +36,8 @@ import logging
 from django.db import connection, transaction
 
 from orchestrator.cluster.locks import Fence
-from orchestrator.hooks import dedup
+from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks.base import Republished
 from orchestrator.runs.publish import Outgoing, job_id, seed_and_publish_many
 from orchestrator.stores import queries
 from tasks import registry
@@ -65,7 +66,7 @@ def release(fence: Fence | None = None, limit: int = BATCH) -> int:
             continue
         # Held since the start until its time and a TTL after; a lapse (a Valkey that lost
         # it) is closed here, as the pending check does for what it publishes.
-        dedup.hold_again(definition, run_id, identity)
+        hooks.republished(Republished(definition, run_id, identity))
         job = job_id(task_id, identity, run_id)
         outgoing.append(Outgoing(definition, run_id, job, priority, processing_version=version))
     seed_and_publish_many(outgoing)

@@ -43,8 +43,7 @@ from redis.client import Pipeline
 
 from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Part, Pickup, Postpone
-from orchestrator.hooks.pause import Parked
+from orchestrator.hooks.base import Parked, Part, Pickup, Postpone
 from orchestrator.models import TaskHistory
 from orchestrator.runs import execute, put_back, terminal
 from orchestrator.runs.publish import republish

@@ -29,7 +29,8 @@ from django.utils import timezone
 from pydantic import BaseModel
 
 from orchestrator.cluster.instance import instance_id, is_dead_here
-from orchestrator.hooks import pause
+from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks.base import Parked, StagePickup
 from orchestrator.models import TaskHistory
 from orchestrator.routing import stage_class
 from orchestrator.runs import drain, retries, steps, terminal
@@ -64,9 +65,11 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
         time.sleep(REQUEUE_PAUSE_S)
         raise Reject(f"run {run_id}: stage {name} needs a newer worker", requeue=True)
     stage = definition.stage(name)
-    if held := pause.stage_held(definition.id, stage_class(definition, stage)):
+    try:
+        hooks.before_stage(StagePickup(definition, run_id, name, stage_class(definition, stage)))
+    except Parked as parked:
         # Waiting, its message acknowledged: the resume publishes it again (`recovery.pauses`).
-        log.info("run %s: stage %s held by the pause of %s; parked", run_id, name, held)
+        log.info("run %s: stage %s held by the pause of %s; parked", run_id, name, parked.held_by)
         return
     claimed = durable.claim_stage(run_id, name, stage_class(definition, stage), instance_id())
     if claimed is None:

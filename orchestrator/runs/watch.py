@@ -63,7 +63,7 @@ from redis.client import PubSub
 from redis.exceptions import RedisError
 
 from orchestrator.cluster.instance import instance_id
-from orchestrator.hooks import concurrency
+from orchestrator.hooks import dispatch as hooks
 from orchestrator.runs import logs, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.states import RunState
@@ -280,7 +280,7 @@ class Watcher:
                 [keys.run_active(watched.run_id)],
                 [watched.owner, settings.CONFIG.run_active_ttl_s],
             )
-            concurrency.refresh(watched.run_id)
+            hooks.heartbeat(watched.definition, watched.run_id, watched.owner)
         except Exception:
             log.exception("run %s: heartbeat failed (Valkey)", watched.run_id)
             return

@@ -16,7 +16,7 @@ import pytest
 from django.db import connection, transaction
 
 from orchestrator.clock import SYSTEM, FrozenClock, to_ms
-from orchestrator.hooks.base import Admission, Outcome, Pickup
+from orchestrator.hooks.base import Admission, Outcome, Pickup, run_alone
 from orchestrator.hooks.circuit import (
     PROBE_PROVISIONAL_TTL,
     CircuitBreaker,
@@ -70,7 +70,7 @@ def _admission(task_id: str = TASK) -> Admission:
 
 def _admit(breaker: CircuitBreaker) -> str:
     admission = _admission()
-    breaker.admit(admission)
+    run_alone(breaker.plan_admit(admission))
     return admission.run_id
 
 
@@ -82,7 +82,11 @@ def _end(
     *,
     final: bool = True,
 ) -> None:
-    breaker.finished(Outcome(registry.get()[TASK], run_id, "test-owner", state, kind, final))
+    run_alone(
+        breaker.plan_finished(
+            Outcome(registry.get()[TASK], run_id, "test-owner", state, kind, final)
+        )
+    )
 
 
 def _fail(breaker: CircuitBreaker, times: int = 1, kind: ErrorKind = ErrorKind.FATAL) -> None:
@@ -96,7 +100,7 @@ def _succeed(breaker: CircuitBreaker) -> None:
 
 def _refusal(breaker: CircuitBreaker) -> CircuitOpen:
     with pytest.raises(CircuitOpen) as refused:
-        breaker.admit(_admission())
+        run_alone(breaker.plan_admit(_admission()))
     return refused.value
 
 
@@ -288,13 +292,17 @@ def test_claiming_the_probe_gives_it_a_whole_hard_timeout(
 ) -> None:
     _half_open(breaker, clock)
     admission = _admission()
-    breaker.admit(admission)
+    run_alone(breaker.plan_admit(admission))
     # Its message carries the note (`runs.publish.HOOK_HEADER`) back to the pickup.
     notes = admission.notes
     assert notes
 
     clock.advance(20 * MINUTE)  # waiting in its queue
-    breaker.before_claim(Pickup(admission.definition, admission.run_id, "test-owner", notes))
+    run_alone(
+        breaker.plan_before_claim(
+            Pickup(admission.definition, admission.run_id, "test-owner", notes)
+        )
+    )
     clock.advance(HARD_TIMEOUT - timedelta(milliseconds=1))
 
     assert status(TASK, clock=clock).probe_run_id == admission.run_id
@@ -303,7 +311,7 @@ def test_claiming_the_probe_gives_it_a_whole_hard_timeout(
 
 def test_only_the_probe_asks_valkey_at_pickup(breaker: CircuitBreaker, clock: FrozenClock) -> None:
     closed = _admission()
-    breaker.admit(closed)
+    run_alone(breaker.plan_admit(closed))
     assert closed.notes == {}
     assert breaker.plan_before_claim(Pickup(closed.definition, closed.run_id, "owner")) is None
 
@@ -319,7 +327,7 @@ def test_a_probe_without_a_verdict_frees_the_slot_for_another(
     permanent = _admit(breaker)
     _end(breaker, permanent, kind=ErrorKind.PERMANENT)
     abandoned = _admission()
-    breaker.admit(abandoned)
+    run_alone(breaker.plan_admit(abandoned))
     breaker.abandoned(abandoned)  # a later hook refused the start
 
     final = _admit(breaker)
@@ -336,7 +344,7 @@ def test_exactly_one_of_many_concurrent_starts_is_the_probe(
     def attempt() -> bool:
         try:
             barrier.wait()
-            breaker.admit(_admission())
+            run_alone(breaker.plan_admit(_admission()))
             return True
         except CircuitOpen:
             return False
@@ -433,7 +441,7 @@ def test_a_task_without_a_postgres_row_starts_closed(
 ) -> None:
     assert statuses([TASK, "test-noop"], clock=clock)[TASK].state == CircuitState.CLOSED
 
-    breaker.admit(_admission("test-noop"))
+    run_alone(breaker.plan_admit(_admission("test-noop")))
 
     assert valkey.client().hget(keys.circuit("test-noop"), "state") == "closed"
     assert not TaskCircuitState.objects.exists(), "admitting to a closed circuit writes nothing"
@@ -446,7 +454,7 @@ def test_a_valkey_that_lost_its_scripts_and_the_hash_still_admits(
     valkey.client().script_flush()
     valkey.client().delete(keys.circuit(TASK))
 
-    breaker.admit(_admission())
+    run_alone(breaker.plan_admit(_admission()))
 
     assert valkey.client().hget(keys.circuit(TASK), "state") == "closed"
 

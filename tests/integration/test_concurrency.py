@@ -10,13 +10,13 @@ import signal
 import pytest
 from django.conf import settings
 
-from orchestrator.hooks import concurrency
-from orchestrator.hooks.base import Outcome, Pickup, Postpone
+from orchestrator.hooks import concurrency, dispatch
+from orchestrator.hooks.base import Outcome, Pickup, Postpone, run_alone
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
 from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
-from orchestrator.stores import keys, live, valkey
+from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.support.fixtures import wait_for, worker_process
@@ -114,9 +114,9 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_not() -> None:
     hook = concurrency.ConcurrencyLimit()
     client.zadd(holders, {concurrency.holder("run_ghost", "dead-host:1:x"): _server_ms() - 1})
 
-    hook.before_claim(_pickup("run_a"))
+    run_alone(hook.plan_before_claim(_pickup("run_a")))
     with pytest.raises(Postpone) as waited:
-        hook.before_claim(_pickup("run_b"))
+        run_alone(hook.plan_before_claim(_pickup("run_b")))
 
     assert client.zrange(holders, 0, -1) == [concurrency.holder("run_a", "test-owner")]
     assert "limit of 1" in waited.value.reason
@@ -127,19 +127,21 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_not() -> None:
 def test_a_held_slot_is_kept_by_its_holder_and_given_back_once() -> None:
     _clear("test-lease")
     hook = concurrency.ConcurrencyLimit()
-    hook.before_claim(_pickup("run_a"))
-    hook.before_claim(_pickup("run_a"))  # the same delivery asking again keeps its one slot
+    run_alone(hook.plan_before_claim(_pickup("run_a")))
+    run_alone(
+        hook.plan_before_claim(_pickup("run_a"))
+    )  # the same delivery asking again keeps its one slot
 
     # A second delivery of run_a in another process is a different holder: it must wait, and
     # giving its (untaken) slot back must not free the first delivery's.
     with pytest.raises(Postpone):
-        hook.before_claim(_pickup("run_a", owner="other-process"))
+        run_alone(hook.plan_before_claim(_pickup("run_a", owner="other-process")))
     hook.release(_pickup("run_a", owner="other-process"))
     with pytest.raises(Postpone):
-        hook.before_claim(_pickup("run_b"))
+        run_alone(hook.plan_before_claim(_pickup("run_b")))
 
     hook.release(_pickup("run_a"))
-    hook.before_claim(_pickup("run_b"))
+    run_alone(hook.plan_before_claim(_pickup("run_b")))
 
 
 def test_waiters_keep_their_place_and_back_off_further_back() -> None:
@@ -147,13 +149,13 @@ def test_waiters_keep_their_place_and_back_off_further_back() -> None:
     waiters = keys.concurrency_waiters("test-lease")
     client = valkey.client()
     hook = concurrency.ConcurrencyLimit()
-    hook.before_claim(_pickup("run_holder"))
+    run_alone(hook.plan_before_claim(_pickup("run_holder")))
 
     delays: dict[str, list[float]] = {"run_first": [], "run_second": []}
     for _ in range(6):
         for run_id, seen in delays.items():
             with pytest.raises(Postpone) as waited:
-                hook.before_claim(_pickup(run_id))
+                run_alone(hook.plan_before_claim(_pickup(run_id)))
             seen.append(waited.value.delay.total_seconds())
 
     assert client.zrange(waiters, 0, -1) == ["run_first", "run_second"]
@@ -166,7 +168,7 @@ def test_waiters_keep_their_place_and_back_off_further_back() -> None:
     assert 0.4 <= second[0] <= 0.6 and 2.4 <= second[-1] <= 3.6
 
     hook.release(_pickup("run_holder"))
-    hook.before_claim(_pickup("run_first"))
+    run_alone(hook.plan_before_claim(_pickup("run_first")))
     assert client.zrange(waiters, 0, -1) == ["run_second"]
     assert not client.hexists(keys.concurrency_postponed("test-lease"), "run_first")
 
@@ -177,41 +179,44 @@ def test_a_waiter_that_stopped_coming_back_leaves_the_front_of_the_line() -> Non
     postponed = keys.concurrency_postponed("test-lease")
     client = valkey.client()
     hook = concurrency.ConcurrencyLimit()
-    hook.before_claim(_pickup("run_holder"))
+    run_alone(hook.plan_before_claim(_pickup("run_holder")))
     stale_ms = concurrency.STALE_AFTER.total_seconds() * 1000
     last_seen = _server_ms() - int(stale_ms) - 1
     client.zadd(waiters, {"run_gone": last_seen - 5_000})
     client.hset(postponed, "run_gone", f"3:{last_seen}")
 
     with pytest.raises(Postpone) as waited:
-        hook.before_claim(_pickup("run_new"))
+        run_alone(hook.plan_before_claim(_pickup("run_new")))
 
     assert "0 waiting ahead" in waited.value.reason
     assert client.zrange(waiters, 0, -1) == ["run_new"]
     assert not client.hexists(postponed, "run_gone")
 
 
-def test_refresh_renews_a_live_lease_and_never_revives_a_lost_one() -> None:
+def test_the_heartbeat_renews_a_live_lease_and_never_revives_a_lost_one() -> None:
+    """The lease is renewed at the dispatcher's heartbeat point (`runs.watch` beats), for the
+    slot this run's delivery took."""
     _clear("test-lease")
     holders = keys.concurrency_holders("test-lease")
     client = valkey.client()
     run_id, owner = "run_refreshed", "refresh-owner"
-    client.delete(keys.run_active(run_id), keys.run_terminal(run_id))
-    live.seed(run_id, "test-lease", 5, ())
-    live.claim(run_id, owner)
     member = concurrency.holder(run_id, owner)
+    definition = registry.get()["test-lease"]
 
-    assert not concurrency.refresh(run_id), "no slot taken yet"
-    concurrency.ConcurrencyLimit().before_claim(_pickup(run_id, owner))
+    def beat() -> None:
+        dispatch.heartbeat(definition, run_id, owner)
+
+    beat()
+    assert client.zscore(holders, member) is None, "no slot taken yet: none is made"
+    run_alone(concurrency.ConcurrencyLimit().plan_before_claim(_pickup(run_id, owner)))
     client.zadd(holders, {member: _server_ms() + 1_000})
-    assert concurrency.refresh(run_id)
-    lease_ms = concurrency.lease_of(registry.get()["test-lease"]).total_seconds() * 1000
+    beat()
+    lease_ms = concurrency.lease_of(definition).total_seconds() * 1000
     assert client.zscore(holders, member) >= _server_ms() + lease_ms - 1_000
 
     client.zadd(holders, {member: _server_ms() - 1})
-    assert not concurrency.refresh(run_id)
-    assert client.zscore(holders, member) is None
-    assert not concurrency.refresh("run_unknown")
+    beat()
+    assert client.zscore(holders, member) is None, "a lease that ran out is never revived"
 
 
 def test_a_task_without_max_concurrent_takes_no_slot() -> None:
@@ -223,9 +228,11 @@ def test_a_task_without_max_concurrent_takes_no_slot() -> None:
     pickup = Pickup(noop, "run_a", "test-owner")
 
     assert noop.quotas.max_concurrent is None and concurrency.limit_of(noop) is None
+    assert not hook.applies(noop)
+    assert not any(isinstance(h, concurrency.ConcurrencyLimit) for h in dispatch.plan(noop).hooks())
     assert hook.plan_before_claim(pickup) is None
     assert hook.plan_finished(Outcome(noop, "run_a", "test-owner", RunState.COMPLETED)) is None
     for run_id in ("run_a", "run_b", "run_c"):  # as many as ask: the pools bound them
-        hook.before_claim(Pickup(noop, run_id, "test-owner"))
+        run_alone(hook.plan_before_claim(Pickup(noop, run_id, "test-owner")))
     assert not valkey.client().exists(keys.concurrency_holders(noop.id))
     assert concurrency.limit_of(registry.get()["test-limited"]) == 2

@@ -7,6 +7,7 @@ Valkey (and admission at most one broker read for the depth), not one per hook.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator
 
@@ -15,7 +16,7 @@ from django.db import connection, transaction
 from redis.connection import AbstractConnection
 
 from orchestrator.hooks import dispatch
-from orchestrator.hooks.base import Admission, Outcome, Pickup, Postpone
+from orchestrator.hooks.base import Admission, Outcome, Pickup, Postpone, RunHook
 from orchestrator.runs.start import new_run_id
 from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
@@ -107,3 +108,67 @@ def test_a_run_the_concurrency_limit_postpones_takes_no_rate_admission() -> None
 
     admitted = valkey.client().zrange(keys.rate_window(LIMITED), 0, -1)
     assert sorted(admitted) == ["run_a|owner", "run_b|owner"]
+
+
+def _names(hooks: tuple[RunHook, ...]) -> list[str]:
+    return [hook.name for hook in hooks]
+
+
+# The hooks every task's runs go through, whatever it declares: a task can be paused, has a
+# circuit, counts its runs per day, is judged by its class's queue depth, and its end is
+# counted for /metrics and told to its waiters.
+UNIVERSAL = ["pause", "circuit", "quota", "backpressure", "metrics", "notify"]
+
+
+def test_a_task_that_declares_nothing_runs_none_of_the_limits_hooks() -> None:
+    """Compiled plans: no identity, limit, rate or cost cap, so dedup, concurrency, rate and
+    cost are in none of its points, and its heartbeat has no hook at all."""
+    plan = dispatch.plan(registry.get()[PLAIN])
+
+    assert _names(plan.hooks()) == UNIVERSAL
+    assert _names(plan.admit) == ["pause", "circuit", "quota", "backpressure"]
+    assert _names(plan.before_claim) == ["pause", "circuit"]
+    assert _names(plan.finished) == ["circuit", "quota", "metrics", "notify"]
+    assert plan.heartbeat == plan.release == plan.republished == ()
+    assert _names(plan.abandoned) == ["circuit", "quota"]
+    assert plan is dispatch.plan(registry.get()[PLAIN]), "compiled once per definition"
+
+
+def test_a_task_with_every_limit_runs_every_hook_in_chain_order() -> None:
+    limited = registry.get()[LIMITED]
+    # test-rt-limited declares no cost cap (its start would read Postgres for it): one is added.
+    capped = dataclasses.replace(
+        limited, quotas=dataclasses.replace(limited.quotas, max_cost_per_day={"tokens": 1e9})
+    )
+
+    assert _names(dispatch.plan(capped).hooks()) == _names(dispatch.installed())
+    assert _names(dispatch.plan(limited).hooks()) == [
+        name for name in _names(dispatch.installed()) if name != "cost-quota"
+    ]
+    plan = dispatch.plan(limited)
+    assert _names(plan.before_claim) == ["pause", "circuit", "concurrency", "rate"]
+    assert _names(plan.release) == ["concurrency", "rate"]
+    assert _names(plan.heartbeat) == ["concurrency"]
+    assert _names(plan.republished) == ["dedup"]
+    assert dispatch.plan(capped) is not dispatch.plan(capped), "not the registry's: not kept"
+
+
+def test_a_chain_or_a_registry_installed_again_compiles_plans_again() -> None:
+    definition = registry.get()[PLAIN]
+    chain = dispatch.installed()
+    before = dispatch.plan(definition)
+    dispatch.install(chain[1:2])  # the pause alone
+    try:
+        assert dispatch.plan(definition).hooks() == chain[1:2]
+    finally:
+        dispatch.install(chain)
+    again = dispatch.plan(definition)
+    assert again is not before and again.hooks() == before.hooks()
+    # A registry installed again (a test's): its definitions' plans are compiled against it
+    # (dedup's scope reads the registry's exclusive groups).
+    installed = registry.get()
+    registry.install(registry.Registry(installed.values(), installed.triggers.values()))
+    try:
+        assert dispatch.plan(definition) is not again
+    finally:
+        registry.install(installed)

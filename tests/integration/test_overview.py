@@ -25,7 +25,7 @@ from orchestrator.api import tokens
 from orchestrator.api.access import Access
 from orchestrator.clock import SYSTEM, FrozenClock, describe
 from orchestrator.hooks import concurrency, overview
-from orchestrator.hooks.base import Admission, Outcome, Pickup
+from orchestrator.hooks.base import Admission, Outcome, Pickup, run_alone
 from orchestrator.hooks.circuit import CircuitBreaker, status
 from orchestrator.hooks.concurrency import ConcurrencyLimit
 from orchestrator.hooks.quotas import DailyQuota, QuotaExceeded
@@ -94,9 +94,13 @@ def _open_circuit(clock: FrozenClock) -> None:
     definition = registry.get()[CIRCUIT]
     for _ in range(settings.CONFIG.circuit_failure_threshold):
         admission = Admission(definition, new_run_id(), "identity", 5, {"kind": "manual"})
-        breaker.admit(admission)
-        breaker.finished(
-            Outcome(definition, admission.run_id, "test-owner", RunState.FAILED, ErrorKind.FATAL)
+        run_alone(breaker.plan_admit(admission))
+        run_alone(
+            breaker.plan_finished(
+                Outcome(
+                    definition, admission.run_id, "test-owner", RunState.FAILED, ErrorKind.FATAL
+                )
+            )
         )
     assert status(CIRCUIT, clock=clock).state == CircuitState.OPEN
 
@@ -149,7 +153,9 @@ def test_quota_use_and_refusals_of_today(api: Client) -> None:
     definition = registry.get()[QUOTA_TASK]
     run_id = _fill_quota()
     # The runner's end of a run, through the quota hook.
-    DailyQuota().finished(Outcome(definition, run_id, "test-owner", RunState.COMPLETED))
+    run_alone(
+        DailyQuota().plan_finished(Outcome(definition, run_id, "test-owner", RunState.COMPLETED))
+    )
 
     found = _status(api, QUOTA_TASK)
 
@@ -184,7 +190,7 @@ def test_queue_depth_of_the_class_against_its_cap(api: Client, settings: LazySet
 def test_running_against_the_concurrency_limit(api: Client) -> None:
     definition = registry.get()[LIMITED_TASK]
     held = Pickup(definition, new_run_id(), "test-owner")
-    ConcurrencyLimit().before_claim(held)
+    run_alone(ConcurrencyLimit().plan_before_claim(held))
     # A crashed holder whose lease ran out (on Valkey's clock) holds nothing any more.
     seconds, micros = valkey.client().time()
     valkey.client().zadd(
@@ -194,7 +200,11 @@ def test_running_against_the_concurrency_limit(api: Client) -> None:
 
     assert _status(api, LIMITED_TASK)["concurrency"] == {"running": 1, "limit": 2}
 
-    ConcurrencyLimit().finished(Outcome(definition, held.run_id, "test-owner", RunState.COMPLETED))
+    run_alone(
+        ConcurrencyLimit().plan_finished(
+            Outcome(definition, held.run_id, "test-owner", RunState.COMPLETED)
+        )
+    )
     assert _status(api, LIMITED_TASK)["concurrency"] == {"running": 0, "limit": 2}
     # A task without max_concurrent has no limit but its pools' processes.
     assert _status(api, "test-bp-drop")["concurrency"] == {"running": 0, "limit": None}
@@ -231,8 +241,10 @@ def test_force_enable_over_the_api_closes_an_open_circuit(api: Client, clock: Fr
     assert _status(api, CIRCUIT)["circuit"] == forced
     assert TaskCircuitState.objects.get(task_id=CIRCUIT).forced_by == "ops"
     # Starts are admitted again.
-    CircuitBreaker(clock=clock).admit(
-        Admission(registry.get()[CIRCUIT], new_run_id(), "identity", 5, {"kind": "manual"})
+    run_alone(
+        CircuitBreaker(clock=clock).plan_admit(
+            Admission(registry.get()[CIRCUIT], new_run_id(), "identity", 5, {"kind": "manual"})
+        )
     )
 
 
@@ -301,7 +313,7 @@ def test_admin_tasks_page_shows_every_tasks_status(
     start_run(DEPTH_TASK, {}, trigger=TriggerKind.MANUAL)
     _fill_quota()
     held = Pickup(registry.get()[LIMITED_TASK], new_run_id(), "test-owner")
-    ConcurrencyLimit().before_claim(held)
+    run_alone(ConcurrencyLimit().plan_before_claim(held))
     client = Client()
     client.force_login(staff)
 

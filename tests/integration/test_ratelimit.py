@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 
 from orchestrator.hooks import ratelimit
-from orchestrator.hooks.base import Pickup, Postpone
+from orchestrator.hooks.base import Pickup, Postpone, run_alone
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
 from orchestrator.runs.start import start_run
@@ -93,21 +93,21 @@ def test_a_released_admission_frees_its_place_and_postpones_exactly() -> None:
     hook = ratelimit.RateLimit()
     pickups = [Pickup(definition, f"run_{index}", "owner") for index in range(11)]
     for pickup in pickups[:10]:
-        hook.before_claim(pickup)
+        run_alone(hook.plan_before_claim(pickup))
 
     with pytest.raises(Postpone) as waited:
-        hook.before_claim(pickups[10])
+        run_alone(hook.plan_before_claim(pickups[10]))
     assert timedelta(0) < waited.value.delay <= timedelta(seconds=1)
     assert "rate of 10/s" in waited.value.reason
 
     hook.release(pickups[3])
-    hook.before_claim(pickups[10])
+    run_alone(hook.plan_before_claim(pickups[10]))
     assert client.zcard(keys.rate_window("test-rated")) == 10
 
 
 def test_a_task_without_a_rate_writes_nothing() -> None:
     noop = registry.get()["test-noop"]
-    ratelimit.RateLimit().before_claim(Pickup(noop, "run_free", "owner"))
+    run_alone(ratelimit.RateLimit().plan_before_claim(Pickup(noop, "run_free", "owner")))
 
     assert not valkey.client().exists(keys.rate_window("test-noop"))
 

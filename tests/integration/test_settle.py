@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from orchestrator.hooks import dispatch
-from orchestrator.hooks.base import Outcome, RunHook
+from orchestrator.hooks.base import Outcome, Part, RunHook
 from orchestrator.runs.settle import settle
 from orchestrator.runs.start import new_run_id
 from orchestrator.states import RunState
@@ -26,8 +26,8 @@ class Recorder(RunHook):
     name: str = "recorder"
     heard: list[Outcome] = field(default_factory=list)
 
-    def finished(self, outcome: Outcome) -> None:
-        self.heard.append(outcome)
+    def plan_finished(self, outcome: Outcome) -> Part:
+        return Part(lambda replies: self.heard.append(outcome))
 
 
 @pytest.fixture
