@@ -104,10 +104,11 @@ class OrchestratorConfig(AppConfig):
         from orchestrator.scheduler import dispatch as schedule_dispatch  # noqa: F401
 
         if settings.CONFIG.worker_mode.value == "enabled":
-            from celery.signals import worker_init, worker_ready
+            from celery.signals import worker_init, worker_ready, worker_shutdown
 
             from orchestrator.cluster import roster
             from orchestrator.runs import stopping
 
             worker_ready.connect(roster.on_worker_ready, weak=False)
             worker_init.connect(stopping.on_worker_init, weak=False)
+            worker_shutdown.connect(stopping.on_worker_shutdown, weak=False)
