@@ -1,6 +1,8 @@
 """`make run` on one machine: honcho runs every role of deploy/Procfile (web, worker, beat,
 Flower); Ctrl+C (SIGINT to the process group) or a SIGTERM to honcho ends every process any of
-them started, so nothing is left holding a port or taking messages."""
+them started, so nothing is left holding a port or taking messages. honcho sends SIGTERM to
+each role's process group and SIGKILL to what is left 5 s after the first role stopped: idle,
+every role stops before that."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from tests.support.servers import free_port, http_status
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
+LOG = ROOT / f".pytest_cache/procfile-{os.getpid()}.log"
+
 
 @contextmanager
 def _every_role(web_port: int, flower_port: int) -> Iterator[subprocess.Popen[bytes]]:
@@ -35,7 +39,7 @@ def _every_role(web_port: int, flower_port: int) -> Iterator[subprocess.Popen[by
         "FLOWER_BASIC_AUTH": "ops:ops-password",
         "LUMASTRA_SHUTDOWN_GRACE_S": "2",
     }
-    log = open(ROOT / f".pytest_cache/procfile-{os.getpid()}.log", "wb")  # noqa: SIM115
+    log = LOG.open("wb")
     process = subprocess.Popen(
         [str(venv_bin / "honcho"), "-d", str(ROOT), "-f", "deploy/Procfile", "start"],
         cwd=ROOT,
@@ -84,3 +88,9 @@ def test_stopping_make_runs_roles_leaves_no_process_behind(stop: str) -> None:
             time.sleep(0.2)
         assert [pid for pid in tree if alive(pid)] == []
         assert http_status(f"http://127.0.0.1:{web_port}/healthz") is None
+        said = LOG.read_text(errors="replace")
+        assert "sending SIGTERM to worker" in said
+        assert "SIGKILL" not in said, "a role did not stop within honcho's 5 s"
+        # The roles' own status (the Procfile execs them), not a shell's ended by the signal.
+        assert "web.1 stopped (rc=0)" in said
+        assert "worker.1 stopped (rc=0)" in said
