@@ -37,6 +37,12 @@ from uvicorn.server import ServerState
 
 from lumastra.config import Config, current
 
+# When the server stops, a response still being sent this long after is closed: a stream (the
+# console's /events, a run's live log) never ends by itself, and uvicorn would wait for it as
+# long as its page stays open (honcho kills the role after 5 s, compose after 10); any other
+# response is sent whole long before.
+STREAM_CLOSE_AFTER_S = 1.0
+
 
 class HttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline and a size bound on each request head.
@@ -45,6 +51,7 @@ class HttpProtocol(HttpToolsProtocol):
     further request on it arrives; the head must be complete within it (else 408 and close).
     A head larger than the bound gets 431 and the connection is closed; the bound is checked
     per read, so up to one read (at most 256 KiB) more may be buffered before the refusal.
+    At shutdown it also ends the streams still open (`STREAM_CLOSE_AFTER_S`).
     """
 
     def __init__(
@@ -69,6 +76,25 @@ class HttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """The server stops (SIGTERM, SIGINT): uvicorn lets the response in flight finish;
+        one still being sent STREAM_CLOSE_AFTER_S later is a stream, and is closed."""
+        super().shutdown()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.loop.call_later(STREAM_CLOSE_AFTER_S, self._close_stream)
+
+    def _close_stream(self) -> None:
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or self.transport.is_closing():
+            return
+        if cycle.response_started:
+            # As for a client that left: Django stops the stream; an EventSource reconnects
+            # (to another replica) and asks for what it missed (Last-Event-ID).
+            self.transport.close()
+        else:
+            # Still working on its answer: that may take the time it needs.
+            self.loop.call_later(STREAM_CLOSE_AFTER_S, self._close_stream)
 
     def data_received(self, data: bytes) -> None:
         if self._reading_head:
