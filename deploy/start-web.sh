@@ -3,7 +3,8 @@
 # runs but consumes nothing: no Celery worker, no orchestrator loop.
 # lumastra/web.py runs uvicorn with the address (LUMASTRA_WEB_HOST, LUMASTRA_WEB_PORT) and the
 # connection limits (LUMASTRA_WEB_*, docs/security.md) from the environment; extra arguments
-# go to uvicorn after those (e.g. --workers 4). Runs from anywhere (deploy/python.sh).
+# go to uvicorn after those (e.g. --workers 4). Runs from anywhere (deploy/python.sh). `exec`,
+# so SIGTERM/SIGINT reach uvicorn itself: it finishes the requests in flight and exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/python.sh web

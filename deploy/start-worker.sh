@@ -4,7 +4,8 @@
 # orchestrator loops. Extra arguments go to every `celery worker` (e.g. --loglevel=DEBUG).
 # Runs from anywhere (deploy/python.sh). `exec`, so SIGTERM/SIGINT reach lumastra.workers
 # itself: it stops taking messages, gives running runs LUMASTRA_SHUTDOWN_GRACE_S, hands the
-# rest back (pending, for another worker) and ends every process it started.
+# rest back (pending, for another worker), ends every process it started and exits 0 (idle,
+# within a few seconds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/python.sh worker

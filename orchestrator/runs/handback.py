@@ -27,8 +27,11 @@ dropped or waits its turn, as any duplicate.
 
 Not guaranteed: a worker host that loses power or is SIGKILLed whole runs none of this; its
 runs are put back by the reconciler once their heartbeats are older than the orphan threshold
-(`recovery.orphans`). Under `make run`, honcho kills every process of the role 5 s after
-Ctrl+C, whatever the grace.
+(`recovery.orphans`). A SIGTERM to the role's whole process group (honcho under `make run`,
+systemd's default KillMode=control-group) also reaches the pool processes, which Celery leaves
+to SIGTERM's default: they end at once, with no grace and no hand back, and their runs are
+put back as any dead pool process's when their messages come back (Celery reports those as
+lost workers, with a traceback). KillMode=mixed signals the role's own process only.
 """
 
 from __future__ import annotations
