@@ -108,7 +108,7 @@ class Supervisor:
         self._stopping = False
         self._signals = 0
         # Where the hand back marks the pool processes it kills (`orchestrator.runs.stopping`).
-        self._marks = Path(tempfile.mkdtemp(prefix="lumastra-handback-"))
+        self._marks = marks_directory()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
@@ -188,6 +188,27 @@ class Supervisor:
         except Exception as exc:
             # The reconciler resumes what was not handed back (its heartbeats stop).
             print(f"hand back failed: {exc!r}", file=sys.stderr, flush=True)
+
+
+def marks_directory() -> Path:
+    """A new directory for the hand back's marks, named by this process; those of roles that
+    no longer run (SIGKILLed before they could remove theirs) go."""
+    prefix = "lumastra-handback-"
+    for old in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+        owner = old.name.removeprefix(prefix).split("-", 1)[0]
+        if owner.isdigit() and not _running(int(owner)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def descendants(pid: int) -> list[int]:

@@ -179,6 +179,10 @@ def test_a_pool_process_killed_by_anyone_else_is_still_reported_as_a_crash() -> 
         wait_for(lambda: "Traceback" in said() and "WorkerLostError" in said(), 30)
         assert "exited with 'signal 9 (SIGKILL)'" in said()
 
+        role.signal(signal.SIGTERM)  # the role stops as ever, its run handed back if running
+        _exit_within(role, GRACE_S + 20)
+        assert role.process.returncode == 0
+
 
 def test_a_run_that_ends_within_the_grace_completes() -> None:
     with _worker_role("grace") as role:
