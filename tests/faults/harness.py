@@ -38,6 +38,7 @@ from orchestrator.triggers import TriggerKind
 from tests.faults.netns import Host, Network
 from tests.faults.servers import PostgresServer, ValkeyServer
 from tests.support.fixtures import ROOT, worker_process
+from tests.support.processes import stop
 
 QUEUES = (
     "task.t.test-fault-work",
@@ -253,7 +254,7 @@ class Harness:
         )
         stack = ExitStack()
         stack.callback(log.close)
-        stack.callback(_stop, process)
+        stack.callback(stop, process, 60.0)
         deadline = time.monotonic() + within_s
         while not ready():
             if process.poll() is not None or time.monotonic() > deadline:
@@ -557,16 +558,6 @@ def _ready(url: str) -> bool:
     except OSError:  # not listening yet, or a 503 (HTTPError): not ready
         time.sleep(0.2)
         return False
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL if it is still there a minute later."""
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _parent(pid: int) -> int | None:

@@ -24,6 +24,7 @@ from lumastra.workers import worker_argv
 from orchestrator.routing import queue_name
 from orchestrator.stores import keys, valkey
 from tasks import registry
+from tests.support.processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 # The tasks the shared worker runs. Every other task's queue is taken only by a test's own
@@ -92,12 +93,7 @@ def worker_process(
                 pinger.close()
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         log.close()
 
 

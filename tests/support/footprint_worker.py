@@ -34,6 +34,7 @@ from pathlib import Path
 from types import FrameType
 
 from tests.support.footprint import ROOT, Calls, Recorder, dump, load
+from tests.support.processes import stop
 
 ARM_SIGNAL = signal.SIGRTMIN
 DUMP_SIGNAL = signal.SIGRTMIN + 1
@@ -118,12 +119,7 @@ def recording_worker(queues: Sequence[str], out: Path) -> Iterator[RecordingWork
                 raise RuntimeError(f"worker {hostname} did not start; see {log.name}")
         yield RecordingWorker(process, out)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         log.close()
 
 

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
 # One process per pool keeps a whole worker role light on a shared machine.
 ONE_PROCESS_PER_POOL = {
     f"LUMASTRA_CONCURRENCY_{c}": "1"
     for c in ("CPU", "IO", "INGEST", "EMBEDDING", "MAINTENANCE", "BULK", "ANALYSIS", "DISCOVERY")
 }
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if it is still there after `timeout` seconds; reaped either way."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def alive(pid: int) -> bool:
