@@ -220,7 +220,9 @@ def queue_transition(
 def transition_stage(
     run_id: str, stage: str, target: StageState, clock: Clock = SYSTEM
 ) -> StageState:
-    script_keys = [keys.run_active(run_id)]
+    # The terminal snapshot too: a stage Postgres moved before the run's end, followed after
+    # another process settled that end, still reads as Postgres has it.
+    script_keys = [keys.run_active(run_id), keys.run_terminal(run_id)]
     args = [stage, target.value, to_ms(clock.now())]
     # Postgres made the move already: followers of /events hear of it in the same round trip.
     event = {"type": "stage", "run_id": run_id, "stage": stage, "state": target.value}

@@ -25,7 +25,7 @@ PINNED_VERSIONS = {
     "seed_run": 1,
     "claim_run": 3,
     "transition_run": 3,
-    "transition_stage": 2,
+    "transition_stage": 3,
     "set_progress": 1,
     "log_append": 1,
     "metrics_end": 1,

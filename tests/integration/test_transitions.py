@@ -486,6 +486,20 @@ def test_stages_of_an_ended_run_cannot_move(ended: RunState) -> None:
     assert _stores(run_id) == before
 
 
+def test_a_stage_move_made_before_the_runs_end_is_followed_in_its_terminal_snapshot() -> None:
+    """One worker skips a stage in Postgres; another ends the run (every stage now ended) and
+    settles it before the first follows in Valkey: the snapshot still comes to say skipped, as
+    Postgres does (found by the resume test of test_pipelines, a race between two workers)."""
+    run_id = _run_in(R.COMPLETED)
+    terminal = keys.run_terminal(run_id)
+    assert valkey.client().hget(terminal, f"stage:{STAGE}") == S.WAITING
+
+    assert live.transition_stage(run_id, STAGE, S.SKIPPED) is S.WAITING
+
+    assert valkey.client().hget(terminal, f"stage:{STAGE}") == S.SKIPPED
+    assert not valkey.client().exists(keys.run_active(run_id))
+
+
 @pytest.mark.parametrize("source", list(StageState))
 def test_a_stage_claim_takes_only_a_waiting_stage(source: StageState) -> None:
     """`claim_stage.sql`, a stage worker's way to waiting → active, agrees with the table."""

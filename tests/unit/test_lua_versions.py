@@ -18,7 +18,7 @@ CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "seed_run": (1, 5, None),
     "claim_run": (3, 3, 3),
     "transition_run": (2, 5, 5),
-    "transition_stage": (1, 3, 3),
+    "transition_stage": (2, 3, 3),
     "set_progress": (1, 2, 2),
     "log_append": (2, 4, None),
     "metrics_end": (3, 3, None),
