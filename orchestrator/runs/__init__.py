@@ -36,7 +36,8 @@ Recovery helpers, when a write or a worker is lost:
 - `drain`: terminal writes and stage moves Postgres refused on a transient error, pushed to wait
 - `put_back`: a run whose worker was lost goes back to `pending` for its next attempt, same run
 - `handback`: a stopping worker's runs, once its grace is over, put back for another worker
-- `retries`: how a failed attempt reads, tried again or not (one wording for every path)
+- `stopping`: a stopping worker's planned kills read as one (no crash report), and a prompt exit
+- `retries`: the one retry rule: a failed attempt tried again, failed, or a dead letter
 - `leftovers`: finds processes a run's command left behind (by their environment) and kills them
 
 Asked from outside the run:
