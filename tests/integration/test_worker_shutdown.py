@@ -145,7 +145,13 @@ def _stops_cleanly(role: Role, signum: int, group: bool) -> None:
     assert took < IDLE_STOP_S
     assert [pid for pid in tree if alive(pid)] == []
     said = role.log_from(offset)
-    assert [line for line in NOT_IN_A_CLEAN_STOP if line in said] == []
+    # The group's SIGTERM reaches the idle pool processes too, and billiard's pool finalizer
+    # may then print the EOFError of a pipe whose process is gone (seen 1 CI run in 3): a
+    # traceback, but no crash report. With the signal to the role alone, nothing at all.
+    unclean = NOT_IN_A_CLEAN_STOP
+    if group and "_help_stuff_finish" in said:
+        unclean = tuple(line for line in unclean if line != "Traceback")
+    assert [line for line in unclean if line in said] == []
     assert "loops stopped" in said
 
 
