@@ -31,8 +31,6 @@ def hook_chain() -> tuple[RunHook, ...]:
     from orchestrator.hooks.concurrency import ConcurrencyLimit
     from orchestrator.hooks.costs import CostQuota
     from orchestrator.hooks.dedup import IdentityDedup
-    from orchestrator.hooks.metrics import RunMetrics
-    from orchestrator.hooks.notify import EndNotice
     from orchestrator.hooks.pause import PauseGate
     from orchestrator.hooks.quotas import DailyQuota
     from orchestrator.hooks.ratelimit import RateLimit
@@ -46,8 +44,6 @@ def hook_chain() -> tuple[RunHook, ...]:
         QueueCap(),
         ConcurrencyLimit(),
         RateLimit(),
-        RunMetrics(),
-        EndNotice(),
     )
 
 

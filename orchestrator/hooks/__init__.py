@@ -17,8 +17,6 @@ The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 - `backpressure`: caps a resource class's waiting messages: drop, fail fast or shed the oldest
 - `concurrency`: per-task `max_concurrent` across every worker and host, a lease semaphore
 - `ratelimit`: per-task rate limit (`quotas.rate`) across the cluster, a sliding window
-- `metrics`: counts every run's end by task and state, and its duration, for /metrics
-- `notify`: publishes `<ns>:task:ended:<runId>` at a run's end, for those who wait (`runs.wait`)
 
 For operators:
 - `overview`: each task's admission state as operators see it (`/tasks`, the admin), read-only

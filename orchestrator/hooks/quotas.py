@@ -50,14 +50,13 @@ from orchestrator.hooks.base import Admission, Outcome, Part, Refused, RunHook, 
 from orchestrator.models import TaskQuotaUsage
 from orchestrator.states import RunState
 from orchestrator.stores import keys, queries, valkey
+from orchestrator.stores.live import QUOTA_COUNT_TTL
 from tasks import registry
 from tasks.definition import TaskDefinition
 
 log = logging.getLogger(__name__)
 
-# Valkey keeps a day's counts this long: the rollup reads back as many days, so a loops
-# process may stop for about a week without losing counts.
-COUNT_TTL = timedelta(days=8)
+COUNT_TTL = QUOTA_COUNT_TTL
 FIELDS = ("started", "completed", "failed")
 
 
@@ -141,12 +140,20 @@ class DailyQuota(RunHook):
         if not outcome.final or outcome.state not in (RunState.COMPLETED, RunState.FAILED):
             return None
         definition = outcome.definition
+        if not capped(definition):
+            return None  # counted by the end's own script (`live.end`, `quota_field`)
         day = self.clock.now().date()
         completed = outcome.state == RunState.COMPLETED
-        if not capped(definition):
-            field = "completed" if completed else "failed"
-            return Part(checked, lambda pipe: _count(pipe, definition.id, day, field, 1))
         return Part(lambda replies: _count_end(definition.id, day, completed))
+
+
+def quota_field(definition: TaskDefinition, state: RunState) -> str:
+    """The field of the task's Valkey day count a run's end in `state` adds one to: its
+    terminal state for an uncapped task; '' for a capped one (counted in Postgres, here) or a
+    cancelled run (not counted)."""
+    if capped(definition) or state not in (RunState.COMPLETED, RunState.FAILED):
+        return ""
+    return state.value
 
 
 def _count_end(task_id: str, day: date, completed: bool) -> None:

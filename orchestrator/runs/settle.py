@@ -18,10 +18,14 @@ end Postgres already holds.
 - The hooks run once per end: the caller is the writer whose guarded Postgres UPDATE won, or,
   for a repair (`only_if_moved`), the process whose transition moved the hash.
 
+The move's own script (`end_run.lua`) counts the end (/metrics, the day count of a task
+without a cap) and publishes it to waiters, once: in the call that moves the hash, or that
+finds it lost.
+
 Not guaranteed: a writer whose Valkey stayed unreachable past the retries runs its hooks
 anyway, and the repair that later moves the hash runs them again; so does a writer whose
-pipeline was cut after Valkey ran it. Hooks are idempotent except the daily quota's
-completed/failed counters, which can count that run twice.
+pipeline was cut after Valkey ran it. Hooks are idempotent except a capped task's daily
+completed/failed counts (Postgres), which can count that run twice.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from orchestrator.backoff import exponential
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Outcome, Part
+from orchestrator.hooks.quotas import quota_field
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import live
 from orchestrator.stores.live import FencedWrite
@@ -73,21 +78,23 @@ def settle(
     definition = registry.get().get(task_id)
     if definition is None:
         log.warning("run %s: task %r is not registered; hooks not told", run_id, task_id)
-        return _follow(run_id, target, fence, clock)
+        return _follow(run_id, target, fence, live.EndCount(task_id), clock)
+    counted = live.EndCount(task_id, quota_field(definition, target))
     outcome = Outcome(definition, run_id, owner, target, error_kind)
     if only_if_moved:
-        if not _follow(run_id, target, fence, clock):
+        if not _follow(run_id, target, fence, counted, clock):
             return False
         hooks.finished(outcome)
         return True
-    # The common end: the hash's move and the hooks' commands go in one round trip.
-    move = _Move(run_id, target, fence, clock)
+    # The common end: the hash's move (counted and announced by its script) and the hooks'
+    # commands go in one round trip.
+    move = _Move(run_id, target, fence, counted, clock)
     hooks.finished(outcome, first=Part(send=move.send, receive=move.receive))
     if move.moved is not None:
         return move.moved
     # Valkey unreachable, or a cancel to take in two steps: the move alone, with retries;
     # after an outage the hooks are told again (their commands may not have arrived).
-    moved = _follow(run_id, target, fence, clock)
+    moved = _follow(run_id, target, fence, counted, clock)
     if move.unreachable:
         hooks.finished(outcome)
     return moved
@@ -96,15 +103,18 @@ def settle(
 class _Move:
     """The live hash's move as the first command of the end-of-run pipeline."""
 
-    def __init__(self, run_id: str, target: RunState, owner: str, clock: Clock) -> None:
+    def __init__(
+        self, run_id: str, target: RunState, owner: str, counted: live.EndCount, clock: Clock
+    ) -> None:
         self.run_id, self.target, self.owner, self.clock = run_id, target, owner, clock
+        self.counted = counted
         self.moved: bool | None = None  # None: not decided here (see `settle`)
         self.unreachable = False
         self._read: Callable[[Any], RunState] | None = None
 
     def send(self, pipe: Pipeline) -> None:
-        self._read = live.queue_transition(
-            pipe, self.run_id, self.target, owner=self.owner, clock=self.clock
+        self._read = live.queue_end(
+            pipe, self.run_id, self.target, self.counted, owner=self.owner, clock=self.clock
         )
 
     def receive(self, replies: list[Any]) -> None:
@@ -131,10 +141,12 @@ class _Move:
             self.moved = False
 
 
-def _follow(run_id: str, target: RunState, owner: str, clock: Clock) -> bool:
+def _follow(
+    run_id: str, target: RunState, owner: str, counted: live.EndCount, clock: Clock
+) -> bool:
     for attempt in range(FOLLOW_ATTEMPTS):
         try:
-            return _follow_once(run_id, target, owner, clock)
+            return _follow_once(run_id, target, owner, counted, clock)
         except (ValkeyConnectionError, ValkeyTimeoutError) as exc:
             if attempt == FOLLOW_ATTEMPTS - 1:
                 log.error(
@@ -154,15 +166,17 @@ def _follow(run_id: str, target: RunState, owner: str, clock: Clock) -> bool:
     return False
 
 
-def _follow_once(run_id: str, target: RunState, owner: str, clock: Clock) -> bool:
+def _follow_once(
+    run_id: str, target: RunState, owner: str, counted: live.EndCount, clock: Clock
+) -> bool:
     try:
-        live.transition(run_id, target, owner=owner, clock=clock)
+        live.end(run_id, target, counted, owner=owner, clock=clock)
         return True
     except FencedWrite as exc:
         log.warning("run %s: %s; live hash left to its owner", run_id, exc)
     except IllegalTransition as exc:
         if target == RunState.CANCELLED and exc.current in (RunState.PENDING, RunState.ACTIVE):
-            return _cancel_in_two_steps(run_id, owner, clock)
+            return _cancel_in_two_steps(run_id, owner, counted, clock)
         return _disagreed(run_id, target, exc)
     return False
 
@@ -175,12 +189,12 @@ def _disagreed(run_id: str, target: RunState, exc: IllegalTransition) -> bool:
     return False
 
 
-def _cancel_in_two_steps(run_id: str, owner: str, clock: Clock) -> bool:
+def _cancel_in_two_steps(run_id: str, owner: str, counted: live.EndCount, clock: Clock) -> bool:
     """pending|active → cancelling → cancelled: the hash of a run Postgres cancelled, whose
     hash never heard of the cancel request (its signal failed, or the writer died)."""
     try:
         live.transition(run_id, RunState.CANCELLING, owner=owner, clock=clock)
-        live.transition(run_id, RunState.CANCELLED, owner=owner, clock=clock)
+        live.end(run_id, RunState.CANCELLED, counted, owner=owner, clock=clock)
     except (FencedWrite, IllegalTransition) as exc:
         log.warning("run %s: cancelled in Postgres, live hash moved on: %s", run_id, exc)
         return False

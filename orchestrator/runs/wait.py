@@ -2,9 +2,9 @@
 and the API's `POST /runs?wait=`.
 
 The waiter subscribes to `<namespace>:task:ended:<runId>` (published with every run's end by
-the `notify` hook), then reads the run's row: an end that lands between the two is seen by the
-read, one after it wakes the waiter at once. Without a message the row is read again every
-RECHECK_S (a missed message, a run ended while Valkey was away), never in a tight loop.
+its script, `end_run.lua`), then reads the run's row: an end that lands between the two is
+seen by the read, one after it wakes the waiter at once. Without a message the row is read
+again every RECHECK_S (a missed message, a run ended while Valkey was away), never in a tight loop.
 
 A completed run returns its result; a failed or cancelled one raises `RunFailed` with its
 state, error kind and message; no end within the timeout raises `TimeoutError`, and the run

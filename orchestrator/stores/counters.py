@@ -17,7 +17,7 @@ from orchestrator.stores import keys, valkey
 
 # Families and their labels (the order of the parts of a field).
 RUNS = "runs_total"  # task, state
-DURATION = "duration"  # task (histogram buckets, sum, count: metrics_end.lua)
+DURATION = "duration"  # task (histogram buckets, sum, count: end_run.lua)
 COST = "cost_units_total"  # task, kind
 REFUSALS = "refusals_total"  # task, code
 DELIVERY = "delivery_total"  # event: published, redelivered, duplicate_dropped

@@ -29,6 +29,11 @@ class RunHash(TypedDict, total=False):
     progress: str  # JSON {"done", "total", "item", "rate", "eta_s"} (`runs.progress`)
 
 
+# A task's daily counts are kept this long: the quota rollup reads back as many days
+# (`hooks.quotas.rollup`), so a loops process may stop for about a week without losing counts.
+QUOTA_COUNT_TTL = timedelta(days=8)
+
+
 class FencedWrite(Exception):
     """A write came from a process that no longer owns the run."""
 
@@ -210,6 +215,77 @@ def queue_transition(
     def read(reply: Any) -> RunState:
         try:
             previous = scripts.replied("transition_run", script_keys, args, reply)
+        except ResponseError as exc:
+            raise _translate(exc, run_id, target) from None
+        return RunState(previous)
+
+    return read
+
+
+class EndCount(NamedTuple):
+    """What a run's end counts besides /metrics (`end_run.lua`): its task, and the field of
+    the task's daily count it adds one to ('' for none: a capped task counts in Postgres)."""
+
+    task_id: str
+    quota_field: str = ""
+
+
+def _end_call(
+    run_id: str, target: RunState, owner: str, counted: EndCount, clock: Clock
+) -> tuple[list[str], list[Any]]:
+    now = clock.now()
+    return (
+        [
+            keys.run_active(run_id),
+            keys.run_terminal(run_id),
+            keys.metrics(counters.RUNS),
+            keys.metrics(counters.DURATION),
+            keys.quota_counts(counted.task_id, now.date().isoformat()),
+        ],
+        [
+            target.value,
+            to_ms(now),
+            settings.CONFIG.run_terminal_ttl_s,
+            owner,
+            counted.task_id,
+            counted.quota_field,
+            int(QUOTA_COUNT_TTL.total_seconds()),
+            keys.run_ended(run_id),
+            *counters.DURATION_BUCKETS,
+        ],
+    )
+
+
+def end(
+    run_id: str, target: RunState, counted: EndCount, *, owner: str = "", clock: Clock = SYSTEM
+) -> RunState:
+    """The run's end in Valkey (Postgres holds it): the hash moves to its terminal snapshot,
+    counted and announced in the same call (`end_run.lua`); `owner` fences as `transition`."""
+    script_keys, args = _end_call(run_id, target, owner, counted, clock)
+    try:
+        previous = scripts.call("end_run", script_keys, args)
+    except ResponseError as exc:
+        raise _translate(exc, run_id, target) from None
+    return RunState(previous)
+
+
+def queue_end(
+    pipe: Pipeline,
+    run_id: str,
+    target: RunState,
+    counted: EndCount,
+    *,
+    owner: str = "",
+    clock: Clock = SYSTEM,
+) -> Callable[[Any], RunState]:
+    """`end`, queued in `pipe` to go with other commands; returns what reads its reply
+    (raising as `end` would)."""
+    script_keys, args = _end_call(run_id, target, owner, counted, clock)
+    scripts.queue(pipe, "end_run", script_keys, args)
+
+    def read(reply: Any) -> RunState:
+        try:
+            previous = scripts.replied("end_run", script_keys, args, reply)
         except ResponseError as exc:
             raise _translate(exc, run_id, target) from None
         return RunState(previous)

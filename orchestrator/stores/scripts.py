@@ -28,7 +28,7 @@ PINNED_VERSIONS = {
     "transition_stage": 3,
     "set_progress": 1,
     "log_append": 1,
-    "metrics_end": 1,
+    "end_run": 1,
     "identity_claim": 1,
     "identity_hold": 1,
     "shed_oldest": 1,

@@ -11,9 +11,10 @@ from django.db import connection, transaction
 
 from orchestrator.clock import SYSTEM
 from orchestrator.hooks import dispatch, quotas
-from orchestrator.hooks.base import Admission, Outcome, Part, Refused, RunHook
+from orchestrator.hooks.base import Admission, Part, Refused, RunHook
 from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.models import TaskHistory, TaskQuotaUsage
+from orchestrator.runs.settle import settle
 from orchestrator.runs.start import RunHandle, start_run
 from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
@@ -87,10 +88,9 @@ def _row_version() -> str:
 
 
 def _end(run_id: str, state: RunState) -> None:
-    """The end of a run as the runner reports it, through every installed hook."""
-    definition = registry.get()[UNCAPPED]
+    """The end of a run as the runner settles it: its end script and every installed hook."""
     kind = ErrorKind.FATAL if state == RunState.FAILED else None
-    dispatch.finished(Outcome(definition, run_id, "test-owner", state, kind))
+    settle(run_id, UNCAPPED, state, fenced=False, error_kind=kind)
 
 
 def test_an_uncapped_task_writes_no_quota_row_per_start_or_end() -> None:

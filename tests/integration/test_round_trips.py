@@ -50,8 +50,8 @@ PINS: dict[tuple[str, str], Counts] = {
     # at each, no round trip.
     ("start", PLAIN):   Counts(3, 2, 6, 2, 1 + DEPTH_SCAN, 1),
     # The pickup hooks and the Valkey claim, one pipeline; the Postgres claim (its commit does
-    # not wait for its flush) and end; the run's end: its move, the hooks' counts, /metrics'
-    # count (metrics_end) and the `notify` hook's PUBLISH, one pipeline.
+    # not wait for its flush) and end; the run's end: its script (the move, /metrics' and the
+    # day's counts, the PUBLISH to waiters) and the hooks' commands, one pipeline.
     ("run", PLAIN):     Counts(2, 2, 8, 0, 0, 1),
     ("start", LIMITED): Counts(4, 3, 6, 2, 1 + DEPTH_SCAN, 1),
     ("run", LIMITED):   Counts(4, 4, 10, 0, 0, 2),

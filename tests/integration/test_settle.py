@@ -1,20 +1,22 @@
 """The one settle path (orchestrator/runs/settle.py): once Postgres holds a run's end, the live
-hash follows (fenced by the claim's owner) and the `finished` hooks hear of it once. Valkey
+hash follows (fenced by the claim's owner), counted and announced by its script, and the
+`finished` hooks hear of it once. Valkey
 unreachable while it follows is the fault battery's business (the valkey-restart scenarios)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
+from orchestrator.clock import SYSTEM
 from orchestrator.hooks import dispatch
 from orchestrator.hooks.base import Outcome, Part, RunHook
 from orchestrator.runs.settle import settle
 from orchestrator.runs.start import new_run_id
 from orchestrator.states import RunState
-from orchestrator.stores import live
+from orchestrator.stores import counters, keys, live, valkey
 from tasks.errors import ErrorKind
 
 TASK = "test-noop"
@@ -105,3 +107,82 @@ def test_a_repair_runs_the_hooks_only_if_it_moved_the_hash(recorder: Recorder) -
 def test_a_missing_hash_is_no_error(recorder: Recorder) -> None:
     assert not settle(new_run_id(), TASK, RunState.FAILED)
     assert len(recorder.heard) == 1
+
+
+def _counted(run_id: str) -> tuple[dict[str, int], int, dict[str, str]]:
+    """What the end's script counted for TASK: runs by state, durations, today's day counts."""
+    found = counters.read_all((counters.RUNS, counters.DURATION))
+    runs = {labels[1]: int(n) for labels, n in found[counters.RUNS].items() if labels[0] == TASK}
+    durations = int(found[counters.DURATION].get((TASK, "count"), 0))
+    day = valkey.client().hgetall(keys.quota_counts(TASK, SYSTEM.now().date().isoformat()))
+    return runs, durations, day
+
+
+@pytest.fixture
+def fresh_counts() -> None:
+    client = valkey.client()
+    client.delete(keys.metrics(counters.RUNS), keys.metrics(counters.DURATION))
+    client.delete(keys.quota_counts(TASK, SYSTEM.now().date().isoformat()))
+
+
+def _announced(run_id: str, end: Callable[[], object]) -> list[str]:
+    """The messages on the run's ended channel while `end` runs."""
+    listener = valkey.client().pubsub()
+    listener.subscribe(keys.run_ended(run_id))
+    try:
+        confirmed = listener.get_message(timeout=2)
+        assert confirmed is not None and confirmed["type"] == "subscribe"
+        end()
+        heard = []
+        while (message := listener.get_message(timeout=0.2)) is not None:
+            heard.append(message["data"])
+        return heard
+    finally:
+        listener.close()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("fresh_counts")
+def test_the_move_counts_and_announces_the_end_once() -> None:
+    run_id = _claimed()
+
+    heard = _announced(run_id, lambda: settle(run_id, TASK, RunState.COMPLETED, owner=OWNER))
+    # Settled again (a writer that re-sends its end): the hash is terminal, nothing counts.
+    again = _announced(run_id, lambda: settle(run_id, TASK, RunState.COMPLETED, owner=OWNER))
+
+    assert (heard, again) == (["completed"], [])
+    assert _counted(run_id) == ({"completed": 1}, 1, {"completed": "1"})
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("fresh_counts")
+def test_a_lost_hash_is_counted_without_a_duration_and_announced() -> None:
+    run_id = new_run_id()
+
+    heard = _announced(run_id, lambda: settle(run_id, TASK, RunState.FAILED))
+
+    assert heard == ["failed"]
+    assert _counted(run_id) == ({"failed": 1}, 0, {"failed": "1"})
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("fresh_counts")
+def test_a_cancel_in_two_steps_counts_once_and_not_in_the_day() -> None:
+    run_id = _claimed()
+
+    heard = _announced(run_id, lambda: settle(run_id, TASK, RunState.CANCELLED, owner=OWNER))
+
+    assert heard == ["cancelled"]
+    assert _counted(run_id) == ({"cancelled": 1}, 1, {})
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("fresh_counts")
+def test_a_fenced_end_leaves_the_count_to_the_move() -> None:
+    run_id = _claimed()
+
+    settle(run_id, TASK, RunState.COMPLETED, owner="host:2:LATE")
+    assert _counted(run_id) == ({}, 0, {})
+    # The repair moves the hash later, and counts it then.
+    assert settle(run_id, TASK, RunState.COMPLETED, fenced=False, only_if_moved=True)
+    assert _counted(run_id) == ({"completed": 1}, 1, {"completed": "1"})

@@ -21,7 +21,7 @@ CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "transition_stage": (2, 3, 3),
     "set_progress": (1, 2, 2),
     "log_append": (2, 4, None),
-    "metrics_end": (3, 3, None),
+    "end_run": (5, 9, None),
     "identity_claim": (1, 3, 3),
     "identity_hold": (1, 2, 2),
     "shed_oldest": (1, 2, None),
