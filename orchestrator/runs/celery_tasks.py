@@ -8,7 +8,7 @@ from typing import Any
 from celery import Task, shared_task
 
 from orchestrator.runs import runner, stage_attempts
-from orchestrator.runs.publish import HOOK_HEADER, stage_task_name
+from orchestrator.runs.publish import HOOK_HEADER, Carried, stage_task_name
 from tasks.definition import TaskDefinition
 from tasks.pipeline import Stage
 from tasks.registry import Registry
@@ -33,12 +33,17 @@ def register_all(registry: Registry) -> None:
         if definition.id in _registered:
             continue
 
-        def body(task: Task[Any, Any], run_id: str, processing_version: int) -> None:
+        def body(
+            task: Task[Any, Any],
+            run_id: str,
+            processing_version: int,
+            carried: Carried | None = None,
+        ) -> None:
             # kombu marks a message it restored after a lost worker or an expired
             # visibility timeout; new messages (retries, postponements) are not counted.
             redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
             notes = task.request.get(HOOK_HEADER) or {}
-            runner.run_message(task.name, run_id, processing_version, redelivered, notes)
+            runner.run_message(task.name, run_id, processing_version, redelivered, notes, carried)
 
         shared_task(
             name=definition.id,

@@ -16,6 +16,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypedDict
 
 from celery.signals import after_task_publish, before_task_publish
 from django.conf import settings
@@ -33,6 +34,27 @@ MAX_BROKER_DELAY = timedelta(seconds=10)
 HOOK_HEADER = "lumastra_notes"
 # The message body's third part: no callbacks, errbacks, chain or chord (Celery's "embed").
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+# A run's first message carries what its pickup would read of the row (`Carried`) when its
+# input is at most this long as JSON; a longer one is read at pickup, as a retry's is.
+CARRY_MAX_CHARS = 8192
+# What Flower shows of the carried input, as Celery's own `argsrepr_maxsize` does.
+KWARGS_REPR_MAX = 1024
+
+
+class Carried(TypedDict):
+    """What a run's first message carries for its pickup (`runs.runner`), so a first delivery
+    reads nothing before its end: the input, identity and priority the row was inserted with."""
+
+    input: dict[str, Any]
+    identity: str
+    priority: int
+
+
+def carried(input: dict[str, Any], identity: str, priority: int) -> Carried | None:
+    """The sheet a first message carries, or None when the input is too long to carry."""
+    if len(json.dumps(input)) > CARRY_MAX_CHARS:
+        return None
+    return Carried(input=input, identity=identity, priority=priority)
 
 
 @dataclass(frozen=True)
@@ -72,12 +94,17 @@ def publish(
     *,
     delay: timedelta | None = None,
     notes: Mapping[str, bool] | None = None,
+    sheet: Carried | None = None,
 ) -> None:
     """Enqueue the run; with `delay`, a worker holds the message until then (Celery's eta);
-    `notes`: what the admission's hooks asked its pickup to be told."""
+    `notes`: what the admission's hooks asked its pickup to be told; `sheet`: what a first
+    message carries of the row (`carried`)."""
     queue = queue_name(definition, settings.CONFIG.per_task_queues)
     args = [run_id, definition.processing_version]
-    _send(definition.id, args, queue, job_id, priority, delay, notes)
+    kwargs: dict[str, object] = {} if sheet is None else {"carried": sheet}
+    message, sent = _message(definition.id, args, queue, job_id, priority, delay, notes, kwargs)
+    broker.push(*message)
+    sent()
 
 
 def republish(
@@ -160,6 +187,11 @@ def _version(run: Outgoing) -> int:
     return run.processing_version
 
 
+def _kwargs_repr(kwargs: dict[str, object]) -> str:
+    text = repr(kwargs)
+    return text if len(text) <= KWARGS_REPR_MAX else text[: KWARGS_REPR_MAX - 3] + "..."
+
+
 def _send(
     task_name: str,
     args: list[object],
@@ -182,6 +214,7 @@ def _message(
     priority: int,
     delay: timedelta | None,
     notes: Mapping[str, bool] | None,
+    kwargs: dict[str, object] | None = None,
 ) -> tuple[broker.Message, Callable[[], None]]:
     """The message as Celery's protocol 2 has it, after `before_task_publish`; and what to
     call once it is sent (`after_task_publish`)."""
@@ -201,7 +234,7 @@ def _message(
         "parent_id": None,
         # What Flower and worker logs show; a run id and a version need no `saferepr`.
         "argsrepr": repr(args),
-        "kwargsrepr": "{}",
+        "kwargsrepr": _kwargs_repr(kwargs or {}),
         # Celery's anonymous node name for a publisher that is not a worker.
         "origin": f"gen{os.getpid()}@{socket.gethostname()}",
         "ignore_result": False,
@@ -212,7 +245,7 @@ def _message(
     if notes:
         headers[HOOK_HEADER] = dict(notes)
     properties: dict[str, object] = {"correlation_id": job_id, "reply_to": ""}
-    message: tuple[list[object], dict[str, object], dict[str, None]] = (args, {}, _EMBED)
+    message: tuple[list[object], dict[str, object], dict[str, None]] = (args, kwargs or {}, _EMBED)
     # Celery's publish signals, as its producer sends them, for whoever listens (monitoring,
     # tracing headers, tests); an unwatched signal costs one check.
     if before_task_publish.receivers:

@@ -1,13 +1,17 @@
 """The runner: the body of every Celery task, from a delivered message to a claimed run.
 
 On pickup: processing_version guard → pre-claim hooks (pause, concurrency, rate) and the claim in
-Valkey (owner, pending → active), one pipeline → the run's input from Postgres → the claimed
+Valkey (owner, pending → active), one pipeline → the run's input (carried by its first message,
+else read from Postgres) → the claimed
 run's execution (`runs.execute`: the handler beside its watch thread, then the terminal write
 through `runs.terminal`, Postgres first).
 
 A plain run's Postgres claim (pending → active) is folded into its end: its first delivery
-reads what it needs (`durable.read_claimable`, no write), and the end takes the claim with it
-(`durable.end`, given the attempt count), so a short run costs one synchronous write, not two.
+reads nothing in Postgres when its start's message carries the row's input, identity and
+priority (`runs.publish.Carried`; else it reads them, `durable.read_claimable`, no write), and
+the end takes the claim with it (`durable.end`, given the attempt count), so a short run costs
+one Postgres statement, its end. A run Postgres cancelled before this pickup and whose Valkey
+hash has not heard of it yet runs, and its end is refused: the cancel stands.
 A run still going after `watch.CLAIM_AFTER_S` has its claim written by its watch; so does a
 cancel (`runs.cancel`) and a retry (`runs.execute`), which move a claimed run. A pipeline run
 claims at once (its stages are claimed against it), as do the paths that read the row first.
@@ -46,7 +50,7 @@ from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Parked, Part, Pickup, Postpone
 from orchestrator.models import TaskHistory
 from orchestrator.runs import execute, put_back, terminal
-from orchestrator.runs.publish import republish
+from orchestrator.runs.publish import Carried, republish
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import counters, durable, live, valkey
 from orchestrator.stores.durable import ClaimedRun
@@ -67,11 +71,14 @@ def run_message(
     processing_version: int,
     redelivered: bool = False,
     notes: Mapping[str, bool] | None = None,
+    carried: Carried | None = None,
 ) -> None:
     """Run one delivered message; `notes`: what the run's admission told its pickup hooks
-    (`hooks.base.Admission.notes`), carried by the message."""
+    (`hooks.base.Admission.notes`), carried by the message; `carried`: what a first message
+    carries of the row (`runs.publish.Carried`)."""
     with durable.task_connections():
-        _run(registry.get()[task_id], run_id, processing_version, redelivered, notes or {})
+        definition = registry.get()[task_id]
+        _run(definition, run_id, processing_version, redelivered, notes or {}, carried)
 
 
 def _run(
@@ -80,6 +87,7 @@ def _run(
     processing_version: int,
     redelivered: bool,
     notes: Mapping[str, bool],
+    carried: Carried | None = None,
 ) -> None:
     if processing_version > definition.processing_version:
         time.sleep(REQUEUE_PAUSE_S)
@@ -113,7 +121,7 @@ def _run(
         raise
     claimed: ClaimedRun | _Refusal = _Refusal.HANDLED
     try:
-        claimed = _claim_unread(definition, claim)
+        claimed = _claim_unread(definition, claim, carried)
     finally:
         # A refused or failed claim gives back what the pre-claim hooks took.
         if not isinstance(claimed, ClaimedRun):
@@ -243,9 +251,11 @@ class _LiveClaim:
             _give_back_claim(self.run_id, self.owner)
 
 
-def _claim_unread(definition: TaskDefinition, claim: _LiveClaim) -> ClaimedRun | _Refusal:
+def _claim_unread(
+    definition: TaskDefinition, claim: _LiveClaim, carried: Carried | None
+) -> ClaimedRun | _Refusal:
     """A first delivery's claim, before anything was read: Valkey (sent with the pickup
-    hooks), then Postgres.
+    hooks), then Postgres; a plain run whose message carries its input reads nothing.
 
     Any refusal leaves both stores as they were (a Valkey claim Postgres refused goes back to
     pending) and sends the message to the paths that read the row: they re-seed a lost hash,
@@ -259,6 +269,20 @@ def _claim_unread(definition: TaskDefinition, claim: _LiveClaim) -> ClaimedRun |
         return _Refusal.READ_ROW
     if definition.pipeline:
         claimed = _claim_durable(definition, claim.run_id, claim.owner)
+    elif carried is not None:
+        # Only its start's message carries the row, and only its first delivery gets here
+        # (a redelivery reads the row): the run is pending at its first attempt, or Postgres
+        # has moved it since (a cancel), which the end's guard refuses (`durable.end`).
+        return ClaimedRun(
+            claim.run_id,
+            carried["input"],
+            carried["identity"],
+            carried["priority"],
+            attempts=1,
+            stages={},
+            results={},
+            deferred_since=timezone.now(),
+        )
     else:
         claimed = _read_claimable(claim.run_id, claim.owner)
     if claimed is _Refusal.READ_ROW:

@@ -30,7 +30,7 @@ from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped
 from orchestrator.models import TaskHistory
 from orchestrator.runs import cancel
-from orchestrator.runs.publish import job_id, publish
+from orchestrator.runs.publish import carried, job_id, publish
 from orchestrator.states import LIVE_RUN_STATES, RunState, StageState
 from orchestrator.stores import live, queries
 from orchestrator.text import first_unstorable, unstorable
@@ -320,7 +320,7 @@ def start_run(
             transaction.set_rollback(True)  # give back what admission took
             return answer
         if start.not_before is None:
-            transaction.on_commit(lambda: _publish(start.definition, handle, admission.notes))
+            transaction.on_commit(lambda: _publish(start, admission.notes))
     return handle
 
 
@@ -413,10 +413,13 @@ def live_run_with_key(task_id: str, key: str | None) -> LiveRun | None:
     return None if row is None else LiveRun(*row)
 
 
-def _publish(definition: TaskDefinition, handle: RunHandle, notes: Mapping[str, bool]) -> None:
+def _publish(start: Prepared, notes: Mapping[str, bool]) -> None:
+    definition, handle = start.definition, start.handle
+    # A plain run's first message carries what its pickup would read of the row.
+    sheet = None if definition.pipeline else carried(start.input, start.identity, handle.priority)
     try:
         live.seed(handle.run_id, definition.id, handle.priority, definition.stage_order)
-        publish(definition, handle.run_id, handle.job_id, handle.priority, notes=notes)
+        publish(definition, handle.run_id, handle.job_id, handle.priority, notes=notes, sheet=sheet)
     except Exception:
         # The run is committed and pending; the reconciler re-publishes runs whose message
         # is missing. The caller still gets its run id.

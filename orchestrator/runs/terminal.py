@@ -189,13 +189,20 @@ def _deferred(end: End, args: dict[str, Any]) -> Ended:
 
 
 def _cancel_wins(end: End, exc: IllegalTransition) -> bool:
-    """A cancel request reached the run before this claim's end: the run ends cancelled."""
-    return (
-        end.guard is Guard.CLAIM
-        and end.target is not RunState.CANCELLED
-        and exc.current == RunState.CANCELLING
-        and still_ours(end.run_id, end.owner)
-    )
+    """A cancel request reached the run before this claim's end: the run ends cancelled. So
+    it does when the request came before Postgres heard of the claim at all (a first delivery
+    that read nothing: its message carried the row, `runs.runner`)."""
+    if (
+        end.guard is not Guard.CLAIM
+        or end.target is RunState.CANCELLED
+        or exc.current != RunState.CANCELLING
+    ):
+        return False
+    if end.attempt is not None:
+        # A claim's end that names its attempt takes the claim with it if Postgres has not
+        # heard of it: a row that names no claim is this one's too.
+        return _claimed_by(end.run_id) in ("", end.owner)
+    return still_ours(end.run_id, end.owner)
 
 
 def _refused(end: End, exc: IllegalTransition, replay: Replay | None) -> Ended:
@@ -265,10 +272,13 @@ def end(
 def still_ours(run_id: str, owner: str) -> bool:
     """Postgres still names `owner` as the run's claim ('' claims nothing and is always
     answered yes)."""
-    if not owner:
-        return True
+    return not owner or _claimed_by(run_id) == owner
+
+
+def _claimed_by(run_id: str) -> str | None:
+    """The claim Postgres names for the run ('' for none; None: no such run)."""
     found = TaskHistory.objects.filter(id=run_id).values_list("owner_instance_id", flat=True)
-    return found.first() == owner
+    return found.first()
 
 
 def write_live_claim(run_id: str, owner: str | None = None) -> ClaimedRun | None:

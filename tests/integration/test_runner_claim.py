@@ -27,6 +27,7 @@ from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.routing import queue_name
 from orchestrator.runs import terminal
 from orchestrator.runs.cancel import request_cancel
+from orchestrator.runs.publish import CARRY_MAX_CHARS
 from orchestrator.runs.runner import run_message
 from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
@@ -34,6 +35,7 @@ from orchestrator.stores import broker, durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.support.fixtures import wait_for, worker_process
+from tests.support.messages import take_message
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -57,6 +59,32 @@ def _statements_on_runs(captured: CaptureQueriesContext) -> list[str]:
         "\n".join(line for line in sql.splitlines() if not line.startswith("--")).strip()
         for sql in statements
     ]
+
+
+def test_a_first_message_carries_the_row_and_its_pickup_reads_nothing() -> None:
+    run_id = _start()
+    args, kwargs = take_message(TASK, run_id)
+
+    with CaptureQueriesContext(connection) as captured:
+        run_message(TASK, *args, carried=kwargs["carried"])
+
+    (end,) = _statements_on_runs(captured)
+    assert end.startswith(("UPDATE task_history", "EXECUTE lumastra_end_run("))
+    row = TaskHistory.objects.get(id=run_id)
+    assert (row.state, row.attempts, row.result) == ("completed", 1, {"ok": True})
+    assert row.owner_instance_id == live.read(run_id)["owner"] != ""
+    assert _moves(run_id) == [(None, "pending"), ("pending", "active"), ("active", "completed")]
+
+
+def test_an_input_too_long_to_carry_is_read_at_pickup() -> None:
+    long_input = {"label": "x" * (CARRY_MAX_CHARS + 1)}
+    run_id = start_run("test-fair-a", long_input, trigger=TriggerKind.MANUAL).run_id
+
+    _, kwargs = take_message("test-fair-a", run_id)
+
+    assert kwargs == {}
+    run_message("test-fair-a", run_id, 1)  # read from the row instead
+    assert TaskHistory.objects.get(id=run_id).state == "completed"
 
 
 def test_a_short_first_delivery_reads_and_ends_in_one_write() -> None:
@@ -149,13 +177,16 @@ def test_a_retry_delivered_before_its_time_is_given_back_in_both_stores() -> Non
     assert running([TASK]) == {TASK: 0}
 
 
-def test_a_cancel_that_reached_postgres_first_ends_the_run_cancelled() -> None:
+@pytest.mark.parametrize("carried", [False, True], ids=["row-read", "carried"])
+def test_a_cancel_that_reached_postgres_first_ends_the_run_cancelled(carried: bool) -> None:
     run_id = _start()
-    # Cancelled in Postgres, its live hash not yet told: the Valkey claim succeeds and the
-    # UPDATE refuses.
+    _, kwargs = take_message(TASK, run_id)
+    # Cancelled in Postgres, its live hash not yet told: the Valkey claim succeeds; the read
+    # finds the run not pending, or (nothing read: its message carried the row) the handler
+    # runs and its end is refused. Either way the cancel stands.
     TaskHistory.objects.filter(id=run_id).update(state="cancelling")
 
-    run_message(TASK, run_id, 1)
+    run_message(TASK, run_id, 1, carried=kwargs["carried"] if carried else None)
 
     assert TaskHistory.objects.get(id=run_id).state == "cancelled"
     assert live.read(run_id)["state"] == "cancelled"
