@@ -74,6 +74,10 @@ class Admission:
     # Filled by hooks that displace other runs: a hook decides, `start_run` acts (cancels
     # them once its transaction commits), so no hook reaches into the run path.
     shed: list[Shed] = field(default_factory=list)
+    # What a hook asks to do once the start commits, after its INSERT (confirm what it took
+    # provisionally): `start_run` registers them then, so none runs for a start that was
+    # refused, dropped or deduplicated, or before the row exists.
+    committed: list[Callable[[], None]] = field(default_factory=list)
     # What a hook needs to hear again at pickup (e.g. "this run is the circuit's probe"): the
     # run's first message carries it (`runs.publish.HOOK_HEADER`) and the pickup hands it back
     # (`Pickup.notes`), so a hook asks Valkey at pickup only for the runs it marked.

@@ -79,7 +79,6 @@ from functools import partial
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import transaction
 from redis.client import Pipeline
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -182,7 +181,7 @@ class CircuitBreaker(RunHook):
                 log.info(
                     "run %s: admitted as the probe of task %s's circuit", admission.run_id, task_id
                 )
-                transaction.on_commit(partial(self._probe_committed, admission, circuit))
+                admission.committed.append(partial(self._probe_committed, admission, circuit))
                 return
             raise _refusal(task_id, answer, circuit, now)
 

@@ -34,7 +34,6 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 
 from orchestrator.clock import SYSTEM, span_ms
 from orchestrator.hooks.base import (
@@ -132,7 +131,7 @@ class IdentityDedup(RunHook):
     def _claim(self, admission: Admission, key: str, provisional_ms: int, answer: str) -> None:
         for attempt in range(1, MAX_REPLACEMENTS + 1):
             if answer == "":
-                transaction.on_commit(
+                admission.committed.append(
                     partial(_confirm, key, admission.run_id, admission.not_before)
                 )
                 return

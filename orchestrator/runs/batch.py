@@ -38,7 +38,7 @@ from orchestrator.runs.start import (
     Prepared,
     RunHandle,
     StartRefused,
-    cancel_shed,
+    after_insert,
     deduplicated,
     joined,
     live_run_with_key,
@@ -139,7 +139,7 @@ def start_runs(
                     outcomes[index] = answer
         published = [e for e in admitted if e.start.handle.run_id in inserted and not e.dropped]
         for entry in published:
-            cancel_shed(entry.admission)
+            after_insert(entry.admission)
         transaction.on_commit(lambda: _publish([e for e in published if not e.start.not_before]))
     return _answered(outcomes)
 

@@ -1,19 +1,22 @@
 """`start_run`: the one entry point that creates runs.
 
 Write order: INSERT task_history → seed the live hash (Lua) → enqueue. The insert
-joins the caller's transaction; seeding and publishing happen on commit, so the run exists
-if and only if the caller's transaction commits, and no message ever names a run that
+joins the caller's transaction (a caller without one: the INSERT commits by itself); seeding
+and publishing happen on commit, so the run exists if and only if the caller's transaction
+commits, and no message ever names a run that
 Postgres does not have. A crash after commit and before publish leaves a `pending` row for
 the reconciler.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import re
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -28,6 +31,7 @@ from ulid import ULID
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped
+from orchestrator.hooks.quotas import capped
 from orchestrator.models import TaskHistory
 from orchestrator.runs import cancel
 from orchestrator.runs.publish import carried, job_id, publish
@@ -293,7 +297,7 @@ def start_run(
         with connection.cursor() as cursor:
             queries.send(cursor, queries.INSERT_RUN, start.row(state, error, finished_at))
 
-    with transaction.atomic():
+    with _transaction(start.definition, key):
         try:
             # No savepoint: a hook that refuses, drops or deduplicates has the hooks before it
             # give back what they took (`abandoned`).
@@ -308,7 +312,6 @@ def start_run(
                 finished_at=timezone.now(),
             )
             return dataclasses.replace(handle, dropped=True)
-        cancel_shed(admission)
         try:
             duplicate = _insert_unless_keyed_run(insert, task_id, key)
         except Exception:
@@ -319,17 +322,33 @@ def start_run(
             answer = joined(task_id, duplicate)
             transaction.set_rollback(True)  # give back what admission took
             return answer
+        after_insert(admission)
         if start.not_before is None:
             transaction.on_commit(lambda: _publish(start, admission.notes))
     return handle
 
 
-def cancel_shed(admission: Admission) -> None:
-    """Once the start commits, cancel the waiting runs its admission shed to make room."""
+def _transaction(definition: TaskDefinition, key: str | None) -> AbstractContextManager[object]:
+    """The start's transaction: the caller's, when it has one; its own when an idempotency key
+    may have it give back what admission took (a rollback), or when admission writes Postgres
+    (a capped quota's unit: one commit for both writes); else none, so the INSERT commits by
+    itself, one round trip instead of BEGIN, INSERT and COMMIT. Without one, what admission
+    took before an INSERT that failed is given back by the hooks (`abandoned`); what they ask
+    to do once the start commits waits for its INSERT (`after_insert`)."""
+    if key is None and not connection.in_atomic_block and not capped(definition):
+        return contextlib.nullcontext()
+    return transaction.atomic()
+
+
+def after_insert(admission: Admission) -> None:
+    """The admitted start is inserted: once it commits, cancel the waiting runs its admission
+    shed to make room, and do what its hooks asked (`Admission.committed`)."""
     for shed in admission.shed:
         transaction.on_commit(
             partial(cancel.cancel_waiting, shed.run_ids, ErrorKind.SHED, shed.reason)
         )
+    for action in admission.committed:
+        transaction.on_commit(action)
 
 
 def run_and_wait(

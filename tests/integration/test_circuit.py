@@ -26,7 +26,7 @@ from orchestrator.hooks.circuit import (
     statuses,
 )
 from orchestrator.models import CircuitState, TaskCircuitState, TaskHistory, TaskQuotaUsage
-from orchestrator.runs.start import new_run_id, start_run
+from orchestrator.runs.start import after_insert, new_run_id, start_run
 from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
@@ -69,8 +69,11 @@ def _admission(task_id: str = TASK) -> Admission:
 
 
 def _admit(breaker: CircuitBreaker) -> str:
+    """A start through the breaker, inserted: what it asks for once it commits is registered
+    as `start_run` does (`runs.start.after_insert`)."""
     admission = _admission()
     run_alone(breaker.plan_admit(admission))
+    after_insert(admission)
     return admission.run_id
 
 

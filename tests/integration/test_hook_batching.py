@@ -117,7 +117,7 @@ def _names(hooks: tuple[RunHook, ...]) -> list[str]:
 # The hooks every task's runs go through, whatever it declares: a task can be paused, has a
 # circuit, counts its runs per day, is judged by its class's queue depth, and its end is
 # counted for /metrics and told to its waiters.
-UNIVERSAL = ["pause", "circuit", "quota", "backpressure", "metrics", "notify"]
+UNIVERSAL = ["pause", "circuit", "quota", "backpressure"]
 
 
 def test_a_task_that_declares_nothing_runs_none_of_the_limits_hooks() -> None:
@@ -128,7 +128,7 @@ def test_a_task_that_declares_nothing_runs_none_of_the_limits_hooks() -> None:
     assert _names(plan.hooks()) == UNIVERSAL
     assert _names(plan.admit) == ["pause", "circuit", "quota", "backpressure"]
     assert _names(plan.before_claim) == ["pause", "circuit"]
-    assert _names(plan.finished) == ["circuit", "quota", "metrics", "notify"]
+    assert _names(plan.finished) == ["circuit", "quota"]
     assert plan.heartbeat == plan.release == plan.republished == ()
     assert _names(plan.abandoned) == ["circuit", "quota"]
     assert plan is dispatch.plan(registry.get()[PLAIN]), "compiled once per definition"
