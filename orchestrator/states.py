@@ -61,14 +61,16 @@ TERMINAL_RUN_STATES = frozenset(s for s, nxt in RUN_TRANSITIONS.items() if not n
 LIVE_RUN_STATES = frozenset(RunState) - TERMINAL_RUN_STATES
 
 
-def run_sources(target: RunState) -> list[str]:
-    """The states a run may move to `target` from (for guarded UPDATEs)."""
-    return sorted(s.value for s, nxt in RUN_TRANSITIONS.items() if target in nxt)
-
-
-def stage_sources(target: StageState) -> list[str]:
-    """The states a stage may move to `target` from (for guarded UPDATEs)."""
-    return sorted(s.value for s, nxt in STAGE_TRANSITIONS.items() if target in nxt)
+# The states a run (a stage) may move to each target from, for guarded UPDATEs: read on every
+# run's end, so computed once here.
+RUN_SOURCES: dict[RunState, list[str]] = {
+    target: sorted(s.value for s, nxt in RUN_TRANSITIONS.items() if target in nxt)
+    for target in RunState
+}
+STAGE_SOURCES: dict[StageState, list[str]] = {
+    target: sorted(s.value for s, nxt in STAGE_TRANSITIONS.items() if target in nxt)
+    for target in StageState
+}
 
 
 class IllegalTransition(Exception):

@@ -18,7 +18,6 @@ The path, in the order a run takes it:
 - `celery_tasks`: registers one Celery task per task id and per pipeline stage, body the runner
 - `runner`: the body of every Celery task: version guard, hooks and claim
 - `execute`: a claimed run's handler beside its watch, then its end, retry or dead letter
-- `outcome`: how a handler's call ended, read one way for runs and stages, and the retry test
 - `terminal`: the terminal write, Postgres first, exactly once: only the winning writer settles
 - `settle`: once Postgres holds a run's end: the live hash follows, then the `finished` hooks
 
@@ -37,7 +36,8 @@ Recovery helpers, when a write or a worker is lost:
 - `put_back`: a run whose worker was lost goes back to `pending` for its next attempt, same run
 - `handback`: a stopping worker's runs, once its grace is over, put back for another worker
 - `stopping`: a stopping worker's planned kills read as one (no crash report), and a prompt exit
-- `retries`: the one retry rule: a failed attempt tried again, failed, or a dead letter
+- `retries`: how a handler's call ended (one reading for runs and stages), and the one retry
+  rule: a failed attempt tried again, failed, or a dead letter
 - `leftovers`: finds processes a run's command left behind (by their environment) and kills them
 
 Asked from outside the run:

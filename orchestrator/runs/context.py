@@ -54,7 +54,8 @@ class RunContext:
         # One gate for everything this attempt's handler thread sends to Valkey itself.
         self._sends = valkey.HandlerSends()
         self.run_log = RunLog(run_id, stage, clock, self._sends)
-        self.progress = Progress(run_id, clock, self._sends)
+        # Made by the handler's first report: a run that reports none carries nothing for it.
+        self.progress: Progress | None = None
         # Set by the run's watch thread when a cancel is published or seen in the hash.
         self._cancel = threading.Event()
         # monotonic time of the last sign of progress, read by the stall watchdog.
@@ -112,8 +113,26 @@ class RunContext:
     def report_progress(
         self, done: float, total: float | None = None, item: str | None = None
     ) -> None:
+        if self.progress is None:
+            self.progress = Progress(self._run_id, self._clock, self._sends)
         self.progress.report(done, total, item)
         self.progressed_at = time.monotonic()
+
+    def extras(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """What a plain run's end writes beside its result or error: its step's warnings,
+        counters, cost and log tail, and its latest progress; each None when it has none."""
+        progress = None if self.progress is None else self.progress.document()
+        tail = list(self.run_log.tail)
+        if not (self.warnings or self.counters or self.cost or tail):
+            return None, progress
+        step: dict[str, Any] = {
+            "warnings": self.warnings,
+            "counters": self.counters,
+            "cost": self.cost,
+        }
+        if tail:
+            step["log_tail"] = tail
+        return step, progress
 
     @property
     def cancelled(self) -> bool:

@@ -2,8 +2,8 @@
 
 A pipeline run's first message dispatches its first stages (`runs.pipeline.begin`). A plain
 run's handler runs beside its watch thread (heartbeats, cancel listener, watchdogs), and its
-outcome (`runs.outcome`) decides the end: completed with its result; failed with the error's
-kind and message; a transient error with attempts left put back to pending, its message
+outcome (`runs.retries.outcome_of`) decides the end: completed with its result; failed with
+the error's kind and message; a transient error with attempts left put back to pending, its message
 published again after the retry policy's backoff; a transient error on the last attempt
 failed as exhausted, a dead letter (the one rule: `runs.retries`). Every end goes through
 `runs.terminal`, Postgres first.
@@ -20,9 +20,8 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
-from orchestrator.runs import pipeline, retries, steps, terminal
+from orchestrator.runs import pipeline, retries, terminal
 from orchestrator.runs.context import RunContext
-from orchestrator.runs.outcome import outcome_of
 from orchestrator.runs.publish import republish
 from orchestrator.runs.watch import watching
 from orchestrator.states import IllegalTransition, RunState
@@ -70,7 +69,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
         ):
             return _jsonable(handler(context, model))
 
-    outcome = outcome_of(
+    outcome = retries.outcome_of(
         call, soft_timeout=definition.timeout.soft, what=f"run {run.run_id}: handler"
     )
     if outcome.kind is None:
@@ -101,9 +100,7 @@ def _end(
     error: dict[str, Any] | None = None,
 ) -> None:
     """The run's terminal write, with its step's telemetry and last progress when it ran."""
-    step = progress = None
-    if context is not None:
-        step, progress = steps.plain_extras(context), context.progress.document()
+    step, progress = context.extras() if context is not None else (None, None)
     end = terminal.End(
         run.run_id,
         definition.id,

@@ -81,21 +81,6 @@ def skipped(reason: str, finished_at: datetime) -> dict[str, Any]:
     }
 
 
-def plain_extras(context: RunContext) -> dict[str, Any] | None:
-    """What a plain run's terminal write adds to its step, or None when it recorded nothing."""
-    tail = list(context.run_log.tail)
-    if not (context.warnings or context.counters or context.cost or tail):
-        return None
-    extras: dict[str, Any] = {
-        "warnings": context.warnings,
-        "counters": context.counters,
-        "cost": context.cost,
-    }
-    if tail:
-        extras["log_tail"] = tail
-    return extras
-
-
 def _ms_between(started: str | datetime, finished: datetime) -> int:
     start = datetime.fromisoformat(started) if isinstance(started, str) else started
     return max(0, round((finished - start).total_seconds() * 1000))

@@ -251,7 +251,7 @@ def end(
     """A claim's end in `target` (`finish`); returns the state the run really ended in (a
     cancel that raced the handler wins: cancelled; a watchdog that ended it first: its
     state). `step`: a plain run's warnings, counters, cost and log tail
-    (`runs.steps.plain_extras`); `progress`: its latest progress (`runs.progress`)."""
+    (`RunContext.extras`); `progress`: its latest progress (`runs.progress`)."""
     ended = finish(
         End(
             run_id,

@@ -64,7 +64,7 @@ from redis.exceptions import RedisError
 
 from orchestrator.cluster.instance import instance_id
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.runs import logs, steps, terminal
+from orchestrator.runs import logs, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.states import RunState
 from orchestrator.stores import durable, keys, live, scripts, valkey
@@ -172,7 +172,8 @@ class Watcher:
         if watched.claim_at is not None and now >= watched.claim_at:
             self._write_claim(watched)
         try:
-            watched.context.progress.write_row()
+            if watched.context.progress is not None:
+                watched.context.progress.write_row()
         except Exception:
             log.exception("run %s: progress not written to its row", watched.run_id)
         if now < watched.next_postgres_beat:
@@ -243,7 +244,8 @@ class Watcher:
         except Exception:
             log.exception("run %s: log lines not sent; kept for the next flush", watched.run_id)
         try:
-            watched.context.progress.flush(final=final)
+            if watched.context.progress is not None:
+                watched.context.progress.flush(final=final)
         except Exception:
             log.exception("run %s: progress not written", watched.run_id)
 
@@ -371,15 +373,15 @@ class Watcher:
         # Its last lines and progress first, as a handler that returns has them: followers
         # see them before the end, and the row keeps its tail.
         Watcher._flush(watched, final=True)
-        context = watched.context
+        step, progress = watched.context.extras()
         terminal.end(
             watched.definition,
             watched.run_id,
             watched.owner,
             RunState.FAILED,
             error=terminal.error_doc(kind, message),
-            step=steps.plain_extras(context) if not watched.definition.pipeline else None,
-            progress=context.progress.document(),
+            step=step if not watched.definition.pipeline else None,
+            progress=progress,
             attempt=watched.attempt,
             started_at=watched.deferred_since,
         )

@@ -41,11 +41,11 @@ from django.db.models.functions import Now
 from orchestrator.models import TaskHistory
 from orchestrator.states import (
     LIVE_RUN_STATES,
+    RUN_SOURCES,
+    STAGE_SOURCES,
     IllegalTransition,
     RunState,
     StageState,
-    run_sources,
-    stage_sources,
 )
 from orchestrator.stores import queries
 
@@ -201,7 +201,7 @@ def end(
     well, taking the claim with it, started at `started_at` (default: now)."""
     if target not in (RunState.COMPLETED, RunState.FAILED):
         raise ValueError(f"end() writes completed or failed, not {target}")
-    sources = run_sources(target)
+    sources = RUN_SOURCES[target]
     if target is RunState.COMPLETED:
         # pending → completed is only ever a claim's own end (`claimable` below): no writer
         # completes a run that no claim started.
@@ -211,7 +211,7 @@ def end(
         "target": target.value,
         "sources": sources,
         # A lost claim's end replays the claim's own move (end_run.sql).
-        "claimable": run_sources(RunState.ACTIVE),
+        "claimable": RUN_SOURCES[RunState.ACTIVE],
         "attempt": attempt,
         "result": _json_out(result),
         "error": _json_out(error),
@@ -249,7 +249,7 @@ def request_cancel(
 ) -> RunState:
     """→ cancelling from one of `sources`; returns the state the run left (a run no handler
     runs yet is ended at once by the caller)."""
-    allowed = set(run_sources(RunState.CANCELLING))
+    allowed = set(RUN_SOURCES[RunState.CANCELLING])
     if not {s.value for s in sources} <= allowed:
         raise ValueError(f"cancelling is reached only from {sorted(allowed)}, not {sources}")
     with connection.cursor() as cursor:
@@ -294,7 +294,7 @@ def end_orphan(
     while the run is still in `source` and its heartbeat at least `stale_after_s` old.
     Returns the state it ended in."""
     target = RunState.FAILED if source == RunState.ACTIVE else RunState.CANCELLED
-    if source.value not in run_sources(target):
+    if source.value not in RUN_SOURCES[target]:
         raise IllegalTransition(run_id, source, target, "postgres")
     params = {
         "run_id": run_id,
@@ -389,7 +389,7 @@ def move_stage(
         "run_id": run_id,
         "stage": stage,
         "target": target.value,
-        "sources": stage_sources(target),
+        "sources": STAGE_SOURCES[target],
         "live": live_states,
         "result": _json_out(result),
         "step": _json_out(step),

@@ -65,15 +65,9 @@ def _translate(exc: ResponseError, run_id: str, target: str) -> Exception:
 def seed(
     run_id: str, task_id: str, priority: int, stages: tuple[str, ...], clock: Clock = SYSTEM
 ) -> bool:
-    script_keys, args = _seed_call(run_id, task_id, priority, stages, clock)
-    # With the run's count as sent (/metrics), in the same round trip.
-    seeded = scripts.call_with(
-        "seed_run",
-        script_keys,
-        args,
-        lambda pipe: counters.add(counters.DELIVERY, ("published",), 1, pipe),
-    )
-    return bool(seeded)
+    """The run's live hash, and its message counted as published (/metrics), in one call."""
+    script_keys, args = _seed_call(run_id, task_id, priority, stages, clock, published=True)
+    return bool(scripts.call("seed_run", script_keys, args))
 
 
 class Seed(NamedTuple):
@@ -88,21 +82,34 @@ def seed_many(runs: Sequence[Seed], clock: Clock = SYSTEM) -> None:
     if not runs:
         return
     pipe = valkey.client().pipeline(transaction=False)
-    calls = [_seed_call(*run, clock) for run in runs]
+    calls = [_seed_call(*run, clock, published=True) for run in runs]
     for script_keys, args in calls:
         scripts.queue(pipe, "seed_run", script_keys, args)
-    counters.add(counters.DELIVERY, ("published",), len(runs), pipe)
     replies = valkey.execute(pipe, raise_on_error=False)
     for (script_keys, args), reply in zip(calls, replies, strict=False):
         scripts.replied("seed_run", script_keys, args, reply)
 
 
 def _seed_call(
-    run_id: str, task_id: str, priority: int, stages: tuple[str, ...], clock: Clock
+    run_id: str,
+    task_id: str,
+    priority: int,
+    stages: tuple[str, ...],
+    clock: Clock,
+    *,
+    published: bool,
 ) -> tuple[list[str], list[Any]]:
     return (
-        [keys.run_active(run_id)],
-        [run_id, task_id, priority, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, *stages],
+        [keys.run_active(run_id), keys.metrics(counters.DELIVERY)],
+        [
+            run_id,
+            task_id,
+            priority,
+            to_ms(clock.now()),
+            settings.CONFIG.run_active_ttl_s,
+            int(published),
+            *stages,
+        ],
     )
 
 
@@ -142,7 +149,7 @@ def claim_again(
     seeded again if it is gone, its reseed mark cleared (the mark waits for this very claim),
     then claimed (one round trip). Raises as `claim` does when someone else claimed it in
     Valkey meanwhile."""
-    seed_keys, seed_args = _seed_call(run_id, task_id, priority, (), clock)
+    seed_keys, seed_args = _seed_call(run_id, task_id, priority, (), clock, published=False)
     pipe = valkey.client().pipeline(transaction=False)
     scripts.queue(pipe, "seed_run", seed_keys, seed_args)
     pipe.delete(keys.run_reseeded(run_id))

@@ -22,7 +22,7 @@ from orchestrator.stores import valkey
 
 LUA_DIR = Path(__file__).parent / "lua"
 PINNED_VERSIONS = {
-    "seed_run": 1,
+    "seed_run": 2,
     "claim_run": 3,
     "transition_run": 3,
     "transition_stage": 3,

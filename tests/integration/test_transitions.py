@@ -26,14 +26,14 @@ from django.utils import timezone
 from orchestrator.models import TaskHistory
 from orchestrator.runs.start import new_run_id
 from orchestrator.states import (
+    RUN_SOURCES,
     RUN_TRANSITIONS,
+    STAGE_SOURCES,
     STAGE_TRANSITIONS,
     TERMINAL_RUN_STATES,
     IllegalTransition,
     RunState,
     StageState,
-    run_sources,
-    stage_sources,
 )
 from orchestrator.stores import durable, keys, live, valkey
 from orchestrator.stores.live import FencedWrite
@@ -174,9 +174,9 @@ def test_states_py_allows_exactly_the_design_transitions() -> None:
     assert run_edges == RUN_LEGAL
     assert stage_edges == STAGE_LEGAL
     for target in RunState:
-        assert run_sources(target) == sorted(a.value for a, b in RUN_LEGAL if b is target)
+        assert RUN_SOURCES[target] == sorted(a.value for a, b in RUN_LEGAL if b is target)
     for stage_target in StageState:
-        assert stage_sources(stage_target) == sorted(
+        assert STAGE_SOURCES[stage_target] == sorted(
             a.value for a, b in STAGE_LEGAL if b is stage_target
         )
 

@@ -11,8 +11,8 @@ Driven by signals (Celery takes SIGUSR1 and SIGUSR2 for itself):
 - `ARM_SIGNAL` forgets what was recorded and starts recording, in every thread, then touches
   `<FOOTPRINT_DIR>/armed`;
 - the recording stops by itself, in every thread, at the call of the broker transport's
-  `QoS.ack` (`orchestrator.stores.broker_transport`): the acknowledgement of the message, the end of a run's path (an `acks_late` task acks after its
-  end has committed);
+  `QoS.ack` (`orchestrator.stores.broker_transport`): the acknowledgement of the message, the
+  end of a run's path (an `acks_late` task acks after its end has committed);
 - `DUMP_SIGNAL` writes what was recorded to `<FOOTPRINT_DIR>/calls.json`, and whether the
   ack ended it.
 

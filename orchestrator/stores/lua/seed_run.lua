@@ -1,11 +1,15 @@
--- @version 1
+-- @version 2
 -- Seed the live hash of a new run in state `pending`.
--- KEYS[1] task:run:active:<runId>
+-- KEYS[1] task:run:active:<runId>  KEYS[2] metrics:delivery_total (hash event → count)
 -- ARGV[1] runId  ARGV[2] taskId  ARGV[3] priority  ARGV[4] now (ms)  ARGV[5] ttl (s)
--- ARGV[6..] pipeline stage names, each seeded `waiting`
+-- ARGV[6] 1 to count the run's message as published for /metrics (v2: the count the seed's
+-- caller sent beside it), 0 not to  ARGV[7..] pipeline stage names, each seeded `waiting`
 -- Returns 1 when seeded, 0 when the hash already existed (seeding is idempotent).
-if #KEYS ~= 1 or #ARGV < 5 then
-  return redis.error_reply("BAD_ARGS seed_run expects 1 key and at least 5 args")
+if #KEYS ~= 2 or #ARGV < 6 then
+  return redis.error_reply("BAD_ARGS seed_run expects 2 keys and at least 6 args")
+end
+if ARGV[6] == "1" then
+  redis.call("HINCRBY", KEYS[2], "published", 1)
 end
 if redis.call("EXISTS", KEYS[1]) == 1 then
   return 0
@@ -13,7 +17,7 @@ end
 redis.call("HSET", KEYS[1],
   "state", "pending", "run_id", ARGV[1], "task_id", ARGV[2], "priority", ARGV[3],
   "owner", "", "created_at", ARGV[4], "updated_at", ARGV[4])
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   redis.call("HSET", KEYS[1], "stage:" .. ARGV[i], "waiting")
 end
 redis.call("EXPIRE", KEYS[1], tonumber(ARGV[5]))
