@@ -37,7 +37,7 @@ PINNED_VERSIONS = {
     "remove_message": 1,
     "count_delivery": 1,
     "circuit_admit": 1,
-    "circuit_record": 1,
+    "circuit_record": 2,
     "circuit_probe": 1,
     "circuit_force": 1,
     "circuit_restore": 1,

@@ -1,4 +1,4 @@
--- @version 1
+-- @version 2
 -- Record the end of one run of a task in its circuit breaker, and open, reopen or close it.
 -- KEYS[1] task:circuit:<taskId>
 -- ARGV[1] now (ms)  ARGV[2] runId  ARGV[3] verdict: success | failure | neutral
@@ -10,8 +10,10 @@
 -- Only the probe's own outcome closes or reopens a half-open circuit; other runs of the task
 -- (admitted before it opened) update the counts only. While forced_until is ahead, failures
 -- are counted but do not open it.
--- Returns {event, field, value, ...} with the hash after the call. Events: unchanged (nothing
--- written), counted, opened, reopened, closed, released (a probe ended without a verdict).
+-- Returns {event, field, value, ...} with the hash after the call; {"unchanged"} alone when
+-- nothing was written (v2: every success of a closed circuit, so the hash is not sent back).
+-- Events: unchanged, counted, opened, reopened, closed, released (a probe ended without a
+-- verdict).
 -- Errors: NO_CIRCUIT when the hash is missing (the caller rebuilds it from Postgres).
 if #KEYS ~= 1 or #ARGV < 7 then
   return redis.error_reply("BAD_ARGS circuit_record expects 1 key and at least 7 args")
@@ -83,10 +85,11 @@ elseif is_probe then
   event = "released"
 end
 
-if event ~= "unchanged" then
-  redis.call("HSET", key, "updated_at", ARGV[1])
-  redis.call("HINCRBY", key, "version", 1)
+if event == "unchanged" then
+  return {event}
 end
+redis.call("HSET", key, "updated_at", ARGV[1])
+redis.call("HINCRBY", key, "version", 1)
 local out = redis.call("HGETALL", key)
 table.insert(out, 1, event)
 return out
