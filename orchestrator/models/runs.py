@@ -50,8 +50,13 @@ IF {_FOLDED_CLAIM} THEN
                                         clock_timestamp())),
     (NEW.id, 'active', NEW.state, clock_timestamp());
 ELSE
+  -- A claim written after it was taken (by its run's watch, a cancel, a retry: the claim was
+  -- in Valkey first) carries the claim's own moment, as a folded claim's does.
   INSERT INTO task_history_audit (run_id, from_state, to_state, at)
-  VALUES (NEW.id, OLD.state, NEW.state, clock_timestamp());
+  VALUES (NEW.id, OLD.state, NEW.state,
+          CASE WHEN OLD.state = 'pending' AND NEW.state = 'active'
+               THEN LEAST(COALESCE(NEW.started_at, clock_timestamp()), clock_timestamp())
+               ELSE clock_timestamp() END);
 END IF;
 RETURN NULL;
 """  # noqa: S608 (built from the constant above, not from input)

@@ -132,6 +132,9 @@ def test_a_run_still_going_after_a_second_has_its_claim_written_by_its_watch() -
         assert row.started_at is not None and row.heartbeat_at is not None
         # (Valkey's clock and the worker's: the same moment, give or take a few ms.)
         assert abs(row.started_at.timestamp() * 1000 - int(held["started_at"])) < 100
+        # The audit records the claim at the moment it was taken, not when it was written.
+        claimed = TaskHistoryAudit.objects.get(run_id=run_id, to_state="active")
+        assert claimed.at == row.started_at
         wait_for(lambda: TaskHistory.objects.get(id=run_id).state == "completed", timeout=30)
 
     assert _moves(run_id) == [(None, "pending"), ("pending", "active"), ("active", "completed")]
