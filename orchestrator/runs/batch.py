@@ -43,6 +43,7 @@ from orchestrator.runs.start import (
     joined,
     live_run_with_key,
     prepare,
+    sheet_of,
 )
 from orchestrator.states import RunState
 from orchestrator.stores import queries
@@ -302,6 +303,7 @@ def _publish(entries: Sequence[_Admitted]) -> None:
                     e.start.handle.job_id,
                     e.start.handle.priority,
                     e.admission.notes,
+                    sheet=sheet_of(e.start),
                 )
                 for e in entries
             ]

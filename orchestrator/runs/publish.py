@@ -69,6 +69,8 @@ class Outgoing:
     # The version the run was recorded for, when not the current one's: a run older than the
     # deploy that publishes it is failed `stale_version` at pickup, not run by newer code.
     processing_version: int | None = None
+    # What its first message carries of the row (`carried`), for a start's own message.
+    sheet: Carried | None = None
 
 
 def job_id(task_id: str, identity: str, run_id: str) -> str:
@@ -163,6 +165,7 @@ def publish_many(runs: Sequence[Outgoing]) -> None:
             run.priority,
             None,
             run.notes,
+            {} if run.sheet is None else {"carried": run.sheet},
         )
         for run in runs
     ]

@@ -26,6 +26,7 @@ from orchestrator.hooks.concurrency import running
 from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.routing import queue_name
 from orchestrator.runs import terminal
+from orchestrator.runs.batch import StartRequest, start_runs
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.publish import CARRY_MAX_CHARS
 from orchestrator.runs.runner import run_message
@@ -74,6 +75,20 @@ def test_a_first_message_carries_the_row_and_its_pickup_reads_nothing() -> None:
     assert (row.state, row.attempts, row.result) == ("completed", 1, {"ok": True})
     assert row.owner_instance_id == live.read(run_id)["owner"] != ""
     assert _moves(run_id) == [(None, "pending"), ("pending", "active"), ("active", "completed")]
+
+
+def test_a_batch_start_carries_the_row_as_a_single_start_does() -> None:
+    (outcome,) = start_runs([StartRequest(TASK, {})])
+    assert outcome.run_id is not None
+    args, kwargs = take_message(TASK, outcome.run_id)
+    row = TaskHistory.objects.get(id=outcome.run_id)
+    assert kwargs["carried"] == {"input": {}, "identity": row.identity, "priority": row.priority}
+
+    with CaptureQueriesContext(connection) as captured:
+        run_message(TASK, *args, carried=kwargs["carried"])
+
+    assert len(_statements_on_runs(captured)) == 1
+    assert TaskHistory.objects.get(id=outcome.run_id).state == "completed"
 
 
 def test_an_input_too_long_to_carry_is_read_at_pickup() -> None:
