@@ -24,6 +24,7 @@ from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
 from orchestrator.stores import broker, durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
+from tests.support.messages import empty_queues
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
@@ -34,7 +35,7 @@ TAG = "test-faults-stranded"
 @pytest.fixture(autouse=True)
 def _clean() -> Iterator[None]:
     client = broker.client()
-    client.delete(*(keys.broker_queue(QUEUE, step) for step in keys.BROKER_PRIORITY_STEPS))
+    empty_queues(QUEUE)
     client.hdel(keys.BROKER_UNACKED, TAG)
     client.zrem(keys.BROKER_UNACKED_INDEX, TAG)
     valkey.client().delete(keys.orchestrator_lock(CLUSTER))
@@ -104,7 +105,7 @@ def test_a_claim_that_reached_valkey_only_does_not_strand_the_run() -> None:
     # Postgres says pending; the message was acknowledged.
     owner = "elsewhere:1:DEADBEEF"
     live.claim(run_id, owner)
-    broker.client().delete(*(keys.broker_queue(QUEUE, s) for s in keys.BROKER_PRIORITY_STEPS))
+    empty_queues(QUEUE)
     run_message("test-fault-work", run_id, 1)  # a delivery racing a live claimer: refused
     assert TaskHistory.objects.get(id=run_id).state == "pending"
     # The reconciler re-publishes only after its pending delay; by then the claim is old, and

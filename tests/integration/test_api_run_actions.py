@@ -18,10 +18,11 @@ from orchestrator.api import tokens
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name, stage_queue
 from orchestrator.runs.start import start_run
-from orchestrator.stores import broker, keys, valkey
+from orchestrator.stores import valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.support.fixtures import wait_for, worker_process
+from tests.support.messages import empty_queues
 from tests.support.processes import alive
 from tests.support.task_defs import PIPE_CALLS_KEY, SLEEPY_PIDS_KEY
 from tests.support.users import operator
@@ -36,7 +37,7 @@ SLOW_ESCALATION = {"LUMASTRA_HEARTBEAT_INTERVAL_S": "1", "LUMASTRA_CANCEL_ESCALA
 
 @pytest.fixture(autouse=True)
 def _empty_queue() -> None:
-    broker.client().delete(*(keys.broker_queue(SLEEPY, s) for s in keys.BROKER_PRIORITY_STEPS))
+    empty_queues(SLEEPY)
     valkey.client().delete(SLEEPY_PIDS_KEY)
 
 

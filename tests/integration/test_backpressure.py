@@ -19,6 +19,7 @@ from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
+from tests.support.messages import empty_queues
 from tests.support.round_trips import recording
 from tests.support.users import operator
 
@@ -32,9 +33,7 @@ def _queues_emptied() -> None:
 
 def _empty_queues() -> None:
     for task in ("test-bp-drop", "test-bp-fail", "test-bp-shed"):
-        broker.client().delete(
-            *(keys.broker_queue(f"task.t.{task}", step) for step in keys.BROKER_PRIORITY_STEPS)
-        )
+        empty_queues(f"task.t.{task}")
 
 
 def _cap(settings: LazySettings, resource_class: str, cap: int) -> None:
@@ -147,9 +146,7 @@ def test_over_http_a_drop_is_a_200_and_fail_fast_a_503_with_retry_after(
 
 def test_a_dropped_start_gives_its_quota_unit_back(settings: LazySettings) -> None:
     _cap(settings, "embedding", 1)
-    broker.client().delete(
-        *(keys.broker_queue("task.t.test-quota-drop", s) for s in keys.BROKER_PRIORITY_STEPS)
-    )
+    empty_queues("task.t.test-quota-drop")
     start_run("test-bp-fail", {}, trigger=TriggerKind.MANUAL)  # the class is now full
 
     dropped = [start_run("test-quota-drop", {}, trigger=TriggerKind.MANUAL) for _ in range(4)]

@@ -11,9 +11,10 @@ from orchestrator.api.access import Access
 from orchestrator.models import TaskHistory
 from orchestrator.runs.batch import MAX_BATCH, Result, StartRequest, start_runs
 from orchestrator.runs.start import start_run
-from orchestrator.stores import broker, keys
+from orchestrator.stores import broker
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process
+from tests.support.messages import empty_queues
 from tests.support.round_trips import recording
 from tests.support.users import account, operator
 
@@ -26,9 +27,7 @@ NOOP_QUEUE = "task.t.test-starts"
 @pytest.fixture(autouse=True)
 def _empty_broker() -> object:
     yield
-    broker.client().delete(
-        *(keys.broker_queue(NOOP_QUEUE, step) for step in keys.BROKER_PRIORITY_STEPS)
-    )
+    empty_queues(NOOP_QUEUE)
 
 
 def _client(user: object | None = None) -> Client:

@@ -22,6 +22,7 @@ from orchestrator.stores import broker, durable, keys, live, scripts, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.support.fixtures import wait_for, worker_process
+from tests.support.messages import empty_queues
 from tests.support.processes import alive
 from tests.support.task_defs import SLEEPY_PIDS_KEY
 
@@ -36,7 +37,7 @@ CHANNEL_ONLY = {"LUMASTRA_HEARTBEAT_INTERVAL_S": "30", "LUMASTRA_CANCEL_ESCALATE
 
 @pytest.fixture(autouse=True)
 def _empty_queue() -> None:
-    broker.client().delete(*(keys.broker_queue(QUEUE, s) for s in keys.BROKER_PRIORITY_STEPS))
+    empty_queues(QUEUE)
     valkey.client().delete(SLEEPY_PIDS_KEY)
 
 
@@ -292,7 +293,7 @@ def test_the_watch_listens_again_after_its_connection_is_cut() -> None:
 def pipe_queue() -> Iterator[str]:
     queue = queue_name(registry.get()["test-pipe"], settings.CONFIG.per_task_queues)
     yield queue
-    broker.client().delete(*(keys.broker_queue(queue, s) for s in keys.BROKER_PRIORITY_STEPS))
+    empty_queues(queue)
 
 
 def test_a_pipeline_cancel_tells_its_owner_and_each_running_stages_claimer(

@@ -18,6 +18,7 @@ from orchestrator.runs.start import new_run_id
 from orchestrator.stores import live, valkey
 from tasks import registry
 from tests.support.fixtures import SHARED_TASKS, wait_for, worker_process
+from tests.support.messages import empty_queues
 from tests.support.task_defs import ORDER_KEY
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -62,6 +63,9 @@ def _taken_in_order(published: list[tuple[str, int | None]]) -> list[str]:
     """Publish every (label, priority) while no worker runs, then let one worker take them."""
     client = valkey.client()
     client.delete(ORDER_KEY)
+    # A message an earlier test left in this queue would run too: its run's message carries
+    # its input, and Valkey still holds its live hash (runs.publish.Carried).
+    empty_queues(QUEUE)
     for label, priority in published:
         _publish(label, priority)
 

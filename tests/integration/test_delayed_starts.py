@@ -27,6 +27,7 @@ from orchestrator.runs.start import StartRefused, due_time, start_run
 from orchestrator.stores import broker, keys, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
+from tests.support.messages import empty_queues
 from tests.support.users import PASSWORD, operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -46,7 +47,7 @@ def _queued() -> int:
 @pytest.fixture(autouse=True)
 def _empty_queue() -> Iterator[None]:
     yield
-    broker.client().delete(*(keys.broker_queue(QUEUE, step) for step in keys.BROKER_PRIORITY_STEPS))
+    empty_queues(QUEUE)
 
 
 @pytest.fixture
@@ -239,7 +240,7 @@ def test_backpressure_does_not_judge_a_delayed_start(settings: LazySettings) -> 
         )
         now = start_run("test-bp-drop", {}, trigger=TriggerKind.MANUAL)
     finally:
-        broker.client().delete(*(keys.broker_queue(queue, s) for s in keys.BROKER_PRIORITY_STEPS))
+        empty_queues(queue)
 
     assert not later.dropped  # it joins no queue for an hour
     assert _row(later.run_id).state == "pending"

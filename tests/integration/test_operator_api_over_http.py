@@ -20,8 +20,8 @@ from orchestrator.api import tokens
 from orchestrator.api.access import Access
 from orchestrator.models import TaskHistory
 from orchestrator.runs import due
-from orchestrator.stores import broker, keys
 from tests.support.fixtures import wait_for, worker_process
+from tests.support.messages import empty_queues
 from tests.support.servers import web_process
 from tests.support.users import account, operator
 
@@ -44,7 +44,7 @@ def web(django_db_setup: None) -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def _empty_queue() -> Iterator[None]:
     yield
-    broker.client().delete(*(keys.broker_queue(QUEUE, s) for s in keys.BROKER_PRIORITY_STEPS))
+    empty_queues(QUEUE)
 
 
 def _call(

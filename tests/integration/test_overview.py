@@ -33,10 +33,11 @@ from orchestrator.models import CircuitState, TaskCircuitState, TaskHistory, Tas
 from orchestrator.routing import queue_name
 from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
-from orchestrator.stores import broker, keys, valkey
+from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.errors import ErrorKind
+from tests.support.messages import empty_queues
 from tests.support.users import account, operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -66,7 +67,7 @@ def _fresh_state() -> Iterator[None]:
     owned = [keys.circuit(CIRCUIT), keys.concurrency_holders(LIMITED_TASK)]
     client.delete(*owned)
     queue = queue_name(registry.get()[DEPTH_TASK], settings.CONFIG.per_task_queues)
-    broker.client().delete(*(keys.broker_queue(queue, s) for s in keys.BROKER_PRIORITY_STEPS))
+    empty_queues(queue)
     yield
     client.delete(*owned)
 

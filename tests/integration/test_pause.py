@@ -21,10 +21,11 @@ from orchestrator.recovery.pending import held_by_workers, in_broker_lists
 from orchestrator.recovery.reconciler import Reconciler
 from orchestrator.routing import stage_queue
 from orchestrator.runs.start import start_run
-from orchestrator.stores import broker, keys, valkey
+from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.support.fixtures import wait_for, worker_process
+from tests.support.messages import empty_queues
 from tests.support.task_defs import ORDER_KEY
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -47,7 +48,7 @@ def _clean() -> Iterator[None]:
 def _clean_keys() -> None:
     valkey.client().delete(keys.pauses(), ORDER_KEY, keys.orchestrator_lock(CLUSTER))
     for queue in (HELD_QUEUE, OTHER_QUEUE):
-        broker.client().delete(*(keys.broker_queue(queue, s) for s in keys.BROKER_PRIORITY_STEPS))
+        empty_queues(queue)
 
 
 def _states(task_id: str) -> list[str]:

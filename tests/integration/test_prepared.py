@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 from django.conf import LazySettings
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from orchestrator.models import TaskHistory
@@ -72,15 +72,31 @@ def test_a_statement_the_server_forgot_is_sent_again_as_text(settings: LazySetti
     with connection.cursor() as cursor:
         cursor.execute("DEALLOCATE ALL")  # what a pooler's DISCARD ALL does
 
-    # Inside start_run's transaction the failed EXECUTE spoils it: that start fails, once.
-    with pytest.raises(OperationalError, match="does not exist"):
+    # Inside a caller's transaction the failed EXECUTE spoils it: that start fails, once.
+    with pytest.raises(OperationalError, match="does not exist"), transaction.atomic():
         start_run(TASK, {}, trigger=TriggerKind.MANUAL)
     sent = _runs(2)
 
-    # Outside a transaction (the claim's read, the end) it is sent again as text at once.
+    # Outside one (a start with nothing to roll back, the claim's read, the end) it is sent
+    # again as text at once.
     assert _forms(sent, "read_claimable", READ) == ["execute", "text", "text"]
     assert _forms(sent, "insert_run", "INSERT INTO task_history") == ["text", "text"]
     assert TaskHistory.objects.filter(state="completed").count() == 3
+
+
+def test_a_start_outside_a_transaction_resends_a_forgotten_statement_at_once(
+    settings: LazySettings,
+) -> None:
+    _threshold(settings, 1)
+    connection.close()
+    _runs(1)
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+
+    sent = _runs(1)
+
+    assert _forms(sent, "insert_run", "INSERT INTO task_history") == ["execute", "text"]
+    assert TaskHistory.objects.filter(state="completed").count() == 2
 
 
 def test_threshold_zero_never_prepares(settings: LazySettings) -> None:

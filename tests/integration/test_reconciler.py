@@ -30,6 +30,7 @@ from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import IllegalTransition, RunState, StageState
 from orchestrator.stores import broker, durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
+from tests.support.messages import empty_queues
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -64,9 +65,7 @@ def _clean_shared_keys() -> None:
 
 
 def _empty_queue() -> None:
-    broker.client().delete(
-        *(keys.broker_queue(PRIVATE_QUEUE, step) for step in keys.BROKER_PRIORITY_STEPS)
-    )
+    empty_queues(PRIVATE_QUEUE)
 
 
 def _waiting_messages() -> list[str]:
@@ -367,9 +366,7 @@ def test_a_pending_run_published_again_holds_its_lapsed_identity_again() -> None
     identity = keys.identity(UNIQUE, "lapsed")
     valkey.client().delete(identity)
     unique_queue = f"task.t.{UNIQUE}"
-    broker.client().delete(
-        *(keys.broker_queue(unique_queue, step) for step in keys.BROKER_PRIORITY_STEPS)
-    )
+    empty_queues(unique_queue)
 
     report = Reconciler().tick()
 
@@ -730,7 +727,7 @@ def _pipeline_orphan(stage_attempts: int) -> str:
     """A pipeline run whose stage `a` was claimed by a process of another host that stopped
     heartbeating (its run's heartbeat 400 s old, no live hash)."""
     run_id = start_run(PIPE, {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
-    broker.client().delete(*(keys.broker_queue(PIPE_QUEUE, s) for s in keys.BROKER_PRIORITY_STEPS))
+    empty_queues(PIPE_QUEUE)
     valkey.client().delete(keys.run_active(run_id))
     TaskHistory.objects.filter(id=run_id).update(
         state="active",

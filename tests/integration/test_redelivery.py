@@ -23,11 +23,12 @@ from orchestrator.runs import put_back, terminal
 from orchestrator.runs.runner import run_message
 from orchestrator.runs.start import start_run
 from orchestrator.states import IllegalTransition, RunState
-from orchestrator.stores import broker, durable, keys, live, scripts
+from orchestrator.stores import durable, keys, live, scripts
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.errors import ErrorKind
 from tests.support.fixtures import wait_for
+from tests.support.messages import empty_queues
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -49,8 +50,7 @@ def _active(owner: str, task_id: str = "test-sleepy", attempts: int = 1) -> str:
 def _queue_cleared(task_id: str) -> None:
     """The start's own message taken out (as a worker would have), so what is found in the
     queue afterwards is what the redelivery published."""
-    client = broker.client()
-    client.delete(*(keys.broker_queue(f"task.t.{task_id}", s) for s in keys.BROKER_PRIORITY_STEPS))
+    empty_queues(f"task.t.{task_id}")
 
 
 def _queued(task_id: str) -> set[str]:

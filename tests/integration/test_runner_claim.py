@@ -36,7 +36,7 @@ from orchestrator.stores import broker, durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.support.fixtures import wait_for, worker_process
-from tests.support.messages import take_message
+from tests.support.messages import empty_queues, take_message
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -131,9 +131,7 @@ def test_a_short_first_delivery_reads_and_ends_in_one_write() -> None:
 
 @pytest.mark.worker
 def test_a_run_still_going_after_a_second_has_its_claim_written_by_its_watch() -> None:
-    broker.client().delete(
-        *(keys.broker_queue(SLEEPY_QUEUE, s) for s in keys.BROKER_PRIORITY_STEPS)
-    )
+    empty_queues(SLEEPY_QUEUE)
     with worker_process([SLEEPY_QUEUE], concurrency=1, name="claim-after"):
         run_id = start_run("test-sleepy", {"seconds": 3}, trigger=TriggerKind.MANUAL).run_id
         held = wait_for(lambda: _active_in_valkey(run_id), timeout=30)

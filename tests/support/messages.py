@@ -26,3 +26,12 @@ def take_message(task_id: str, run_id: str) -> tuple[list[Any], dict[str, Any]]:
                 client.lrem(name, 1, envelope)
                 return args, kwargs
     raise AssertionError(f"no message for run {run_id} in {queue}")
+
+
+def empty_queues(*queues: str) -> None:
+    """Drop the messages waiting in `queues` (every priority step of each): what earlier
+    tests published and no worker took, so a test's worker meets only the test's own."""
+    names = [
+        keys.broker_queue(queue, step) for queue in queues for step in keys.BROKER_PRIORITY_STEPS
+    ]
+    broker.client().delete(*names)
