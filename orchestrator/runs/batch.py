@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Refused
-from orchestrator.runs.publish import Outgoing, seed_and_publish_many
+from orchestrator.runs.publish import Outgoing, carried, seed_and_publish_many
 from orchestrator.runs.start import (
     InvalidInput,
     Prepared,
@@ -43,7 +43,6 @@ from orchestrator.runs.start import (
     joined,
     live_run_with_key,
     prepare,
-    sheet_of,
 )
 from orchestrator.states import RunState
 from orchestrator.stores import queries
@@ -303,7 +302,9 @@ def _publish(entries: Sequence[_Admitted]) -> None:
                     e.start.handle.job_id,
                     e.start.handle.priority,
                     e.admission.notes,
-                    sheet=sheet_of(e.start),
+                    sheet=carried(
+                        e.start.definition, e.start.input, e.start.identity, e.start.handle.priority
+                    ),
                 )
                 for e in entries
             ]

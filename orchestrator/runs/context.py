@@ -118,6 +118,16 @@ class RunContext:
         self.progress.report(done, total, item)
         self.progressed_at = time.monotonic()
 
+    def flush_progress(self, *, final: bool = False) -> None:
+        """The latest report to the live hash, if one waits (`runs.progress`)."""
+        if self.progress is not None:
+            self.progress.flush(final=final)
+
+    def write_progress_row(self) -> None:
+        """The latest report to the run's row, when it is due (`runs.progress`)."""
+        if self.progress is not None:
+            self.progress.write_row()
+
     def extras(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """What a plain run's end writes beside its result or error: its step's warnings,
         counters, cost and log tail, and its latest progress; each None when it has none."""

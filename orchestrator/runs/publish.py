@@ -50,9 +50,12 @@ class Carried(TypedDict):
     priority: int
 
 
-def carried(input: dict[str, Any], identity: str, priority: int) -> Carried | None:
-    """The sheet a first message carries, or None when the input is too long to carry."""
-    if len(json.dumps(input)) > CARRY_MAX_CHARS:
+def carried(
+    definition: TaskDefinition, input: dict[str, Any], identity: str, priority: int
+) -> Carried | None:
+    """What a plain run's first message carries of its row; None for a pipeline run (its
+    stages are claimed against the row) or an input too long to carry."""
+    if definition.pipeline or len(json.dumps(input)) > CARRY_MAX_CHARS:
         return None
     return Carried(input=input, identity=identity, priority=priority)
 

@@ -34,7 +34,7 @@ from orchestrator.hooks.base import Admission, Deduplicated, Dropped
 from orchestrator.hooks.quotas import capped
 from orchestrator.models import TaskHistory
 from orchestrator.runs import cancel
-from orchestrator.runs.publish import Carried, carried, job_id, publish
+from orchestrator.runs.publish import carried, job_id, publish
 from orchestrator.states import LIVE_RUN_STATES, RunState, StageState
 from orchestrator.stores import live, queries
 from orchestrator.text import first_unstorable, unstorable
@@ -432,16 +432,9 @@ def live_run_with_key(task_id: str, key: str | None) -> LiveRun | None:
     return None if row is None else LiveRun(*row)
 
 
-def sheet_of(start: Prepared) -> Carried | None:
-    """What a plain run's first message carries of its row (`runs.publish.carried`)."""
-    if start.definition.pipeline:
-        return None
-    return carried(start.input, start.identity, start.handle.priority)
-
-
 def _publish(start: Prepared, notes: Mapping[str, bool]) -> None:
     definition, handle = start.definition, start.handle
-    sheet = sheet_of(start)
+    sheet = carried(definition, start.input, start.identity, handle.priority)
     try:
         live.seed(handle.run_id, definition.id, handle.priority, definition.stage_order)
         publish(definition, handle.run_id, handle.job_id, handle.priority, notes=notes, sheet=sheet)

@@ -172,8 +172,7 @@ class Watcher:
         if watched.claim_at is not None and now >= watched.claim_at:
             self._write_claim(watched)
         try:
-            if watched.context.progress is not None:
-                watched.context.progress.write_row()
+            watched.context.write_progress_row()
         except Exception:
             log.exception("run %s: progress not written to its row", watched.run_id)
         if now < watched.next_postgres_beat:
@@ -244,8 +243,7 @@ class Watcher:
         except Exception:
             log.exception("run %s: log lines not sent; kept for the next flush", watched.run_id)
         try:
-            if watched.context.progress is not None:
-                watched.context.progress.flush(final=final)
+            watched.context.flush_progress(final=final)
         except Exception:
             log.exception("run %s: progress not written", watched.run_id)
 
