@@ -51,6 +51,8 @@ test: install
 	deploy/system-deps.sh test
 	$(BIN)/python -m lumastra.preflight --check-only
 	@mkdir -p .pytest_cache
+	# The pages' static files, collected once before the two sessions start side by side.
+	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
 	@$(FAULTS_STORES) $(BIN)/python -m pytest tests/faults > .pytest_cache/faults-run.log 2>&1 & \
 	battery=$$!; \
 	$(BIN)/python -m pytest --ignore=tests/faults; rest=$$?; \

@@ -16,8 +16,11 @@ import pytest
 from celery import Celery, current_app
 from django.conf import settings
 from django.contrib.staticfiles import finders
+from django.contrib.staticfiles.storage import staticfiles_storage
+from django.core.files.storage import storages
 from django.core.management import call_command
 from django.db import DatabaseError, connection
+from django.utils.functional import empty
 from redis.exceptions import RedisError
 
 from lumastra.workers import worker_argv
@@ -130,6 +133,10 @@ def _static_files() -> None:
         )
         if not manifest.exists() or max(sources) > manifest.stat().st_mtime:
             call_command("collectstatic", interactive=False, verbosity=0)
+    # The storage reads its manifest once, when first used: one used before the manifest was
+    # whole (a clean clone's first session, the battery's beside it) reads it again now.
+    storages._storages.pop("staticfiles", None)
+    staticfiles_storage._wrapped = empty
 
 
 @pytest.fixture(scope="session", autouse=True)
