@@ -2,9 +2,8 @@
 
 On pickup: processing_version guard → pre-claim hooks (pause, concurrency, rate) and the claim in
 Valkey (owner, pending → active), one pipeline → the run's input (carried by its first message,
-else read from Postgres) → the claimed
-run's execution (`runs.execute`: the handler beside its watch thread, then the terminal write
-through `runs.terminal`, Postgres first).
+else read from Postgres) → the claimed run's execution (`runs.execute`: the handler beside its
+watch thread, then the terminal write through `runs.terminal`, Postgres first).
 
 A plain run's Postgres claim (pending → active) is folded into its end: its first delivery
 reads nothing in Postgres when its start's message carries the row's input, identity and

@@ -3,9 +3,8 @@
 Write order: INSERT task_history → seed the live hash (Lua) → enqueue. The insert
 joins the caller's transaction (a caller without one: the INSERT commits by itself); seeding
 and publishing happen on commit, so the run exists if and only if the caller's transaction
-commits, and no message ever names a run that
-Postgres does not have. A crash after commit and before publish leaves a `pending` row for
-the reconciler.
+commits, and no message ever names a run that Postgres does not have. A crash after commit
+and before publish leaves a `pending` row for the reconciler.
 """
 
 from __future__ import annotations

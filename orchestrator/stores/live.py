@@ -204,29 +204,16 @@ def transition(
 ) -> RunState:
     """Move the live hash to `target`; `owner` fences writes from a process that lost the run."""
     script_keys, args = _transition_call(run_id, target, owner, clock)
+    return _previous(run_id, target, lambda: scripts.call("transition_run", script_keys, args))
+
+
+def _previous(run_id: str, target: RunState, reply: Callable[[], Any]) -> RunState:
+    """The state a move script (`transition_run`, `end_run`) left, as its `reply` says; its
+    refusals raised as `_translate` reads them."""
     try:
-        previous = scripts.call("transition_run", script_keys, args)
+        return RunState(reply())
     except ResponseError as exc:
         raise _translate(exc, run_id, target) from None
-    return RunState(previous)
-
-
-def queue_transition(
-    pipe: Pipeline, run_id: str, target: RunState, *, owner: str = "", clock: Clock = SYSTEM
-) -> Callable[[Any], RunState]:
-    """`transition`, queued in `pipe` to go with other commands; returns what reads its reply
-    (raising as `transition` would)."""
-    script_keys, args = _transition_call(run_id, target, owner, clock)
-    scripts.queue(pipe, "transition_run", script_keys, args)
-
-    def read(reply: Any) -> RunState:
-        try:
-            previous = scripts.replied("transition_run", script_keys, args, reply)
-        except ResponseError as exc:
-            raise _translate(exc, run_id, target) from None
-        return RunState(previous)
-
-    return read
 
 
 class EndCount(NamedTuple):
@@ -269,11 +256,7 @@ def end(
     """The run's end in Valkey (Postgres holds it): the hash moves to its terminal snapshot,
     counted and announced in the same call (`end_run.lua`); `owner` fences as `transition`."""
     script_keys, args = _end_call(run_id, target, owner, counted, clock)
-    try:
-        previous = scripts.call("end_run", script_keys, args)
-    except ResponseError as exc:
-        raise _translate(exc, run_id, target) from None
-    return RunState(previous)
+    return _previous(run_id, target, lambda: scripts.call("end_run", script_keys, args))
 
 
 def queue_end(
@@ -291,6 +274,7 @@ def queue_end(
     scripts.queue(pipe, "end_run", script_keys, args)
 
     def read(reply: Any) -> RunState:
+        # Inline, not through `_previous`: every run's end reads this reply.
         try:
             previous = scripts.replied("end_run", script_keys, args, reply)
         except ResponseError as exc:
