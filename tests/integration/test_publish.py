@@ -36,6 +36,7 @@ from tasks import registry
 from tasks.definition import TaskDefinition
 from tests.faults.servers import ValkeyServer
 from tests.support.fixtures import SHARED_TASKS
+from tests.support.messages import empty_queues
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -61,7 +62,7 @@ def _lists(definition: TaskDefinition) -> list[str]:
 
 
 def _empty(definition: TaskDefinition) -> None:
-    broker.client().delete(*_lists(definition))
+    empty_queues(_queue(definition))
 
 
 def _waiting(definition: TaskDefinition) -> list[tuple[str, dict[str, Any]]]:
