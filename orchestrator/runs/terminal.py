@@ -216,18 +216,29 @@ def _refused(end: End, exc: IllegalTransition, replay: Replay | None) -> Ended:
     if current in TERMINAL_RUN_STATES:
         log.info("run %s: already ended %s; %s not recorded", run_id, exc.current, target)
         return Ended(Written.SUPERSEDED, current)
+    if current is None and end.attempt is not None:
+        # No such run in Postgres: its row was lost after its message carried it out (a
+        # restore, a failover that lost commits; `runs.runner`). Nothing to end, as the read
+        # of a message for a run Postgres does not have drops it.
+        log.error("run %s: Postgres does not have this run; %s not recorded", run_id, target)
+        _give_back(end)
+        return Ended(Written.SUPERSEDED, current)
     if current is not None and not still_ours(run_id, end.owner):
         # Put back to pending after this claim's worker was judged lost (`runs.put_back`),
         # and perhaps claimed again since: the run is another attempt's now.
         log.warning(
             "run %s: no longer ours (%s, claimed anew); %s not recorded", run_id, current, target
         )
-        # What this claim took (its concurrency slot) is not the next attempt's to keep.
-        definition = registry.get().get(end.task_id or _task_of(run_id))
-        if definition is not None:
-            hooks.release(Pickup(definition, run_id, end.owner))
+        _give_back(end)
         return Ended(Written.SUPERSEDED, current)
     raise exc
+
+
+def _give_back(end: End) -> None:
+    """What this claim took (its concurrency slot) is not its run's next holder's to keep."""
+    definition = registry.get().get(end.task_id or _task_of(end.run_id))
+    if definition is not None:
+        hooks.release(Pickup(definition, end.run_id, end.owner))
 
 
 def _task_of(run_id: str) -> str:

@@ -77,6 +77,20 @@ def test_a_first_message_carries_the_row_and_its_pickup_reads_nothing() -> None:
     assert _moves(run_id) == [(None, "pending"), ("pending", "active"), ("active", "completed")]
 
 
+def test_a_carried_run_postgres_lost_is_not_recorded_and_raises_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run_id = _start()
+    args, kwargs = take_message(TASK, run_id)
+    TaskHistory.objects.filter(id=run_id).delete()  # its row lost after its message went out
+
+    run_message(TASK, *args, carried=kwargs["carried"])
+
+    assert not TaskHistory.objects.filter(id=run_id).exists()
+    assert "Postgres does not have this run" in caplog.text
+    assert running([TASK]) == {TASK: 0}
+
+
 def test_a_batch_start_carries_the_row_as_a_single_start_does() -> None:
     (outcome,) = start_runs([StartRequest(TASK, {})])
     assert outcome.run_id is not None
