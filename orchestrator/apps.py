@@ -22,9 +22,10 @@ def hook_chain() -> tuple[RunHook, ...]:
 
     At admission: dedup answers before anything is counted, a pause that refuses starts and
     the circuit before the quota takes a unit, backpressure last, so a refused start consumes
-    nothing and nothing is shed for a start the quota would refuse. At pickup: the pause first
-    (a parked run takes nothing), the concurrency slot, then the rate limit, so a run the rate
-    limit postpones gives its slot back (the dispatcher releases the hooks that passed).
+    nothing and nothing is shed for a start the quota would refuse. At pickup: the concurrency
+    slot, then the rate limit, so a run the rate limit postpones gives its slot back (the
+    dispatcher releases the hooks that passed); the pause is read by the claim's own script,
+    after them, and a parked run gives back what they took.
     """
     from orchestrator.hooks.backpressure import QueueCap
     from orchestrator.hooks.circuit import CircuitBreaker

@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from redis.client import Pipeline
 
@@ -230,11 +230,22 @@ class RunHook:
     calls a hook only at the points it overrides, for the tasks it `applies` to."""
 
     name: str = field(default="hook")
+    # Takes part at pickup only for a message carrying this note (`Admission.notes`): the
+    # runs of a task whose messages carry none pay nothing for it there.
+    pickup_note: ClassVar[str | None] = None
+    # Hears of a run's end only when the end's own script says it must (`end_run.lua`,
+    # `live.EndCount.ask_circuit`): recording the end would change nothing otherwise.
+    excused_at_end: ClassVar[bool] = False
 
     def applies(self, definition: TaskDefinition) -> bool:
         """Whether the hook has anything to do for `definition`'s runs, at any point. Asked
         once per definition (and registry) when the dispatcher compiles the task's plan: it
         may read only the definition and the registry, never a store or the clock."""
+        return True
+
+    def takes_part(self, point: str, definition: TaskDefinition) -> bool:
+        """Whether the hook takes part in `point` (a name of POINTS) for `definition`'s runs,
+        of the points it overrides and for a task it `applies` to; the same rules hold."""
         return True
 
     def plan_admit(self, admission: Admission) -> Part | None:

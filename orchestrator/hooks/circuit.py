@@ -49,7 +49,9 @@ authoritative for admission. After each change the whole hash is upserted into
 probe's admission is copied to Postgres when its start commits. A missing hash (Valkey restarted or
 flushed) is rebuilt from that row, or created closed when there is none, by the first call
 that needs it. Admitting to a closed circuit and recording a success that changes nothing
-write nothing.
+write nothing, and a run that completes while its circuit is closed with no failure counted in
+a row is not even told to this hook: the end's own script (`end_run.lua`) reads the hash and
+asks for this hook only when the end would change it (`RunHook.excused_at_end`).
 
 Not guaranteed:
 - The probe slot is not copied to Postgres: after Valkey lost the hash, a probe in flight may
@@ -76,7 +78,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from functools import partial
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from django.conf import settings
 from redis.client import Pipeline
@@ -160,6 +162,10 @@ def verdict(outcome: Outcome) -> Verdict:
 class CircuitBreaker(RunHook):
     name: str = "circuit"
     clock: Clock = SYSTEM
+    # Only the probe's message carries the note; a run completed on a closed circuit with no
+    # failure in a row changes nothing, and the end's script says so (`end_run.lua`).
+    pickup_note: ClassVar[str | None] = PROBE_NOTE
+    excused_at_end: ClassVar[bool] = True
 
     def plan_admit(self, admission: Admission) -> Part:
         task_id = admission.definition.id

@@ -13,6 +13,13 @@ compiled against stay installed (a registry or a chain installed again, by a tes
 a definition that is not the registry's own (a stage watched under its own timeout) gets a
 plan compiled for it, not kept.
 
+Two kinds of hook take part only when the run says so, and are kept apart in the plan: a hook
+with a `pickup_note` takes part at pickup only for a message carrying that note
+(`before_claim_noted`), and a hook `excused_at_end` hears of a run's end only when the end's
+own script says it must (`finished_asked`). The run code reads a task's plan from `plans`
+without a call (a plan whose `definition` is not the caller's is not its own: `plan` compiles
+it), so a task none of whose hooks takes part at a point runs no code of this package there.
+
 At each planned point it collects each hook's `Part` and sends the parts' commands in one
 coordination Valkey pipeline, then hands each hook its replies in chain order; a part marked
 `after_replies` first has the parts before it sent and received. So a task with no limits
@@ -63,30 +70,33 @@ class Plan:
     definition: TaskDefinition
     admit: tuple[RunHook, ...]
     abandoned: tuple[RunHook, ...]
-    before_claim: tuple[RunHook, ...]
+    before_claim: tuple[RunHook, ...]  # without the hooks that wait for a note
+    before_claim_noted: tuple[RunHook, ...]  # all of them: for a message carrying notes
     release: tuple[RunHook, ...]
     before_stage: tuple[RunHook, ...]
     heartbeat: tuple[RunHook, ...]
     republished: tuple[RunHook, ...]
-    finished: tuple[RunHook, ...]
+    finished: tuple[RunHook, ...]  # without the hooks the end's script may excuse
+    finished_asked: tuple[RunHook, ...]  # those: told only when the script asks
 
     def hooks(self) -> tuple[RunHook, ...]:
         """Every hook that takes part in at least one point, in chain order."""
         points = (
             self.admit,
             self.abandoned,
-            self.before_claim,
+            self.before_claim_noted,
             self.release,
             self.before_stage,
             self.heartbeat,
             self.republished,
             self.finished,
+            self.finished_asked,
         )
         return tuple(hook for hook in _chain if any(_among(hook, point) for point in points))
 
 
 # Compiled plans by task id, and the registry they were compiled against.
-_plans: dict[str, Plan] = {}
+plans: dict[str, Plan] = {}
 _plans_for: object = None
 
 
@@ -94,7 +104,7 @@ def install(hooks: Sequence[RunHook]) -> None:
     """Set the chain every run goes through (the composition root, at startup)."""
     global _chain
     _chain = tuple(hooks)
-    _plans.clear()
+    plans.clear()
 
 
 def installed() -> tuple[RunHook, ...]:
@@ -105,23 +115,31 @@ def _among(hook: RunHook, hooks: Sequence[RunHook]) -> bool:
     return any(other is hook for other in hooks)
 
 
-def _taking_part(hooks: Sequence[RunHook], point: str) -> tuple[RunHook, ...]:
-    unchanged = getattr(RunHook, point)
-    return tuple(hook for hook in hooks if getattr(type(hook), point) is not unchanged)
-
-
 def _compile(definition: TaskDefinition) -> Plan:
     applying = [hook for hook in _chain if hook.applies(definition)]
+
+    def taking_part(point: str) -> tuple[RunHook, ...]:
+        unchanged = getattr(RunHook, point)
+        return tuple(
+            hook
+            for hook in applying
+            if getattr(type(hook), point) is not unchanged and hook.takes_part(point, definition)
+        )
+
+    before_claim = taking_part("plan_before_claim")
+    finished = taking_part("plan_finished")
     return Plan(
         definition,
-        admit=_taking_part(applying, "plan_admit"),
-        abandoned=_taking_part(applying, "abandoned"),
-        before_claim=_taking_part(applying, "plan_before_claim"),
-        release=_taking_part(applying, "release"),
-        before_stage=_taking_part(applying, "plan_before_stage"),
-        heartbeat=_taking_part(applying, "plan_heartbeat"),
-        republished=_taking_part(applying, "plan_republished"),
-        finished=_taking_part(applying, "plan_finished"),
+        admit=taking_part("plan_admit"),
+        abandoned=taking_part("abandoned"),
+        before_claim=tuple(hook for hook in before_claim if hook.pickup_note is None),
+        before_claim_noted=before_claim,
+        release=taking_part("release"),
+        before_stage=taking_part("plan_before_stage"),
+        heartbeat=taking_part("plan_heartbeat"),
+        republished=taking_part("plan_republished"),
+        finished=tuple(hook for hook in finished if not hook.excused_at_end),
+        finished_asked=tuple(hook for hook in finished if hook.excused_at_end),
     )
 
 
@@ -130,14 +148,14 @@ def plan(definition: TaskDefinition) -> Plan:
     global _plans_for
     tasks = registry.get()
     if tasks is not _plans_for:
-        _plans.clear()
+        plans.clear()
         _plans_for = tasks
-    compiled = _plans.get(definition.id)
+    compiled = plans.get(definition.id)
     if compiled is not None and compiled.definition is definition:
         return compiled
     compiled = _compile(definition)
     if tasks.get(definition.id) is definition:
-        _plans[definition.id] = compiled
+        plans[definition.id] = compiled
     return compiled
 
 
@@ -232,11 +250,10 @@ def before_claim(pickup: Pickup, *, last: Part | None = None) -> None:
     and runs whatever they decide: its `receive`, called first, must not raise, and the
     caller undoes it when a hook postpones."""
     hooks = plan(pickup.definition)
+    taking_part = hooks.before_claim_noted if pickup.notes else hooks.before_claim
     passed: list[RunHook] = []
     try:
-        _Round(passed).run(
-            ((hook, hook.plan_before_claim(pickup)) for hook in hooks.before_claim), last
-        )
+        _Round(passed).run(((hook, hook.plan_before_claim(pickup)) for hook in taking_part), last)
     except BaseException:
         # Not only on Postpone: a hook that failed (Valkey unreachable, the soft time limit)
         # must not leave an earlier hook's concurrency slot taken until its lease runs out.
@@ -280,11 +297,11 @@ def republished(run: Republished) -> None:
         )
 
 
-def finished(outcome: Outcome, *, first: Part | None = None) -> None:
-    """Every hook's end-of-run part. `first` (the caller's own command, e.g. the live hash's
-    move) goes first in the same pipeline; its `receive` must not raise."""
+def finished(outcome: Outcome, hooks: Sequence[RunHook], *, first: Part | None = None) -> None:
+    """The end-of-run part of `hooks` (the plan's `finished`, `finished_asked`, or both).
+    `first` (the caller's own command, e.g. the live hash's move) goes first in the same
+    pipeline; its `receive` must not raise."""
     # The run has ended in Postgres; a hook's failure must not undo or hide that.
-    hooks = plan(outcome.definition).finished
     _each(
         hooks,
         lambda hook: hook.plan_finished(outcome),

@@ -2,15 +2,15 @@
 
 A `RunHook`, in the chain of `orchestrator.apps.hook_chain` right after identity dedup. It reads
 the pauses' Valkey mirror (`keys.pauses()`: one HMGET of the task's field and its class's) as
-one more command of the pipelines admission and pickup already send, so a run pays no round
-trip for it, paused or not.
+one more command of the pipeline admission already sends, so a start pays no round trip for
+it, paused or not.
 
 - Admission: a pause that refuses starts answers 503 `paused` (`Paused`), and nothing is
   written; any other pause takes the start: the run is recorded `pending` and published.
-- Pickup (`before_claim`): a paused run is parked (`Parked`): the runner gives back its Valkey
-  claim and acknowledges the message without running it. The run stays `pending` in both
-  stores, with no message, so no worker spins on it; `recovery.pauses.resume` publishes the
-  parked runs again, most urgent first.
+- Pickup: the claim's own script reads the mirror (`claim_run.lua`, `live.Held`), so no hook
+  runs there: a paused run is parked, its message acknowledged without running it and
+  nothing claimed. The run stays `pending` in both stores, with no message, so no worker
+  spins on it; `recovery.pauses.resume` publishes the parked runs again, most urgent first.
 - A stage of a pipeline (`plan_before_stage`, heard by its message before its claim) is held
   (`Parked`) when its run's task or the stage's own class is paused: the stage stays `waiting`
   and its message is acknowledged; the resume publishes it again. A stage claim reads nothing
@@ -45,13 +45,12 @@ from orchestrator.hooks.base import (
     Admission,
     Parked,
     Part,
-    Pickup,
     Refused,
     RunHook,
     StagePickup,
     checked,
 )
-from orchestrator.stores import keys, valkey
+from orchestrator.stores import keys, live, valkey
 from tasks.definition import TaskDefinition
 
 HOLD = "hold"  # runs wait, starts are taken
@@ -76,7 +75,7 @@ def parked(run_id: str, field: str) -> Parked:
 def fields_for(task_id: str, resource_class: str) -> tuple[str, str]:
     """The mirror's fields that hold a task's work in a class: the task's pause, the class's
     (a run's own class, or a pipeline stage's)."""
-    return keys.pause_field("task", task_id), keys.pause_field("class", resource_class)
+    return live.Pauses.of(task_id, resource_class)
 
 
 def fields_of(definition: TaskDefinition) -> tuple[str, str]:
@@ -103,12 +102,6 @@ class PauseGate(RunHook):
                 raise Paused(f"{scope} {name!r} is paused and refuses new starts; resume it first")
 
         return _read(fields_of(admission.definition), judge)
-
-    def plan_before_claim(self, pickup: Pickup) -> Part:
-        def judge(pause: tuple[str, str]) -> None:
-            raise parked(pickup.run_id, pause[0])
-
-        return _read(fields_of(pickup.definition), judge)
 
     def plan_before_stage(self, stage: StagePickup) -> Part:
         """From this process's copy of the mirror: nothing is sent."""

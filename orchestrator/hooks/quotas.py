@@ -93,6 +93,10 @@ class DailyQuota(RunHook):
     name: str = "quota"
     clock: Clock = SYSTEM
 
+    def takes_part(self, point: str, definition: TaskDefinition) -> bool:
+        # An uncapped task's ends are counted by the end's own script (`live.EndCount`).
+        return point != "plan_finished" or capped(definition)
+
     def plan_admit(self, admission: Admission) -> Part:
         definition = admission.definition
         if not capped(definition):

@@ -1,9 +1,10 @@
 """The runner: the body of every Celery task, from a delivered message to a claimed run.
 
-On pickup: processing_version guard → pre-claim hooks (pause, concurrency, rate) and the claim in
-Valkey (owner, pending → active), one pipeline → the run's input (carried by its first message,
-else read from Postgres) → the claimed run's execution (`runs.execute`: the handler beside its
-watch thread, then the terminal write through `runs.terminal`, Postgres first).
+On pickup: processing_version guard → the pre-claim hooks of the task's plan, if any
+(concurrency, rate; a probe's circuit), and the claim in Valkey (owner, pending → active, unless
+a pause holds the run), one round trip → the run's input (carried by its first message, else
+read from Postgres) → its execution (`runs.execute`: the handler beside its watch thread, then
+the terminal write through `runs.terminal`, Postgres first).
 
 A plain run's Postgres claim (pending → active) is folded into its end: its first delivery
 reads nothing in Postgres when its start's message carries the row's input, identity and
@@ -15,19 +16,16 @@ A run still going after `watch.CLAIM_AFTER_S` has its claim written by its watch
 cancel (`runs.cancel`) and a retry (`runs.execute`), which move a claimed run. A pipeline run
 claims at once (its stages are claimed against it), as do the paths that read the row first.
 
-A first delivery reads nothing before its claim. The row is read first only for a redelivered
-message (counted, and judged by its heartbeat when its run is live), a message of an older
-processing_version, or when a claim refused or a hook postponed: then it decides what the
-message is (a duplicate of an ended run, a cancel before pickup, a retry not yet due, a lost
-live hash to seed again). So a duplicate of an ended run takes a concurrency slot and gives it
-back at once, and a retry delivered before its time costs a claim and its give-back.
+The row is read first only for a redelivered message (counted, and judged by its heartbeat
+when its run is live), a message of an older processing_version, or when a claim refused or a
+hook postponed: then it says what the message is (a duplicate of an ended run, a cancel before
+pickup, a retry not yet due, a lost live hash to seed again).
 
 A redelivery of a run whose worker died mid-run puts it back to pending for its next attempt
 (`runs.put_back`), unless the task opted out (`retry_on_worker_loss=False`).
 
-Database connections are checked before each run without a round trip
-(`durable.task_connections`) and closed after it if broken or too old, so a connection dropped
-between runs is replaced rather than failing a run.
+Database connections are checked before each run without a round trip and closed after it
+if broken or too old (`durable.task_connections`).
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ from redis.client import Pipeline
 
 from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Parked, Part, Pickup, Postpone
+from orchestrator.hooks.base import Part, Pickup, Postpone
 from orchestrator.models import TaskHistory
 from orchestrator.runs import execute, put_back, terminal
 from orchestrator.runs.publish import Carried, republish
@@ -72,9 +70,8 @@ def run_message(
     notes: Mapping[str, bool] | None = None,
     carried: Carried | None = None,
 ) -> None:
-    """Run one delivered message; `notes`: what the run's admission told its pickup hooks
-    (`hooks.base.Admission.notes`), carried by the message; `carried`: what a first message
-    carries of the row (`runs.publish.Carried`)."""
+    """Run one delivered message; `notes`: what its admission told its pickup hooks
+    (`Admission.notes`); `carried`: what a first message carries of the row (`Carried`)."""
     with durable.task_connections():
         definition = registry.get()[task_id]
         _run(definition, run_id, processing_version, redelivered, notes or {}, carried)
@@ -98,26 +95,25 @@ def _run(
     if redelivered or processing_version < definition.processing_version:
         _run_from_row(definition, run_id, processing_version, redelivered, notes)
         return
-    # A first delivery of a current message: claim without reading the row; the claim's
-    # UPDATE returns what the run needs. Only a refusal reads the row, to learn why.
+    # A first delivery of a current message: claim without reading the row.
     pickup = Pickup(definition, run_id, instance_id(), notes)
-    # The Valkey claim goes last in the pickup hooks' pipeline: one round trip for both, and
-    # a postponed pickup gives it back (one more).
-    claim = _LiveClaim(run_id, pickup.owner)
-    try:
-        hooks.before_claim(pickup, last=claim.part())
-    except Postpone as wait:
-        claim.give_back()
-        _postponed_unread(definition, pickup, wait)
-        return
-    except Parked as parked:
-        # Pending in both stores, its message acknowledged: a resume publishes it again.
-        claim.give_back()
-        log.info("%s; parked", parked)
-        return
-    except BaseException:
-        claim.give_back()
-        raise
+    claim = _LiveClaim(run_id, pickup.owner, definition)
+    plan = hooks.plans.get(definition.id)
+    if plan is None or plan.definition is not definition:
+        plan = hooks.plan(definition)
+    if plan.before_claim or notes:
+        # The claim goes last in the hooks' pipeline; a postponed pickup gives it back.
+        try:
+            hooks.before_claim(pickup, last=claim.part())
+        except Postpone as wait:
+            claim.give_back()
+            _postponed_unread(definition, pickup, wait)
+            return
+        except BaseException:
+            claim.give_back()
+            raise
+    else:
+        claim.alone()  # no hook takes part in this pickup: the claim, one command
     claimed: ClaimedRun | _Refusal = _Refusal.HANDLED
     try:
         claimed = _claim_unread(definition, claim, carried)
@@ -179,9 +175,6 @@ def _run_from_row(
         log.info("run %s: postponed %ss (%s)", row.id, wait.delay.total_seconds(), wait.reason)
         republish(definition, row.id, row.identity, row.priority, wait.delay, notes)
         return
-    except Parked as parked:
-        log.info("%s; parked", parked)
-        return
     claimed = None
     try:
         claimed = _claim(definition, row, pickup.owner)
@@ -219,12 +212,15 @@ class _Refusal(Enum):
 
 
 class _LiveClaim:
-    """A first delivery's Valkey claim (`claim_run.lua`), sent as the last command of the
-    pickup hooks' pipeline; its reply is kept for the runner to judge once the hooks have."""
+    """A first delivery's Valkey claim (`claim_run.lua`, which also reads the pauses): alone,
+    or sent as the last command of the pickup hooks' pipeline; its reply is kept for the
+    runner to judge once the hooks have."""
 
-    def __init__(self, run_id: str, owner: str) -> None:
+    def __init__(self, run_id: str, owner: str, definition: TaskDefinition) -> None:
         self.run_id, self.owner = run_id, owner
+        self.pauses = live.Pauses.of(definition.id, definition.resource_class)
         self.taken = False
+        self.held: live.Held | None = None  # a pause holds the run
         self.refused: IllegalTransition | None = None  # the run was not pending in Valkey
         self.failed: Exception | None = None  # anything else the script answered
         self._read: Callable[[Any], None] | None = None
@@ -232,14 +228,23 @@ class _LiveClaim:
     def part(self) -> Part:
         return Part(self._receive, self._send)
 
+    def alone(self) -> None:
+        self._judge(lambda: live.claim(self.run_id, self.owner, self.pauses))
+
     def _send(self, pipe: Pipeline) -> None:
-        self._read = live.queue_claim(pipe, self.run_id, self.owner)
+        self._read = live.queue_claim(pipe, self.run_id, self.owner, self.pauses)
 
     def _receive(self, replies: list[Any]) -> None:
-        assert self._read is not None
+        read = self._read
+        assert read is not None
+        self._judge(lambda: read(replies[0]))
+
+    def _judge(self, claim: Callable[[], None]) -> None:
         try:
-            self._read(replies[0])
+            claim()
             self.taken = True
+        except live.Held as exc:
+            self.held = exc
         except IllegalTransition as exc:
             self.refused = exc
         except Exception as exc:
@@ -253,18 +258,17 @@ class _LiveClaim:
 def _claim_unread(
     definition: TaskDefinition, claim: _LiveClaim, carried: Carried | None
 ) -> ClaimedRun | _Refusal:
-    """A first delivery's claim, before anything was read: Valkey (sent with the pickup
-    hooks), then Postgres; a plain run whose message carries its input reads nothing.
-
-    Any refusal leaves both stores as they were (a Valkey claim Postgres refused goes back to
-    pending) and sends the message to the paths that read the row: they re-seed a lost hash,
-    take over an abandoned claim, republish a retry that came early, drop a duplicate."""
+    """A first delivery's claim: Valkey's (judged here), then Postgres's; a plain run whose
+    message carries its input reads nothing. A refusal leaves both stores as they were and
+    sends the message to the paths that read the row."""
     if claim.failed is not None:
         raise claim.failed
+    if claim.held is not None:
+        # Pending in both stores, its message acknowledged: a resume publishes it again.
+        log.info("%s; parked", claim.held)
+        return _Refusal.HANDLED
     if claim.refused is not None:
-        log.debug(
-            "run %s: live claim refused (%s); reading the row", claim.run_id, claim.refused.current
-        )
+        log.debug("run %s: live claim refused (%s)", claim.run_id, claim.refused.current)
         return _Refusal.READ_ROW
     if definition.pipeline:
         claimed = _claim_durable(definition, claim.run_id, claim.owner)
@@ -305,7 +309,10 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> ClaimedR
     """pending → active in Valkey, then Postgres, for a run whose row says pending. None when
     the run is not ours to run, or not yet (its message published again for later)."""
     try:
-        live.claim(row.id, owner)
+        live.claim(row.id, owner, live.Pauses.of(definition.id, definition.resource_class))
+    except live.Held as held:
+        log.info("%s; parked", held)
+        return None
     except live.Settling as settling:
         # Seeded again after Valkey lost its hash: a handler that held the lost claim takes it
         # back meanwhile (`runs.watch`); this message comes back once the mark has run out.

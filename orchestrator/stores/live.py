@@ -38,6 +38,15 @@ class FencedWrite(Exception):
     """A write came from a process that no longer owns the run."""
 
 
+class Held(Exception):
+    """A claim refused because a pause holds the run (`claim_run.lua`): `field` names it (a
+    field of `keys.pauses()`). The run stays pending in both stores, unclaimed."""
+
+    def __init__(self, run_id: str, field: str) -> None:
+        super().__init__(f"run {run_id}: held by the pause of {field.replace(':', ' ', 1)}")
+        self.field = field
+
+
 class Settling(IllegalTransition):
     """A claim refused while the run's hash, seeded again after Valkey lost it, settles
     (`reseed`); `left` is how long the mark still stands."""
@@ -57,6 +66,8 @@ def _translate(exc: ResponseError, run_id: str, target: str) -> Exception:
         return IllegalTransition(run_id, None, target, "valkey")
     if message.startswith("SETTLING "):
         return Settling(run_id, timedelta(milliseconds=int(message.split(" ", 1)[1])))
+    if message.startswith("PAUSED "):
+        return Held(run_id, message[7:])
     if message.startswith("FENCED"):
         return FencedWrite(f"run {run_id}: write fenced, owned by {message[7:]!r}")
     return exc
@@ -134,8 +145,9 @@ def reseed(
     return seeded
 
 
-def claim(run_id: str, owner: str, clock: Clock = SYSTEM) -> None:
-    script_keys, args = _claim_call(run_id, owner, clock)
+def claim(run_id: str, owner: str, pauses: Pauses, clock: Clock = SYSTEM) -> None:
+    """pending → active for `owner`, unless one of `pauses` holds the run (`Held`)."""
+    script_keys, args = _claim_call(run_id, owner, pauses, clock)
     try:
         scripts.call("claim_run", script_keys, args)
     except ResponseError as exc:
@@ -153,18 +165,18 @@ def claim_again(
     pipe = valkey.client().pipeline(transaction=False)
     scripts.queue(pipe, "seed_run", seed_keys, seed_args)
     pipe.delete(keys.run_reseeded(run_id))
-    read_claim = queue_claim(pipe, run_id, owner, clock)
+    read_claim = queue_claim(pipe, run_id, owner, NO_PAUSE, clock)
     seeded, _, claimed = valkey.execute(pipe, raise_on_error=False)
     scripts.replied("seed_run", seed_keys, seed_args, seeded)
     read_claim(claimed)
 
 
 def queue_claim(
-    pipe: Pipeline, run_id: str, owner: str, clock: Clock = SYSTEM
+    pipe: Pipeline, run_id: str, owner: str, pauses: Pauses, clock: Clock = SYSTEM
 ) -> Callable[[Any], None]:
     """`claim`, queued in `pipe` to go with other commands (the pickup hooks'); returns what
     reads its reply (raising as `claim` would)."""
-    script_keys, args = _claim_call(run_id, owner, clock)
+    script_keys, args = _claim_call(run_id, owner, pauses, clock)
     scripts.queue(pipe, "claim_run", script_keys, args)
 
     def read(reply: Any) -> None:
@@ -176,10 +188,32 @@ def queue_claim(
     return read
 
 
-def _claim_call(run_id: str, owner: str, clock: Clock) -> tuple[list[str], list[Any]]:
+class Pauses(NamedTuple):
+    """The fields of `keys.pauses()` that hold a run at its claim: its task's and its class's."""
+
+    task: str
+    resource_class: str
+
+    @classmethod
+    def of(cls, task_id: str, resource_class: str) -> Pauses:
+        return cls(keys.pause_field("task", task_id), keys.pause_field("class", resource_class))
+
+
+# A claim no pause holds: a running run's, taken back (`claim_again`): running runs finish.
+NO_PAUSE = Pauses("", "")
+
+
+def _claim_call(
+    run_id: str, owner: str, pauses: Pauses, clock: Clock
+) -> tuple[list[str], list[Any]]:
     return (
-        [keys.run_active(run_id), keys.run_terminal(run_id), keys.run_reseeded(run_id)],
-        [owner, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s],
+        [
+            keys.run_active(run_id),
+            keys.run_terminal(run_id),
+            keys.run_reseeded(run_id),
+            keys.pauses(),
+        ],
+        [owner, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, *pauses],
     )
 
 
@@ -204,24 +238,28 @@ def transition(
 ) -> RunState:
     """Move the live hash to `target`; `owner` fences writes from a process that lost the run."""
     script_keys, args = _transition_call(run_id, target, owner, clock)
-    return _previous(run_id, target, lambda: scripts.call("transition_run", script_keys, args))
-
-
-def _previous(run_id: str, target: RunState, reply: Callable[[], Any]) -> RunState:
-    """The state a move script (`transition_run`, `end_run`) left, as its `reply` says; its
-    refusals raised as `_translate` reads them."""
     try:
-        return RunState(reply())
+        return RunState(scripts.call("transition_run", script_keys, args))
     except ResponseError as exc:
         raise _translate(exc, run_id, target) from None
 
 
 class EndCount(NamedTuple):
-    """What a run's end counts besides /metrics (`end_run.lua`): its task, and the field of
-    the task's daily count it adds one to ('' for none: a capped task counts in Postgres)."""
+    """What a run's end counts besides /metrics (`end_run.lua`): its task, the field of the
+    task's daily count it adds one to ('' for none: a capped task counts in Postgres), and
+    whether to ask if the task's circuit must hear of the end."""
 
     task_id: str
     quota_field: str = ""
+    ask_circuit: bool = False
+
+
+class Ended(NamedTuple):
+    """What a run's end in Valkey found: the hash's state before it, and whether the task's
+    circuit must record the end (only when asked: `EndCount.ask_circuit`)."""
+
+    previous: RunState
+    circuit: bool
 
 
 def _end_call(
@@ -235,6 +273,7 @@ def _end_call(
             keys.metrics(counters.RUNS),
             keys.metrics(counters.DURATION),
             keys.quota_counts(counted.task_id, now.date().isoformat()),
+            keys.circuit(counted.task_id),
         ],
         [
             target.value,
@@ -245,6 +284,7 @@ def _end_call(
             counted.quota_field,
             int(QUOTA_COUNT_TTL.total_seconds()),
             keys.run_ended(run_id),
+            int(counted.ask_circuit),
             *counters.DURATION_BUCKETS,
         ],
     )
@@ -252,11 +292,15 @@ def _end_call(
 
 def end(
     run_id: str, target: RunState, counted: EndCount, *, owner: str = "", clock: Clock = SYSTEM
-) -> RunState:
+) -> Ended:
     """The run's end in Valkey (Postgres holds it): the hash moves to its terminal snapshot,
     counted and announced in the same call (`end_run.lua`); `owner` fences as `transition`."""
     script_keys, args = _end_call(run_id, target, owner, counted, clock)
-    return _previous(run_id, target, lambda: scripts.call("end_run", script_keys, args))
+    try:
+        previous, circuit = scripts.call("end_run", script_keys, args)
+    except ResponseError as exc:
+        raise _translate(exc, run_id, target) from None
+    return Ended(RunState(previous), bool(circuit))
 
 
 def queue_end(
@@ -267,19 +311,18 @@ def queue_end(
     *,
     owner: str = "",
     clock: Clock = SYSTEM,
-) -> Callable[[Any], RunState]:
+) -> Callable[[Any], Ended]:
     """`end`, queued in `pipe` to go with other commands; returns what reads its reply
     (raising as `end` would)."""
     script_keys, args = _end_call(run_id, target, owner, counted, clock)
     scripts.queue(pipe, "end_run", script_keys, args)
 
-    def read(reply: Any) -> RunState:
-        # Inline, not through `_previous`: every run's end reads this reply.
+    def read(reply: Any) -> Ended:
         try:
-            previous = scripts.replied("end_run", script_keys, args, reply)
+            previous, circuit = scripts.replied("end_run", script_keys, args, reply)
         except ResponseError as exc:
             raise _translate(exc, run_id, target) from None
-        return RunState(previous)
+        return Ended(RunState(previous), bool(circuit))
 
     return read
 

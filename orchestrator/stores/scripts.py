@@ -23,12 +23,12 @@ from orchestrator.stores import valkey
 LUA_DIR = Path(__file__).parent / "lua"
 PINNED_VERSIONS = {
     "seed_run": 2,
-    "claim_run": 3,
+    "claim_run": 4,
     "transition_run": 3,
     "transition_stage": 3,
     "set_progress": 1,
     "log_append": 1,
-    "end_run": 1,
+    "end_run": 2,
     "identity_claim": 1,
     "identity_hold": 1,
     "shed_oldest": 1,

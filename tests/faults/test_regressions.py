@@ -104,7 +104,7 @@ def test_a_claim_that_reached_valkey_only_does_not_strand_the_run() -> None:
     # the Lua call was lost): the hash says active, owned by a process that no longer runs it;
     # Postgres says pending; the message was acknowledged.
     owner = "elsewhere:1:DEADBEEF"
-    live.claim(run_id, owner)
+    live.claim(run_id, owner, live.NO_PAUSE)
     empty_queues(QUEUE)
     run_message("test-fault-work", run_id, 1)  # a delivery racing a live claimer: refused
     assert TaskHistory.objects.get(id=run_id).state == "pending"
@@ -132,7 +132,7 @@ def test_a_claim_that_reached_valkey_only_does_not_strand_the_run() -> None:
 def test_a_live_hash_left_behind_a_terminal_write_is_repaired() -> None:
     run_id = start_run("test-fault-work", {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
     owner = "elsewhere:1:DEADBEEF"
-    live.claim(run_id, owner)
+    live.claim(run_id, owner, live.NO_PAUSE)
     # The worker wrote Postgres (claim, then the end) and was SIGKILLed before it settled the run,
     # longer ago than the repair's grace for writers still at work.
     durable.claim(run_id, owner)

@@ -304,7 +304,7 @@ def test_a_pipeline_cancel_tells_its_owner_and_each_running_stages_claimer(
     record's), and a kill now to both as well."""
     run_id = start_run("test-pipe", {}, trigger=TriggerKind.MANUAL).run_id
     owner, elsewhere = "host-a:101:OWNER", "host-b:202:STAGE"
-    live.claim(run_id, owner)
+    live.claim(run_id, owner, live.NO_PAUSE)
     assert durable.claim(run_id, owner) is not None
     assert durable.claim_stage(run_id, "probe", "io", elsewhere) is not None
     channels = {keys.cancel_channel(owner): owner, keys.cancel_channel(elsewhere): elsewhere}

@@ -62,7 +62,9 @@ def _warm(task_id: str) -> None:
     with transaction.atomic():
         dispatch.admit(Admission(definition, run_id, "", 2, {"kind": "manual"}))
     dispatch.before_claim(Pickup(definition, run_id, "warm"))
-    dispatch.finished(Outcome(definition, run_id, "warm", RunState.COMPLETED))
+    plan = dispatch.plan(definition)
+    outcome = Outcome(definition, run_id, "warm", RunState.COMPLETED)
+    dispatch.finished(outcome, plan.finished + plan.finished_asked)
 
 
 def test_each_point_is_one_round_trip_for_a_task_without_limits(
@@ -81,18 +83,20 @@ def test_each_point_is_one_round_trip_for_a_task_without_limits(
     dispatch.before_claim(Pickup(definition, run_id, "owner"))
     picked = dict(sends)
     sends.clear()
-    dispatch.finished(Outcome(definition, run_id, "owner", RunState.COMPLETED))
+    plan = dispatch.plan(definition)
+    outcome = Outcome(definition, run_id, "owner", RunState.COMPLETED)
+    dispatch.finished(outcome, plan.finished + plan.finished_asked)
     ended = dict(sends)
 
     # Admission: circuit check and daily count together; the broker depth on its own server,
     # unless the warm-up's reading is still fresh (`backpressure.DEPTH_FRESH`).
     assert admitted.pop("coordination") == 1
     assert admitted in ({"other": 1}, {})
-    # Pickup: the pause check alone (no max_concurrent, so no slot to take; only a circuit's
-    # probe asks about its slot); the runner sends the claim in this same round trip
-    # (`test_round_trips.py`).
-    assert picked == {"coordination": 1}
-    # End: circuit record and daily count together.
+    # Pickup: no hook (the claim's own script reads the pauses; no max_concurrent, so no slot
+    # to take; only a circuit's probe asks about its slot).
+    assert picked == {}
+    # End, the circuit told (the end's script excuses it from a clean completion,
+    # `test_settle.py`): its record alone, the day count being the end script's.
     assert ended == {"coordination": 1}
     assert statements == []  # no quota row per start or end
 
@@ -127,8 +131,9 @@ def test_a_task_that_declares_nothing_runs_none_of_the_limits_hooks() -> None:
 
     assert _names(plan.hooks()) == UNIVERSAL
     assert _names(plan.admit) == ["pause", "circuit", "quota", "backpressure"]
-    assert _names(plan.before_claim) == ["pause", "circuit"]
-    assert _names(plan.finished) == ["circuit", "quota"]
+    assert plan.before_claim == plan.finished == ()
+    assert _names(plan.before_claim_noted) == ["circuit"]  # a probe's message only
+    assert _names(plan.finished_asked) == ["circuit"]  # when the end's script asks
     assert plan.heartbeat == plan.release == plan.republished == ()
     assert _names(plan.abandoned) == ["circuit", "quota"]
     assert plan is dispatch.plan(registry.get()[PLAIN]), "compiled once per definition"
@@ -146,7 +151,8 @@ def test_a_task_with_every_limit_runs_every_hook_in_chain_order() -> None:
         name for name in _names(dispatch.installed()) if name != "cost-quota"
     ]
     plan = dispatch.plan(limited)
-    assert _names(plan.before_claim) == ["pause", "circuit", "concurrency", "rate"]
+    assert _names(plan.before_claim) == ["concurrency", "rate"]
+    assert _names(plan.before_claim_noted) == ["circuit", "concurrency", "rate"]
     assert _names(plan.release) == ["concurrency", "rate"]
     assert _names(plan.heartbeat) == ["concurrency"]
     assert _names(plan.republished) == ["dedup"]

@@ -244,7 +244,7 @@ def test_what_one_namespace_publishes_never_reaches_the_other(settings: LazySett
     # cancel goes to that process's channel.
     running = start_run("test-unique", {"key": f"ns-run-{id(theirs)}"}, trigger=TriggerKind.API)
     owner = "ns-host:1:OWNER"
-    live.claim(running.run_id, owner)
+    live.claim(running.run_id, owner, live.NO_PAUSE)
 
     def channels() -> list[str]:
         return [

@@ -159,7 +159,7 @@ def _seed(row: Row, task_id: str = "test-noop", attempts: int = 3) -> str:
     live.seed(run_id, task_id, 5, ())
     if row.live_hash == "pending":
         return run_id
-    live.claim(run_id, OWNER)
+    live.claim(run_id, OWNER, live.NO_PAUSE)
     if row.state == "cancelling":
         live.transition(run_id, RunState.CANCELLING, owner=OWNER)
     now = _valkey_ms()
@@ -492,7 +492,7 @@ def _claim_lost_by_postgres(run_id: str, beat_age_s: int) -> None:
     Valkey heartbeat is `beat_age_s` old. Its message is with OWNER's worker, acknowledged or
     about to be: not in the broker."""
     _empty_queue()
-    live.claim(run_id, OWNER)
+    live.claim(run_id, OWNER, live.NO_PAUSE)
     valkey.client().hset(keys.run_active(run_id), "heartbeat_at", _valkey_ms() - beat_age_s * 1000)
 
 

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 def _active(owner: str, task_id: str = "test-sleepy", attempts: int = 1) -> str:
     run_id = start_run(task_id, {"seconds": 0.2}, trigger=TriggerKind.MANUAL).run_id
     _queue_cleared(task_id)
-    live.claim(run_id, owner)
+    live.claim(run_id, owner, live.NO_PAUSE)
     TaskHistory.objects.filter(id=run_id).update(
         state="active",
         owner_instance_id=owner,
@@ -160,7 +160,7 @@ def test_the_lost_claims_late_writes_are_refused_once_the_run_is_claimed_anew() 
     assert TaskHistory.objects.get(id=run_id).state == RunState.PENDING
     TaskHistory.objects.filter(id=run_id).update(not_before=None)
     new = "this-host:1:newclaim"
-    live.claim(run_id, new)
+    live.claim(run_id, new, live.NO_PAUSE)
     assert durable.claim(run_id, new) is not None
 
     assert terminal.end(definition, run_id, old, RunState.COMPLETED) == RunState.ACTIVE

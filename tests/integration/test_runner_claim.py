@@ -91,6 +91,25 @@ def test_a_carried_run_postgres_lost_is_not_recorded_and_raises_nothing(
     assert running([TASK]) == {TASK: 0}
 
 
+@pytest.mark.parametrize("redelivered", [False, True], ids=["first", "redelivered"])
+def test_a_paused_run_is_parked_by_its_claim_unclaimed_in_both_stores(redelivered: bool) -> None:
+    task = "test-solo"  # no other test runs it: its pause holds nobody else's runs
+    run_id = start_run(task, {}, trigger=TriggerKind.MANUAL).run_id
+    args, kwargs = take_message(task, run_id)
+    paused = keys.pause_field("task", task)
+    valkey.client().hset(keys.pauses(), paused, "hold")
+    try:
+        run_message(task, *args, redelivered=redelivered, carried=kwargs["carried"])
+    finally:
+        valkey.client().hdel(keys.pauses(), paused)
+
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+    assert (live.read(run_id)["state"], live.read(run_id).get("owner", "")) == ("pending", "")
+    # Resumed: the same message claims and runs it.
+    run_message(task, *args, carried=kwargs["carried"])
+    assert TaskHistory.objects.get(id=run_id).state == "completed"
+
+
 def test_a_batch_start_carries_the_row_as_a_single_start_does() -> None:
     (outcome,) = start_runs([StartRequest(TASK, {})])
     assert outcome.run_id is not None
@@ -183,7 +202,7 @@ def _moves(run_id: str) -> list[tuple[str | None, str]]:
 def test_a_cancel_writes_a_claim_postgres_has_not_heard_of_and_reaches_its_handler() -> None:
     run_id = _start()
     # A worker's claim as the runner leaves it while the run is young: Valkey only.
-    live.claim(run_id, "worker-a")
+    live.claim(run_id, "worker-a", live.NO_PAUSE)
     assert durable.read_claimable(run_id, since=timezone.now()) is not None
 
     assert request_cancel(run_id, actor="ops") == RunState.CANCELLING
@@ -241,7 +260,7 @@ def test_a_redelivery_whose_claimer_died_before_postgres_heard_counts_the_lost_a
     gone = subprocess.Popen(["true"])
     gone.wait()
     dead_owner = f"{socket.gethostname()}:{gone.pid}:DEADBEEF"
-    live.claim(run_id, dead_owner)
+    live.claim(run_id, dead_owner, live.NO_PAUSE)
 
     run_message(TASK, run_id, 1, redelivered=True)
 
@@ -295,7 +314,7 @@ def _messages() -> list[dict[str, Any]]:
 
 
 def _claim(run_id: str, owner: str) -> None:
-    live.claim(run_id, owner)
+    live.claim(run_id, owner, live.NO_PAUSE)
     assert durable.claim(run_id, owner) is not None
 
 

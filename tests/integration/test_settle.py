@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pytest
 
@@ -47,7 +48,7 @@ def recorder() -> Iterator[Recorder]:
 def _claimed() -> str:
     run_id = new_run_id()
     live.seed(run_id, TASK, 5, ())
-    live.claim(run_id, OWNER)
+    live.claim(run_id, OWNER, live.NO_PAUSE)
     return run_id
 
 
@@ -88,7 +89,7 @@ def test_a_cancel_postgres_recorded_reaches_a_hash_that_never_heard_of_it(
     run_id = new_run_id()
     live.seed(run_id, TASK, 5, ())
     if claimed:
-        live.claim(run_id, OWNER)
+        live.claim(run_id, OWNER, live.NO_PAUSE)
 
     assert settle(run_id, TASK, RunState.CANCELLED, owner=OWNER if claimed else "")
     assert live.read(run_id)["state"] == "cancelled"
@@ -186,3 +187,73 @@ def test_a_fenced_end_leaves_the_count_to_the_move() -> None:
     # The repair moves the hash later, and counts it then.
     assert settle(run_id, TASK, RunState.COMPLETED, fenced=False, only_if_moved=True)
     assert _counted(run_id) == ({"completed": 1}, 1, {"completed": "1"})
+
+
+# A task no other test ends runs of, so its circuit hash is this test's alone.
+QUIET_TASK = "test-solo"
+
+
+@dataclass
+class Excusable(Recorder):
+    """A hook the end's script may excuse, as it does the circuit."""
+
+    name: str = "excusable"
+    excused_at_end: ClassVar[bool] = True
+
+
+@pytest.fixture
+def excusable() -> Iterator[Excusable]:
+    """Only this hook in the chain, and QUIET_TASK's circuit hash put back afterwards."""
+    chain = dispatch.installed()
+    hook = Excusable()
+    dispatch.install((hook,))
+    client = valkey.client()
+    kept = client.hgetall(keys.circuit(QUIET_TASK))
+    try:
+        yield hook
+    finally:
+        dispatch.install(chain)
+        client.delete(keys.circuit(QUIET_TASK))
+        if kept:
+            client.hset(keys.circuit(QUIET_TASK), mapping=kept)
+
+
+CLEAN = {"state": "closed", "consecutive": "0"}
+
+
+@pytest.mark.parametrize(
+    ("target", "circuit", "told"),
+    [
+        (RunState.COMPLETED, CLEAN, False),
+        (RunState.COMPLETED, {"state": "closed", "consecutive": "2"}, True),
+        (RunState.COMPLETED, {"state": "open", "consecutive": "5"}, True),
+        (RunState.COMPLETED, None, True),
+        (RunState.FAILED, CLEAN, True),
+        (RunState.CANCELLED, CLEAN, True),
+    ],
+    ids=["completed-clean", "after-failures", "open", "no-hash", "failed", "cancelled"],
+)
+def test_the_end_script_excuses_a_hook_only_from_an_end_that_changes_nothing(
+    excusable: Excusable, target: RunState, circuit: dict[str, str] | None, told: bool
+) -> None:
+    client = valkey.client()
+    client.delete(keys.circuit(QUIET_TASK))
+    if circuit is not None:
+        client.hset(keys.circuit(QUIET_TASK), mapping=circuit)
+    run_id = new_run_id()
+    live.seed(run_id, QUIET_TASK, 5, ())
+    live.claim(run_id, OWNER, live.NO_PAUSE)
+
+    assert settle(run_id, QUIET_TASK, target, owner=OWNER)
+    assert live.read(run_id)["state"] == target.value
+    assert [o.run_id for o in excusable.heard] == ([run_id] if told else [])
+
+
+def test_a_lost_hash_tells_an_excusable_hook(excusable: Excusable) -> None:
+    client = valkey.client()
+    client.delete(keys.circuit(QUIET_TASK))
+    client.hset(keys.circuit(QUIET_TASK), mapping=CLEAN)
+    run_id = new_run_id()  # no hash: the script cannot read the circuit for it
+
+    assert not settle(run_id, QUIET_TASK, RunState.COMPLETED)
+    assert [o.run_id for o in excusable.heard] == [run_id]

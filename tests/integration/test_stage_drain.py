@@ -92,7 +92,7 @@ def _running_stage(claimer: str = CLAIMER) -> str:
     run_id = start_run(PIPE, {"ms": 1}, trigger=TriggerKind.MANUAL).run_id
     _empty_queues(PIPE)
     assert durable.claim(run_id, OWNER) is not None
-    live.claim(run_id, OWNER)
+    live.claim(run_id, OWNER, live.NO_PAUSE)
     assert durable.claim_stage(run_id, "a", "io", claimer) is not None
     live.transition_stage(run_id, "a", StageState.ACTIVE)
     return run_id

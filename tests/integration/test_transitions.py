@@ -110,7 +110,7 @@ def _run_in(state: RunState) -> str:
     assert live.seed(run_id, "test-noop", 5, STAGES)
     for step in RUN_PATH[state]:
         if step is R.ACTIVE:
-            live.claim(run_id, OWNER)
+            live.claim(run_id, OWNER, live.NO_PAUSE)
         else:
             live.transition(run_id, step)
         _durable_step(run_id, step)
@@ -216,14 +216,14 @@ def test_claim_from_each_live_state(source: RunState) -> None:
     before = _stores(run_id)
 
     if (source, R.ACTIVE) in RUN_LEGAL:
-        live.claim(run_id, "worker-b:7")
+        live.claim(run_id, "worker-b:7", live.NO_PAUSE)
         snapshot = live.read(run_id)
         assert (snapshot["state"], snapshot["owner"]) == ("active", "worker-b:7")
         assert snapshot["started_at"]
         return
 
     with pytest.raises(IllegalTransition) as caught:
-        live.claim(run_id, "worker-b:7")
+        live.claim(run_id, "worker-b:7", live.NO_PAUSE)
     assert (caught.value.current, caught.value.target, caught.value.store) == (
         source,
         R.ACTIVE,
@@ -238,7 +238,7 @@ def test_claim_of_an_ended_run_is_refused_and_writes_nothing(source: RunState) -
     before = _stores(run_id)
 
     with pytest.raises(IllegalTransition):
-        live.claim(run_id, "worker-b:7")
+        live.claim(run_id, "worker-b:7", live.NO_PAUSE)
 
     assert _stores(run_id) == before
     _assert_key_location(run_id, source)
@@ -249,7 +249,7 @@ def test_claim_of_an_ended_run_reports_its_state(source: RunState) -> None:
     run_id = _run_in(source)
 
     with pytest.raises(IllegalTransition) as caught:
-        live.claim(run_id, "worker-b:7")
+        live.claim(run_id, "worker-b:7", live.NO_PAUSE)
 
     assert caught.value.current == source
 
@@ -260,7 +260,7 @@ def test_a_run_neither_store_has_cannot_move() -> None:
     with pytest.raises(IllegalTransition) as in_valkey:
         live.transition(run_id, R.ACTIVE)
     with pytest.raises(IllegalTransition) as claimed:
-        live.claim(run_id, OWNER)
+        live.claim(run_id, OWNER, live.NO_PAUSE)
 
     assert in_valkey.value.current is claimed.value.current is None
     assert live.read(run_id) == {}

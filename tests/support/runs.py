@@ -47,7 +47,7 @@ def seed_active(owner: str, task_id: str = "test-noop") -> str:
         identity=run_id,
     )
     live.seed(run_id, task_id, 5, ())
-    live.claim(run_id, owner)
+    live.claim(run_id, owner, live.NO_PAUSE)
     assert durable.claim(run_id, owner) is not None
     return run_id
 

@@ -593,6 +593,8 @@ quota_then_drop = define_task(
 # taking a message first would change the path they check. One without limits (the same
 # as test-noop, whose queue the shared worker takes), one with every limit a task can declare.
 round_trips_plain = define_task(id="test-rt-plain", resource_class="io", execute=_noop)
+# Paused and its circuit set by hand (test_runner_claim, test_settle): no other test runs it.
+solo = define_task(id="test-solo", resource_class="io", execute=_noop)
 # Delayed and bulk starts (test_delayed_starts.py, test_batch_starts.py) count what waits in
 # its queue, which no shared worker takes.
 starts_noop = define_task(id="test-starts", resource_class="io", execute=_noop, overlap="allow")

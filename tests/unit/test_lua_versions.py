@@ -16,12 +16,12 @@ LUA_FILES = sorted(path.stem for path in scripts.LUA_DIR.glob("*.lua"))
 # The argument contract of each script: (keys, fewest args, most args or None for "any more").
 CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "seed_run": (2, 6, None),
-    "claim_run": (3, 3, 3),
+    "claim_run": (4, 5, 5),
     "transition_run": (2, 5, 5),
     "transition_stage": (2, 3, 3),
     "set_progress": (1, 2, 2),
     "log_append": (2, 4, None),
-    "end_run": (5, 9, None),
+    "end_run": (6, 10, None),
     "identity_claim": (1, 3, 3),
     "identity_hold": (1, 2, 2),
     "shed_oldest": (1, 2, None),
@@ -94,7 +94,11 @@ def _wrong_counts(name: str) -> list[tuple[int, int]]:
 def test_wrong_argument_counts_are_rejected(name: str, n_keys: int, n_args: int) -> None:
     run_id = "run_badargs"
     # One key more than the most any script takes, for the "one key too many" case.
-    key_pool = [keys.run_active(run_id), keys.run_terminal(run_id), "unused:key", "unused:key:4"]
+    key_pool = [
+        keys.run_active(run_id),
+        keys.run_terminal(run_id),
+        *(f"unused:key:{n}" for n in range(3, 8)),
+    ]
     client = valkey.client()
     client.delete(*key_pool)
 

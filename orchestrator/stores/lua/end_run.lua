@@ -1,4 +1,4 @@
--- @version 1
+-- @version 2
 -- A run's end in Valkey, once Postgres holds it: the live hash moves to the terminal key (kept
 -- for the cancel/retry window), and in the same call the end is counted and announced: /metrics'
 -- runs by task and state and the duration histogram, the task's daily count (a task without a
@@ -9,14 +9,18 @@
 -- KEYS[3] metrics:runs_total (hash "<task>|<state>" → count)
 -- KEYS[4] metrics:duration (hash "<task>|<bucket index>" → count, "<task>|sum", "<task>|count")
 -- KEYS[5] task:quota:<taskId>:<day> (the task's counts of the day)
+-- KEYS[6] task:circuit:<taskId> (read only)
 -- ARGV[1] target: completed | failed | cancelled  ARGV[2] now (ms)  ARGV[3] terminal ttl (s)
 -- ARGV[4] expected owner, or "" to skip the fence  ARGV[5] task id
 -- ARGV[6] the daily count's field (completed | failed), or "" to count none  ARGV[7] its ttl (s)
--- ARGV[8] the run's ended channel  ARGV[9..] duration bucket upper bounds (s), ascending
--- Returns the previous state. Errors: NO_RUN (counted and announced),
--- ILLEGAL_TRANSITION <from> <to>, FENCED <owner>.
-if #KEYS ~= 5 or #ARGV < 9 then
-  return redis.error_reply("BAD_ARGS end_run expects 5 keys and at least 9 args")
+-- ARGV[8] the run's ended channel  ARGV[9] "1": say whether the circuit must hear of this end
+-- ARGV[10..] duration bucket upper bounds (s), ascending
+-- Returns {previous state, circuit} (v2): circuit is 1 when ARGV[9] asked and the circuit must
+-- record this end (`hooks.circuit`), 0 when recording it would change nothing: a run completed
+-- while its circuit is closed with no failure counted in a row, the end of nearly every run.
+-- Errors: NO_RUN (counted and announced), ILLEGAL_TRANSITION <from> <to>, FENCED <owner>.
+if #KEYS ~= 6 or #ARGV < 10 then
+  return redis.error_reply("BAD_ARGS end_run expects 6 keys and at least 10 args")
 end
 local allowed = {
   pending = { completed = true, failed = true },
@@ -37,10 +41,10 @@ local function count(started)
     return
   end
   local seconds = (tonumber(now) - started_ms) / 1000
-  local bucket = #ARGV - 8 -- past the last bound: +Inf
-  for i = 9, #ARGV do
+  local bucket = #ARGV - 9 -- past the last bound: +Inf
+  for i = 10, #ARGV do
     if seconds <= tonumber(ARGV[i]) then
-      bucket = i - 9
+      bucket = i - 10
       break
     end
   end
@@ -69,4 +73,11 @@ redis.call("HSET", KEYS[1], "state", target, "updated_at", now, "finished_at", n
 redis.call("RENAME", KEYS[1], KEYS[2])
 redis.call("EXPIRE", KEYS[2], tonumber(ARGV[3]))
 count(started)
-return state
+local circuit = 0
+if ARGV[9] == "1" then
+  local closed, consecutive = unpack(redis.call("HMGET", KEYS[6], "state", "consecutive"))
+  if not (target == "completed" and closed == "closed" and (tonumber(consecutive) or 0) == 0) then
+    circuit = 1
+  end
+end
+return {state, circuit}
