@@ -69,6 +69,12 @@ class Quotas:
     rate: str | None = None  # e.g. "60/m"
     # Daily caps on what the task spends, by cost kind (`ctx.spend`), e.g. {"openai_tokens": 2e6}.
     max_cost_per_day: Mapping[str, float] = field(default_factory=dict)
+    # Whether `max_runs_per_day` is set: its day is counted exactly, in Postgres; else in Valkey
+    # by the start's and the end's own scripts. Set once here, read on every start and end.
+    capped: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "capped", self.max_runs_per_day is not None)
 
     def parsed_rate(self) -> Rate | None:
         if self.rate is None:

@@ -186,10 +186,6 @@ class Postpone(Exception):
         self.reason = reason
 
 
-def _nothing_to_send(pipe: Pipeline) -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class Part:
     """One hook's part of a point, sent in one pipeline with the other hooks' parts.
@@ -203,7 +199,7 @@ class Part:
     """
 
     receive: Callable[[list[Any]], object]
-    send: Callable[[Pipeline], object] = _nothing_to_send
+    send: Callable[[Pipeline], object] | None = None  # None: nothing to send
     after_replies: bool = False
 
 
@@ -220,7 +216,8 @@ def run_alone(part: Part | None) -> None:
     if part is None:
         return
     pipe = valkey.client().pipeline(transaction=False)
-    part.send(pipe)
+    if part.send is not None:
+        part.send(pipe)
     part.receive(valkey.execute(pipe, raise_on_error=False) if len(pipe) else [])
 
 
@@ -233,6 +230,9 @@ class RunHook:
     # Takes part at pickup only for a message carrying this note (`Admission.notes`): the
     # runs of a task whose messages carry none pay nothing for it there.
     pickup_note: ClassVar[str | None] = None
+    # Judges a start only when the admission script says it must (`admit_run.lua`): it would
+    # admit the start without a word otherwise (no pause refuses it, the circuit is closed).
+    excused_at_admission: ClassVar[bool] = False
     # Hears of a run's end only when the end's own script says it must (`end_run.lua`,
     # `live.EndCount.ask_circuit`): recording the end would change nothing otherwise.
     excused_at_end: ClassVar[bool] = False

@@ -162,9 +162,11 @@ def verdict(outcome: Outcome) -> Verdict:
 class CircuitBreaker(RunHook):
     name: str = "circuit"
     clock: Clock = SYSTEM
-    # Only the probe's message carries the note; a run completed on a closed circuit with no
-    # failure in a row changes nothing, and the end's script says so (`end_run.lua`).
+    # Only the probe's message carries the note; a closed circuit admits without a word, and
+    # a run completed on it with no failure in a row changes nothing: the start's and the
+    # end's own scripts say so (`admit_run.lua`, `end_run.lua`).
     pickup_note: ClassVar[str | None] = PROBE_NOTE
+    excused_at_admission: ClassVar[bool] = True
     excused_at_end: ClassVar[bool] = True
 
     def plan_admit(self, admission: Admission) -> Part:

@@ -52,7 +52,7 @@ from orchestrator.hooks.base import (
     RunHook,
     StagePickup,
 )
-from orchestrator.stores import counters, keys, valkey
+from orchestrator.stores import counters, keys, live, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
 
@@ -68,7 +68,8 @@ class Plan:
     """The hooks one task's runs go through at each point, in chain order."""
 
     definition: TaskDefinition
-    admit: tuple[RunHook, ...]
+    admit: tuple[RunHook, ...]  # without the hooks the admission script may excuse
+    admit_asked: tuple[RunHook, ...]  # all of them: when the admission script asks
     abandoned: tuple[RunHook, ...]
     before_claim: tuple[RunHook, ...]  # without the hooks that wait for a note
     before_claim_noted: tuple[RunHook, ...]  # all of them: for a message carrying notes
@@ -82,7 +83,7 @@ class Plan:
     def hooks(self) -> tuple[RunHook, ...]:
         """Every hook that takes part in at least one point, in chain order."""
         points = (
-            self.admit,
+            self.admit_asked,
             self.abandoned,
             self.before_claim_noted,
             self.release,
@@ -126,11 +127,13 @@ def _compile(definition: TaskDefinition) -> Plan:
             if getattr(type(hook), point) is not unchanged and hook.takes_part(point, definition)
         )
 
+    admit = taking_part("plan_admit")
     before_claim = taking_part("plan_before_claim")
     finished = taking_part("plan_finished")
     return Plan(
         definition,
-        admit=taking_part("plan_admit"),
+        admit=tuple(hook for hook in admit if not hook.excused_at_admission),
+        admit_asked=admit,
         abandoned=taking_part("abandoned"),
         before_claim=tuple(hook for hook in before_claim if hook.pickup_note is None),
         before_claim_noted=before_claim,
@@ -168,10 +171,24 @@ class _Round:
         self._pipe: Pipeline | None = None
         # hook, its part, where its replies start in the pipeline, how many
         self._queued: list[tuple[RunHook, Part, int, int]] = []
-        # the caller's own part and where its replies start, received before the hooks'
+        # the caller's own parts and where their replies start, received before the hooks'
+        self._first: Part | None = None  # its replies lead the pipeline
         self._last: tuple[Part, int] | None = None
 
-    def run(self, planned: Iterable[tuple[RunHook, Part | None]], last: Part | None = None) -> None:
+    def run(
+        self,
+        planned: Iterable[tuple[RunHook, Part | None]],
+        last: Part | None = None,
+        *,
+        first: Part | None = None,
+    ) -> None:
+        """`first` (the caller's own commands) goes before the hooks' in the pipeline and is
+        received first, before the hooks are counted as passed or hear their replies: it may
+        raise, and then no hook judged anything (those whose commands were sent have passed)."""
+        if first is not None:
+            self._first = first
+            if first.send is not None:
+                first.send(self._pipeline())
         for hook, part in planned:
             if part is None:
                 self.passed.append(hook)
@@ -179,13 +196,15 @@ class _Round:
             if part.after_replies:
                 self.flush()
             pipe = self._pipeline()
-            first = len(pipe)
-            part.send(pipe)
-            self._queued.append((hook, part, first, len(pipe) - first))
+            start = len(pipe)
+            if part.send is not None:
+                part.send(pipe)
+            self._queued.append((hook, part, start, len(pipe) - start))
         if last is not None:
             pipe = self._pipeline()
             self._last = (last, len(pipe))
-            last.send(pipe)
+            if last.send is not None:
+                last.send(pipe)
         self.flush()
 
     def _pipeline(self) -> Pipeline:
@@ -197,12 +216,15 @@ class _Round:
         queued, self._queued = self._queued, []
         pipe, self._pipe = self._pipe, None
         replies: list[Any] = valkey.execute(pipe, raise_on_error=False) if pipe else []
+        # Sent: their effects happened, so they are given back if a later verdict refuses.
+        self.passed.extend(hook for hook, *_ in queued)
+        if self._first is not None:
+            lead, self._first = self._first, None
+            lead.receive(replies[: queued[0][2] if queued else len(replies)])
         if self._last is not None:
             last, first = self._last
             self._last = None
             last.receive(replies[first:])
-        # Sent: their effects happened, so they are given back if a later verdict refuses.
-        self.passed.extend(hook for hook, *_ in queued)
         for hook, part, first, count in queued:
             try:
                 part.receive(replies[first : first + count])
@@ -211,14 +233,61 @@ class _Round:
                 raise
 
 
+class _Asked(Exception):
+    """The admission script found a start the hooks it may excuse must judge."""
+
+
+class _Check:
+    """The admission script (`admit_run.lua`) as the first part of admission's pipeline: the
+    start counted in its task's day, and whether the excusable hooks must judge it."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+        self.counted = False
+        self._read: Callable[[Any], bool] | None = None
+
+    def part(self) -> Part:
+        return Part(self._receive, self._send)
+
+    def _send(self, pipe: Pipeline) -> None:
+        definition = self.admission.definition
+        pauses = live.Pauses.of(definition.id, definition.resource_class)
+        self._read = live.queue_admission(pipe, definition.id, pauses, not definition.quotas.capped)
+
+    def _receive(self, replies: list[Any]) -> None:
+        assert self._read is not None
+        asked = self._read(replies[0])
+        self.counted = not self.admission.definition.quotas.capped
+        if asked:
+            raise _Asked()
+
+    def give_back(self) -> None:
+        if self.counted:
+            live.give_back_start(self.admission.definition.id)
+
+
 def admit(admission: Admission) -> None:
-    """Every hook's admission; if one refuses or deduplicates, those that passed abandon."""
-    hooks = plan(admission.definition).admit
+    """Every hook's admission; if one refuses or deduplicates, those that passed abandon.
+
+    The admission script goes first, in the same pipeline: the hooks it may excuse (pause,
+    circuit) judge the start only when it asks, and then the whole chain admits it again,
+    after those that passed the first time abandoned."""
+    planned = plan(admission.definition)
+    check = _Check(admission)
     passed: list[RunHook] = []
     try:
-        _Round(passed).run((hook, hook.plan_admit(admission)) for hook in hooks)
+        try:
+            _Round(passed).run(
+                ((hook, hook.plan_admit(admission)) for hook in planned.admit), first=check.part()
+            )
+        except _Asked:
+            _abandon(passed, admission)
+            passed.clear()
+            hooks = planned.admit_asked
+            _Round(passed).run((hook, hook.plan_admit(admission)) for hook in hooks)
     except (Refused, Dropped) as refused:
         _abandon(passed, admission)
+        check.give_back()
         # Counted in Valkey: the caller's transaction rolls back with a refusal.
         key = keys.refusals(admission.definition.id, SYSTEM.now().date().isoformat())
         pipe = valkey.client().pipeline(transaction=False)
@@ -229,6 +298,7 @@ def admit(admission: Admission) -> None:
         raise
     except Deduplicated:
         _abandon(passed, admission)
+        check.give_back()
         raise
 
 
@@ -236,6 +306,8 @@ def abandon(admission: Admission) -> None:
     """The admitted start will not be inserted after all."""
     for hook in reversed(plan(admission.definition).abandoned):
         hook.abandoned(admission)
+    if not admission.definition.quotas.capped:
+        live.give_back_start(admission.definition.id)
 
 
 def _abandon(passed: Sequence[RunHook], admission: Admission) -> None:
@@ -331,13 +403,14 @@ def _each(
             planned.append((hook, part))
     replies: list[Any] = []
     pipe = valkey.client().pipeline(transaction=False)
-    if first is not None:
+    if first is not None and first.send is not None:
         first.send(pipe)
     lead = len(pipe)
     spans = []
     for _, part in planned:
         start = len(pipe)
-        part.send(pipe)
+        if part.send is not None:
+            part.send(pipe)
         spans.append((start, len(pipe) - start))
     if len(pipe):
         try:

@@ -1,9 +1,9 @@
 """Pause (issue 27): a paused task or resource class starts nothing new, cluster-wide.
 
-A `RunHook`, in the chain of `orchestrator.apps.hook_chain` right after identity dedup. It reads
-the pauses' Valkey mirror (`keys.pauses()`: one HMGET of the task's field and its class's) as
-one more command of the pipeline admission already sends, so a start pays no round trip for
-it, paused or not.
+A `RunHook`, in the chain of `orchestrator.apps.hook_chain` right after identity dedup. The
+pauses' Valkey mirror (`keys.pauses()`, the task's field and its class's) is read by the
+start's admission script and the claim's own script, so a run pays no round trip for it,
+paused or not, and this hook runs only for a start a pause refuses.
 
 - Admission: a pause that refuses starts answers 503 `paused` (`Paused`), and nothing is
   written; any other pause takes the start: the run is recorded `pending` and published.
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import redis
 from redis.client import Pipeline
@@ -92,6 +92,9 @@ def _pause_of(fields: tuple[str, str], replies: list[Any]) -> tuple[str, str] | 
 
 
 class PauseGate(RunHook):
+    # A start is judged here only when the admission script found a pause that refuses it.
+    excused_at_admission: ClassVar[bool] = True
+
     def __init__(self) -> None:
         super().__init__(name="pause")
 

@@ -9,10 +9,11 @@ Two ways of counting, by whether the task has a cap:
   dropped or deduplicated after the unit was taken gives it back through `abandoned`.
 - **Uncapped**: nothing to enforce, so no Postgres write per start or end (no round trip, no
   WAL flush, no hot row every start of the task queues on). The counts go to a Valkey hash per
-  task and day (`keys.quota_counts`, kept COUNT_TTL), sent in the one pipeline of the hooks'
-  commands at admission and at the end of a run. `rollup` copies them into
-  `task_quota_usage` (`orchestrator.loops`, on the cluster leader, every
-  LUMASTRA_QUOTA_ROLLUP_INTERVAL_S): it writes the Valkey counts as absolute values and never
+  task and day (`keys.quota_counts`, kept COUNT_TTL), counted by the start's admission script
+  (`live.queue_admission`, in the admission hooks' pipeline) and by the end's own script
+  (`live.EndCount`), so this hook takes part in no point of an uncapped task's runs.
+  `rollup` copies them into `task_quota_usage` (`orchestrator.loops`, on the cluster leader,
+  every LUMASTRA_QUOTA_ROLLUP_INTERVAL_S): it writes the Valkey counts as absolute values and never
   lowers a count, so rolling up twice, or a late tick of a leader that lost its seat, changes
   nothing. `usage` reads both, so the API, the admin and the overview show today's counts
   without the rollup's lag; only readers of the table itself see them up to one interval late.
@@ -23,7 +24,7 @@ started on one day and finished on the next.
 Not guaranteed, for uncapped tasks:
 - A caller's transaction that rolls back after its start was admitted keeps its `started`
   count (Valkey is not part of the transaction). Refused, dropped and deduplicated starts
-  give theirs back (`abandoned`).
+  give theirs back (`live.give_back_start`).
 - A Valkey that lost its data (restarted without persistence, flushed) loses the counts
   since the last rollup, and counts that day again from zero: the row keeps the larger of
   what it had and the new count, so that day is undercounted.
@@ -41,12 +42,12 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from django.db import connection
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.hooks.base import Admission, Outcome, Part, Refused, RunHook, checked
+from orchestrator.hooks.base import Admission, Outcome, Part, Refused, RunHook
 from orchestrator.models import TaskQuotaUsage
 from orchestrator.states import RunState
 from orchestrator.stores import keys, queries, valkey
@@ -78,30 +79,17 @@ class Counts:
     failed: int = 0
 
 
-def capped(definition: TaskDefinition) -> bool:
-    return definition.quotas.max_runs_per_day is not None
-
-
-def _count(pipe: Any, task_id: str, day: date, field: str, by: int) -> None:
-    key = keys.quota_counts(task_id, day.isoformat())
-    pipe.hincrby(key, field, by)
-    pipe.expire(key, COUNT_TTL)
-
-
 @dataclass
 class DailyQuota(RunHook):
     name: str = "quota"
     clock: Clock = SYSTEM
 
     def takes_part(self, point: str, definition: TaskDefinition) -> bool:
-        # An uncapped task's ends are counted by the end's own script (`live.EndCount`).
-        return point != "plan_finished" or capped(definition)
+        # An uncapped task's day is counted by the start's and the end's own scripts
+        # (`live.queue_admission`, `live.EndCount`): the hook has nothing to do for it.
+        return definition.quotas.capped
 
     def plan_admit(self, admission: Admission) -> Part:
-        definition = admission.definition
-        if not capped(definition):
-            day = self.clock.now().date()
-            return Part(checked, lambda pipe: _count(pipe, definition.id, day, "started", 1))
         # The exact check reads Postgres after the hooks before it answered (the circuit
         # refuses before a unit is taken).
         return Part(lambda replies: self._take(admission), after_replies=True)
@@ -125,11 +113,6 @@ class DailyQuota(RunHook):
 
     def abandoned(self, admission: Admission) -> None:
         day = self.clock.now().date()
-        if not capped(admission.definition):
-            pipe = valkey.client().pipeline(transaction=False)
-            _count(pipe, admission.definition.id, day, "started", -1)
-            valkey.execute(pipe)
-            return
         # The unit goes back explicitly rather than through a savepoint around admission:
         # savepoints cost start_run two round trips on every start. A transaction already
         # doomed to roll back gives it back by itself (and would refuse the UPDATE).
@@ -144,20 +127,9 @@ class DailyQuota(RunHook):
         if not outcome.final or outcome.state not in (RunState.COMPLETED, RunState.FAILED):
             return None
         definition = outcome.definition
-        if not capped(definition):
-            return None  # counted by the end's own script (`live.end`, `quota_field`)
         day = self.clock.now().date()
         completed = outcome.state == RunState.COMPLETED
         return Part(lambda replies: _count_end(definition.id, day, completed))
-
-
-def quota_field(definition: TaskDefinition, state: RunState) -> str:
-    """The field of the task's Valkey day count a run's end in `state` adds one to: its
-    terminal state for an uncapped task; '' for a capped one (counted in Postgres, here) or a
-    cancelled run (not counted)."""
-    if capped(definition) or state not in (RunState.COMPLETED, RunState.FAILED):
-        return ""
-    return state.value
 
 
 def _count_end(task_id: str, day: date, completed: bool) -> None:
@@ -194,7 +166,7 @@ def rollup(*, fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
     """Copy uncapped tasks' Valkey counts of the last COUNT_TTL days into task_quota_usage
     (see the module docstring); one Valkey pipeline and at most one statement. Returns how
     many rows changed."""
-    tasks = sorted(task_id for task_id, d in registry.get().items() if not capped(d))
+    tasks = sorted(task_id for task_id, d in registry.get().items() if not d.quotas.capped)
     rows = [
         (task_id, day, counts)
         for task_id, day, found in day_hashes(keys.quota_counts, tasks, clock)
@@ -230,7 +202,7 @@ def usage(definitions: Sequence[TaskDefinition], day: date) -> dict[str, Counts]
         row.task_id: Counts(row.started, row.completed, row.failed)
         for row in TaskQuotaUsage.objects.filter(task_id__in=ids, day=day)
     }
-    uncapped = [definition.id for definition in definitions if not capped(definition)]
+    uncapped = [definition.id for definition in definitions if not definition.quotas.capped]
     live: dict[str, Counts] = {}
     if uncapped:
         pipe = valkey.client().pipeline(transaction=False)

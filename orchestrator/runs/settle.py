@@ -12,8 +12,9 @@ end Postgres already holds.
 - The move and the hooks' commands go in one pipeline: a run's end costs one Valkey round
   trip, and a task whose plan has no end hook sends the move alone. A hook the end's script
   may excuse (`RunHook.excused_at_end`: the circuit) hears of a completion only when the
-  script says it must, in a second round trip; of any other end, with the move. Only a repair (which must know the move landed before the hooks run), a cancel the
-  hash never heard of, or an outage take the slow path, the move alone and then the hooks.
+  script says it must, in a second round trip; of any other end, with the move. Only a
+  repair (which must know the move landed before the hooks run), a cancel the hash never
+  heard of, or an outage take the slow path, the move alone and then the hooks.
 - Valkey unreachable (a restart, a failover) is retried for about three seconds, then the
   hash is left for `recovery.repair`. A hash that disagrees (lost, moved on by someone else)
   cannot undo the Postgres write: it is logged, never raised.
@@ -46,7 +47,6 @@ from orchestrator.backoff import exponential
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Outcome, Part
-from orchestrator.hooks.quotas import quota_field
 from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import live
 from orchestrator.stores.live import FencedWrite
@@ -88,7 +88,7 @@ def settle(
     # circuit): they hear of any other end with the move, as the other hooks do.
     excusable = plan.finished_asked if target is RunState.COMPLETED else ()
     with_move = plan.finished if excusable else plan.finished + plan.finished_asked
-    counted = live.EndCount(task_id, quota_field(definition, target), bool(excusable))
+    counted = live.EndCount(task_id, not definition.quotas.capped, bool(excusable))
     outcome = Outcome(definition, run_id, owner, target, error_kind)
     if only_if_moved:
         ended = _follow(run_id, target, fence, counted, clock)

@@ -30,7 +30,6 @@ from ulid import ULID
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped
-from orchestrator.hooks.quotas import capped
 from orchestrator.models import TaskHistory
 from orchestrator.runs import cancel
 from orchestrator.runs.publish import carried, job_id, publish
@@ -334,7 +333,7 @@ def _transaction(definition: TaskDefinition, key: str | None) -> AbstractContext
     itself, one round trip instead of BEGIN, INSERT and COMMIT. Without one, what admission
     took before an INSERT that failed is given back by the hooks (`abandoned`); what they ask
     to do once the start commits waits for its INSERT (`after_insert`)."""
-    if key is None and not connection.in_atomic_block and not capped(definition):
+    if key is None and not connection.in_atomic_block and not definition.quotas.capped:
         return contextlib.nullcontext()
     return transaction.atomic()
 

@@ -145,6 +145,31 @@ def reseed(
     return seeded
 
 
+def queue_admission(
+    pipe: Pipeline, task_id: str, pauses: Pauses, count_day: bool, clock: Clock = SYSTEM
+) -> Callable[[Any], bool]:
+    """A start's admission check (`admit_run.lua`), queued in `pipe` with the admission
+    hooks' commands: the start counted in the task's day when `count_day`; returns what reads
+    its reply: whether the hooks excused at admission (pause, circuit) must judge the start."""
+    script_keys = [
+        keys.pauses(),
+        keys.circuit(task_id),
+        keys.quota_counts(task_id, clock.now().date().isoformat()),
+    ]
+    args = [*pauses, int(count_day), int(QUOTA_COUNT_TTL.total_seconds())]
+    scripts.queue(pipe, "admit_run", script_keys, args)
+    return lambda reply: bool(scripts.replied("admit_run", script_keys, args, reply))
+
+
+def give_back_start(task_id: str, clock: Clock = SYSTEM) -> None:
+    """The start an admission check counted was refused (or joined another run): uncounted."""
+    key = keys.quota_counts(task_id, clock.now().date().isoformat())
+    pipe = valkey.client().pipeline(transaction=False)
+    pipe.hincrby(key, "started", -1)
+    pipe.expire(key, QUOTA_COUNT_TTL)
+    valkey.execute(pipe)
+
+
 def claim(run_id: str, owner: str, pauses: Pauses, clock: Clock = SYSTEM) -> None:
     """pending → active for `owner`, unless one of `pauses` holds the run (`Held`)."""
     script_keys, args = _claim_call(run_id, owner, pauses, clock)
@@ -245,12 +270,12 @@ def transition(
 
 
 class EndCount(NamedTuple):
-    """What a run's end counts besides /metrics (`end_run.lua`): its task, the field of the
-    task's daily count it adds one to ('' for none: a capped task counts in Postgres), and
-    whether to ask if the task's circuit must hear of the end."""
+    """What a run's end counts besides /metrics (`end_run.lua`): its task, whether the end
+    counts in the task's day (an uncapped task's completed or failed; a capped task counts in
+    Postgres), and whether to ask if the task's circuit must hear of the end."""
 
     task_id: str
-    quota_field: str = ""
+    count_day: bool = False
     ask_circuit: bool = False
 
 
@@ -281,7 +306,7 @@ def _end_call(
             settings.CONFIG.run_terminal_ttl_s,
             owner,
             counted.task_id,
-            counted.quota_field,
+            int(counted.count_day),
             int(QUOTA_COUNT_TTL.total_seconds()),
             keys.run_ended(run_id),
             int(counted.ask_circuit),

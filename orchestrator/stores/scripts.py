@@ -36,6 +36,7 @@ PINNED_VERSIONS = {
     "request_cancel": 3,
     "remove_message": 1,
     "count_delivery": 1,
+    "admit_run": 1,
     "circuit_admit": 1,
     "circuit_record": 2,
     "circuit_probe": 1,

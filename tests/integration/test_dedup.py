@@ -17,6 +17,7 @@ import pytest
 from django.conf import LazySettings
 from django.db import transaction
 
+from orchestrator.clock import SYSTEM
 from orchestrator.hooks.dedup import ExclusiveRunning
 from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.models import TaskHistory
@@ -88,6 +89,15 @@ def test_distinct_inputs_without_identity_are_never_deduplicated() -> None:
 
     assert len({h.run_id for h in handles}) == 5
     assert not any(h.deduplicated for h in handles)
+
+
+def test_a_deduplicated_start_is_not_counted_in_the_day() -> None:
+    start_run("test-unique", {"key": "counted"}, trigger=TriggerKind.MANUAL)
+    again = start_run("test-unique", {"key": "counted"}, trigger=TriggerKind.MANUAL)
+
+    assert again.deduplicated
+    day = valkey.client().hgetall(keys.quota_counts("test-unique", SYSTEM.now().date().isoformat()))
+    assert day == {"started": "1"}  # the admission script counted both; the second went back
 
 
 def test_a_finished_run_frees_its_identity() -> None:

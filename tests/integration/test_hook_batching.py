@@ -88,8 +88,8 @@ def test_each_point_is_one_round_trip_for_a_task_without_limits(
     dispatch.finished(outcome, plan.finished + plan.finished_asked)
     ended = dict(sends)
 
-    # Admission: circuit check and daily count together; the broker depth on its own server,
-    # unless the warm-up's reading is still fresh (`backpressure.DEPTH_FRESH`).
+    # Admission: the admission script (pause, circuit, day count) alone; the broker depth on
+    # its own server, unless the warm-up's reading is still fresh (`backpressure.DEPTH_FRESH`).
     assert admitted.pop("coordination") == 1
     assert admitted in ({"other": 1}, {})
     # Pickup: no hook (the claim's own script reads the pauses; no max_concurrent, so no slot
@@ -121,7 +121,7 @@ def _names(hooks: tuple[RunHook, ...]) -> list[str]:
 # The hooks every task's runs go through, whatever it declares: a task can be paused, has a
 # circuit, counts its runs per day, is judged by its class's queue depth, and its end is
 # counted for /metrics and told to its waiters.
-UNIVERSAL = ["pause", "circuit", "quota", "backpressure"]
+UNIVERSAL = ["pause", "circuit", "backpressure"]
 
 
 def test_a_task_that_declares_nothing_runs_none_of_the_limits_hooks() -> None:
@@ -130,12 +130,15 @@ def test_a_task_that_declares_nothing_runs_none_of_the_limits_hooks() -> None:
     plan = dispatch.plan(registry.get()[PLAIN])
 
     assert _names(plan.hooks()) == UNIVERSAL
-    assert _names(plan.admit) == ["pause", "circuit", "quota", "backpressure"]
+    # The admission script reads the pause and the circuit, and counts the day (an uncapped
+    # task's quota has no point at all): they judge a start only when it asks.
+    assert _names(plan.admit) == ["backpressure"]
+    assert _names(plan.admit_asked) == ["pause", "circuit", "backpressure"]
     assert plan.before_claim == plan.finished == ()
     assert _names(plan.before_claim_noted) == ["circuit"]  # a probe's message only
     assert _names(plan.finished_asked) == ["circuit"]  # when the end's script asks
     assert plan.heartbeat == plan.release == plan.republished == ()
-    assert _names(plan.abandoned) == ["circuit", "quota"]
+    assert _names(plan.abandoned) == ["circuit"]
     assert plan is dispatch.plan(registry.get()[PLAIN]), "compiled once per definition"
 
 

@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from orchestrator.clock import SYSTEM
 from orchestrator.hooks import dispatch, quotas
 from orchestrator.hooks.base import Admission, Part, Refused, RunHook
+from orchestrator.hooks.pause import Paused
 from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.runs.settle import settle
@@ -172,6 +173,37 @@ def test_a_refused_start_gives_its_uncapped_count_back(refuser_first: bool) -> N
         dispatch.install(chain)
 
     assert _counts().started == 0
+
+
+@pytest.mark.parametrize("scope", ["task", "class"])
+def test_a_start_a_pause_refuses_is_judged_by_the_hook_and_not_counted(scope: str) -> None:
+    """The admission script counts the start and asks the pause hook, which refuses it: the
+    count goes back and nothing is written."""
+    name = UNCAPPED if scope == "task" else registry.get()[UNCAPPED].resource_class
+    field = keys.pause_field(scope, name)
+    valkey.client().hset(keys.pauses(), field, "refuse")
+    try:
+        with pytest.raises(Paused):
+            _start()
+    finally:
+        valkey.client().hdel(keys.pauses(), field)
+
+    assert _counts().started == 0
+    assert not TaskHistory.objects.filter(task_id=UNCAPPED).exists()
+    _start()  # resumed: admitted, and counted once
+    assert _counts().started == 1
+
+
+def test_a_pause_that_holds_starts_takes_them_without_asking_the_hook() -> None:
+    field = keys.pause_field("task", UNCAPPED)
+    valkey.client().hset(keys.pauses(), field, "hold")
+    try:
+        handle = _start()
+    finally:
+        valkey.client().hdel(keys.pauses(), field)
+
+    assert TaskHistory.objects.get(id=handle.run_id).state == "pending"
+    assert _counts().started == 1
 
 
 def test_a_capped_task_keeps_its_exact_count_in_postgres() -> None:

@@ -29,6 +29,7 @@ CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "request_cancel": (3, 2, 2),
     "remove_message": (1, 2, 2),
     "count_delivery": (1, 1, 1),
+    "admit_run": (3, 4, 4),
     "circuit_admit": (1, 3, 3),
     "circuit_record": (1, 7, None),
     "circuit_probe": (1, 2, 2),

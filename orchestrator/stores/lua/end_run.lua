@@ -12,7 +12,8 @@
 -- KEYS[6] task:circuit:<taskId> (read only)
 -- ARGV[1] target: completed | failed | cancelled  ARGV[2] now (ms)  ARGV[3] terminal ttl (s)
 -- ARGV[4] expected owner, or "" to skip the fence  ARGV[5] task id
--- ARGV[6] the daily count's field (completed | failed), or "" to count none  ARGV[7] its ttl (s)
+-- ARGV[6] "1": count a completed or failed end in KEYS[5] (v2: the target is the field; a
+-- cancel is not counted), "0" not to (a capped task counts in Postgres)  ARGV[7] its ttl (s)
 -- ARGV[8] the run's ended channel  ARGV[9] "1": say whether the circuit must hear of this end
 -- ARGV[10..] duration bucket upper bounds (s), ascending
 -- Returns {previous state, circuit} (v2): circuit is 1 when ARGV[9] asked and the circuit must
@@ -31,8 +32,8 @@ local target, now, task = ARGV[1], ARGV[2], ARGV[5]
 
 local function count(started)
   redis.call("HINCRBY", KEYS[3], task .. "|" .. target, 1)
-  if ARGV[6] ~= "" then
-    redis.call("HINCRBY", KEYS[5], ARGV[6], 1)
+  if ARGV[6] == "1" and target ~= "cancelled" then
+    redis.call("HINCRBY", KEYS[5], target, 1)
     redis.call("EXPIRE", KEYS[5], tonumber(ARGV[7]))
   end
   redis.call("PUBLISH", ARGV[8], target)
