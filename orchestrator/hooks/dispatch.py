@@ -13,10 +13,11 @@ compiled against stay installed (a registry or a chain installed again, by a tes
 a definition that is not the registry's own (a stage watched under its own timeout) gets a
 plan compiled for it, not kept.
 
-Two kinds of hook take part only when the run says so, and are kept apart in the plan: a hook
-with a `pickup_note` takes part at pickup only for a message carrying that note
-(`before_claim_noted`), and a hook `excused_at_end` hears of a run's end only when the end's
-own script says it must (`finished_asked`). The run code reads a task's plan from `plans`
+Three kinds of hook take part only when the run says so, and are kept apart in the plan: a
+hook `excused_at_admission` judges a start only when the admission script asks (`admit_asked`;
+the script, `admit_run.lua`, goes first in admission's pipeline), one with a `pickup_note`
+takes part at pickup only for a message carrying that note (`before_claim_noted`), and one
+`excused_at_end` hears of a run's end only when the end's own script asks (`finished_asked`). The run code reads a task's plan from `plans`
 without a call (a plan whose `definition` is not the caller's is not its own: `plan` compiles
 it), so a task none of whose hooks takes part at a point runs no code of this package there.
 
