@@ -30,7 +30,10 @@ def test_run_completes_and_both_stores_agree(celery_worker: object) -> None:
     assert row.started_at is not None and row.finished_at is not None
     assert row.owner_instance_id
     assert row.attempts == 1
-    snapshot = live.read(handle.run_id)
+    # Valkey follows Postgres (`runs.settle`): a read right after the row's end may be early.
+    snapshot = wait_for(
+        lambda: (found := live.read(handle.run_id))["state"] == "completed" and found
+    )
     assert snapshot["state"] == "completed"
     assert snapshot["owner"] == row.owner_instance_id
 
@@ -51,7 +54,7 @@ def test_failing_handler_records_its_error_kind(celery_worker: object, how: str,
 
     assert row.state == "failed"
     assert row.error["kind"] == kind
-    assert live.read(handle.run_id)["state"] == "failed"
+    wait_for(lambda: live.read(handle.run_id)["state"] == "failed")  # Valkey follows Postgres
     # A crash keeps where it happened; an error the handler raised on purpose needs no trace.
     if how == "crash":
         assert "ZeroDivisionError: the handler divided by zero" in row.error["traceback"]
