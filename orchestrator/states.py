@@ -1,8 +1,9 @@
 """Run and stage states and the transitions between them.
 
-This table is the single Python source of truth; `lua/transition_run.lua` and
-`lua/transition_stage.lua` carry the same table, and a table-driven test checks every
-(from, to) pair against both stores.
+This table is the single Python source of truth; in Valkey the run moves are split by the
+script that makes them (`lua/claim_run.lua` pending → active, `lua/end_run.lua` every end,
+`lua/transition_run.lua` the rest), `lua/transition_stage.lua` carries the stage table, and a
+table-driven test checks every (from, to) pair against both stores.
 """
 
 from __future__ import annotations

@@ -14,12 +14,13 @@ a definition that is not the registry's own (a stage watched under its own timeo
 plan compiled for it, not kept.
 
 Three kinds of hook take part only when the run says so, and are kept apart in the plan: a
-hook `excused_at_admission` judges a start only when the admission script asks (`admit_asked`;
-the script, `admit_run.lua`, goes first in admission's pipeline), one with a `pickup_note`
-takes part at pickup only for a message carrying that note (`before_claim_noted`), and one
-`excused_at_end` hears of a run's end only when the end's own script asks (`finished_asked`). The run code reads a task's plan from `plans`
-without a call (a plan whose `definition` is not the caller's is not its own: `plan` compiles
-it), so a task none of whose hooks takes part at a point runs no code of this package there.
+hook `excused_at_admission` judges a start only when the admission script asks (then the
+whole chain, `admit_all`, admits it; the script, `admit_run.lua`, goes first in admission's
+pipeline), one with a `pickup_note` takes part at pickup only for a message carrying that note
+(`before_claim_noted`), and one `excused_at_end` hears of a run's end only when the end's own
+script asks (`finished_asked`). The run code reads a task's plan from `plans` without a call (a
+plan whose `definition` is not the caller's is not its own: `plan` compiles it), so a task none
+of whose hooks takes part at a point runs no code of this package there.
 
 At each planned point it collects each hook's `Part` and sends the parts' commands in one
 coordination Valkey pipeline, then hands each hook its replies in chain order; a part marked
@@ -70,7 +71,7 @@ class Plan:
 
     definition: TaskDefinition
     admit: tuple[RunHook, ...]  # without the hooks the admission script may excuse
-    admit_asked: tuple[RunHook, ...]  # all of them: when the admission script asks
+    admit_all: tuple[RunHook, ...]  # all of them: when the admission script asks
     abandoned: tuple[RunHook, ...]
     before_claim: tuple[RunHook, ...]  # without the hooks that wait for a note
     before_claim_noted: tuple[RunHook, ...]  # all of them: for a message carrying notes
@@ -84,7 +85,7 @@ class Plan:
     def hooks(self) -> tuple[RunHook, ...]:
         """Every hook that takes part in at least one point, in chain order."""
         points = (
-            self.admit_asked,
+            self.admit_all,
             self.abandoned,
             self.before_claim_noted,
             self.release,
@@ -134,7 +135,7 @@ def _compile(definition: TaskDefinition) -> Plan:
     return Plan(
         definition,
         admit=tuple(hook for hook in admit if not hook.excused_at_admission),
-        admit_asked=admit,
+        admit_all=admit,
         abandoned=taking_part("abandoned"),
         before_claim=tuple(hook for hook in before_claim if hook.pickup_note is None),
         before_claim_noted=before_claim,
@@ -284,7 +285,7 @@ def admit(admission: Admission) -> None:
         except _Asked:
             _abandon(passed, admission)
             passed.clear()
-            hooks = planned.admit_asked
+            hooks = planned.admit_all
             _Round(passed).run((hook, hook.plan_admit(admission)) for hook in hooks)
     except (Refused, Dropped) as refused:
         _abandon(passed, admission)

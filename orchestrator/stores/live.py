@@ -242,27 +242,13 @@ def _claim_call(
     )
 
 
-def _transition_call(
-    run_id: str, target: RunState, owner: str, clock: Clock
-) -> tuple[list[str], list[Any]]:
-    config = settings.CONFIG
-    return (
-        [keys.run_active(run_id), keys.run_terminal(run_id)],
-        [
-            target.value,
-            to_ms(clock.now()),
-            config.run_active_ttl_s,
-            config.run_terminal_ttl_s,
-            owner,
-        ],
-    )
-
-
 def transition(
     run_id: str, target: RunState, *, owner: str = "", clock: Clock = SYSTEM
 ) -> RunState:
-    """Move the live hash to `target`; `owner` fences writes from a process that lost the run."""
-    script_keys, args = _transition_call(run_id, target, owner, clock)
+    """Move the live hash to `target`, not an end (`end` is every end; `claim` the worker's
+    pending → active); `owner` fences writes from a process that lost the run."""
+    script_keys = [keys.run_active(run_id), keys.run_terminal(run_id)]
+    args = [target.value, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, owner]
     try:
         return RunState(scripts.call("transition_run", script_keys, args))
     except ResponseError as exc:

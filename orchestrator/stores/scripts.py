@@ -24,7 +24,7 @@ LUA_DIR = Path(__file__).parent / "lua"
 PINNED_VERSIONS = {
     "seed_run": 2,
     "claim_run": 4,
-    "transition_run": 3,
+    "transition_run": 4,
     "transition_stage": 3,
     "set_progress": 1,
     "log_append": 1,

@@ -133,7 +133,7 @@ def test_a_task_that_declares_nothing_runs_none_of_the_limits_hooks() -> None:
     # The admission script reads the pause and the circuit, and counts the day (an uncapped
     # task's quota has no point at all): they judge a start only when it asks.
     assert _names(plan.admit) == ["backpressure"]
-    assert _names(plan.admit_asked) == ["pause", "circuit", "backpressure"]
+    assert _names(plan.admit_all) == ["pause", "circuit", "backpressure"]
     assert plan.before_claim == plan.finished == ()
     assert _names(plan.before_claim_noted) == ["circuit"]  # a probe's message only
     assert _names(plan.finished_asked) == ["circuit"]  # when the end's script asks

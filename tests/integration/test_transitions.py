@@ -109,14 +109,23 @@ def _run_in(state: RunState) -> str:
     )
     assert live.seed(run_id, "test-noop", 5, STAGES)
     for step in RUN_PATH[state]:
-        if step is R.ACTIVE:
-            live.claim(run_id, OWNER, live.NO_PAUSE)
-        else:
-            live.transition(run_id, step)
+        _move(run_id, step)
         _durable_step(run_id, step)
     assert live.read(run_id)["state"] == state
     assert TaskHistory.objects.get(id=run_id).state == state
     return run_id
+
+
+def _move(run_id: str, target: RunState, owner: str = "") -> RunState:
+    """The live move to `target` by the script that makes it: the claim, an end, or a
+    transition (the others); the state it left."""
+    if target is R.ACTIVE:
+        previous = RunState(live.read(run_id).get("state") or R.PENDING)
+        live.claim(run_id, owner or OWNER, live.NO_PAUSE)
+        return previous
+    if target in TERMINAL_RUN_STATES:
+        return live.end(run_id, target, live.EndCount("test-noop"), owner=owner).previous
+    return live.transition(run_id, target, owner=owner)
 
 
 def _durable_step(run_id: str, step: RunState) -> None:
@@ -190,14 +199,14 @@ def test_run_transition(source: RunState, target: RunState) -> None:
     before = _stores(run_id)
 
     if (source, target) in RUN_LEGAL:
-        assert live.transition(run_id, target) is source
+        assert _move(run_id, target) is source
 
         assert live.read(run_id)["state"] == target
         _assert_key_location(run_id, target)
         return
 
     with pytest.raises(IllegalTransition) as in_valkey:
-        live.transition(run_id, target)
+        _move(run_id, target)
 
     assert in_valkey.value.store == "valkey"
     assert (in_valkey.value.run_id, in_valkey.value.current, in_valkey.value.target) == (
@@ -258,7 +267,7 @@ def test_a_run_neither_store_has_cannot_move() -> None:
     run_id = new_run_id()
 
     with pytest.raises(IllegalTransition) as in_valkey:
-        live.transition(run_id, R.ACTIVE)
+        live.transition(run_id, R.CANCELLING)
     with pytest.raises(IllegalTransition) as claimed:
         live.claim(run_id, OWNER, live.NO_PAUSE)
 
@@ -564,7 +573,7 @@ def test_a_terminal_move_renames_the_hash_to_the_terminal_key() -> None:
     client = valkey.client()
     assert client.exists(keys.run_active(run_id))
 
-    live.transition(run_id, R.COMPLETED, owner=OWNER)
+    _move(run_id, R.COMPLETED, owner=OWNER)
 
     assert not client.exists(keys.run_active(run_id))
     ended = client.hgetall(keys.run_terminal(run_id))
@@ -591,7 +600,9 @@ def test_a_write_from_another_owner_is_fenced() -> None:
     before = _stores(run_id)
 
     with pytest.raises(FencedWrite, match=OWNER):
-        live.transition(run_id, R.COMPLETED, owner="worker-b:7")
+        _move(run_id, R.COMPLETED, owner="worker-b:7")
+    with pytest.raises(FencedWrite, match=OWNER):
+        _move(run_id, R.PENDING, owner="worker-b:7")
 
     assert _stores(run_id) == before
     assert live.read(run_id)["owner"] == OWNER
@@ -600,7 +611,7 @@ def test_a_write_from_another_owner_is_fenced() -> None:
 def test_the_owner_may_write_and_an_operator_skips_the_fence() -> None:
     mine, operators = _run_in(R.ACTIVE), _run_in(R.ACTIVE)
 
-    assert live.transition(mine, R.FAILED, owner=OWNER) is R.ACTIVE
+    assert _move(mine, R.FAILED, owner=OWNER) is R.ACTIVE
     assert live.transition(operators, R.CANCELLING) is R.ACTIVE  # owner="" : no fence
 
     assert live.read(mine)["state"] == "failed"
@@ -611,7 +622,7 @@ def test_an_illegal_move_is_refused_before_the_fence() -> None:
     run_id = _run_in(R.COMPLETED)
 
     with pytest.raises(IllegalTransition):
-        live.transition(run_id, R.FAILED, owner="worker-b:7")
+        _move(run_id, R.FAILED, owner="worker-b:7")
 
 
 # --- a claim Postgres lost, and a claim put back -------------------------------------------

@@ -17,7 +17,7 @@ LUA_FILES = sorted(path.stem for path in scripts.LUA_DIR.glob("*.lua"))
 CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "seed_run": (2, 6, None),
     "claim_run": (4, 5, 5),
-    "transition_run": (2, 5, 5),
+    "transition_run": (2, 4, 4),
     "transition_stage": (2, 3, 3),
     "set_progress": (1, 2, 2),
     "log_append": (2, 4, None),
