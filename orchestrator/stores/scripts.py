@@ -1,7 +1,8 @@
 """Loads the Lua scripts under `lua/` and pins their versions.
 
-Each script is registered with redis-py (`register_script`: EVALSHA, falling back to EVAL on
-NOSCRIPT, so a `SCRIPT FLUSH` or a restarted Valkey costs one extra round trip). A changed
+Each script is registered with redis-py (`register_script`, for its SHA) and sent as EVALSHA,
+falling back to EVAL on NOSCRIPT, so a `SCRIPT FLUSH` or a restarted Valkey costs one extra
+round trip. A changed
 script gets a new version here and in its header; a unit test checks the two agree.
 """
 
@@ -72,8 +73,16 @@ def _script(name: str) -> Script:
 
 
 def call(name: str, keys: list[str], args: list[Any], client: Redis | None = None) -> Any:
-    """Run a script on the coordination Valkey, or on `client` (e.g. the broker)."""
-    return _script(name)(keys=keys, args=args, client=client)
+    """Run a script on the coordination Valkey (on this thread's own connection,
+    `valkey.command`), or on `client` (e.g. the broker)."""
+    script = _script(name)
+    if client is not None:
+        return script(keys=keys, args=args, client=client)
+    try:
+        return valkey.command("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        # Valkey restarted or flushed its scripts: EVAL runs it and caches it again.
+        return valkey.command("EVAL", script.script, len(keys), *keys, *args)
 
 
 def queue(pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:

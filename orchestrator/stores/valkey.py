@@ -4,6 +4,8 @@ and the two helpers every caller of it shares."""
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -86,6 +88,37 @@ def async_client() -> redis.asyncio.Redis:
         found = redis.asyncio.Redis.from_url(settings.CONFIG.valkey_url, **_options())
         _async_clients[loop] = found
     return found
+
+
+_held = threading.local()
+
+
+def command(*args: Any) -> Any:
+    """One command on this thread's own connection to the coordination Valkey, its reply
+    (errors raised, as `client()` raises them). What `client().execute_command` does without
+    taking a connection from the pool and giving it back on every call: the scripts every run
+    sends (its claim, its end) pay that twice per run. As the pool does, a connection the
+    server closed since its last use (a restart, an idle timeout) is connected again before
+    the command; a command cut short by anything (a timeout, Celery's soft time limit) drops
+    the connection, so no reply is ever left unread for the next one."""
+    pid = os.getpid()
+    conn = getattr(_held, "conn", None)
+    if conn is None or _held.pid != pid:  # a forked child never shares its parent's socket
+        pool = client().connection_pool
+        conn = _held.conn = pool.connection_class(**pool.connection_kwargs)
+        _held.pid = pid
+    try:
+        try:
+            stale = conn.can_read()  # connects it if needed; readable at rest: closed
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            stale = True  # closed by the server, found so by the read
+        if stale:
+            conn.disconnect()
+        conn.send_command(*args)
+        return conn.read_response()
+    except BaseException:
+        conn.disconnect()
+        raise
 
 
 def execute(pipe: Pipeline, *, raise_on_error: bool = True) -> list[Any]:
