@@ -20,9 +20,11 @@ def hook_chain() -> tuple[RunHook, ...]:
     """The hook chain, in the order its hooks run. Each task's runs go through the hooks of it
     that apply to the task (`RunHook.applies`, compiled per task by `dispatch.plan`).
 
-    At admission: dedup answers before anything is counted, a pause that refuses starts and
-    the circuit before the quota takes a unit, backpressure last, so a refused start consumes
-    nothing and nothing is shed for a start the quota would refuse. At pickup: the concurrency
+    At admission: the admission script counts an uncapped start and says whether the pause
+    or the circuit must judge it (a refused or deduplicated start gives the count back); dedup
+    answers first, a pause that refuses starts and the circuit before a capped quota takes a
+    unit, backpressure last, so a refused start consumes nothing and nothing is shed for a
+    start the quota would refuse. At pickup: the concurrency
     slot, then the rate limit, so a run the rate limit postpones gives its slot back (the
     dispatcher releases the hooks that passed); the pause is read by the claim's own script,
     after them, and a parked run gives back what they took.

@@ -9,7 +9,8 @@ The protocol and its caller:
 
 The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 - `dedup`: identity dedup: at most one live run per identity (and per `exclusive_with` group)
-- `pause`: a paused task or class: starts refused (503) or taken, runs parked at pickup
+- `pause`: a paused task or class: starts refused (503) or taken (the admission script asks
+  it), stages held; a run is parked at pickup by the claim's own script
 - `circuit`: per-task circuit breaker: stops starting a task that keeps failing, probes it
 - `circuit_copy`: each circuit's copy in Postgres, read back when Valkey lost the hash
 - `quotas`: daily quotas: counts each task's runs per UTC day, refuses past `max_runs_per_day`
@@ -23,8 +24,10 @@ For operators:
 
 The chain and its order are chosen by the composition root (`orchestrator.apps`). A hook a
 task does not declare (dedup without an identity, concurrency without `max_concurrent`, the
-rate limit without a rate, costs without caps) is in none of its plan's points; the others
-apply to every task. The run code calls hooks only through `dispatch`.
+rate limit without a rate, costs without caps, the daily quota without a cap) is in none of
+its plan's points. The pause and the circuit apply to every task, but the run's own scripts
+(admission, claim, end) read what they would read and call them only when they must judge;
+backpressure judges every start. The run code calls hooks only through `dispatch`.
 
 A hook decides, its caller acts: a hook never ends, cancels or publishes a run itself.
 May import: `orchestrator.stores` and the base modules. Never runs, recovery or cluster.

@@ -19,8 +19,8 @@ Points (one method each):
   failed): undo what `admit` did outside the transaction (Valkey). A caller's transaction
   that rolls back later is not reported; hooks bound such leftovers with TTLs.
 - `plan_before_claim` — in the runner, before the claim. Raise `Postpone` to put the message
-  back for later without claiming, `Parked` to have it acknowledged unrun; hooks that already
-  passed get `release`.
+  back for later without claiming; hooks that already passed get `release`. (A pause is the
+  claim's own script's: `claim_run.lua`.)
 - `release` — undo `before_claim` (a later hook postponed, or the claim was refused).
 - `plan_before_stage` — a pipeline stage's message, before the stage's claim. Raise `Parked`
   to leave the stage waiting and its message acknowledged.

@@ -243,8 +243,9 @@ class _Check:
     """The admission script (`admit_run.lua`) as the first part of admission's pipeline: the
     start counted in its task's day, and whether the excusable hooks must judge it."""
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, excusable: bool) -> None:
         self.admission = admission
+        self.excusable = excusable  # the plan has hooks the script may excuse
         self.counted = False
         self._read: Callable[[Any], bool] | None = None
 
@@ -260,7 +261,7 @@ class _Check:
         assert self._read is not None
         asked = self._read(replies[0])
         self.counted = not self.admission.definition.quotas.capped
-        if asked:
+        if asked and self.excusable:
             raise _Asked()
 
     def give_back(self) -> None:
@@ -275,7 +276,7 @@ def admit(admission: Admission) -> None:
     circuit) judge the start only when it asks, and then the whole chain admits it again,
     after those that passed the first time abandoned."""
     planned = plan(admission.definition)
-    check = _Check(admission)
+    check = _Check(admission, excusable=len(planned.admit_all) > len(planned.admit))
     passed: list[RunHook] = []
     try:
         try:

@@ -1,8 +1,8 @@
 """Pause and resume a task or a whole resource class, cluster-wide (issue 27).
 
 Postgres holds the pauses (`task_pause`, one row in force per scope and name); the runs read
-their Valkey mirror (`hooks.pause`), which parks a paused run at pickup: it stays `pending`,
-its message acknowledged unrun.
+their Valkey mirror (the admission and claim scripts, and `hooks.pause` for stages and refused
+starts): a paused run is parked at pickup: it stays `pending`, its message acknowledged unrun.
 
 - `pause`: the row is inserted, then mirrored. A second pause of the same scope and name is
   refused (`AlreadyPaused`); a mirror that cannot be written takes the row back out and the

@@ -16,7 +16,7 @@ The path, in the order a run takes it:
 - `due`: delayed starts, published by the cluster leader once their `not_before` has come
 - `publish`: builds a run's or a stage's Celery message and sends it to its queue
 - `celery_tasks`: registers one Celery task per task id and per pipeline stage, body the runner
-- `runner`: the body of every Celery task: version guard, hooks and claim
+- `runner`: the body of every Celery task: version guard, hooks and claim (a pause parks)
 - `execute`: a claimed run's handler beside its watch, then its end, retry or dead letter
 - `terminal`: the terminal write, Postgres first, exactly once: only the winning writer settles
 - `settle`: once Postgres holds a run's end: the live hash follows, then the `finished` hooks
@@ -33,6 +33,8 @@ While the handler runs:
 
 Recovery helpers, when a write or a worker is lost:
 - `drain`: terminal writes and stage moves Postgres refused on a transient error, pushed to wait
+- `redelivery`: a message whose run is not pending (a duplicate, a cancel before pickup, a
+  worker lost mid-run), and one redelivered past LUMASTRA_MAX_DELIVERIES
 - `put_back`: a run whose worker was lost goes back to `pending` for its next attempt, same run
 - `handback`: a stopping worker's runs, once its grace is over, put back for another worker
 - `stopping`: a stopping worker's planned kills read as one (no crash report), and a prompt exit

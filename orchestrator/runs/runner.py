@@ -46,10 +46,10 @@ from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Part, Pickup, Postpone
 from orchestrator.models import TaskHistory
-from orchestrator.runs import execute, put_back, terminal
+from orchestrator.runs import execute, redelivery, terminal
 from orchestrator.runs.publish import Carried, republish
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
-from orchestrator.stores import counters, durable, live, valkey
+from orchestrator.stores import durable, live, valkey
 from orchestrator.stores.durable import ClaimedRun
 from tasks import registry
 from tasks.definition import TaskDefinition
@@ -144,7 +144,7 @@ def _run_from_row(
     if deliveries >= settings.CONFIG.max_deliveries and row.state not in TERMINAL_RUN_STATES:
         # A message that keeps coming back (its worker dies every time, or a visibility
         # timeout shorter than the run) ends here instead of looping forever.
-        _give_up(definition, row, deliveries)
+        redelivery.give_up(definition, row, deliveries)
         return
     if row.state == RunState.PENDING and redelivered and _write_abandoned_claim(row.id):
         # Back because its claimer died before Postgres heard of its claim: that claim is
@@ -152,7 +152,7 @@ def _run_from_row(
         # before any hook judges this delivery.
         row.refresh_from_db()
     if row.state != RunState.PENDING:
-        _not_pending(definition, row)
+        redelivery.not_pending(definition, row)
         return
     if processing_version < definition.processing_version:
         terminal.fail_unstarted(
@@ -172,8 +172,7 @@ def _run_from_row(
     try:
         hooks.before_claim(pickup)
     except Postpone as wait:
-        log.info("run %s: postponed %ss (%s)", row.id, wait.delay.total_seconds(), wait.reason)
-        republish(definition, row.id, row.identity, row.priority, wait.delay, notes)
+        _postponed(definition, row.id, row.identity, row.priority, wait.delay, wait.reason, notes)
         return
     claimed = None
     try:
@@ -195,13 +194,31 @@ def _postponed_unread(definition: TaskDefinition, pickup: Pickup, wait: Postpone
         log.error("run %s: message for a run Postgres does not have; dropped", run_id)
         return
     if row.state != RunState.PENDING:
-        _not_pending(definition, row)
+        redelivery.not_pending(definition, row)
         return
     delay = wait.delay
     if row.not_before is not None:
         delay = max(delay, row.not_before - timezone.now())
-    log.info("run %s: postponed %ss (%s)", run_id, delay.total_seconds(), wait.reason)
-    republish(definition, row.id, row.identity, row.priority, delay, pickup.notes)
+    _postponed(definition, run_id, row.identity, row.priority, delay, wait.reason, pickup.notes)
+
+
+def _postponed(
+    definition: TaskDefinition,
+    run_id: str,
+    identity: str,
+    priority: int,
+    delay: timedelta,
+    reason: str,
+    notes: Mapping[str, bool],
+) -> None:
+    """A pre-claim hook postponed the run: published again for later, unless a pause holds
+    it (the claim's script, which would park it, was not asked): then parked now, as the
+    claim would have, rather than put back again and again while its limit is full."""
+    if held := live.holding(live.Pauses.of(definition.id, definition.resource_class)):
+        log.info("run %s: held by the pause of %s; parked", run_id, held.replace(":", " ", 1))
+        return
+    log.info("run %s: postponed %ss (%s)", run_id, delay.total_seconds(), reason)
+    republish(definition, run_id, identity, priority, delay, notes)
 
 
 class _Refusal(Enum):
@@ -334,7 +351,7 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> ClaimedR
             # Its claimer is gone: the claim is in Postgres now, and the run is a lost
             # worker's, put back or failed by its task's policy like any other.
             row.refresh_from_db()
-            _not_pending(definition, row)
+            redelivery.not_pending(definition, row)
             return None
         else:
             log.info("run %s: not claimed, live state is %s", row.id, exc.current)
@@ -398,53 +415,3 @@ def _give_back_claim(run_id: str, owner: str) -> None:
         live.transition(run_id, RunState.PENDING, owner=owner)
     except Exception:
         log.exception("run %s: Postgres refused the claim and Valkey kept it", run_id)
-
-
-def _not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
-    if row.state == RunState.CANCELLING and row.owner_instance_id == "":
-        # Cancelled before pickup: the claim refuses it and the cancel completes here.
-        terminal.cancel(definition, row.id)
-    elif row.state in TERMINAL_RUN_STATES:
-        log.info("run %s: already %s; duplicate message dropped", row.id, row.state)
-        counters.add(counters.DELIVERY, ("duplicate_dropped",))
-    elif definition.pipeline and row.state == RunState.ACTIVE:
-        # Its stages carry it now; one whose first dispatch a crash cut short is moved on by
-        # recovery.stages.
-        log.info("run %s: pipeline under way; its run message again dropped", row.id)
-    elif (dead := is_dead_here(row.owner_instance_id)) or _heartbeat_is_stale(row):
-        # Redelivered because its worker died mid-run (reject on worker lost), and nobody
-        # is beating for it: put it back or end it here rather than wait for the reconciler.
-        # Written as the dead owner, so its fence matches and its concurrency slot is freed.
-        owner = row.owner_instance_id
-        why = f"worker {owner} stopped mid-run"
-        if row.state == RunState.CANCELLING:
-            error = terminal.error_doc(ErrorKind.WORKER_LOST, why)
-            terminal.cancel(definition, row.id, owner, error=error)
-        elif dead or not put_back.may_put_back(definition, row.attempts):
-            lost = put_back.Lost(row.id, owner, row.attempts, row.identity, row.priority)
-            put_back.put_back_or_fail(definition, lost, why)
-        else:
-            # Silent in Postgres only, on another host: it may be alive and cut off, and a
-            # new attempt must not run beside it. The reconciler puts it back once both
-            # stores agree it is gone (`recovery.orphans`).
-            log.info("run %s: redelivered, owner %s silent; left to the reconciler", row.id, owner)
-    else:
-        log.info("run %s: redelivered while %s with a live owner; dropped", row.id, row.state)
-
-
-def _give_up(definition: TaskDefinition, row: TaskHistory, deliveries: int) -> None:
-    error = terminal.error_doc(
-        ErrorKind.WORKER_LOST,
-        f"message redelivered {deliveries} times (LUMASTRA_MAX_DELIVERIES); giving up",
-    )
-    if row.state == RunState.PENDING:
-        terminal.fail_unstarted(definition, row.id, ErrorKind.WORKER_LOST, error["message"])
-    elif row.state == RunState.CANCELLING:
-        terminal.cancel(definition, row.id, row.owner_instance_id, error=error)
-    else:
-        terminal.end(definition, row.id, row.owner_instance_id, RunState.FAILED, error=error)
-
-
-def _heartbeat_is_stale(row: TaskHistory) -> bool:
-    """Older than three heartbeat intervals, by the Postgres clock."""
-    return durable.heartbeat_is_stale(row.id, 3 * settings.CONFIG.heartbeat_interval_s)

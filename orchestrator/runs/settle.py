@@ -25,7 +25,10 @@ The move's own script (`end_run.lua`) counts the end (/metrics, the day count of
 without a cap) and publishes it to waiters, once: in the call that moves the hash, or that
 finds it lost.
 
-Not guaranteed: a writer whose Valkey stayed unreachable past the retries runs its hooks
+Not guaranteed: a completion's circuit record, when the end's script asks for it, is a call
+of its own after the move: if Valkey fails just then, it is logged and not retried (a probe's
+success then closes nothing, and its slot runs out for the next probe; a reset of the failure
+count is lost). A writer whose Valkey stayed unreachable past the retries runs its hooks
 anyway, and the repair that later moves the hash runs them again; so does a writer whose
 pipeline was cut after Valkey ran it. Hooks are idempotent except a capped task's daily
 completed/failed counts (Postgres), which can count that run twice.

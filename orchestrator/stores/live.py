@@ -224,6 +224,12 @@ class Pauses(NamedTuple):
         return cls(keys.pause_field("task", task_id), keys.pause_field("class", resource_class))
 
 
+def holding(pauses: Pauses) -> str | None:
+    """The field of `pauses` a pause is set on, if any: what a claim would be refused for."""
+    found = cast(list[str | None], valkey.client().hmget(keys.pauses(), list(pauses)))
+    return next((field for field, mode in zip(pauses, found, strict=True) if mode), None)
+
+
 # A claim no pause holds: a running run's, taken back (`claim_again`): running runs finish.
 NO_PAUSE = Pauses("", "")
 

@@ -116,6 +116,8 @@ def command(*args: Any) -> Any:
             conn.disconnect()
         conn.send_command(*args)
         return conn.read_response()
+    except redis.ResponseError:
+        raise  # an error reply read whole: the connection is as good as before
     except BaseException:
         conn.disconnect()
         raise

@@ -62,8 +62,10 @@ RUNS = 3
 # way: this test's rules are in its docstring). Per-task hook plans: a task that declares no
 # identity, limit, rate or cost cap runs none of dedup, concurrency, rate limit and costs, nor
 # the base class's empty plans: 37 files, 152 functions.
+# Raised once, by one: `valkey.command` (a project function) took the place of redis-py's pool
+# checkout and return (library code, which this count does not see) for the run's scripts.
 MAX_FILES = 27
-MAX_FUNCTIONS = 117
+MAX_FUNCTIONS = 118
 
 
 @pytest.fixture

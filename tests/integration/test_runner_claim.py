@@ -11,6 +11,7 @@ import json
 import select
 import socket
 import subprocess
+import uuid
 from contextlib import closing
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,8 +23,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from orchestrator.hooks import dispatch
+from orchestrator.hooks.base import Pickup
 from orchestrator.hooks.concurrency import running
 from orchestrator.models import TaskHistory, TaskHistoryAudit
+from orchestrator.recovery.pending import in_broker_lists
 from orchestrator.routing import queue_name
 from orchestrator.runs import terminal
 from orchestrator.runs.batch import StartRequest, start_runs
@@ -108,6 +112,31 @@ def test_a_paused_run_is_parked_by_its_claim_unclaimed_in_both_stores(redelivere
     # Resumed: the same message claims and runs it.
     run_message(task, *args, carried=kwargs["carried"])
     assert TaskHistory.objects.get(id=run_id).state == "completed"
+
+
+def test_a_paused_run_its_limit_postpones_is_parked_not_put_back_again() -> None:
+    """The concurrency limit answers before the claim's script would see the pause: a run of
+    a paused task at its limit is parked all the same, not published again and again."""
+    task = "test-rt-limited"  # max_concurrent=2; no shared worker takes its queue
+    definition = registry.get()[task]
+    limits = (keys.concurrency_holders(task), keys.concurrency_waiters(task))
+    valkey.client().delete(*limits, keys.concurrency_postponed(task), keys.rate_window(task))
+    run_id = start_run(task, {"key": uuid.uuid4().hex}, trigger=TriggerKind.MANUAL).run_id
+    args, kwargs = take_message(task, run_id)
+    holders = [Pickup(definition, holder, "host:1:other") for holder in ("run_a", "run_b")]
+    for holder in holders:
+        dispatch.before_claim(holder)
+    paused = keys.pause_field("task", task)
+    valkey.client().hset(keys.pauses(), paused, "hold")
+    try:
+        run_message(task, *args, carried=kwargs.get("carried"))
+    finally:
+        valkey.client().hdel(keys.pauses(), paused)
+        for holder in holders:
+            dispatch.release(holder)
+
+    assert TaskHistory.objects.get(id=run_id).state == "pending"
+    assert run_id not in in_broker_lists([queue_name(definition, settings.CONFIG.per_task_queues)])
 
 
 def test_a_batch_start_carries_the_row_as_a_single_start_does() -> None:

@@ -48,7 +48,10 @@ def test_each_thread_has_its_own_connection() -> None:
     assert valkey.command("CLIENT", "ID") == ids[0]  # and keeps it
 
 
-def test_an_error_reply_is_raised_as_the_client_raises_it() -> None:
+def test_an_error_reply_is_raised_as_the_client_raises_it_and_keeps_the_connection() -> None:
+    own_id = valkey.command("CLIENT", "ID")
     with pytest.raises(ResponseError, match="unknown command"):
         valkey.command("NOT-A-COMMAND")
+
     assert valkey.command("ECHO", "still usable") == "still usable"
+    assert valkey.command("CLIENT", "ID") == own_id  # a refusal (PAUSED, FENCED) is no outage
