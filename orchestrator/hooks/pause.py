@@ -67,9 +67,10 @@ class Paused(Refused):
 
 
 def parked(run_id: str, field: str) -> Parked:
-    """At pickup: the run's task or class is paused (the mirror's `field`); the message is
-    acknowledged unrun and the run stays pending until a resume publishes it again."""
-    return Parked(f"run {run_id}: held by the pause of {field.replace(':', ' ', 1)}", field)
+    """A stage at its pickup: its run's task or its class is paused (the mirror's `field`);
+    its message is acknowledged unrun and it waits until a resume publishes it again. Said as
+    a run's claim says it (`live.Held`)."""
+    return Parked(str(live.Held(run_id, field)), field)
 
 
 def fields_for(task_id: str, resource_class: str) -> tuple[str, str]:

@@ -224,10 +224,12 @@ class Pauses(NamedTuple):
         return cls(keys.pause_field("task", task_id), keys.pause_field("class", resource_class))
 
 
-def holding(pauses: Pauses) -> str | None:
-    """The field of `pauses` a pause is set on, if any: what a claim would be refused for."""
+def holding(run_id: str, pauses: Pauses) -> Held | None:
+    """What a claim of the run would be refused for now: the pause among `pauses` that is set,
+    if any."""
     found = cast(list[str | None], valkey.client().hmget(keys.pauses(), list(pauses)))
-    return next((field for field, mode in zip(pauses, found, strict=True) if mode), None)
+    field = next((field for field, mode in zip(pauses, found, strict=True) if mode), None)
+    return None if field is None else Held(run_id, field)
 
 
 # A claim no pause holds: a running run's, taken back (`claim_again`): running runs finish.
