@@ -98,7 +98,9 @@ def test_a_delayed_run_waits_with_nothing_queued_then_starts_on_time(loops: obje
 
 
 def test_a_waiting_run_survives_the_worker_role_restarting(loops: object) -> None:
-    handle = start_run(TASK, {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=4))
+    # Due after the first role has started, taken the seat and been killed: 4 s was not always
+    # enough beside the fault battery (the first role released and ran it before its kill).
+    handle = start_run(TASK, {}, trigger=TriggerKind.MANUAL, not_before=timedelta(seconds=10))
     due_at = _row(handle.run_id).not_before
     assert due_at is not None
     first = loops()  # type: ignore[operator]
