@@ -141,8 +141,8 @@ LOGGING = logging_config(CONFIG.log_format)
 # its run, so a lost worker's message is delivered again.
 CELERY_BROKER_URL = CONFIG.celery_broker_url
 if urlsplit(CELERY_BROKER_URL).scheme in ("redis", "rediss"):
-    # kombu's Redis transport minus a new client per command (orchestrator.stores.broker_transport).
-    CELERY_BROKER_TRANSPORT = "orchestrator.stores.broker_transport:Transport"
+    # kombu's Redis transport minus a new client per command (orchestrator.stores.broker).
+    CELERY_BROKER_TRANSPORT = "orchestrator.stores.broker:Transport"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from orchestrator.clock import span_ms
 from orchestrator.cluster.instance import instance_id
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 
 
 class LockLost(Exception):
@@ -97,7 +97,7 @@ class LoopLock:
 
     def renew(self) -> bool:
         """Compare and renew in one step; False when the lock is gone or someone else's."""
-        return bool(scripts.call("lock_renew", [self.key], [self.token, self._lease_ms()]))
+        return bool(valkey.script("lock_renew", [self.key], [self.token, self._lease_ms()]))
 
     def check(self) -> None:
         """The fencing check before a write batch: raises LockLost unless the lock is ours."""
@@ -106,7 +106,7 @@ class LoopLock:
 
     def release(self) -> bool:
         """Give the lock up if it is still ours; True when it was."""
-        return bool(scripts.call("lock_release", [self.key], [self.token]))
+        return bool(valkey.script("lock_release", [self.key], [self.token]))
 
     def holder(self) -> str | None:
         """The token of whoever holds the lock now, if anyone (for logs and the admin)."""

@@ -90,7 +90,7 @@ from orchestrator.hooks.base import Admission, Outcome, Part, Pickup, Refused, R
 from orchestrator.hooks.circuit_copy import CircuitHash
 from orchestrator.models import CircuitState, TaskCircuitState
 from orchestrator.states import RunState
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 from tasks.registry import UnknownTaskError
@@ -218,9 +218,9 @@ class CircuitBreaker(RunHook):
         key = [keys.circuit(pickup.definition.id)]
 
         def receive(replies: list[Any]) -> None:
-            scripts.replied("circuit_probe", key, args, replies[0])
+            valkey.script_replied("circuit_probe", key, args, replies[0])
 
-        return Part(receive, lambda pipe: scripts.queue(pipe, "circuit_probe", key, args))
+        return Part(receive, lambda pipe: valkey.queue_script(pipe, "circuit_probe", key, args))
 
     def plan_finished(self, outcome: Outcome) -> Part | None:
         if not outcome.final:
@@ -306,7 +306,7 @@ def statuses(task_ids: Iterable[str], *, clock: Clock = SYSTEM) -> dict[str, Cir
 
 
 def _queue(name: str, task_id: str, args: Sequence[object], pipe: Pipeline) -> None:
-    scripts.queue(pipe, name, [keys.circuit(task_id)], list(args))
+    valkey.queue_script(pipe, name, [keys.circuit(task_id)], list(args))
 
 
 def _replied(
@@ -319,25 +319,25 @@ def _replied(
         return _call(name, task_id, args, clock)
     if isinstance(reply, ResponseError) and str(reply) == "NO_CIRCUIT":
         circuit_copy.restore(task_id, clock)
-        reply = scripts.call(name, [keys.circuit(task_id)], list(args))
-    return cast(list[str], scripts.replied(name, [keys.circuit(task_id)], list(args), reply))
+        reply = valkey.script(name, [keys.circuit(task_id)], list(args))
+    return cast(list[str], valkey.script_replied(name, [keys.circuit(task_id)], list(args), reply))
 
 
 def _call(name: str, task_id: str, args: Sequence[object], clock: Clock) -> list[str]:
     """Run a circuit script; a missing hash is rebuilt from Postgres and the script rerun."""
     key = keys.circuit(task_id)
     try:
-        return cast(list[str], scripts.call(name, [key], list(args)))
+        return cast(list[str], valkey.script(name, [key], list(args)))
     except ResponseError as exc:
         if str(exc) != "NO_CIRCUIT":
             raise
     circuit_copy.restore(task_id, clock)
-    return cast(list[str], scripts.call(name, [key], list(args)))
+    return cast(list[str], valkey.script(name, [key], list(args)))
 
 
 def _set_probe_expiry(task_id: str, run_id: str, expiry_ms: int) -> None:
     """Move the expiry of `run_id`'s probe slot (0 frees it); a no-op for any other run."""
-    scripts.call("circuit_probe", [keys.circuit(task_id)], [run_id, expiry_ms])
+    valkey.script("circuit_probe", [keys.circuit(task_id)], [run_id, expiry_ms])
 
 
 def _hash(flat: Sequence[str]) -> CircuitHash:

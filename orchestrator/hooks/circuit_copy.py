@@ -13,7 +13,7 @@ from django.db import connection
 
 from orchestrator.clock import Clock, from_ms, to_ms
 from orchestrator.models import CircuitState, TaskCircuitState
-from orchestrator.stores import keys, queries, scripts
+from orchestrator.stores import keys, queries, valkey
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def restore(task_id: str, clock: Clock) -> None:
         c["recent"],
         c["updated_at"],
     ]
-    if scripts.call("circuit_restore", [keys.circuit(task_id)], args) and row is not None:
+    if valkey.script("circuit_restore", [keys.circuit(task_id)], args) and row is not None:
         log.warning("task %s: circuit hash rebuilt from Postgres (%s)", task_id, row.state)
 
 

@@ -63,7 +63,7 @@ from typing import Any
 from orchestrator.backoff import exponential
 from orchestrator.clock import span_ms
 from orchestrator.hooks.base import Beat, Outcome, Part, Pickup, Postpone, RunHook, checked
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
 
@@ -162,7 +162,7 @@ class ConcurrencyLimit(RunHook):
         ]
 
         def receive(replies: list[Any]) -> None:
-            taken, postponements, rank = scripts.replied(
+            taken, postponements, rank = valkey.script_replied(
                 "concurrency_take", keys_, args, replies[0]
             )
             if taken:
@@ -173,7 +173,9 @@ class ConcurrencyLimit(RunHook):
                 f"{rank} waiting ahead, postponed {postponements} time(s)",
             )
 
-        return Part(receive, lambda pipe: scripts.queue(pipe, "concurrency_take", keys_, args))
+        return Part(
+            receive, lambda pipe: valkey.queue_script(pipe, "concurrency_take", keys_, args)
+        )
 
     def release(self, pickup: Pickup) -> None:
         if limit_of(pickup.definition) is not None:
@@ -192,9 +194,11 @@ class ConcurrencyLimit(RunHook):
         args: list[object] = [holder(beat.run_id, beat.owner), span_ms(lease_of(definition))]
 
         def receive(replies: list[Any]) -> None:
-            scripts.replied("concurrency_refresh", key, args, replies[0])
+            valkey.script_replied("concurrency_refresh", key, args, replies[0])
 
-        return Part(receive, lambda pipe: scripts.queue(pipe, "concurrency_refresh", key, args))
+        return Part(
+            receive, lambda pipe: valkey.queue_script(pipe, "concurrency_refresh", key, args)
+        )
 
     def plan_finished(self, outcome: Outcome) -> Part | None:
         if limit_of(outcome.definition) is None:

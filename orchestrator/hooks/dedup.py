@@ -47,7 +47,7 @@ from orchestrator.hooks.base import (
 )
 from orchestrator.models import TaskHistory
 from orchestrator.states import LIVE_RUN_STATES
-from orchestrator.stores import keys, scripts
+from orchestrator.stores import keys, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
 
@@ -87,7 +87,7 @@ def scope(definition: TaskDefinition) -> str | None:
 
 
 def _hold(key: str, run_id: str, ttl_ms: int) -> None:
-    scripts.call("identity_hold", [key], [run_id, ttl_ms])
+    valkey.script("identity_hold", [key], [run_id, ttl_ms])
 
 
 def _confirm(key: str, run_id: str, not_before: datetime | None = None) -> None:
@@ -122,11 +122,11 @@ class IdentityDedup(RunHook):
         first: list[object] = [admission.run_id, provisional_ms, ""]
 
         def receive(replies: list[Any]) -> None:
-            answer = scripts.replied("identity_claim", [key], first, replies[0])
+            answer = valkey.script_replied("identity_claim", [key], first, replies[0])
             self._claim(admission, key, provisional_ms, answer)
 
         # The first claim goes out with the circuit's check; its verdict is still the first.
-        return Part(receive, lambda pipe: scripts.queue(pipe, "identity_claim", [key], first))
+        return Part(receive, lambda pipe: valkey.queue_script(pipe, "identity_claim", [key], first))
 
     def _claim(self, admission: Admission, key: str, provisional_ms: int, answer: str) -> None:
         for attempt in range(1, MAX_REPLACEMENTS + 1):
@@ -148,7 +148,7 @@ class IdentityDedup(RunHook):
                     f"{holder} holds identity {admission.identity!r}; retry when it ends"
                 )
             if attempt < MAX_REPLACEMENTS:
-                answer = scripts.call(
+                answer = valkey.script(
                     "identity_claim", [key], [admission.run_id, provisional_ms, holder]
                 )
         raise IdentityBusy(
@@ -184,7 +184,7 @@ class IdentityDedup(RunHook):
 
         def receive(replies: list[Any]) -> None:
             try:
-                answer = scripts.replied("identity_claim", [key], args, replies[0])
+                answer = valkey.script_replied("identity_claim", [key], args, replies[0])
             except Exception:
                 log.exception("run %s: identity %s not held again", run.run_id, key)
                 return
@@ -192,7 +192,7 @@ class IdentityDedup(RunHook):
                 holder = answer.split(" ")[0]
                 log.warning("run %s: identity %s is held by run %s", run.run_id, key, holder)
 
-        return Part(receive, lambda pipe: scripts.queue(pipe, "identity_claim", [key], args))
+        return Part(receive, lambda pipe: valkey.queue_script(pipe, "identity_claim", [key], args))
 
 
 def _let_go(namespace: str, run_id: str) -> None:

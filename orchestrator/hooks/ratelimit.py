@@ -44,7 +44,7 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator.hooks.base import Part, Pickup, Postpone, RunHook
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 from tasks.definition import TaskDefinition
 
 
@@ -78,7 +78,7 @@ class RateLimit(RunHook):
         ]
 
         def receive(replies: list[Any]) -> None:
-            wait_ms = scripts.replied("rate_take", key, args, replies[0])
+            wait_ms = valkey.script_replied("rate_take", key, args, replies[0])
             if wait_ms:
                 raise Postpone(
                     min(timedelta(milliseconds=wait_ms), _longest_wait()),
@@ -87,7 +87,9 @@ class RateLimit(RunHook):
 
         # After the hooks before it answered: a run they postpone takes no admission.
         return Part(
-            receive, lambda pipe: scripts.queue(pipe, "rate_take", key, args), after_replies=True
+            receive,
+            lambda pipe: valkey.queue_script(pipe, "rate_take", key, args),
+            after_replies=True,
         )
 
     def release(self, pickup: Pickup) -> None:

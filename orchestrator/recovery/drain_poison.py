@@ -21,7 +21,7 @@ from typing import Any, cast
 from django.utils import timezone
 
 from orchestrator.runs.drain import MAX_ENTRIES, Entry
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def _find_poisoned(record_id: str) -> tuple[str, PoisonedEntry]:
 
 
 def _unpoison(record: str, record_id: str, pushed: str) -> None:
-    done = scripts.call(
+    done = valkey.script(
         "drain_unpoison",
         [keys.drain_poison(), keys.drain_pending()],
         [record, pushed, MAX_ENTRIES],

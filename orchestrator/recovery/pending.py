@@ -80,7 +80,7 @@ from orchestrator.runs import terminal
 from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
 from orchestrator.runs.terminal import write_live_claim
 from orchestrator.states import RunState
-from orchestrator.stores import broker, keys, live, scripts, valkey
+from orchestrator.stores import broker, keys, live, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
@@ -276,7 +276,7 @@ def in_broker_lists(queues: Iterable[str]) -> set[str]:
             name = keys.broker_queue(queue, step)
             start = 0
             while True:
-                ids = scripts.call(
+                ids = valkey.script(
                     "broker_run_ids", [name], [start, start + SLICE - 1], client=client
                 )
                 found.update(str(run_id) for run_id in ids if run_id)

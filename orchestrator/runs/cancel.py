@@ -36,7 +36,7 @@ from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
 from orchestrator.runs import pipeline, terminal
 from orchestrator.states import IllegalTransition, RunState, StageState
-from orchestrator.stores import broker, durable, keys, live, scripts, valkey
+from orchestrator.stores import broker, durable, keys, live, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 
@@ -96,7 +96,7 @@ def _signal(run_id: str, actor: str) -> None:
     """Valkey follows Postgres: the hash goes cancelling and the process that owns the run is
     told, on its own cancel channel (nobody, if no process has claimed it)."""
     try:
-        scripts.call(
+        valkey.script(
             "request_cancel",
             [keys.run_active(run_id), keys.run_terminal(run_id), keys.cancel_channel_prefix()],
             [actor, settings.CONFIG.run_active_ttl_s],

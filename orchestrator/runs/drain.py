@@ -46,7 +46,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import InterfaceError, OperationalError
 
 from orchestrator.states import RunState, StageState
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 from orchestrator.stores.durable import Stages
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def push(
     encoded = json.loads(json.dumps(dict(args), cls=DjangoJSONEncoder))
     follow = json.loads(json.dumps(dict(then or {}), cls=DjangoJSONEncoder))
     entry = Entry(run_id, state.value, encoded, owner, call=call, then=follow)
-    length = scripts.call("drain_push", [keys.drain_pending()], [entry.to_json(), MAX_ENTRIES])
+    length = valkey.script("drain_push", [keys.drain_pending()], [entry.to_json(), MAX_ENTRIES])
     # Worded apart: the fault battery counts each kind of deferred write from the logs.
     if call == END:
         what, waits = f"terminal write {entry.target}", "queued in"

@@ -38,7 +38,7 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock, span_ms
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 
 LOG_TTL = timedelta(hours=24)
 MAX_MESSAGE = 4000
@@ -119,7 +119,7 @@ class RunLog:
                 return
             cap = settings.CONFIG.log_cap
             try:
-                scripts.call(
+                valkey.script(
                     "log_append",
                     [keys.run_log(self.run_id), keys.run_log_seq(self.run_id)],
                     [cap, span_ms(LOG_TTL), keys.run_log_feed(self.run_id), *lines],

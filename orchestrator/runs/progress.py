@@ -28,7 +28,7 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock, to_ms
-from orchestrator.stores import durable, keys, live, scripts, valkey
+from orchestrator.stores import durable, keys, live, valkey
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Progress:
             document = self._with_rate(now)
         try:
             event = {"type": "progress", "run_id": self.run_id, "progress": document}
-            scripts.call_with(
+            valkey.script_with(
                 "set_progress",
                 [keys.run_active(self.run_id)],
                 [json.dumps(document), to_ms(self._clock.now())],

@@ -67,7 +67,7 @@ from orchestrator.hooks import dispatch as hooks
 from orchestrator.runs import logs, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.states import RunState
-from orchestrator.stores import durable, keys, live, scripts, valkey
+from orchestrator.stores import durable, keys, live, valkey
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 from tasks.resources import STALL_WARN_SHARE, default_stall_fail_s
@@ -275,7 +275,7 @@ class Watcher:
         """The Valkey heartbeat (Postgres has its own thread: `_beat_postgres`)."""
         watched.next_beat = time.monotonic() + settings.CONFIG.heartbeat_interval_s
         try:
-            state, _, _ = scripts.call(
+            state, _, _ = valkey.script(
                 "heartbeat_run",
                 [keys.run_active(watched.run_id)],
                 [watched.owner, settings.CONFIG.run_active_ttl_s],

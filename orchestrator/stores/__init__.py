@@ -1,9 +1,9 @@
 """The stores: how the engine talks to Valkey, Postgres's run table and the broker.
 
 Valkey:
-- `valkey`: the coordination Valkey client, one pool per process, and `execute`, `time_ms`
+- `valkey`: the coordination Valkey client, one pool per process, a thread's own connection
+  for the run's commands, and the Lua scripts under `lua/`, their versions pinned
 - `keys`: every Valkey key name the system uses; no key literal lives anywhere else
-- `scripts`: loads the Lua scripts under `lua/` and pins their versions
 - `live`: the live run hash; every change of it is one Lua script
 - `counters`: the cluster-wide counters of /metrics, kept in Valkey hashes
 - `cache`: the cache Valkey: read models that may be lost, computed again when they are
@@ -14,8 +14,8 @@ Postgres:
 - `retention`: deletes old runs, state changes and webhook deliveries in short batches
 
 The broker:
-- `broker`: what waits in the broker: push, depth, shedding the oldest, removing a message
-- `broker_transport`: kombu's Redis transport, holding one client per channel, not per command
+- `broker`: what waits in the broker: push, depth, shedding the oldest, removing a message;
+  and our kombu Redis transport (one client per channel, acks sent with the next reservation)
 
 No policy lives here: callers decide, the stores refuse any move `states.py` does not allow.
 

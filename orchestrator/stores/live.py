@@ -13,7 +13,7 @@ from redis.exceptions import ResponseError
 
 from orchestrator.clock import SYSTEM, Clock, to_ms
 from orchestrator.states import IllegalTransition, RunState, StageState
-from orchestrator.stores import counters, keys, scripts, valkey
+from orchestrator.stores import counters, keys, valkey
 
 
 class RunHash(TypedDict, total=False):
@@ -78,7 +78,7 @@ def seed(
 ) -> bool:
     """The run's live hash, and its message counted as published (/metrics), in one call."""
     script_keys, args = _seed_call(run_id, task_id, priority, stages, clock, published=True)
-    return bool(scripts.call("seed_run", script_keys, args))
+    return bool(valkey.script("seed_run", script_keys, args))
 
 
 class Seed(NamedTuple):
@@ -95,10 +95,10 @@ def seed_many(runs: Sequence[Seed], clock: Clock = SYSTEM) -> None:
     pipe = valkey.client().pipeline(transaction=False)
     calls = [_seed_call(*run, clock, published=True) for run in runs]
     for script_keys, args in calls:
-        scripts.queue(pipe, "seed_run", script_keys, args)
+        valkey.queue_script(pipe, "seed_run", script_keys, args)
     replies = valkey.execute(pipe, raise_on_error=False)
     for (script_keys, args), reply in zip(calls, replies, strict=False):
-        scripts.replied("seed_run", script_keys, args, reply)
+        valkey.script_replied("seed_run", script_keys, args, reply)
 
 
 def _seed_call(
@@ -157,8 +157,8 @@ def queue_admission(
         keys.quota_counts(task_id, clock.now().date().isoformat()),
     ]
     args = [*pauses, int(count_day), int(QUOTA_COUNT_TTL.total_seconds())]
-    scripts.queue(pipe, "admit_run", script_keys, args)
-    return lambda reply: bool(scripts.replied("admit_run", script_keys, args, reply))
+    valkey.queue_script(pipe, "admit_run", script_keys, args)
+    return lambda reply: bool(valkey.script_replied("admit_run", script_keys, args, reply))
 
 
 def give_back_start(task_id: str, clock: Clock = SYSTEM) -> None:
@@ -174,7 +174,7 @@ def claim(run_id: str, owner: str, pauses: Pauses, clock: Clock = SYSTEM) -> Non
     """pending → active for `owner`, unless one of `pauses` holds the run (`Held`)."""
     script_keys, args = _claim_call(run_id, owner, pauses, clock)
     try:
-        scripts.call("claim_run", script_keys, args)
+        valkey.script("claim_run", script_keys, args)
     except ResponseError as exc:
         raise _translate(exc, run_id, RunState.ACTIVE) from None
 
@@ -188,11 +188,11 @@ def claim_again(
     Valkey meanwhile."""
     seed_keys, seed_args = _seed_call(run_id, task_id, priority, (), clock, published=False)
     pipe = valkey.client().pipeline(transaction=False)
-    scripts.queue(pipe, "seed_run", seed_keys, seed_args)
+    valkey.queue_script(pipe, "seed_run", seed_keys, seed_args)
     pipe.delete(keys.run_reseeded(run_id))
     read_claim = queue_claim(pipe, run_id, owner, NO_PAUSE, clock)
     seeded, _, claimed = valkey.execute(pipe, raise_on_error=False)
-    scripts.replied("seed_run", seed_keys, seed_args, seeded)
+    valkey.script_replied("seed_run", seed_keys, seed_args, seeded)
     read_claim(claimed)
 
 
@@ -202,11 +202,11 @@ def queue_claim(
     """`claim`, queued in `pipe` to go with other commands (the pickup hooks'); returns what
     reads its reply (raising as `claim` would)."""
     script_keys, args = _claim_call(run_id, owner, pauses, clock)
-    scripts.queue(pipe, "claim_run", script_keys, args)
+    valkey.queue_script(pipe, "claim_run", script_keys, args)
 
     def read(reply: Any) -> None:
         try:
-            scripts.replied("claim_run", script_keys, args, reply)
+            valkey.script_replied("claim_run", script_keys, args, reply)
         except ResponseError as exc:
             raise _translate(exc, run_id, RunState.ACTIVE) from None
 
@@ -258,7 +258,7 @@ def transition(
     script_keys = [keys.run_active(run_id), keys.run_terminal(run_id)]
     args = [target.value, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, owner]
     try:
-        return RunState(scripts.call("transition_run", script_keys, args))
+        return RunState(valkey.script("transition_run", script_keys, args))
     except ResponseError as exc:
         raise _translate(exc, run_id, target) from None
 
@@ -316,7 +316,7 @@ def end(
     counted and announced in the same call (`end_run.lua`); `owner` fences as `transition`."""
     script_keys, args = _end_call(run_id, target, owner, counted, clock)
     try:
-        previous, circuit = scripts.call("end_run", script_keys, args)
+        previous, circuit = valkey.script("end_run", script_keys, args)
     except ResponseError as exc:
         raise _translate(exc, run_id, target) from None
     return Ended(RunState(previous), bool(circuit))
@@ -334,11 +334,11 @@ def queue_end(
     """`end`, queued in `pipe` to go with other commands; returns what reads its reply
     (raising as `end` would)."""
     script_keys, args = _end_call(run_id, target, owner, counted, clock)
-    scripts.queue(pipe, "end_run", script_keys, args)
+    valkey.queue_script(pipe, "end_run", script_keys, args)
 
     def read(reply: Any) -> Ended:
         try:
-            previous, circuit = scripts.replied("end_run", script_keys, args, reply)
+            previous, circuit = valkey.script_replied("end_run", script_keys, args, reply)
         except ResponseError as exc:
             raise _translate(exc, run_id, target) from None
         return Ended(RunState(previous), bool(circuit))
@@ -356,7 +356,7 @@ def transition_stage(
     # Postgres made the move already: followers of /events hear of it in the same round trip.
     event = {"type": "stage", "run_id": run_id, "stage": stage, "state": target.value}
     try:
-        previous = scripts.call_with(
+        previous = valkey.script_with(
             "transition_stage", script_keys, args, lambda pipe: queue_event(pipe, event)
         )
     except ResponseError as exc:
@@ -389,7 +389,7 @@ def read(run_id: str) -> RunHash:
 def count_delivery(run_id: str) -> int:
     """One more delivery of the run's message (and one more redelivery in /metrics, in the
     same round trip); 0 when the run has no live hash."""
-    deliveries = scripts.call_with(
+    deliveries = valkey.script_with(
         "count_delivery",
         [keys.run_active(run_id)],
         ["delivery"],

@@ -1,5 +1,5 @@
 """The broker transport sends each acknowledgement with the next reservation
-(orchestrator/stores/broker_transport.py): one transaction per message, not two, and no
+(orchestrator/stores/broker.py): one transaction per message, not two, and no
 acknowledgement waits past an idle BRPOP or the channel's close."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from kombu import Connection
 from kombu.simple import SimpleQueue
 
 from orchestrator.stores import broker
-from orchestrator.stores.broker_transport import Transport
+from orchestrator.stores.broker import Transport
 from tests.support.round_trips import recording
 
 UNACKED, INDEX = "unacked", "unacked_index"

@@ -4,7 +4,7 @@ a new one for every command a worker's main process sends per message."""
 from __future__ import annotations
 
 from lumastra.celery import app
-from orchestrator.stores.broker_transport import Transport
+from orchestrator.stores.broker import Transport
 
 
 def test_the_worker_app_uses_the_held_client_transport() -> None:

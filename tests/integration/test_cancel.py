@@ -18,7 +18,7 @@ from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import NotRetryable, rerun
 from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
-from orchestrator.stores import broker, durable, keys, live, scripts, valkey
+from orchestrator.stores import broker, durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.support.fixtures import wait_for, worker_process
@@ -247,7 +247,7 @@ def test_a_cancel_no_watch_heard_is_seen_by_the_heartbeat() -> None:
 
         # The cancel as `runs.cancel` records it, its message sent where no watch listens.
         durable.request_cancel(handle.run_id)
-        scripts.call(
+        valkey.script(
             "request_cancel",
             [keys.run_active(handle.run_id), keys.run_terminal(handle.run_id), "nobody:"],
             ["ops", settings.CONFIG.run_active_ttl_s],

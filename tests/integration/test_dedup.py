@@ -22,7 +22,7 @@ from orchestrator.hooks.dedup import ExclusiveRunning
 from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.models import TaskHistory
 from orchestrator.runs.start import start_run
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tests.faults.servers import ValkeyServer
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
@@ -145,7 +145,7 @@ def test_a_crash_between_claim_and_insert_blocks_only_for_the_provisional_ttl(
     _short_provisional_ttl(settings, 1)
     # A replica claimed the identity and died before its insert.
     key = keys.identity("test-unique", "crashed")
-    scripts.call("identity_claim", [key], ["run_01DEADDEADDEADDEADDEADDEAD", 1000, ""])
+    valkey.script("identity_claim", [key], ["run_01DEADDEADDEADDEADDEADDEAD", 1000, ""])
 
     during = start_run("test-unique", {"key": "crashed"}, trigger=TriggerKind.MANUAL)
     assert during.deduplicated and during.run_id == "run_01DEADDEADDEADDEADDEADDEAD"

@@ -392,7 +392,7 @@ def test_the_reconciler_moves_on_a_pipeline_stalled_between_stages(two_workers: 
     run_id = _start(skip_right=True, sleep_s=0.0, final_needs_key="never-set")
     wait_for(lambda: _ended(run_id), timeout=30)
     # Its stages' acknowledgements reach the broker with the workers' next reservation or
-    # idle BRPOP (`stores.broker_transport`): until then the reconciler counts them as held.
+    # idle BRPOP (`stores.broker`): until then the reconciler counts them as held.
     wait_for(lambda: not any(m.startswith(run_id) for m in held_by_workers()), timeout=10)
     stalled = TaskHistory.objects.get(id=run_id)
     TaskHistory.objects.filter(id=run_id).update(

@@ -14,7 +14,7 @@ from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
 from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tests.support.fixtures import wait_for, worker_process
@@ -47,7 +47,7 @@ def test_most_in_any_window() -> None:
 
 
 def _take(member: str, count: int, per_ms: int) -> int:
-    return int(scripts.call("rate_take", [WINDOW], [member, count, per_ms]))
+    return int(valkey.script("rate_take", [WINDOW], [member, count, per_ms]))
 
 
 def test_the_window_admits_count_then_waits_for_the_oldest_to_leave() -> None:

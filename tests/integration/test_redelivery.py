@@ -23,7 +23,7 @@ from orchestrator.runs import put_back, terminal
 from orchestrator.runs.runner import run_message
 from orchestrator.runs.start import start_run
 from orchestrator.states import IllegalTransition, RunState
-from orchestrator.stores import durable, keys, live, scripts
+from orchestrator.stores import durable, keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.errors import ErrorKind
@@ -172,7 +172,7 @@ def test_the_lost_claims_late_writes_are_refused_once_the_run_is_claimed_anew() 
     row = TaskHistory.objects.get(id=run_id)
     assert (row.state, row.owner_instance_id, row.attempts) == ("active", new, 2)
     assert live.read(run_id)["owner"] == new
-    beat = scripts.call("heartbeat_run", [keys.run_active(run_id)], [old, 60])
+    beat = valkey.script("heartbeat_run", [keys.run_active(run_id)], [old, 60])
     assert beat[0] == "fenced"
     # The new owner ends it.
     assert terminal.end(definition, run_id, new, RunState.COMPLETED) == RunState.COMPLETED

@@ -11,7 +11,7 @@ Driven by signals (Celery takes SIGUSR1 and SIGUSR2 for itself):
 - `ARM_SIGNAL` forgets what was recorded and starts recording, in every thread, then touches
   `<FOOTPRINT_DIR>/armed`;
 - the recording stops by itself, in every thread, at the call of the broker transport's
-  `QoS.ack` (`orchestrator.stores.broker_transport`): the acknowledgement of the message, the
+  `QoS.ack` (`orchestrator.stores.broker`): the acknowledgement of the message, the
   end of a run's path (an `acks_late` task acks after its end has committed);
 - `DUMP_SIGNAL` writes what was recorded to `<FOOTPRINT_DIR>/calls.json`, and whether the
   ack ended it.
@@ -44,7 +44,7 @@ CALLS = "calls.json"
 
 
 def main() -> None:
-    from orchestrator.stores.broker_transport import QoS
+    from orchestrator.stores.broker import QoS
 
     out = Path(os.environ[DIR_VARIABLE])
     recorder = Recorder(stop_at=QoS.ack.__code__)

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from psycopg2.extensions import TRANSACTION_STATUS_IDLE
 
-from orchestrator.stores import scripts
+from orchestrator.stores import valkey
 
 ROOT = Path(__file__).resolve().parents[2]
 _PROJECT = tuple(str(ROOT / package) + "/" for package in ("orchestrator", "tasks", "lumastra"))
@@ -113,8 +113,8 @@ def _sql(text: str) -> str:
 
 def _script_names() -> dict[str, str]:
     return {
-        hashlib.sha1(scripts.source(path.stem).encode()).hexdigest(): path.stem
-        for path in scripts.LUA_DIR.glob("*.lua")
+        hashlib.sha1(valkey.script_source(path.stem).encode()).hexdigest(): path.stem
+        for path in valkey.LUA_DIR.glob("*.lua")
     }
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import ResponseError
 
-from orchestrator.stores import keys, scripts, valkey
+from orchestrator.stores import keys, valkey
 
-LUA_FILES = sorted(path.stem for path in scripts.LUA_DIR.glob("*.lua"))
+LUA_FILES = sorted(path.stem for path in valkey.LUA_DIR.glob("*.lua"))
 
 # The argument contract of each script: (keys, fewest args, most args or None for "any more").
 CONTRACTS: dict[str, tuple[int, int, int | None]] = {
@@ -51,29 +51,29 @@ def test_there_are_scripts() -> None:
 
 
 def test_every_script_is_pinned_and_every_pin_has_a_script() -> None:
-    assert set(LUA_FILES) == set(scripts.PINNED_VERSIONS)
+    assert set(LUA_FILES) == set(valkey.PINNED_SCRIPT_VERSIONS)
 
 
 @pytest.mark.parametrize("name", LUA_FILES)
 def test_header_version_matches_the_pin(name: str) -> None:
-    source = scripts.source(name)
+    source = valkey.script_source(name)
 
-    assert source.splitlines()[0] == f"-- @version {scripts.PINNED_VERSIONS.get(name)}"
-    assert scripts.header_version(source) == scripts.PINNED_VERSIONS[name]
+    assert source.splitlines()[0] == f"-- @version {valkey.PINNED_SCRIPT_VERSIONS.get(name)}"
+    assert valkey.script_version(source) == valkey.PINNED_SCRIPT_VERSIONS[name]
 
 
 @pytest.mark.parametrize("name", LUA_FILES)
 def test_header_documents_keys_and_argv(name: str) -> None:
-    header = [line for line in scripts.source(name).splitlines() if line.startswith("--")]
+    header = [line for line in valkey.script_source(name).splitlines() if line.startswith("--")]
 
     assert any("KEYS[1]" in line for line in header), name
     assert any("ARGV[1]" in line for line in header), name
 
 
 def test_header_version_reads_only_a_version_line() -> None:
-    assert scripts.header_version("-- @version 12\nreturn 1") == 12
-    assert scripts.header_version("-- version 1\nreturn 1") is None
-    assert scripts.header_version("return 1 -- @version 2") is None
+    assert valkey.script_version("-- @version 12\nreturn 1") == 12
+    assert valkey.script_version("-- version 1\nreturn 1") is None
+    assert valkey.script_version("return 1 -- @version 2") is None
 
 
 def test_every_script_has_an_argument_contract_here() -> None:
@@ -104,6 +104,6 @@ def test_wrong_argument_counts_are_rejected(name: str, n_keys: int, n_args: int)
     client.delete(*key_pool)
 
     with pytest.raises(ResponseError, match=f"^BAD_ARGS {name} "):
-        scripts.call(name, key_pool[:n_keys], [f"arg{i}" for i in range(n_args)])
+        valkey.script(name, key_pool[:n_keys], [f"arg{i}" for i in range(n_args)])
 
     assert client.exists(*key_pool) == 0, "a rejected call must write nothing"
