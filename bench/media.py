@@ -273,9 +273,9 @@ def _drained(worker: Any, open_queue: Any, runs: list[str]) -> Phase:
 
 
 def _command_wall(run_id: str) -> float:
-    from orchestrator.runs import logs
+    from orchestrator.runs import context
 
-    for line in logs.read(run_id):
+    for line in context.read_log(run_id):
         found = EXITED.match(str(line.entry.get("msg", "")))
         if found:
             return float(found.group(2))

@@ -28,7 +28,7 @@ from orchestrator.api import sse
 from orchestrator.api.auth import VIEW
 from orchestrator.api.errors import ApiError, answers
 from orchestrator.models import TaskHistory
-from orchestrator.runs import logs
+from orchestrator.runs import context
 from orchestrator.runs.start import is_run_id
 from orchestrator.states import TERMINAL_RUN_STATES
 from orchestrator.stores import keys, valkey
@@ -94,7 +94,7 @@ def run_logs(
         after = int(resume)
     if after < 0:
         raise ApiError(422, "after must be >= 0")
-    lines = [{"seq": line.seq, **line.entry} for line in logs.read(run_id, after)]
+    lines = [{"seq": line.seq, **line.entry} for line in context.read_log(run_id, after)]
     if not lines and after == 0:
         lines = _kept_tail(steps)
     if not follow:
@@ -153,8 +153,8 @@ async def _follow(run_id: str, after: int, first: list[dict[str, Any]]) -> Async
         await pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
-async def _read(client: Any, run_id: str, after: int) -> list[logs.Line]:
-    return logs.parsed(await client.lrange(keys.run_log(run_id), 0, -1), after)
+async def _read(client: Any, run_id: str, after: int) -> list[context.LogLine]:
+    return context.parsed_log(await client.lrange(keys.run_log(run_id), 0, -1), after)
 
 
 async def _ended(client: Any, run_id: str) -> str | None:

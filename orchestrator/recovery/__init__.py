@@ -9,7 +9,7 @@
 - `drain_replay`: the drain's writes made again once Postgres answers, and what follows each
 - `drain_poison`: the drain's entries no replay could apply, kept for an operator
 
-Every run it ends is settled through `orchestrator.runs.settle`; a run it gives another
+Every run it ends is settled through `orchestrator.runs.terminal.settle`; a run it gives another
 attempt goes back through `orchestrator.runs.put_back`.
 
 May import: runs, hooks, cluster, stores and the base modules. Never api or admin.

@@ -31,7 +31,7 @@ cancelled (cancelling → failed is not a legal move: the cancel request wins), 
 gives the heartbeat's age, the threshold, the owner and what the live hash said. The UPDATE
 (`durable.end_orphan`) repeats the heartbeat condition, so a heartbeat landing between the
 check and the write keeps the run alive, and ends a pipeline run's stages with it. Then the
-run is settled (`runs.settle`): the live hash follows (no owner fence, since its owner is
+run is settled (`runs.terminal.settle`): the live hash follows (no owner fence, since its owner is
 gone; a missing hash is fine), then the `finished` hooks give back the run's concurrency slot
 and identity. An orphan can be retried like any failed run.
 
@@ -267,10 +267,10 @@ def _final_error(candidate: Candidate, message: str) -> dict[str, Any]:
     by the same rule, `stage_attempts.put_back_lost_stages`.)"""
     extra = {"owner": candidate.owner, "heartbeat_age_s": round(candidate.age_s)}
     if candidate.state != RunState.ACTIVE:
-        return terminal.error_doc(ErrorKind.ORPHANED, f"cancel requested, and {message}", **extra)
+        return retries.error_doc(ErrorKind.ORPHANED, f"cancel requested, and {message}", **extra)
     definition = registry.get().get(candidate.task_id)
     if definition is None or candidate.pipeline:
-        return terminal.error_doc(ErrorKind.ORPHANED, message, **extra)
+        return retries.error_doc(ErrorKind.ORPHANED, message, **extra)
     return retries.decide(
         ErrorKind.ORPHANED,
         message,

@@ -76,9 +76,9 @@ from orchestrator.hooks.base import Republished
 from orchestrator.models import TaskHistory
 from orchestrator.recovery.orphans import Candidate, LiveView, live_views
 from orchestrator.routing import queue_name
-from orchestrator.runs import terminal
+from orchestrator.runs import retries, terminal
+from orchestrator.runs.catch_up import write_live_claim
 from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
-from orchestrator.runs.terminal import write_live_claim
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys, live, valkey
 from tasks import registry
@@ -344,7 +344,7 @@ def _reseed(candidate: Candidate, definition: TaskDefinition, clock: Clock) -> b
 def _write_silent_claim(run_id: str, view: LiveView) -> bool:
     """The live hash names a claim Postgres does not have (not written yet, or lost in a crash
     of Postgres) whose owner stopped beating: the claim is written for it, as of its last
-    heartbeat (`runs.terminal.write_live_claim`), so the run is an orphan like any other,
+    heartbeat (`runs.catch_up.write_live_claim`), so the run is an orphan like any other,
     its lost attempt counted: the orphan pass puts it back, or fails it by its task's policy."""
     if write_live_claim(run_id, view.owner) is None:
         log.info("run %s: silent claim not written (moved meanwhile)", run_id)
@@ -366,7 +366,7 @@ def _fail(failure: _Failure, clock: Clock) -> bool:
         candidate.run_id,
         candidate.task_id,
         RunState.FAILED,
-        error=terminal.error_doc(failure.kind, failure.message),
+        error=retries.error_doc(failure.kind, failure.message),
         guard=terminal.Guard.PENDING_DEADLINE,
         stale_after_s=failure.older_than_s,
     )

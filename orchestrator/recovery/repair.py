@@ -5,8 +5,8 @@ dies (or loses Valkey) between the first two leaves the hash saying `active` unt
 and the hooks never run: the identity stays claimed, the concurrency slot held until its
 lease ends, the circuit and quota uncounted. Each reconciler tick this step looks at the runs
 that ended since the last tick (minus GRACE, so a writer still settling is not overtaken),
-finds those whose live hash is still live and settles them (`runs.settle`: one Lua transition
-moves the hash to the Postgres state, so only one repairer wins, and the winner runs the
+finds those whose live hash is still live and settles them (`runs.terminal.settle`: one Lua
+transition moves the hash to the Postgres state, so only one repairer wins, and the winner runs the
 hooks).
 
 Not guaranteed: a writer whose Valkey write failed after retries but whose hooks ran anyway (Valkey
@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from orchestrator.cluster.locks import Fence
 from orchestrator.models import TaskHistory
-from orchestrator.runs.settle import settle
+from orchestrator.runs.terminal import settle
 from orchestrator.states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, RunState
 from orchestrator.stores import keys, valkey
 from tasks import registry

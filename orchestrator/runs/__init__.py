@@ -4,7 +4,7 @@
 (one Celery task per task id, every body the runner) → `runner` (version guard, claim) →
 `execute` with its `context`, `watch` (heartbeats, cancel listener, watchdogs) and `process`
 (the commands a handler runs, `ctx.run_process`; `leftovers` kills what they leave) →
-`terminal` (the guarded end in Postgres) → `settle` (Valkey follows, hooks hear of it). Beside
+`terminal` (the guarded end in Postgres, then Valkey follows and the hooks hear of it). Beside
 them: `drain` (writes Postgres refused wait there for `recovery.drain_replay`), `cancel`
 (operator cancels and shed runs) and `rerun` (an operator's retry: a new run of the same work).
 
@@ -17,15 +17,16 @@ The path, in the order a run takes it:
 - `publish`: builds a run's or a stage's Celery message and sends it to its queue
 - `celery_tasks`: registers one Celery task per task id and per pipeline stage, body the runner
 - `runner`: the body of every Celery task: version guard, hooks and claim (a pause parks)
-- `execute`: a claimed run's handler beside its watch, then its end, retry or dead letter
-- `terminal`: the terminal write, Postgres first, exactly once: only the winning writer settles
-- `settle`: once Postgres holds a run's end: the live hash follows, then the `finished` hooks
+- `execute`: a claimed run's handler beside its watch (`outcome_of`: how its call ended, one
+  reading for runs and stages), then its end, retry or dead letter
+- `terminal`: the terminal write, Postgres first, exactly once; the winning writer settles it:
+  the live hash follows, then the `finished` hooks
 
 While the handler runs:
-- `context`: `RunContext`, the engine's implementation of the SDK's `TaskContext`
+- `context`: `RunContext`, the engine's implementation of the SDK's `TaskContext`, and the run's
+  live log (`ctx.log`, its `logging` calls) in Valkey, a tail kept on its row
 - `watch`: the threads beside a running handler: heartbeats, cancel listener, watchdogs
 - `process`: `ctx.run_process`: a handler's command, stopped with the run however it ends
-- `logs`: a run's live log (`ctx.log`, its `logging` calls) in Valkey, a tail kept on its row
 - `progress`: `ctx.report_progress`: done, total, rate and ETA, written no more than is useful
 - `steps`: step telemetry: each step's status, timings, attempts, cost, counters, warnings
 - `pipeline`: a pipeline run's DAG: its first stages, the advance after each end, cancel
@@ -38,8 +39,10 @@ Recovery helpers, when a write or a worker is lost:
 - `put_back`: a run whose worker was lost goes back to `pending` for its next attempt, same run
 - `handback`: a stopping worker's runs, once its grace is over, put back for another worker
 - `stopping`: a stopping worker's planned kills read as one (no crash report), and a prompt exit
-- `retries`: how a handler's call ended (one reading for runs and stages), and the one retry
-  rule: a failed attempt tried again, failed, or a dead letter
+- `retries`: the error document, and the one retry rule: a failed attempt tried again,
+  failed, or a dead letter
+- `catch_up`: one store catching up with the other: a live hash brought to an end Postgres
+  holds (retried through an outage), a claim only Valkey holds written to Postgres
 - `leftovers`: finds processes a run's command left behind (by their environment) and kills them
 
 Asked from outside the run:

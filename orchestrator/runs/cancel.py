@@ -34,7 +34,7 @@ from redis.exceptions import ResponseError
 
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
-from orchestrator.runs import pipeline, terminal
+from orchestrator.runs import catch_up, pipeline, retries, terminal
 from orchestrator.states import IllegalTransition, RunState, StageState
 from orchestrator.stores import broker, durable, keys, live, valkey
 from tasks import registry
@@ -66,7 +66,7 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
         # A worker may be running it before Postgres heard of its claim (a short run's claim is
         # folded into its end, `runs.runner`): the claim is written for it, so the cancel
         # reaches its handler instead of ending the run under it.
-        terminal.write_live_claim(run_id)
+        catch_up.write_live_claim(run_id)
     try:
         was_pending = durable.request_cancel(run_id) == RunState.PENDING
     except IllegalTransition as exc:
@@ -76,7 +76,7 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
             return RunState.CANCELLING
         raise NotCancellable(run_id, exc.current) from None
     _signal(run_id, actor)
-    error = terminal.error_doc(ErrorKind.CANCELLED, f"cancelled by {actor}")
+    error = retries.error_doc(ErrorKind.CANCELLED, f"cancelled by {actor}")
     if not was_pending:
         state = None
         if definition.pipeline:
@@ -163,6 +163,6 @@ def cancel_waiting(run_ids: Iterable[str], kind: ErrorKind, message: str) -> int
             log.info("run %s: not cancelled (%s): %s", run_id, kind.value, exc)
             continue
         _signal(run_id, kind.value)
-        terminal.cancel(registry.get()[task_id], run_id, error=terminal.error_doc(kind, message))
+        terminal.cancel(registry.get()[task_id], run_id, error=retries.error_doc(kind, message))
         cancelled += 1
     return cancelled

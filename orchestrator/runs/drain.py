@@ -17,8 +17,8 @@ that Postgres does not keep: the run's error (a failed stage), the retry's delay
 Valkey after Postgres. Valkey must never be ahead of the truth, so a writer whose Postgres
 write failed writes nothing to Valkey for it; once Postgres has the write, the replay does
 what the writer would have done next, once per applied entry. For an end: the run is settled
-(`runs.settle`: the live hash follows, fenced by the claim's owner, then the `finished` hooks:
-concurrency slot, identity, quota counts, circuit). For a stage move: what `runs.pipeline`
+(`runs.terminal.settle`: the live hash follows, fenced by the claim's owner, then the `finished`
+hooks: concurrency slot, identity, quota counts, circuit). For a stage move: what `runs.pipeline`
 registered with `on_stage_move` (the live hash follows, then the advance, the run's failure or
 the stage's next message). So after `push` returns True the writer returns without doing
 that itself. Until then the run (or the stage) reads `active` in both stores and keeps its slot,

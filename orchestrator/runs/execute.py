@@ -2,25 +2,34 @@
 
 A pipeline run's first message dispatches its first stages (`runs.pipeline.begin`). A plain
 run's handler runs beside its watch thread (heartbeats, cancel listener, watchdogs), and its
-outcome (`runs.retries.outcome_of`) decides the end: completed with its result; failed with
-the error's kind and message; a transient error with attempts left put back to pending, its message
-published again after the retry policy's backoff; a transient error on the last attempt
-failed as exhausted, a dead letter (the one rule: `runs.retries`). Every end goes through
-`runs.terminal`, Postgres first.
+outcome decides the end: completed with its result; failed with the error's kind and message;
+a transient error with attempts left put back to pending, its message published again after
+the retry policy's backoff; a transient error on the last attempt failed as exhausted, a dead
+letter (the one rule: `runs.retries`). Every end goes through `runs.terminal`, Postgres first.
+
+`outcome_of` makes a handler's call (inside whatever the caller wraps around it: the run's
+watch) and turns each way it can end into an `Outcome`, read one way for plain runs and
+pipeline stages alike: the handler's result; a `TaskError`'s own kind and message (a cancel
+is one, `RunCancelled`); the soft time limit, as `timeout`; any other exception, as
+`internal`, logged with its traceback, whose tail the error keeps. What each path then writes
+(a run's end or put-back, a stage's move) stays with that path.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from billiard.exceptions import SoftTimeLimitExceeded
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
-from orchestrator.runs import pipeline, retries, terminal
+from orchestrator.runs import catch_up, pipeline, retries, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import republish
 from orchestrator.runs.watch import watching
@@ -28,7 +37,7 @@ from orchestrator.states import IllegalTransition, RunState
 from orchestrator.stores import durable, live
 from orchestrator.stores.durable import ClaimedRun
 from tasks.definition import TaskDefinition
-from tasks.errors import ErrorKind
+from tasks.errors import ErrorKind, TaskError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +59,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
     try:
         model = definition.input_model.model_validate(run.input)
     except ValidationError as exc:
-        error = terminal.error_doc(ErrorKind.VALIDATION, str(exc))
+        error = retries.error_doc(ErrorKind.VALIDATION, str(exc))
         _end(definition, run, pickup, RunState.FAILED, error=error)
         return
     context = RunContext(run.run_id, model, task_id=definition.id)
@@ -69,7 +78,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
         ):
             return _jsonable(handler(context, model))
 
-    outcome = retries.outcome_of(
+    outcome = outcome_of(
         call, soft_timeout=definition.timeout.soft, what=f"run {run.run_id}: handler"
     )
     if outcome.kind is None:
@@ -127,7 +136,7 @@ def _retry_later(
     attempt = run.attempts
     if run.deferred_since is not None:
         # Put back moves a claimed run: its claim is written first, if the watch has not.
-        terminal.write_live_claim(run.run_id, pickup.owner)
+        catch_up.write_live_claim(run.run_id, pickup.owner)
     try:
         durable.put_back(
             run.run_id,
@@ -161,3 +170,28 @@ def _jsonable(result: object) -> Any:
     if isinstance(result, BaseModel):
         return result.model_dump(mode="json")
     return result
+
+
+@dataclass(frozen=True)
+class Outcome:
+    result: Any = None
+    kind: ErrorKind | None = None  # None: the call returned `result`
+    message: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)  # an internal error's traceback
+
+
+def outcome_of(call: Callable[[], Any], *, soft_timeout: timedelta, what: str) -> Outcome:
+    """Make the handler's `call`; `what` names it in the log ("run <id>: handler")."""
+    try:
+        return Outcome(result=call())
+    except TaskError as exc:
+        return Outcome(kind=exc.kind, message=str(exc))
+    except SoftTimeLimitExceeded:
+        return Outcome(kind=ErrorKind.TIMEOUT, message=f"passed its soft timeout of {soft_timeout}")
+    except Exception as exc:
+        log.exception("%s raised", what)
+        return Outcome(
+            kind=ErrorKind.INTERNAL,
+            message=f"{type(exc).__name__}: {exc}",
+            extra={"traceback": retries.traceback_tail(exc)},
+        )

@@ -79,7 +79,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.models import TaskHistory
 from orchestrator.routing import stage_queue
-from orchestrator.runs import steps, terminal
+from orchestrator.runs import retries, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import publish_stage, stage_message_id
 from orchestrator.states import IllegalTransition, RunState, StageState
@@ -110,7 +110,7 @@ def begin(definition: TaskDefinition, run: durable.ClaimedRun, owner: str) -> No
     try:
         model = definition.input_model.model_validate(run.input)
     except ValidationError as exc:
-        error = terminal.error_doc(ErrorKind.VALIDATION, str(exc))
+        error = retries.error_doc(ErrorKind.VALIDATION, str(exc))
         terminal.end(
             definition, run.run_id, owner, RunState.FAILED, error=error, attempt=run.attempts
         )
@@ -225,7 +225,7 @@ def advance(
         except Exception as exc:
             log.exception("run %s: `when` of stage %s raised", run.run_id, name)
             message = f"stage {name}: its `when` raised {type(exc).__name__}: {exc}"
-            error = terminal.error_doc(ErrorKind.INTERNAL, message, stage=name)
+            error = retries.error_doc(ErrorKind.INTERNAL, message, stage=name)
             terminal.end(definition, run.run_id, run.owner, RunState.FAILED, error=error)
             return moves + 1
         if reason is None:

@@ -38,11 +38,16 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from orchestrator.runs import leftovers
-from orchestrator.runs.logs import RunLog
 from tasks.errors import ErrorKind, PermanentError, ProcessFailed
 from tasks.process import ProcessResult
 
 log = logging.getLogger(__name__)
+
+
+class RunLog(Protocol):
+    """What the output loop needs of `runs.context.RunLog`."""
+
+    def write(self, level: str, message: str) -> None: ...
 
 
 class RunContext(Protocol):

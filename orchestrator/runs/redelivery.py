@@ -11,7 +11,7 @@ from django.conf import settings
 
 from orchestrator.cluster.instance import is_dead_here
 from orchestrator.models import TaskHistory
-from orchestrator.runs import put_back, terminal
+from orchestrator.runs import put_back, retries, terminal
 from orchestrator.states import TERMINAL_RUN_STATES, RunState
 from orchestrator.stores import counters, durable
 from tasks.definition import TaskDefinition
@@ -39,7 +39,7 @@ def not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
         owner = row.owner_instance_id
         why = f"worker {owner} stopped mid-run"
         if row.state == RunState.CANCELLING:
-            error = terminal.error_doc(ErrorKind.WORKER_LOST, why)
+            error = retries.error_doc(ErrorKind.WORKER_LOST, why)
             terminal.cancel(definition, row.id, owner, error=error)
         elif dead or not put_back.may_put_back(definition, row.attempts):
             lost = put_back.Lost(row.id, owner, row.attempts, row.identity, row.priority)
@@ -55,7 +55,7 @@ def not_pending(definition: TaskDefinition, row: TaskHistory) -> None:
 
 def give_up(definition: TaskDefinition, row: TaskHistory, deliveries: int) -> None:
     """A message that keeps coming back: its run ends here as a lost worker's."""
-    error = terminal.error_doc(
+    error = retries.error_doc(
         ErrorKind.WORKER_LOST,
         f"message redelivered {deliveries} times (LUMASTRA_MAX_DELIVERIES); giving up",
     )

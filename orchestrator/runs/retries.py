@@ -1,12 +1,9 @@
-"""How a handler's call ended, and the one retry rule: a failed attempt is tried again, or it
-ends its run as a dead letter.
+"""The error document a failure keeps, and the one retry rule: a failed attempt is tried
+again, or it ends its run as a dead letter.
 
-`outcome_of` makes the call (inside whatever the caller wraps around it: the run's watch) and
-turns each way it can end into an `Outcome`, read one way for plain runs and pipeline stages
-alike: the handler's result; a `TaskError`'s own kind and message (a cancel is one,
-`RunCancelled`); the soft time limit, as `timeout`; any other exception, as `internal`, logged
-with its traceback, whose tail the error keeps. What each path then writes (a run's end or
-put-back, a stage's move) stays with that path.
+`error_doc` builds every error a run or a stage keeps, its message capped; `traceback_tail`
+keeps the end of a crash's traceback on it. How a handler's call ended is read by
+`runs.execute.outcome_of`.
 
 Plain runs, pipeline stages, and runs or stages whose worker was lost (found by the runner,
 the reconciler or a stopping worker's hand-back) all ask `decide`, so one failure reads the
@@ -26,20 +23,33 @@ same whichever path met it:
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from billiard.exceptions import SoftTimeLimitExceeded
-
 from orchestrator.backoff import jittered_backoff
-from orchestrator.runs.terminal import MESSAGE_MAX_CHARS, error_doc, traceback_tail
-from tasks.errors import ErrorKind, TaskError
+from tasks.errors import ErrorKind
 from tasks.policies import Retry
 
-log = logging.getLogger(__name__)
+# A crash's traceback is kept on the error, its last lines only: the frames nearest the raise.
+TRACEBACK_MAX_CHARS = 4000
+
+
+def traceback_tail(exc: BaseException) -> str:
+    """The end of `exc`'s formatted traceback, for an error document: operators see where a
+    handler crashed without the worker's log."""
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    return text if len(text) <= TRACEBACK_MAX_CHARS else "…" + text[-TRACEBACK_MAX_CHARS:]
+
+
+# An error's message is kept to this many characters.
+MESSAGE_MAX_CHARS = 4000
+
+
+def error_doc(kind: ErrorKind, message: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": kind.value, "message": message[:MESSAGE_MAX_CHARS], **extra}
+
 
 # What a worker's loss reports: tried again only for a task that takes runs back.
 LOST_WORKER = frozenset({ErrorKind.WORKER_LOST, ErrorKind.ORPHANED})
@@ -47,7 +57,7 @@ LOST_WORKER = frozenset({ErrorKind.WORKER_LOST, ErrorKind.ORPHANED})
 
 @dataclass(frozen=True)
 class Decision:
-    error: dict[str, Any]  # the attempt's error document (`terminal.error_doc`)
+    error: dict[str, Any]  # the attempt's error document (`retries.error_doc`)
     delay: timedelta | None  # tried again after this; None: the run (or stage) fails
 
     @property
@@ -93,28 +103,3 @@ def decide(
 def _noted(message: str, note: str) -> str:
     """The message with the rule's note, which a long message's cap must not cut off."""
     return f"{message[: MESSAGE_MAX_CHARS - len(note) - 3]} ({note})"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    result: Any = None
-    kind: ErrorKind | None = None  # None: the call returned `result`
-    message: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)  # an internal error's traceback
-
-
-def outcome_of(call: Callable[[], Any], *, soft_timeout: timedelta, what: str) -> Outcome:
-    """Make the handler's `call`; `what` names it in the log ("run <id>: handler")."""
-    try:
-        return Outcome(result=call())
-    except TaskError as exc:
-        return Outcome(kind=exc.kind, message=str(exc))
-    except SoftTimeLimitExceeded:
-        return Outcome(kind=ErrorKind.TIMEOUT, message=f"passed its soft timeout of {soft_timeout}")
-    except Exception as exc:
-        log.exception("%s raised", what)
-        return Outcome(
-            kind=ErrorKind.INTERNAL,
-            message=f"{type(exc).__name__}: {exc}",
-            extra={"traceback": traceback_tail(exc)},
-        )

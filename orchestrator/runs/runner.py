@@ -46,7 +46,7 @@ from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Part, Pickup, Postpone
 from orchestrator.models import TaskHistory
-from orchestrator.runs import execute, redelivery, terminal
+from orchestrator.runs import catch_up, execute, redelivery, terminal
 from orchestrator.runs.publish import Carried, republish
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import durable, live, valkey
@@ -388,13 +388,13 @@ def _write_abandoned_claim(run_id: str) -> bool:
     that claimer is a dead process of this host, or its claim never heartbeat and is older
     than a heartbeat interval (a plain run's claim reaches Postgres after a second, the watch's
     `CLAIM_AFTER_S`): it died before Postgres heard of its claim, perhaps mid-run. Its claim
-    is written for it (`terminal.write_live_claim`, as of its last sign of life), so the lost
+    is written for it (`catch_up.write_live_claim`, as of its last sign of life), so the lost
     attempt counts. False when the claim is live, or someone else moved the run first."""
     snapshot = live.read(run_id)
     owner = snapshot.get("owner", "")
     if not is_dead_here(owner) and not _silent_since_claim(snapshot):
         return False
-    if terminal.write_live_claim(run_id, owner) is None:
+    if catch_up.write_live_claim(run_id, owner) is None:
         return False
     log.warning("run %s: claim by %s abandoned before Postgres heard of it", run_id, owner)
     return True

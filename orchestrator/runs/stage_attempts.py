@@ -33,7 +33,7 @@ from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Parked, StagePickup
 from orchestrator.models import TaskHistory
 from orchestrator.routing import stage_class
-from orchestrator.runs import drain, retries, steps, terminal
+from orchestrator.runs import drain, execute, retries, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.pipeline import PipelineRun, advance, end_cancelled_if_idle, follow
 from orchestrator.runs.publish import publish_stage
@@ -95,7 +95,7 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
             return _keepable(stage.execute(context, model))
 
     timeout = (stage.timeout or definition.timeout).soft
-    outcome = retries.outcome_of(call, soft_timeout=timeout, what=f"run {run_id}: stage {name}")
+    outcome = execute.outcome_of(call, soft_timeout=timeout, what=f"run {run_id}: stage {name}")
     if outcome.kind is None:
         _stage_completed(attempt, outcome.result)
     else:

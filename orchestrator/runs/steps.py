@@ -9,7 +9,7 @@ task. A step record (`task_history.steps[<step>]`, JSON) holds:
 - `cost` (units by kind, `ctx.spend`), `counters` (`ctx.count`), `warnings` (`ctx.warn`: a
   step that succeeds with warnings is `warning`), `error` (kind and message) when it failed,
   `reason` when it was skipped, `log_tail` (the last log lines of its last attempt that
-  logged, `runs.logs`).
+  logged, `runs.context`).
 
 A stage's record is written with its moves (claim, end, retry; `sql/claim_stage.sql`,
 `sql/move_stage.sql`), the failure before the run's end. A plain run writes its warnings,

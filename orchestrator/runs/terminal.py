@@ -3,10 +3,33 @@
 Whoever ends a run goes through `finish`: the runner when the handler returns, the watchdogs
 (stall, hard timeout), a cancel or a kill, a lost worker's last attempt, the reconciler (an
 orphan, a pending run past its deadline) and the drain replaying an end Postgres refused.
-Only the writer whose guarded Postgres statement won settles the run (`runs.settle`: Valkey
-follows, the `finished` hooks run); a cancel request that raced a claim's end wins here, once;
-the error document is capped here. A writer that finds the run already ended (someone else
-won) writes nothing more. `tests/unit/test_one_end.py` fails when anything else ends a run.
+Only the writer whose guarded Postgres statement won settles the run; a cancel request that
+raced a claim's end wins here, once; the error document is capped here. A writer that finds
+the run already ended (someone else won) writes nothing more. `tests/unit/test_one_end.py`
+fails when anything else ends a run.
+
+`settle` brings Valkey to the end Postgres holds and runs the `finished` hooks (so does the
+repair of a live hash left behind, `recovery.repair`):
+- The live hash follows by one Lua transition (`end_run.lua`), fenced by the claim's owner
+  where that owner is the caller (an orphan's or a repaired run's owner is gone: not fenced).
+  The script counts the end (/metrics, the day count of a task without a cap) and publishes
+  it to waiters, once: in the call that moves the hash, or that finds it lost.
+- The move and the hooks' commands go in one pipeline: one Valkey round trip, and a task
+  whose plan has no end hook sends the move alone. A hook the script may excuse
+  (`RunHook.excused_at_end`: the circuit) hears of a completion only when the script says it
+  must, in a second round trip; of any other end, with the move. A repair, a cancel the hash
+  never heard of, or an outage take the slow path (`runs.catch_up.follow`: the move alone,
+  retried, then the hooks). The hooks run once per end: the caller is the writer whose
+  guarded Postgres UPDATE won, or, for a repair (`only_if_moved`), the process whose
+  transition moved the hash.
+
+Not guaranteed: a completion's circuit record, when the end's script asks for it, is a call
+of its own after the move: if Valkey fails just then, it is logged and not retried (a probe's
+success then closes nothing, and its slot runs out for the next probe; a reset of the failure
+count is lost). A writer whose Valkey stayed unreachable past the retries runs its hooks
+anyway, and the repair that later moves the hash runs them again; so does a writer whose
+pipeline was cut after Valkey ran it. Hooks are idempotent except a capped task's daily
+completed/failed counts (Postgres), which can count that run twice.
 """
 
 from __future__ import annotations
@@ -14,49 +37,32 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import Enum
 from typing import Any
 
 from django.utils import timezone
+from redis.client import Pipeline
+from redis.exceptions import ConnectionError as ValkeyConnectionError
+from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Pickup
+from orchestrator.hooks.base import Outcome, Part, Pickup
 from orchestrator.models import TaskHistory
-from orchestrator.runs import drain
-from orchestrator.runs.settle import settle
+from orchestrator.runs import catch_up, drain
+from orchestrator.runs.retries import MESSAGE_MAX_CHARS, error_doc
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import durable, live
-from orchestrator.stores.durable import ClaimedRun
+from orchestrator.stores.live import FencedWrite
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
-
-
-# A crash's traceback is kept on the error, its last lines only: the frames nearest the raise.
-TRACEBACK_MAX_CHARS = 4000
-
-
-def traceback_tail(exc: BaseException) -> str:
-    """The end of `exc`'s formatted traceback, for an error document: operators see where a
-    handler crashed without the worker's log."""
-    text = "".join(traceback.format_exception(exc)).rstrip()
-    return text if len(text) <= TRACEBACK_MAX_CHARS else "…" + text[-TRACEBACK_MAX_CHARS:]
-
-
-# An error's message is kept to this many characters.
-MESSAGE_MAX_CHARS = 4000
-
-
-def error_doc(kind: ErrorKind, message: str, **extra: Any) -> dict[str, Any]:
-    return {"kind": kind.value, "message": message[:MESSAGE_MAX_CHARS], **extra}
 
 
 class Guard(Enum):
@@ -122,7 +128,7 @@ def finish(end: End, *, replay: Replay | None = None, clock: Clock = SYSTEM) -> 
 
     Postgres first, one guarded statement (`End.guard` says which); a cancel request that
     raced a claim's end wins here, once: the run ends cancelled. Then, only for the writer
-    whose statement won, the run is settled (`runs.settle`: the live hash follows, the
+    whose statement won, the run is settled (`settle`: the live hash follows, the
     `finished` hooks hear of it). Postgres away: a claim's end waits in the drain (a replay
     raises instead). A refused end writes nothing more; a claim that lost its run gives back
     what it took."""
@@ -246,6 +252,127 @@ def _task_of(run_id: str) -> str:
     return found or ""
 
 
+def settle(
+    run_id: str,
+    task_id: str,
+    target: RunState,
+    *,
+    owner: str = "",
+    fenced: bool = True,
+    error_kind: ErrorKind | None = None,
+    only_if_moved: bool = False,
+    clock: Clock = SYSTEM,
+) -> bool:
+    """Postgres holds `target` for the run: move its live hash there and run the `finished`
+    hooks. `owner` is the claim's owner (the hooks give back what that claim took); the move
+    is fenced by it unless `fenced` is False (the owner is gone: an orphan, a repair). With
+    `only_if_moved`, the hooks run only when this call moved the hash. Returns whether it did."""
+    fence = owner if fenced else ""
+    definition = registry.get().get(task_id)
+    if definition is None:
+        log.warning("run %s: task %r is not registered; hooks not told", run_id, task_id)
+        return catch_up.follow(run_id, target, fence, live.EndCount(task_id), clock) is not None
+    plan = hooks.plans.get(task_id)
+    if plan is None or plan.definition is not definition:
+        plan = hooks.plan(definition)
+    # Only a completion can change nothing for the hooks the end's script may excuse (the
+    # circuit): they hear of any other end with the move, as the other hooks do.
+    excusable = plan.finished_asked if target is RunState.COMPLETED else ()
+    with_move = plan.finished if excusable else plan.finished + plan.finished_asked
+    counted = live.EndCount(task_id, not definition.quotas.capped, bool(excusable))
+    outcome = Outcome(definition, run_id, owner, target, error_kind)
+    if only_if_moved:
+        ended = catch_up.follow(run_id, target, fence, counted, clock)
+        if ended is None:
+            return False
+        hooks.finished(outcome, with_move + excusable if ended.circuit else with_move)
+        return True
+    # The common end: the hash's move (counted and announced by its script) alone, or with the
+    # hooks' commands in one round trip; the excusable hooks after it, if the script asks.
+    move = _Move(run_id, target, fence, counted, clock)
+    if with_move:
+        hooks.finished(outcome, with_move, first=Part(send=move.send, receive=move.receive))
+    else:
+        move.alone()
+    if move.ended is not None:
+        if move.ended.circuit:
+            hooks.finished(outcome, excusable)
+        return True
+    if move.moved is not None:
+        # Not moved here (a lost hash, another owner's): the script could not excuse anyone.
+        hooks.finished(outcome, excusable)
+        return move.moved
+    # Valkey unreachable, or a cancel to take in two steps: the move alone, with retries;
+    # after an outage every hook is told again (their commands may not have arrived).
+    ended = catch_up.follow(run_id, target, fence, counted, clock)
+    if move.unreachable:
+        hooks.finished(outcome, with_move + excusable)
+    elif ended is None or ended.circuit:
+        hooks.finished(outcome, excusable)
+    return ended is not None
+
+
+class _Move:
+    """The live hash's move: alone, or as the first command of the end-of-run pipeline."""
+
+    def __init__(
+        self, run_id: str, target: RunState, owner: str, counted: live.EndCount, clock: Clock
+    ) -> None:
+        self.run_id, self.target, self.owner, self.clock = run_id, target, owner, clock
+        self.counted = counted
+        self.ended: live.Ended | None = None  # moved, and what the script said
+        self.moved: bool | None = None  # None: not decided here (see `settle`)
+        self.unreachable = False
+        self._read: Callable[[Any], live.Ended] | None = None
+
+    def alone(self) -> None:
+        try:
+            reply = live.end(
+                self.run_id, self.target, self.counted, owner=self.owner, clock=self.clock
+            )
+        except Exception as exc:
+            self._refused(exc)
+            return
+        self.ended = reply
+
+    def send(self, pipe: Pipeline) -> None:
+        self._read = live.queue_end(
+            pipe, self.run_id, self.target, self.counted, owner=self.owner, clock=self.clock
+        )
+
+    def receive(self, replies: list[Any]) -> None:
+        assert self._read is not None
+        (reply,) = replies
+        try:
+            self.ended = self._read(reply)  # raises what the reply says, an outage included
+        except Exception as exc:
+            self._refused(exc)
+
+    def _refused(self, exc: Exception) -> None:
+        """The move did not happen: why decides what `settle` does next (`moved`)."""
+        if isinstance(exc, ValkeyConnectionError | ValkeyTimeoutError):
+            self.unreachable = True
+        elif isinstance(exc, IllegalTransition):
+            if self.target == RunState.CANCELLED and exc.current in (
+                RunState.PENDING,
+                RunState.ACTIVE,
+            ):
+                return  # the two steps, by `catch_up.follow`
+            catch_up.disagreed(self.run_id, self.target, exc)
+            self.moved = False
+        elif isinstance(exc, FencedWrite):
+            log.warning("run %s: %s; live hash left to its owner", self.run_id, exc)
+            self.moved = False
+        else:
+            log.error(
+                "run %s: %s in Postgres; live hash not updated",
+                self.run_id,
+                self.target,
+                exc_info=exc,
+            )
+            self.moved = False
+
+
 def end(
     definition: TaskDefinition,
     run_id: str,
@@ -290,33 +417,6 @@ def _claimed_by(run_id: str) -> str | None:
     """The claim Postgres names for the run ('' for none; None: no such run)."""
     found = TaskHistory.objects.filter(id=run_id).values_list("owner_instance_id", flat=True)
     return found.first()
-
-
-def write_live_claim(run_id: str, owner: str | None = None) -> ClaimedRun | None:
-    """Postgres says pending while Valkey says a worker (`owner`, or whichever it names) runs
-    the run: that worker's claim is written, started and last heard of when Valkey says. Either
-    the claim is not written yet (a short run's is folded into its end:
-    `durable.read_claimable`) or its commit, which does not wait for its flush
-    (`stores/sql/claim_run.sql`), was lost in a crash of Postgres. Its owner's heartbeat calls
-    this (`runs.watch`); so does a cancel, which must reach the handler rather than end the run
-    under it (`runs.cancel`), and whoever finds the owner gone, so the lost attempt is counted
-    and put back (or failed) as any other (`runs.runner`, `recovery.pending`). None, and nothing
-    written, when Valkey does not say so or Postgres no longer calls the run pending."""
-    held = live.read(run_id)
-    holder = held.get("owner", "")
-    if held.get("state") != RunState.ACTIVE or not holder or owner not in (None, holder):
-        return None
-    started_at = _moment(held.get("started_at"))
-    heard_at = _moment(held.get("heartbeat_at")) or started_at
-    claimed = durable.claim(run_id, holder, started_at=started_at, heard_at=heard_at)
-    if claimed is not None:
-        log.info("run %s: claim by %s written to Postgres", run_id, holder)
-    return claimed
-
-
-def _moment(valkey_ms: object) -> datetime | None:
-    text = str(valkey_ms or "")
-    return datetime.fromtimestamp(int(text) / 1000, tz=UTC) if text.isdigit() else None
 
 
 def cancel(

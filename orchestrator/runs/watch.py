@@ -10,10 +10,10 @@ id, a claimed run's `owner`: `keys.cancel_channel`) from its start. While a run 
 - writes a plain run's Postgres claim once it has run for CLAIM_AFTER_S: a shorter run's end
   takes its claim with it (`durable.read_claimable`), one write per run instead of two;
 - every LUMASTRA_HEARTBEAT_INTERVAL_S stamps `task_history.heartbeat_at` (Postgres clock),
-  and writes the claim again if a crash of Postgres lost it (`terminal.write_live_claim`);
+  and writes the claim again if a crash of Postgres lost it (`catch_up.write_live_claim`);
   and, from a thread of its own, the live hash's `heartbeat_at` and TTL (Valkey clock) and
   the run's concurrency lease: a store that hangs stops only its own beat (`Watcher`);
-- sends the run's waiting log lines (`runs.logs`) and its latest progress report
+- sends the run's waiting log lines (`runs.context`) and its latest progress report
   (`runs.progress`) about every second, and the last ones when the handler returns;
 - runs the watchdogs about every second: a stall failure after the task's `Stall.fail` (else
   its class's LUMASTRA_STALL_FAIL_S_<CLASS>) without progress (`report_progress`, `log`, a
@@ -64,8 +64,8 @@ from redis.exceptions import RedisError
 
 from orchestrator.cluster.instance import instance_id
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.runs import logs, terminal
-from orchestrator.runs.context import RunContext
+from orchestrator.runs import catch_up, retries, terminal
+from orchestrator.runs.context import RunContext, capturing
 from orchestrator.states import RunState
 from orchestrator.stores import durable, keys, live, valkey
 from tasks.definition import TaskDefinition
@@ -180,7 +180,7 @@ class Watcher:
         watched.next_postgres_beat = now + settings.CONFIG.heartbeat_interval_s
         close_old_connections()
         try:
-            if durable.heartbeat(watched.run_id, watched.owner) or terminal.write_live_claim(
+            if durable.heartbeat(watched.run_id, watched.owner) or catch_up.write_live_claim(
                 watched.run_id, watched.owner
             ):
                 watched.confirmed = time.monotonic()
@@ -377,7 +377,7 @@ class Watcher:
             watched.run_id,
             watched.owner,
             RunState.FAILED,
-            error=terminal.error_doc(kind, message),
+            error=retries.error_doc(kind, message),
             step=step if not watched.definition.pipeline else None,
             progress=progress,
             attempt=watched.attempt,
@@ -438,7 +438,7 @@ def watching(
     watcher.watch(watched)
     try:
         with (
-            logs.capturing(context.run_log),
+            capturing(context.run_log),
             structlog.contextvars.bound_contextvars(
                 run_id=run_id, task=definition.id, stage=context.run_log.stage
             ),

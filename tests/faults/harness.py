@@ -52,8 +52,8 @@ QUEUES = (
 )
 LOG_DIR = ROOT / ".pytest_cache"
 # What a writer logs when a fence refuses its late write (`Harness.late_writes_refused`):
-# runs/terminal.py, runs/execute.py and runs/stage_attempts.py for Postgres, runs/settle.py for
-# Valkey.
+# runs/terminal.py, runs/execute.py and runs/stage_attempts.py for Postgres, runs/terminal.py
+# (settle) for Valkey.
 FENCE_REFUSALS = ("not recorded", "live hash left to its owner")
 # Where a host's web role listens (on the host's own address: one per host).
 WEB_PORT = 8000

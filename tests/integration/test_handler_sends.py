@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from orchestrator.runs import logs
+from orchestrator.runs import context
 from orchestrator.runs.progress import Progress
 from orchestrator.stores import valkey
 from tests.support.round_trips import recording
@@ -31,7 +31,7 @@ def _slow(clock: FakeMonotonic, seconds: float) -> None:
     clock.now += seconds
 
 
-def _inline_round_trips(run_log: logs.RunLog, progress: Progress) -> int:
+def _inline_round_trips(run_log: context.RunLog, progress: Progress) -> int:
     with recording() as recorded:
         for n in range(settings.CONFIG.log_flush_lines):
             run_log.write("info", f"line {n}")
@@ -42,12 +42,12 @@ def _inline_round_trips(run_log: logs.RunLog, progress: Progress) -> int:
 def test_a_slow_send_shuts_the_gate_for_the_log_and_the_progress_until_the_pause_ends() -> None:
     clock = FakeMonotonic()
     sends = valkey.HandlerSends(clock)
-    run_log, progress = logs.RunLog(RUN, sends=sends), Progress(RUN, sends=sends)
+    run_log, progress = context.RunLog(RUN, sends=sends), Progress(RUN, sends=sends)
     # Open, they send inline (and load their scripts, which a cold server takes a trip for).
     run_log.write("info", "warm")
     run_log.flush()
     progress.report(0, 2)
-    assert logs.read(RUN)[-1].entry["msg"] == "warm"
+    assert context.read_log(RUN)[-1].entry["msg"] == "warm"
     sends.send(lambda: _slow(clock, valkey.SLOW_SEND_S / 2))
     assert sends.open  # a send in time leaves it open
 
@@ -58,7 +58,7 @@ def test_a_slow_send_shuts_the_gate_for_the_log_and_the_progress_until_the_pause
 
     # The watch's flush is not the handler's: it sends what waited.
     run_log.flush()
-    assert len(logs.read(RUN)) == 1 + settings.CONFIG.log_flush_lines
+    assert len(context.read_log(RUN)) == 1 + settings.CONFIG.log_flush_lines
 
     clock.now += valkey.OUTAGE_PAUSE_S
     assert sends.open

@@ -28,7 +28,7 @@ from django.conf import LazySettings, settings
 
 from orchestrator.api import tokens
 from orchestrator.routing import queue_name
-from orchestrator.runs import cancel, logs
+from orchestrator.runs import cancel, context
 from orchestrator.runs.start import start_run
 from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
@@ -264,7 +264,7 @@ def test_what_one_namespace_publishes_never_reaches_the_other(settings: LazySett
         pipe = valkey.client().pipeline(transaction=False)
         live.queue_event(pipe, {"type": "progress", "run_id": handle.run_id})
         valkey.execute(pipe)
-        run_log = logs.RunLog(handle.run_id)
+        run_log = context.RunLog(handle.run_id)
         run_log.write("info", "a line")
         run_log.flush()
         cancel.request_cancel(handle.run_id, actor="test")  # a pending run: cancel, then end

@@ -30,7 +30,8 @@ def test_run_completes_and_both_stores_agree(celery_worker: object) -> None:
     assert row.started_at is not None and row.finished_at is not None
     assert row.owner_instance_id
     assert row.attempts == 1
-    # Valkey follows Postgres (`runs.settle`): a read right after the row's end may be early.
+    # Valkey follows Postgres (`runs.terminal.settle`): a read right after the row's end may be
+    # early.
     snapshot = wait_for(
         lambda: (found := live.read(handle.run_id))["state"] == "completed" and found
     )

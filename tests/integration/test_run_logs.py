@@ -15,7 +15,7 @@ from django.conf import settings
 from orchestrator.api import tokens
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
-from orchestrator.runs import logs
+from orchestrator.runs import context
 from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
@@ -150,7 +150,7 @@ def test_bad_requests_for_a_log_get_clear_errors(web: str) -> None:
 
 
 def test_lines_are_sent_in_batches_not_one_round_trip_each() -> None:
-    run_log = logs.RunLog("run_batching")
+    run_log = context.RunLog("run_batching")
     with recording() as recorded:
         for n in range(250):
             run_log.write("info", f"line {n}")
@@ -159,7 +159,7 @@ def test_lines_are_sent_in_batches_not_one_round_trip_each() -> None:
     # 250 lines in batches of LUMASTRA_LOG_FLUSH_LINES (100): three round trips.
     assert recorded.counts().valkey == 3
 
-    stored = logs.read("run_batching")
+    stored = context.read_log("run_batching")
     assert [line.seq for line in stored] == list(range(1, 251))
     assert stored[-1].entry["msg"] == "line 249"
     assert len(run_log.tail) == settings.CONFIG.run_log_tail
@@ -169,11 +169,11 @@ def test_a_handlers_logging_goes_to_its_own_run_only() -> None:
     import logging
     import threading
 
-    first, second = logs.RunLog("run_capture_one"), logs.RunLog("run_capture_two")
+    first, second = context.RunLog("run_capture_one"), context.RunLog("run_capture_two")
     started = threading.Barrier(2)
 
-    def handler(run_log: logs.RunLog, name: str) -> None:
-        with logs.capturing(run_log):
+    def handler(run_log: context.RunLog, name: str) -> None:
+        with context.capturing(run_log):
             started.wait(5)  # both runs capture at the same time, in their own threads
             logging.getLogger("tests.capture").warning("from %s", name)
             # The engine's own records are the engine's, never a run's.
@@ -190,9 +190,9 @@ def test_a_handlers_logging_goes_to_its_own_run_only() -> None:
         thread.join()
     logging.getLogger("tests.capture").warning("outside any run")
 
-    assert [line.entry["msg"] for line in logs.read("run_capture_one")] == [
+    assert [line.entry["msg"] for line in context.read_log("run_capture_one")] == [
         "tests.capture: from one"
     ]
-    assert [line.entry["msg"] for line in logs.read("run_capture_two")] == [
+    assert [line.entry["msg"] for line in context.read_log("run_capture_two")] == [
         "tests.capture: from two"
     ]

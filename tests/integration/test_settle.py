@@ -1,7 +1,7 @@
-"""The one settle path (orchestrator/runs/settle.py): once Postgres holds a run's end, the live
-hash follows (fenced by the claim's owner), counted and announced by its script, and the
-`finished` hooks hear of it once. Valkey
-unreachable while it follows is the fault battery's business (the valkey-restart scenarios)."""
+"""The one settle path (`settle` in orchestrator/runs/terminal.py): once Postgres holds a
+run's end, the live hash follows (fenced by the claim's owner), counted and announced by its
+script, and the `finished` hooks hear of it once. Valkey unreachable while it follows is the
+fault battery's business (the valkey-restart scenarios)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from orchestrator.clock import SYSTEM
 from orchestrator.hooks import dispatch
 from orchestrator.hooks.base import Outcome, Part, RunHook
-from orchestrator.runs.settle import settle
 from orchestrator.runs.start import new_run_id
+from orchestrator.runs.terminal import settle
 from orchestrator.states import RunState
 from orchestrator.stores import counters, keys, live, valkey
 from tasks.errors import ErrorKind

@@ -37,7 +37,7 @@ _STARTED = re.compile(r"^started \S+ \(pid (\d+)\)$")
 def run_commands(run_id: str) -> list[int]:
     """The pids of the commands a run's attempts started (`ctx.run_process`), as it logged
     them."""
-    from orchestrator.runs import logs
+    from orchestrator.runs import context
 
-    found = (_STARTED.match(str(line.entry.get("msg", ""))) for line in logs.read(run_id))
+    found = (_STARTED.match(str(line.entry.get("msg", ""))) for line in context.read_log(run_id))
     return [int(match.group(1)) for match in found if match]

@@ -18,11 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("orchestrator", "coverage", "lumastra", "tasks")
 OWNER = ROOT / "orchestrator" / "runs" / "terminal.py"
 ENDING = {"end", "end_cancelled", "end_orphan", "fail_pending"}
-SETTLES = {
-    OWNER,
-    ROOT / "orchestrator" / "runs" / "settle.py",
-    ROOT / "orchestrator" / "recovery" / "repair.py",
-}
+SETTLES = {OWNER, ROOT / "orchestrator" / "recovery" / "repair.py"}
 
 
 def _findings(path: Path) -> Iterator[str]:
@@ -34,7 +30,9 @@ def _findings(path: Path) -> Iterator[str]:
                 if alias.name in ENDING:
                     yield f"{where}:{node.lineno} imports durable.{alias.name}"
         settle_imported = (
-            isinstance(node, ast.ImportFrom) and node.module == "orchestrator.runs.settle"
+            isinstance(node, ast.ImportFrom)
+            and node.module == "orchestrator.runs.terminal"
+            and any(alias.name == "settle" for alias in node.names)
         )
         if settle_imported and path not in SETTLES:
             yield f"{where}:{node.lineno} imports settle"
