@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
 
 from tasks.definition import TaskDefinition
 from tasks.pipeline import Stage
@@ -14,10 +15,16 @@ _FOLDED_INTO = {"ingest": "io", "bulk": "io", "analysis": "cpu"}
 
 
 def queue_name(definition: TaskDefinition, per_task_queues: bool) -> str:
+    return task_queue(definition.id, definition.resource_class, per_task_queues)
+
+
+@cache
+def task_queue(task_id: str, resource_class: str, per_task_queues: bool) -> str:
+    """A task's queue by its parts, kept once made: every start's publish asks for it."""
     # Dots, not colons: kombu's Redis transport uses a separator for priority sub-queues.
     if per_task_queues:
-        return f"task.t.{definition.id}"
-    return f"task.{definition.resource_class}"
+        return f"task.t.{task_id}"
+    return f"task.{resource_class}"
 
 
 def stage_queue(definition: TaskDefinition, stage: Stage, per_task_queues: bool) -> str:

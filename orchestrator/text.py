@@ -2,13 +2,22 @@
 
 - `unstorable`, `first_unstorable`: text Postgres cannot store. Text and JSONB refuse NUL,
   and a lone surrogate (a JSON `\\u` escape can produce one) has no UTF-8 encoding.
+- `is_run_id`: the form of a run id; anything else names no run.
 - `is_ascii_digits`: a decimal number in ASCII. `str.isdigit` also passes superscripts and
   other digits that `int()` refuses (`"²"`), so a parameter checked with it alone fails later.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+
+# Crockford base32, as python-ulid prints it.
+_RUN_ID = re.compile(r"run_[0-9A-HJKMNP-TV-Z]{26}")
+
+
+def is_run_id(value: str) -> bool:
+    return _RUN_ID.fullmatch(value) is not None
 
 
 def is_ascii_digits(text: str) -> bool:

@@ -38,9 +38,10 @@ from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.routing import queue_name
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import RETRYABLE, rerun
-from orchestrator.runs.start import StartRefused, is_run_id
+from orchestrator.runs.start import StartRefused
 from orchestrator.states import TERMINAL_RUN_STATES, RunState, StageState
 from orchestrator.stores import live
+from orchestrator.text import is_run_id
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.pipeline import stage_order

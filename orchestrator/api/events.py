@@ -36,9 +36,8 @@ from orchestrator.api import sse
 from orchestrator.api.auth import VIEW
 from orchestrator.api.errors import ApiError, answers
 from orchestrator.models import TaskHistory, TaskHistoryAudit
-from orchestrator.runs.start import is_run_id
 from orchestrator.stores import keys, valkey
-from orchestrator.text import is_ascii_digits
+from orchestrator.text import is_ascii_digits, is_run_id
 from tasks import registry
 
 router = Router(tags=["runs"])

@@ -29,10 +29,9 @@ from orchestrator.api.auth import VIEW
 from orchestrator.api.errors import ApiError, answers
 from orchestrator.models import TaskHistory
 from orchestrator.runs import context
-from orchestrator.runs.start import is_run_id
 from orchestrator.states import TERMINAL_RUN_STATES
 from orchestrator.stores import keys, valkey
-from orchestrator.text import is_ascii_digits
+from orchestrator.text import is_ascii_digits, is_run_id
 
 router = Router(tags=["runs"])
 

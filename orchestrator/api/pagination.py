@@ -17,7 +17,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from orchestrator.models import TaskHistory
-from orchestrator.runs.start import is_run_id
+from orchestrator.text import is_run_id
 
 
 def encode_cursor(values: list[object]) -> str:

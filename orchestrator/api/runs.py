@@ -34,13 +34,11 @@ from orchestrator.api.starting import StartedRun, StartRunIn, answered, start_re
 from orchestrator.models import TaskHistory
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import rerun
-from orchestrator.runs.start import (
-    is_run_id,
-    start_run,
-)
+from orchestrator.runs.start import start_run
 from orchestrator.runs.wait import ended
 from orchestrator.states import RunState
 from orchestrator.stores import live
+from orchestrator.text import is_run_id
 from orchestrator.triggers import TriggerKind
 
 router = Router(tags=["runs"])

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import os
 import socket
+from functools import cache
 
 from ulid import ULID
 
-_by_pid: dict[int, str] = {}
 
-
+@cache
 def instance_id() -> str:
-    # Keyed by pid: a forked pool child is a new instance, not its parent.
-    pid = os.getpid()
-    if pid not in _by_pid:
-        _by_pid[pid] = f"{socket.gethostname()}:{pid}:{str(ULID())[-8:]}"
-    return _by_pid[pid]
+    """Made once per process (every run's claim names it: a cached call runs no code here)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{str(ULID())[-8:]}"
+
+
+# A forked pool child is a new instance, not its parent.
+os.register_at_fork(after_in_child=instance_id.cache_clear)
 
 
 def is_dead_here(instance: str) -> bool:

@@ -84,7 +84,7 @@ from django.conf import settings
 from redis.client import Pipeline
 from redis.exceptions import NoScriptError, ResponseError
 
-from orchestrator.clock import SYSTEM, Clock, describe, span_ms, to_ms
+from orchestrator.clock import SYSTEM, Clock, describe, span_ms
 from orchestrator.hooks import circuit_copy
 from orchestrator.hooks.base import Admission, Outcome, Part, Pickup, Refused, RunHook
 from orchestrator.hooks.circuit_copy import CircuitHash
@@ -172,7 +172,7 @@ class CircuitBreaker(RunHook):
     def plan_admit(self, admission: Admission) -> Part:
         task_id = admission.definition.id
         now = self.clock.now()
-        args: list[object] = [to_ms(now), admission.run_id, span_ms(PROBE_PROVISIONAL_TTL)]
+        args: list[object] = [valkey.to_ms(now), admission.run_id, span_ms(PROBE_PROVISIONAL_TTL)]
 
         def receive(replies: list[Any]) -> None:
             reply = _replied("circuit_admit", task_id, args, replies[0], self.clock)
@@ -200,7 +200,7 @@ class CircuitBreaker(RunHook):
         # the provisional slot expiry still bounds its effect.
         try:
             expiry = self.clock.now() + admission.definition.timeout.hard
-            _set_probe_expiry(admission.definition.id, admission.run_id, to_ms(expiry))
+            _set_probe_expiry(admission.definition.id, admission.run_id, valkey.to_ms(expiry))
             circuit_copy.persist(admission.definition.id, circuit)
         except Exception:
             log.exception("run %s: could not confirm its circuit probe slot", admission.run_id)
@@ -214,7 +214,7 @@ class CircuitBreaker(RunHook):
         if not pickup.notes.get(PROBE_NOTE):
             return None
         expiry = self.clock.now() + pickup.definition.timeout.hard
-        args: list[object] = [pickup.run_id, to_ms(expiry)]
+        args: list[object] = [pickup.run_id, valkey.to_ms(expiry)]
         key = [keys.circuit(pickup.definition.id)]
 
         def receive(replies: list[Any]) -> None:
@@ -228,7 +228,7 @@ class CircuitBreaker(RunHook):
         task_id = outcome.definition.id
         now = self.clock.now()
         args: list[object] = [
-            to_ms(now),
+            valkey.to_ms(now),
             outcome.run_id,
             verdict(outcome).value,
             settings.CONFIG.circuit_failure_threshold,
@@ -273,7 +273,9 @@ def force_enable(task_id: str, *, actor: str, clock: Clock = SYSTEM) -> CircuitS
         raise ValueError("force_enable needs the name of the operator forcing it")
     now = clock.now()
     until = now + timedelta(seconds=settings.CONFIG.circuit_force_enable_ttl_s)
-    circuit = _hash(_call("circuit_force", task_id, [to_ms(now), to_ms(until), actor], clock))
+    circuit = _hash(
+        _call("circuit_force", task_id, [valkey.to_ms(now), valkey.to_ms(until), actor], clock)
+    )
     circuit_copy.persist(task_id, circuit)
     log.warning("task %s: circuit force-enabled by %s until %s", task_id, actor, until)
     return _status(task_id, circuit, now)

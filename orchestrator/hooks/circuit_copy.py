@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 
 from django.db import connection
 
-from orchestrator.clock import Clock, from_ms, to_ms
+from orchestrator.clock import Clock
 from orchestrator.models import CircuitState, TaskCircuitState
 from orchestrator.stores import keys, queries, valkey
 
@@ -76,7 +76,7 @@ def persist(task_id: str, circuit: CircuitHash) -> None:
 
 def from_row(row: TaskCircuitState) -> CircuitHash:
     def ms(moment: datetime | None) -> str:
-        return "" if moment is None else str(to_ms(moment))
+        return "" if moment is None else str(valkey.to_ms(moment))
 
     recent: list[dict[str, Any]] = row.recent_failures
     return {
@@ -103,4 +103,4 @@ def recent_failures(raw: str) -> list[tuple[int, str]]:
 
 
 def moment_of(ms: str | None) -> datetime | None:
-    return from_ms(ms) if ms else None
+    return valkey.from_ms(ms) if ms else None

@@ -27,7 +27,7 @@ from typing import Any
 
 from django.conf import settings
 
-from orchestrator.clock import SYSTEM, Clock, to_ms
+from orchestrator.clock import SYSTEM, Clock
 from orchestrator.stores import durable, keys, live, valkey
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class Progress:
             valkey.script_with(
                 "set_progress",
                 [keys.run_active(self.run_id)],
-                [json.dumps(document), to_ms(self._clock.now())],
+                [json.dumps(document), valkey.to_ms(self._clock.now())],
                 lambda pipe: live.queue_event(pipe, event),
             )
         except Exception:

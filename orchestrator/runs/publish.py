@@ -21,7 +21,7 @@ from typing import Any, TypedDict
 from celery.signals import after_task_publish, before_task_publish
 from django.conf import settings
 
-from orchestrator.routing import queue_name, stage_queue
+from orchestrator.routing import queue_name, stage_queue, task_queue
 from orchestrator.stores import broker, live
 from tasks.definition import TaskDefinition
 from tasks.pipeline import Stage
@@ -104,7 +104,7 @@ def publish(
     """Enqueue the run; with `delay`, a worker holds the message until then (Celery's eta);
     `notes`: what the admission's hooks asked its pickup to be told; `sheet`: what a first
     message carries of the row (`carried`)."""
-    queue = queue_name(definition, settings.CONFIG.per_task_queues)
+    queue = task_queue(definition.id, definition.resource_class, settings.CONFIG.per_task_queues)
     args = [run_id, definition.processing_version]
     kwargs: dict[str, object] = {} if sheet is None else {"carried": sheet}
     # `_send`'s three steps, inline: a call less on every start's path (test_footprint).

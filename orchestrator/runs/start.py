@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import re
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -43,8 +42,6 @@ from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
-# Crockford base32, as python-ulid prints it.
-_RUN_ID = re.compile(r"run_[0-9A-HJKMNP-TV-Z]{26}")
 # How often a start retries its insert when the run that held its idempotency key ended
 # before it could be read; each retry needs a whole other run to start and end meanwhile.
 _KEY_RACE_ATTEMPTS = 5
@@ -92,11 +89,6 @@ def new_run_id() -> str:
     return f"run_{ULID()}"
 
 
-def is_run_id(value: str) -> bool:
-    """Whether `value` has the form of a run id; anything else names no run."""
-    return _RUN_ID.fullmatch(value) is not None
-
-
 def validate_input(definition: TaskDefinition, data: object) -> BaseModel:
     """The input as the task's model normalises it, or InvalidInput with field errors."""
     if data is None:
@@ -104,7 +96,7 @@ def validate_input(definition: TaskDefinition, data: object) -> BaseModel:
     if not isinstance(data, Mapping):
         raise InvalidInput(definition.id, [{"loc": [], "msg": "input must be a JSON object"}])
     # Before the task's model: its validators need not meet text no store will take.
-    if found := first_unstorable(data):
+    if found := _unstorable_in(data):
         loc, reason = found
         raise InvalidInput(definition.id, [{"loc": loc, "msg": reason, "type": "unstorable_text"}])
     try:
@@ -117,6 +109,19 @@ def validate_input(definition: TaskDefinition, data: object) -> BaseModel:
         raise InvalidInput(definition.id, errors) from None
 
 
+def _unstorable_in(document: object) -> tuple[list[str | int], str] | None:
+    """`text.first_unstorable`, walked only when the C JSON encoder's text of `document` is not
+    plainly storable (a NUL's escape, a lone surrogate, a type it does not know)."""
+    try:
+        text = json.dumps(document, ensure_ascii=False)
+        if "\\u0000" not in text:
+            text.encode()  # a lone surrogate has no UTF-8 encoding: UnicodeEncodeError
+            return None
+    except (TypeError, ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        pass
+    return first_unstorable(document)
+
+
 def _trigger_document(
     trigger: TriggerKind | Mapping[str, Any],
 ) -> tuple[TriggerKind, dict[str, Any]]:
@@ -126,7 +131,7 @@ def _trigger_document(
     except ValueError:
         known = ", ".join(k.value for k in TriggerKind)
         raise StartRefused(f"trigger kind {document.get('kind')!r} is not one of {known}") from None
-    if found := first_unstorable(document):
+    if found := _unstorable_in(document):
         loc, reason = found
         raise StartRefused(f"trigger field {loc}: {reason}")
     return kind, document

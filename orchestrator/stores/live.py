@@ -11,7 +11,7 @@ from django.conf import settings
 from redis.client import Pipeline
 from redis.exceptions import ResponseError
 
-from orchestrator.clock import SYSTEM, Clock, to_ms
+from orchestrator.clock import SYSTEM, Clock
 from orchestrator.states import IllegalTransition, RunState, StageState
 from orchestrator.stores import counters, keys, valkey
 
@@ -116,7 +116,7 @@ def _seed_call(
             run_id,
             task_id,
             priority,
-            to_ms(clock.now()),
+            valkey.to_ms(clock.now()),
             settings.CONFIG.run_active_ttl_s,
             int(published),
             *stages,
@@ -246,7 +246,7 @@ def _claim_call(
             keys.run_reseeded(run_id),
             keys.pauses(),
         ],
-        [owner, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, *pauses],
+        [owner, valkey.to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, *pauses],
     )
 
 
@@ -256,7 +256,7 @@ def transition(
     """Move the live hash to `target`, not an end (`end` is every end; `claim` the worker's
     pending → active); `owner` fences writes from a process that lost the run."""
     script_keys = [keys.run_active(run_id), keys.run_terminal(run_id)]
-    args = [target.value, to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, owner]
+    args = [target.value, valkey.to_ms(clock.now()), settings.CONFIG.run_active_ttl_s, owner]
     try:
         return RunState(valkey.script("transition_run", script_keys, args))
     except ResponseError as exc:
@@ -296,7 +296,7 @@ def _end_call(
         ],
         [
             target.value,
-            to_ms(now),
+            valkey.to_ms(now),
             settings.CONFIG.run_terminal_ttl_s,
             owner,
             counted.task_id,
@@ -352,7 +352,7 @@ def transition_stage(
     # The terminal snapshot too: a stage Postgres moved before the run's end, followed after
     # another process settled that end, still reads as Postgres has it.
     script_keys = [keys.run_active(run_id), keys.run_terminal(run_id)]
-    args = [stage, target.value, to_ms(clock.now())]
+    args = [stage, target.value, valkey.to_ms(clock.now())]
     # Postgres made the move already: followers of /events hear of it in the same round trip.
     event = {"type": "stage", "run_id": run_id, "stage": stage, "state": target.value}
     try:

@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -26,6 +27,8 @@ from django.conf import settings
 from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
+
+from orchestrator.clock import EPOCH
 
 # How long a handler's own thread sends nothing more to Valkey after a send failed or was slow
 # (`HandlerSends`).
@@ -137,6 +140,15 @@ def execute(pipe: Pipeline, *, raise_on_error: bool = True) -> list[Any]:
     """Send a pipeline's commands; their replies, in order (errors as values when
     `raise_on_error` is False). The one typed place for redis-py's untyped `execute`."""
     return cast(list[Any], pipe.execute(raise_on_error=raise_on_error))  # type: ignore[no-untyped-call]
+
+
+def to_ms(moment: datetime) -> int:
+    """Milliseconds since the epoch: how Valkey hashes and Lua scripts hold moments."""
+    return int(moment.timestamp() * 1000)
+
+
+def from_ms(ms: int | str) -> datetime:
+    return EPOCH + timedelta(milliseconds=int(ms))
 
 
 def time_ms(reply: tuple[int | str, int | str]) -> int:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import threading
 from collections.abc import Iterator
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -177,6 +178,24 @@ def test_start_run_from_python_refuses_unstorable_text_before_the_database() -> 
     with pytest.raises(StartRefused, match="trigger"):
         start_run("test-record-order", {"label": "a"}, trigger={**trigger, "actor": "\x00"})
     assert TaskHistory.objects.count() == 0
+
+
+def test_start_run_finds_unstorable_text_however_held_and_stores_what_only_looks_bad() -> None:
+    """A start's input is let through by the JSON encoder's text and walked only when that text
+    is not plainly storable: text that merely spells a NUL's escape is stored; a NUL under a
+    mapping of another type, or in a key, is still found and named."""
+    trigger = {"kind": TriggerKind.MANUAL.value}
+    looks_bad = "a\\u0000b"  # a backslash and five characters, no NUL
+
+    handle = start_run("test-record-order", {"label": looks_bad}, trigger=trigger)
+    with pytest.raises(InvalidInput) as proxied:
+        start_run("test-record-order", MappingProxyType({"label": "a\x00"}), trigger=trigger)
+    with pytest.raises(InvalidInput) as keyed:
+        start_run("test-record-order", {"label": "a", "b\ud800": 1}, trigger=trigger)
+
+    assert TaskHistory.objects.get(id=handle.run_id).input["label"] == looks_bad
+    assert proxied.value.errors[0]["loc"] == ["label"]
+    assert keyed.value.errors[0]["loc"] == ["b\ud800"]
 
 
 # --- integers are integers ----------------------------------------------------------------

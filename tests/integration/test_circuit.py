@@ -15,7 +15,7 @@ from threading import Barrier
 import pytest
 from django.db import connection, transaction
 
-from orchestrator.clock import SYSTEM, FrozenClock, to_ms
+from orchestrator.clock import SYSTEM, FrozenClock
 from orchestrator.hooks.base import Admission, Outcome, Pickup, run_alone
 from orchestrator.hooks.circuit import (
     PROBE_PROVISIONAL_TTL,
@@ -405,11 +405,11 @@ def test_the_postgres_row_matches_the_valkey_hash(
     assert row.state == held["state"] == CircuitState.HALF_OPEN
     assert row.consecutive_failures == int(held["consecutive"]) == 5
     assert row.reopen_count == int(held["reopen_count"]) == 1
-    assert to_ms(row.opened_at) == int(held["opened_at"])
-    assert to_ms(row.half_open_at) == int(held["half_open_at"])
+    assert valkey.to_ms(row.opened_at) == int(held["opened_at"])
+    assert valkey.to_ms(row.half_open_at) == int(held["half_open_at"])
     assert row.forced_until is None and held["forced_until"] == ""
     assert row.version == int(held["version"])
-    assert to_ms(row.updated_at) == int(held["updated_at"]) == to_ms(clock.now())
+    assert valkey.to_ms(row.updated_at) == int(held["updated_at"]) == valkey.to_ms(clock.now())
     assert [f"{e['at']}:{e['run']}" for e in row.recent_failures] == held["recent"].split(",")
     assert len(row.recent_failures) == 8
 

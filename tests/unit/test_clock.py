@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orchestrator.clock import describe, from_ms, span_ms, to_ms
+from orchestrator.clock import describe, span_ms
+from orchestrator.stores import valkey
 from orchestrator.stores.valkey import time_ms
 
 
@@ -30,8 +31,8 @@ def test_a_span_reads_in_seconds_minutes_or_hours(span: timedelta, text: str) ->
 def test_milliseconds_round_trip() -> None:
     moment = datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)
 
-    assert from_ms(to_ms(moment)) == moment
-    assert from_ms(str(to_ms(moment))) == moment
+    assert valkey.from_ms(valkey.to_ms(moment)) == moment
+    assert valkey.from_ms(str(valkey.to_ms(moment))) == moment
     assert span_ms(timedelta(seconds=1.5)) == 1500
 
 
