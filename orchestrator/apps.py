@@ -23,13 +23,13 @@ def hook_chain() -> tuple[RunHook, ...]:
     At admission: the admission script counts an uncapped start and says whether the pause
     or the circuit must judge it (a refused or deduplicated start gives the count back); dedup
     answers first, a pause that refuses starts and the circuit before a capped quota takes a
-    unit, backpressure last, so a refused start consumes nothing and nothing is shed for a
-    start the quota would refuse. At pickup: the concurrency
+    unit; the queue cap (`runs.admission`, not a hook: every start meets it) judges after the
+    chain, so a refused start consumes nothing and nothing is shed for a start the quota would
+    refuse. At pickup: the concurrency
     slot, then the rate limit, so a run the rate limit postpones gives its slot back (the
     dispatcher releases the hooks that passed); the pause is read by the claim's own script,
     after them, and a parked run gives back what they took.
     """
-    from orchestrator.hooks.backpressure import QueueCap
     from orchestrator.hooks.circuit import CircuitBreaker
     from orchestrator.hooks.concurrency import ConcurrencyLimit
     from orchestrator.hooks.costs import CostQuota
@@ -44,7 +44,6 @@ def hook_chain() -> tuple[RunHook, ...]:
         CircuitBreaker(),
         DailyQuota(),
         CostQuota(),
-        QueueCap(),
         ConcurrencyLimit(),
         RateLimit(),
     )

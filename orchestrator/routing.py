@@ -1,4 +1,5 @@
-"""Queues and pools: where a task's messages wait, and which worker pool consumes them."""
+"""Queues and pools: where a task's messages wait, which worker pool consumes them, and the
+cap on what may wait per resource class (`class_limit`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 
+from django.conf import settings
+
+from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.pipeline import Stage
-from tasks.resources import Budget
+from tasks.resources import Budget, budgets
 
 # With per-task queues, small classes share a bigger pool's processes (summed budgets).
 _FOLDED_INTO = {"ingest": "io", "bulk": "io", "analysis": "cpu"}
@@ -93,3 +97,35 @@ def class_queues(
             if queue_class == resource_class
         }
     )
+
+
+@dataclass(frozen=True)
+class ClassLimit:
+    cap: int  # LUMASTRA_QUEUE_DEPTH_CAP_<CLASS> or the class's default
+    queues: tuple[str, ...]  # every queue whose messages count toward the class's depth
+
+
+# Computed once per (configuration, registry) rather than on every start: both are replaced,
+# never changed in place (settings at startup or by a test; the registry once at startup).
+_limits: tuple[object, object, dict[str, ClassLimit]] | None = None
+
+
+def class_limit(resource_class: str) -> ClassLimit:
+    """The cap and the queues a start of `resource_class` is judged by."""
+    global _limits
+    config, tasks = settings.CONFIG, registry.get()
+    known = _limits
+    if known is None or known[0] is not config or known[1] is not tasks:
+        caps = budgets(config.concurrency_overrides, config.queue_depth_cap_overrides)
+        known = _limits = (
+            config,
+            tasks,
+            {
+                name: ClassLimit(
+                    budget.queue_depth_cap,
+                    tuple(class_queues(tasks.values(), name, config.per_task_queues)),
+                )
+                for name, budget in caps.items()
+            },
+        )
+    return known[2][resource_class]

@@ -15,7 +15,6 @@ The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 - `circuit_copy`: each circuit's copy in Postgres, read back when Valkey lost the hash
 - `quotas`: daily quotas: counts each task's runs per UTC day, refuses past `max_runs_per_day`
 - `costs`: each task's spend per UTC day (`ctx.spend`), refused past `max_cost_per_day`
-- `backpressure`: caps a resource class's waiting messages: drop, fail fast or shed the oldest
 - `concurrency`: per-task `max_concurrent` across every worker and host, a lease semaphore
 - `ratelimit`: per-task rate limit (`quotas.rate`) across the cluster, a sliding window
 
@@ -26,8 +25,9 @@ The chain and its order are chosen by the composition root (`orchestrator.apps`)
 task does not declare (dedup without an identity, concurrency without `max_concurrent`, the
 rate limit without a rate, costs without caps, the daily quota without a cap) is in none of
 its plan's points. The pause and the circuit apply to every task, but the run's own scripts
-(admission, claim, end) read what they would read and call them only when they must judge;
-backpressure judges every start. The run code calls hooks only through `dispatch`.
+(admission, claim, end) read what they would read and call them only when they must judge.
+The queue cap (backpressure) is no hook: every start meets it, after the chain
+(`runs.admission`). The run code calls hooks only through `dispatch`.
 
 A hook decides, its caller acts: a hook never ends, cancels or publishes a run itself.
 May import: `orchestrator.stores` and the base modules. Never runs, recovery or cluster.

@@ -1,8 +1,8 @@
 """Lifecycle hooks: the documented points where cross-cutting concerns plug into a run.
 
-Each concern (identity dedup, pause, circuit breaker, quotas, costs, backpressure, concurrency,
-rate limit, metrics, the end notice) lives in its own module of this package as a `RunHook`
-subclass and overrides only the points it needs. The composition root (`orchestrator.apps`)
+Each concern (identity dedup, pause, circuit breaker, quotas, costs, concurrency, rate limit)
+lives in its own module of this package as a `RunHook` subclass and overrides only the points
+it needs. The composition root (`orchestrator.apps`)
 installs them, in order, into `orchestrator.hooks.dispatch`; that order is the order they run in.
 
 Whether a hook has anything to do for a task is said once, from the task's definition
@@ -34,7 +34,7 @@ Points (one method each):
 
 A `plan_*` point returns the hook's `Part`: the Valkey commands it sends and what it does with
 their replies, or None when this one run gives it nothing to do (a run that is not the
-circuit's probe, a delayed start for backpressure). The parts of all hooks at one point go out
+circuit's probe). The parts of all hooks at one point go out
 in one pipeline, so hooks that each need one call cost one round trip together. A part whose
 commands must wait for the verdicts of the hooks before it says so (`after_replies`).
 `abandoned` and `release`, rare paths, call Valkey directly. `run_alone` runs one hook's part

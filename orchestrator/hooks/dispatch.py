@@ -279,30 +279,46 @@ def admit(admission: Admission) -> None:
     check = _Check(admission, excusable=len(planned.admit_all) > len(planned.admit))
     passed: list[RunHook] = []
     try:
-        try:
-            _Round(passed).run(
-                ((hook, hook.plan_admit(admission)) for hook in planned.admit), first=check.part()
-            )
-        except _Asked:
-            _abandon(passed, admission)
-            passed.clear()
-            hooks = planned.admit_all
-            _Round(passed).run((hook, hook.plan_admit(admission)) for hook in hooks)
-    except (Refused, Dropped) as refused:
+        _Round(passed).run(
+            ((hook, hook.plan_admit(admission)) for hook in planned.admit), first=check.part()
+        )
+    except _Asked:
+        _abandon(passed, admission)
+        admit_asked(admission)
+    except (Refused, Dropped, Deduplicated) as refused:
         _abandon(passed, admission)
         check.give_back()
-        # Counted in Valkey: the caller's transaction rolls back with a refusal.
-        key = keys.refusals(admission.definition.id, SYSTEM.now().date().isoformat())
-        pipe = valkey.client().pipeline(transaction=False)
-        pipe.hincrby(key, refused.code, 1)
-        pipe.expire(key, REFUSAL_COUNT_TTL)
-        counters.add(counters.REFUSALS, (admission.definition.id, refused.code), 1, pipe)
-        valkey.execute(pipe)
+        refuse(admission, refused)
         raise
-    except Deduplicated:
+
+
+def admit_asked(admission: Admission) -> None:
+    """The admission script, sent alone, asked the hooks it may excuse to judge the start:
+    the whole chain admits it; a refusal gives back what the hooks that passed and the script
+    took."""
+    passed: list[RunHook] = []
+    planned = plan(admission.definition)
+    try:
+        _Round(passed).run((hook, hook.plan_admit(admission)) for hook in planned.admit_all)
+    except (Refused, Dropped, Deduplicated) as refused:
         _abandon(passed, admission)
-        check.give_back()
+        if not admission.definition.quotas.capped:
+            live.give_back_start(admission.definition.id)
+        refuse(admission, refused)
         raise
+
+
+def refuse(admission: Admission, refused: Exception) -> None:
+    """A refused or dropped start is counted in Valkey (the caller's transaction rolls back
+    with it); a deduplicated one is not a refusal."""
+    if not isinstance(refused, Refused | Dropped):
+        return
+    key = keys.refusals(admission.definition.id, SYSTEM.now().date().isoformat())
+    pipe = valkey.client().pipeline(transaction=False)
+    pipe.hincrby(key, refused.code, 1)
+    pipe.expire(key, REFUSAL_COUNT_TTL)
+    counters.add(counters.REFUSALS, (admission.definition.id, refused.code), 1, pipe)
+    valkey.execute(pipe)
 
 
 def abandon(admission: Admission) -> None:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from datetime import date
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.hooks import backpressure, circuit, concurrency, costs, quotas
+from orchestrator.hooks import circuit, concurrency, costs, quotas
 from orchestrator.hooks.circuit import CircuitStatus
+from orchestrator.routing import class_limit
 from orchestrator.stores import broker, keys, valkey
 from tasks.definition import TaskDefinition
 
@@ -119,6 +120,6 @@ def _depths(resource_classes: Iterable[str]) -> dict[str, QueueDepth]:
     # what the next start of the class is judged by.
     depths = {}
     for name in sorted(resource_classes):
-        limit = backpressure.class_limit(name)
+        limit = class_limit(name)
         depths[name] = QueueDepth(name, broker.depth(list(limit.queues)), limit.cap)
     return depths

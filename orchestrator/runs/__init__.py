@@ -12,6 +12,8 @@ Its modules, by role.
 
 The path, in the order a run takes it:
 - `start`: `start_run`, the one way to create a run: admission, the INSERT, publish on commit
+- `admission`: whether a start may be recorded: the admission script, the task's admission
+  hooks when it has any, then the queue cap (backpressure: drop, fail fast, shed the oldest)
 - `batch`: `start_runs`, many starts in one call: each admitted, one INSERT, one publish
 - `due`: delayed starts, published by the cluster leader once their `not_before` has come
 - `publish`: builds a run's or a stage's Celery message and sends it to its queue

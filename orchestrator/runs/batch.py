@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Refused
+from orchestrator.runs.admission import admit
 from orchestrator.runs.publish import Outgoing, carried, seed_and_publish_many
 from orchestrator.runs.start import (
     InvalidInput,
@@ -181,7 +182,7 @@ def _admit(
             return _outcome_of(joined(task_id, duplicate))
     admission = start.admission()
     try:
-        hooks.admit(admission)
+        admit(admission)
     except Deduplicated as dup:
         handle = deduplicated(task_id, dup.run_id, start.identity, start.handle.priority)
         return _outcome_of(handle)

@@ -31,6 +31,7 @@ from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped
 from orchestrator.models import TaskHistory
 from orchestrator.runs import cancel
+from orchestrator.runs.admission import admit
 from orchestrator.runs.publish import carried, job_id, publish
 from orchestrator.states import LIVE_RUN_STATES, RunState, StageState
 from orchestrator.stores import live, queries
@@ -304,7 +305,7 @@ def start_run(
         try:
             # No savepoint: a hook that refuses, drops or deduplicates has the hooks before it
             # give back what they took (`abandoned`).
-            hooks.admit(admission)
+            admit(admission)
         except Deduplicated as dup:
             return deduplicated(task_id, dup.run_id, identity, handle.priority)
         except Dropped as drop:

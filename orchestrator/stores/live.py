@@ -145,20 +145,32 @@ def reseed(
     return seeded
 
 
+def admit(task_id: str, pauses: Pauses, count_day: bool, clock: Clock = SYSTEM) -> bool:
+    """A start's admission check (`admit_run.lua`) alone: the start counted in the task's day
+    when `count_day`; whether the hooks excused at admission (pause, circuit) must judge it."""
+    script_keys, args = _admit_call(task_id, pauses, count_day, clock)
+    return bool(valkey.script("admit_run", script_keys, args))
+
+
 def queue_admission(
     pipe: Pipeline, task_id: str, pauses: Pauses, count_day: bool, clock: Clock = SYSTEM
 ) -> Callable[[Any], bool]:
-    """A start's admission check (`admit_run.lua`), queued in `pipe` with the admission
-    hooks' commands: the start counted in the task's day when `count_day`; returns what reads
-    its reply: whether the hooks excused at admission (pause, circuit) must judge the start."""
+    """`admit`, queued in `pipe` with the admission hooks' commands; returns what reads its
+    reply."""
+    script_keys, args = _admit_call(task_id, pauses, count_day, clock)
+    valkey.queue_script(pipe, "admit_run", script_keys, args)
+    return lambda reply: bool(valkey.script_replied("admit_run", script_keys, args, reply))
+
+
+def _admit_call(
+    task_id: str, pauses: Pauses, count_day: bool, clock: Clock
+) -> tuple[list[str], list[Any]]:
     script_keys = [
         keys.pauses(),
         keys.circuit(task_id),
         keys.quota_counts(task_id, clock.now().date().isoformat()),
     ]
-    args = [*pauses, int(count_day), int(QUOTA_COUNT_TTL.total_seconds())]
-    valkey.queue_script(pipe, "admit_run", script_keys, args)
-    return lambda reply: bool(valkey.script_replied("admit_run", script_keys, args, reply))
+    return script_keys, [*pauses, int(count_day), int(QUOTA_COUNT_TTL.total_seconds())]
 
 
 def give_back_start(task_id: str, clock: Clock = SYSTEM) -> None:

@@ -11,10 +11,11 @@ from django.conf import LazySettings
 from django.test import Client
 
 from orchestrator.api import tokens
-from orchestrator.clock import FrozenClock
-from orchestrator.hooks.backpressure import DEPTH_FRESH, QueueCap, QueueFull
+from orchestrator.clock import SYSTEM, FrozenClock
+from orchestrator.hooks import quotas
 from orchestrator.hooks.base import Admission
 from orchestrator.models import TaskHistory, TaskQuotaUsage
+from orchestrator.runs.admission import DEPTH_FRESH, QueueCap, QueueFull
 from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.stores import broker, keys, live, valkey
 from orchestrator.triggers import TriggerKind
@@ -76,6 +77,10 @@ def test_fail_fast_refuses_with_a_retry_hint_and_writes_nothing(settings: LazySe
     assert TaskHistory.objects.count() == 2
     assert broker.depth(["task.t.test-bp-fail"]) == 2
     assert _refusals("test-bp-fail") == {"queue_full": "1"}
+    # The admission script counted the refused start in its day (an uncapped task); the cap's
+    # refusal gave it back.
+    definition = registry.get()["test-bp-fail"]
+    assert quotas.usage([definition], SYSTEM.now().date())["test-bp-fail"].started == 2
 
 
 def _shed(key: str, priority: int) -> str:
@@ -158,12 +163,12 @@ def test_a_dropped_start_gives_its_quota_unit_back(settings: LazySettings) -> No
 
 
 def _depth_reads(cap: QueueCap, task: str, starts: int) -> int:
-    """Broker round trips `starts` admissions of `task` cost this hook."""
+    """Broker round trips `starts` admissions of `task` cost the queue cap."""
     definition = registry.get()[task]
     with recording() as caught:
         for _ in range(starts):
             admission = Admission(definition, new_run_id(), "i", 5, {})
-            cap.plan_admit(admission).receive([])
+            cap.judge(admission)
     return caught.counts().broker
 
 

@@ -17,6 +17,7 @@ from redis.connection import AbstractConnection
 
 from orchestrator.hooks import dispatch
 from orchestrator.hooks.base import Admission, Outcome, Pickup, Postpone, RunHook
+from orchestrator.runs.admission import admit
 from orchestrator.runs.start import new_run_id
 from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
@@ -60,7 +61,7 @@ def _warm(task_id: str) -> None:
     definition = registry.get()[task_id]
     run_id = new_run_id()
     with transaction.atomic():
-        dispatch.admit(Admission(definition, run_id, "", 2, {"kind": "manual"}))
+        admit(Admission(definition, run_id, "", 2, {"kind": "manual"}))
     dispatch.before_claim(Pickup(definition, run_id, "warm"))
     plan = dispatch.plan(definition)
     outcome = Outcome(definition, run_id, "warm", RunState.COMPLETED)
@@ -77,7 +78,7 @@ def test_each_point_is_one_round_trip_for_a_task_without_limits(
     run_id = new_run_id()
 
     with transaction.atomic():
-        dispatch.admit(Admission(definition, run_id, "", 2, {"kind": "manual"}))
+        admit(Admission(definition, run_id, "", 2, {"kind": "manual"}))
     admitted = dict(sends)
     sends.clear()
     dispatch.before_claim(Pickup(definition, run_id, "owner"))
@@ -89,7 +90,7 @@ def test_each_point_is_one_round_trip_for_a_task_without_limits(
     ended = dict(sends)
 
     # Admission: the admission script (pause, circuit, day count) alone; the broker depth on
-    # its own server, unless the warm-up's reading is still fresh (`backpressure.DEPTH_FRESH`).
+    # its own server, unless the warm-up's reading is still fresh (`admission.DEPTH_FRESH`).
     assert admitted.pop("coordination") == 1
     assert admitted in ({"other": 1}, {})
     # Pickup: no hook (the claim's own script reads the pauses; no max_concurrent, so no slot
@@ -121,7 +122,7 @@ def _names(hooks: tuple[RunHook, ...]) -> list[str]:
 # The hooks every task's runs go through, whatever it declares: a task can be paused, has a
 # circuit, counts its runs per day, is judged by its class's queue depth, and its end is
 # counted for /metrics and told to its waiters.
-UNIVERSAL = ["pause", "circuit", "backpressure"]
+UNIVERSAL = ["pause", "circuit"]
 
 
 def test_a_task_that_declares_nothing_runs_none_of_the_limits_hooks() -> None:
@@ -131,9 +132,10 @@ def test_a_task_that_declares_nothing_runs_none_of_the_limits_hooks() -> None:
 
     assert _names(plan.hooks()) == UNIVERSAL
     # The admission script reads the pause and the circuit, and counts the day (an uncapped
-    # task's quota has no point at all): they judge a start only when it asks.
-    assert _names(plan.admit) == ["backpressure"]
-    assert _names(plan.admit_all) == ["pause", "circuit", "backpressure"]
+    # task's quota has no point at all): they judge a start only when it asks. The queue cap
+    # is no hook (`runs.admission`): no admission hook at all runs for this task's starts.
+    assert plan.admit == ()
+    assert _names(plan.admit_all) == ["pause", "circuit"]
     assert plan.before_claim == plan.finished == ()
     assert _names(plan.before_claim_noted) == ["circuit"]  # a probe's message only
     assert _names(plan.finished_asked) == ["circuit"]  # when the end's script asks

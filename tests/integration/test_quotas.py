@@ -177,8 +177,10 @@ def test_a_refused_start_gives_its_uncapped_count_back(refuser_first: bool) -> N
 
 @pytest.mark.parametrize("scope", ["task", "class"])
 def test_a_start_a_pause_refuses_is_judged_by_the_hook_and_not_counted(scope: str) -> None:
-    """The admission script counts the start and asks the pause hook, which refuses it: the
-    count goes back and nothing is written."""
+    """The admission script, sent alone (the task has no admission hook, and its plan is
+    compiled), counts the start and asks the pause hook, which refuses it: the count goes
+    back and nothing is written."""
+    assert dispatch.plan(registry.get()[UNCAPPED]).admit == ()
     name = UNCAPPED if scope == "task" else registry.get()[UNCAPPED].resource_class
     field = keys.pause_field(scope, name)
     valkey.client().hset(keys.pauses(), field, "refuse")
