@@ -87,7 +87,7 @@ def admit(admission: Admission) -> None:
 class _Reading:
     depth: int
     at: datetime
-    limit: ClassLimit  # the cap and queues it was judged by
+    limit: ClassLimit  # the cap and queues it was judged by, kept while `source` stands
     source: tuple[object, object]  # the configuration and registry `limit` came from
     admitted: int = 0  # starts this process admitted since
 
@@ -104,9 +104,17 @@ class QueueCap:
             return  # not queued until its time: today's depth says nothing of it
         definition = admission.definition
         source = (settings.CONFIG, registry.get())
-        if self._far_below(definition.resource_class, source):
+        reading = self._readings.get(definition.resource_class)
+        if (
+            reading is None
+            or reading.source[0] is not source[0]
+            or reading.source[1] is not source[1]
+        ):
+            limit = class_limit(definition.resource_class)  # first, or the cap may have changed
+        elif self._far_below(reading):
             return
-        limit = class_limit(definition.resource_class)
+        else:
+            limit = reading.limit
         cap, queues = limit.cap, list(limit.queues)
         waiting = broker.depth(queues)
         reading = _Reading(waiting, self.clock.now(), limit, source)
@@ -128,15 +136,11 @@ class QueueCap:
                 return
         raise QueueFull(f"{full}; retry later", retry_after=RETRY_AFTER)
 
-    def _far_below(self, resource_class: str, source: tuple[object, object]) -> bool:
-        """A fresh reading, against the same cap, with this process's starts since, says the
-        class is at most half full: this start is admitted without reading again (and
-        counted on the reading)."""
-        reading = self._readings.get(resource_class)
-        if reading is None or self.clock.now() - reading.at >= DEPTH_FRESH:
+    def _far_below(self, reading: _Reading) -> bool:
+        """A fresh reading, with this process's starts since, says the class is at most half
+        full: this start is admitted without reading again (and counted on the reading)."""
+        if self.clock.now() - reading.at >= DEPTH_FRESH:
             return False
-        if reading.source[0] is not source[0] or reading.source[1] is not source[1]:
-            return False  # the cap or the queues may have changed since
         if reading.depth + reading.admitted + 1 > reading.limit.cap // 2:
             return False
         reading.admitted += 1

@@ -191,3 +191,6 @@ def test_far_below_the_cap_a_fresh_depth_reading_stands_in_for_the_next_starts(
     assert _depth_reads(cap, "test-bp-drop", 1) == 1
     clock.advance(DEPTH_FRESH)
     assert _depth_reads(cap, "test-bp-drop", 2) == 1
+    # A fresh reading counts for the cap it was judged by: a new one is read against at once.
+    _cap(settings, "discovery", 8)
+    assert _depth_reads(cap, "test-bp-drop", 1) == 1
