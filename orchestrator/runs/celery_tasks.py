@@ -1,5 +1,5 @@
-"""Registers one Celery task per task definition, named by its id, whose body is the runner;
-and one per pipeline stage, named `<task id>.<stage>`, whose body runs that stage."""
+"""Registers one Celery task per task definition, named by its id, whose body is the runner's
+`on_message`; and one per pipeline stage, named `<task id>.<stage>`, whose body runs that stage."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from celery import Task, shared_task
 
 from orchestrator.runs import runner, stage_attempts
-from orchestrator.runs.publish import HOOK_HEADER, Carried, stage_task_name
+from orchestrator.runs.publish import stage_task_name
 from tasks.definition import TaskDefinition
 from tasks.pipeline import Stage
 from tasks.registry import Registry
@@ -32,19 +32,6 @@ def register_all(registry: Registry) -> None:
     for definition in registry.values():
         if definition.id in _registered:
             continue
-
-        def body(
-            task: Task[Any, Any],
-            run_id: str,
-            processing_version: int,
-            carried: Carried | None = None,
-        ) -> None:
-            # kombu marks a message it restored after a lost worker or an expired
-            # visibility timeout; new messages (retries, postponements) are not counted.
-            redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
-            notes = task.request.get(HOOK_HEADER) or {}
-            runner.run_message(task.name, run_id, processing_version, redelivered, notes, carried)
-
         shared_task(
             name=definition.id,
             bind=True,
@@ -54,7 +41,7 @@ def register_all(registry: Registry) -> None:
             soft_time_limit=int(definition.timeout.soft.total_seconds()),
             time_limit=int(definition.timeout.hard.total_seconds()) + HARD_LIMIT_GRACE_S,
             ignore_result=True,
-        )(body)
+        )(runner.on_message)
         _registered.add(definition.id)
         for stage in definition.pipeline:
             _register_stage(definition, stage)

@@ -1,19 +1,22 @@
 """What a delivered message means when its run is not pending: a duplicate of an ended run,
 a cancel before pickup, a pipeline under way, or a run whose worker died mid-run (put back or
 ended here); and the end of a message redelivered past LUMASTRA_MAX_DELIVERIES. The runner's
-paths that read the row first (`runs.runner`) hand such a row here."""
+paths that read the row first (`runs.runner`) hand such a row here; and a claim Valkey holds
+for a dead or silent worker that Postgres never heard of, written for it so the lost attempt
+counts (`write_abandoned_claim`)."""
 
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from django.conf import settings
 
 from orchestrator.cluster.instance import is_dead_here
 from orchestrator.models import TaskHistory
-from orchestrator.runs import put_back, retries, terminal
+from orchestrator.runs import catch_up, put_back, retries, terminal
 from orchestrator.states import TERMINAL_RUN_STATES, RunState
-from orchestrator.stores import counters, durable
+from orchestrator.stores import counters, durable, live, valkey
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
@@ -70,3 +73,30 @@ def give_up(definition: TaskDefinition, row: TaskHistory, deliveries: int) -> No
 def _heartbeat_is_stale(row: TaskHistory) -> bool:
     """Older than three heartbeat intervals, by the Postgres clock."""
     return durable.heartbeat_is_stale(row.id, 3 * settings.CONFIG.heartbeat_interval_s)
+
+
+def write_abandoned_claim(run_id: str) -> bool:
+    """Valkey says a worker claimed this run, Postgres (which we just read) says pending, and
+    that claimer is a dead process of this host, or its claim never heartbeat and is older
+    than a heartbeat interval (a plain run's claim reaches Postgres after a second, the watch's
+    `CLAIM_AFTER_S`): it died before Postgres heard of its claim, perhaps mid-run. Its claim
+    is written for it (`catch_up.write_live_claim`, as of its last sign of life), so the lost
+    attempt counts. False when the claim is live, or someone else moved the run first."""
+    snapshot = live.read(run_id)
+    owner = snapshot.get("owner", "")
+    if not is_dead_here(owner) and not _silent_since_claim(snapshot):
+        return False
+    if catch_up.write_live_claim(run_id, owner) is None:
+        return False
+    log.warning("run %s: claim by %s abandoned before Postgres heard of it", run_id, owner)
+    return True
+
+
+def _silent_since_claim(snapshot: live.RunHash) -> bool:
+    claimed_ms = snapshot.get("started_at")
+    beat_ms = snapshot.get("heartbeat_at")
+    # A heartbeat older than the claim is an earlier attempt's (a run put back to pending).
+    if not claimed_ms or (beat_ms and int(str(beat_ms)) >= int(claimed_ms)):
+        return False
+    now_ms = valkey.time_ms(cast(tuple[int, int], valkey.client().time()))
+    return now_ms - int(claimed_ms) >= settings.CONFIG.heartbeat_interval_s * 1000

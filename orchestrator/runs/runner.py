@@ -1,4 +1,5 @@
-"""The runner: the body of every Celery task, from a delivered message to a claimed run.
+"""The runner: the body of every run's Celery task (`on_message`), from a delivered message to a
+claimed run.
 
 On pickup: processing_version guard → the pre-claim hooks of the task's plan, if any
 (concurrency, rate; a probe's circuit), and the claim in Valkey (owner, pending → active, unless
@@ -35,21 +36,22 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from enum import Enum
-from typing import Any, cast
+from typing import Any
 
+from celery import Task
 from celery.exceptions import Reject
 from django.conf import settings
 from django.utils import timezone
 from redis.client import Pipeline
 
-from orchestrator.cluster.instance import instance_id, is_dead_here
+from orchestrator.cluster.instance import instance_id
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Part, Pickup, Postpone
 from orchestrator.models import TaskHistory
-from orchestrator.runs import catch_up, execute, redelivery, terminal
-from orchestrator.runs.publish import Carried, republish
+from orchestrator.runs import execute, redelivery, terminal
+from orchestrator.runs.publish import HOOK_HEADER, Carried, republish
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
-from orchestrator.stores import durable, live, valkey
+from orchestrator.stores import durable, live
 from orchestrator.stores.durable import ClaimedRun
 from tasks import registry
 from tasks.definition import TaskDefinition
@@ -60,6 +62,17 @@ log = logging.getLogger(__name__)
 # A message from a newer deploy goes back to the queue for a newer worker; the pause keeps
 # an all-old pool from spinning on it during a rolling deploy.
 REQUEUE_PAUSE_S = 1.0
+
+
+def on_message(
+    task: Task[Any, Any], run_id: str, processing_version: int, carried: Carried | None = None
+) -> None:
+    """The body of every run's Celery task (`runs.celery_tasks` registers it per task id)."""
+    # kombu marks a message it restored after a lost worker or an expired visibility timeout;
+    # new messages (retries, postponements) are not counted.
+    redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
+    notes = task.request.get(HOOK_HEADER) or {}
+    run_message(task.name, run_id, processing_version, redelivered, notes, carried)
 
 
 def run_message(
@@ -146,7 +159,7 @@ def _run_from_row(
         # timeout shorter than the run) ends here instead of looping forever.
         redelivery.give_up(definition, row, deliveries)
         return
-    if row.state == RunState.PENDING and redelivered and _write_abandoned_claim(row.id):
+    if row.state == RunState.PENDING and redelivered and redelivery.write_abandoned_claim(row.id):
         # Back because its claimer died before Postgres heard of its claim: that claim is
         # written now, so the run is a lost worker's (and the slot its claim took is freed)
         # before any hook judges this delivery.
@@ -347,7 +360,7 @@ def _claim(definition: TaskDefinition, row: TaskHistory, owner: str) -> ClaimedR
             log.warning("run %s: live hash was missing; seeded again, back in %s", row.id, settle)
             republish(definition, row.id, row.identity, row.priority, settle)
             return None
-        if exc.current == RunState.ACTIVE and _write_abandoned_claim(row.id):
+        if exc.current == RunState.ACTIVE and redelivery.write_abandoned_claim(row.id):
             # Its claimer is gone: the claim is in Postgres now, and the run is a lost
             # worker's, put back or failed by its task's policy like any other.
             row.refresh_from_db()
@@ -381,33 +394,6 @@ def _claim_durable(definition: TaskDefinition, run_id: str, owner: str) -> Claim
         terminal.cancel(definition, run_id, owner)
         return _Refusal.HANDLED
     return _Refusal.READ_ROW
-
-
-def _write_abandoned_claim(run_id: str) -> bool:
-    """Valkey says a worker claimed this run, Postgres (which we just read) says pending, and
-    that claimer is a dead process of this host, or its claim never heartbeat and is older
-    than a heartbeat interval (a plain run's claim reaches Postgres after a second, the watch's
-    `CLAIM_AFTER_S`): it died before Postgres heard of its claim, perhaps mid-run. Its claim
-    is written for it (`catch_up.write_live_claim`, as of its last sign of life), so the lost
-    attempt counts. False when the claim is live, or someone else moved the run first."""
-    snapshot = live.read(run_id)
-    owner = snapshot.get("owner", "")
-    if not is_dead_here(owner) and not _silent_since_claim(snapshot):
-        return False
-    if catch_up.write_live_claim(run_id, owner) is None:
-        return False
-    log.warning("run %s: claim by %s abandoned before Postgres heard of it", run_id, owner)
-    return True
-
-
-def _silent_since_claim(snapshot: live.RunHash) -> bool:
-    claimed_ms = snapshot.get("started_at")
-    beat_ms = snapshot.get("heartbeat_at")
-    # A heartbeat older than the claim is an earlier attempt's (a run put back to pending).
-    if not claimed_ms or (beat_ms and int(str(beat_ms)) >= int(claimed_ms)):
-        return False
-    now_ms = valkey.time_ms(cast(tuple[int, int], valkey.client().time()))
-    return now_ms - int(claimed_ms) >= settings.CONFIG.heartbeat_interval_s * 1000
 
 
 def _give_back_claim(run_id: str, owner: str) -> None:
