@@ -153,7 +153,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_MAX_TASKS_PER_CHILD = CONFIG.worker_max_tasks_per_child or None
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = CONFIG.worker_max_memory_per_child_kb
 # Every task checks and ages its database connections itself, without a round trip
-# (`durable.check_connections`): Celery's Django fix-up would walk them twice more per task,
+# (`runner.check_connections`): Celery's Django fix-up would walk them twice more per task,
 # and does so only once in this many tasks.
 CELERY_DB_REUSE_MAX = 1_000_000
 CELERY_TASK_IGNORE_RESULT = True

@@ -28,7 +28,9 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.stores import durable, keys, live, valkey
+from orchestrator.models import TaskHistory
+from orchestrator.states import RunState
+from orchestrator.stores import keys, live, valkey
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +113,10 @@ class Progress:
             self._row_stale = False
             document = self._with_rate(now, sample=False)
         try:
-            durable.record_progress(self.run_id, document)
+            # The row's progress column only (the run's state is the writer's, `durable`).
+            TaskHistory.objects.filter(id=self.run_id, state=RunState.ACTIVE).update(
+                progress=document
+            )
         except Exception:
             with self._lock:  # written at the next beat
                 self._row_stale = True

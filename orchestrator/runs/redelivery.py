@@ -11,12 +11,13 @@ import logging
 from typing import cast
 
 from django.conf import settings
+from django.db import connection
 
 from orchestrator.cluster.instance import is_dead_here
 from orchestrator.models import TaskHistory
 from orchestrator.runs import catch_up, put_back, retries, terminal
 from orchestrator.states import TERMINAL_RUN_STATES, RunState
-from orchestrator.stores import counters, durable, live, valkey
+from orchestrator.stores import counters, live, queries, valkey
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
@@ -71,8 +72,13 @@ def give_up(definition: TaskDefinition, row: TaskHistory, deliveries: int) -> No
 
 
 def _heartbeat_is_stale(row: TaskHistory) -> bool:
-    """Older than three heartbeat intervals, by the Postgres clock."""
-    return durable.heartbeat_is_stale(row.id, 3 * settings.CONFIG.heartbeat_interval_s)
+    """Older than three heartbeat intervals by the Postgres clock (the one definition:
+    `lumastra_heartbeat_stale`); False for a run Postgres does not have."""
+    stale_s = 3 * settings.CONFIG.heartbeat_interval_s
+    with connection.cursor() as cursor:
+        cursor.execute(queries.HEARTBEAT_STALE, {"run_id": row.id, "stale_s": stale_s})
+        found = cursor.fetchone()
+    return found is not None and bool(found[0])
 
 
 def write_abandoned_claim(run_id: str) -> bool:

@@ -26,14 +26,16 @@ A redelivery of a run whose worker died mid-run puts it back to pending for its 
 (`runs.put_back`), unless the task opted out (`retry_on_worker_loss=False`).
 
 Database connections are checked before each run without a round trip and closed after it
-if broken or too old (`durable.task_connections`).
+if broken or too old (`task_connections`).
 """
 
 from __future__ import annotations
 
 import logging
+import select
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from enum import Enum
 from typing import Any
@@ -41,6 +43,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Reject
 from django.conf import settings
+from django.db import close_old_connections, connections
 from django.utils import timezone
 from redis.client import Pipeline
 
@@ -85,7 +88,7 @@ def run_message(
 ) -> None:
     """Run one delivered message; `notes`: what its admission told its pickup hooks
     (`Admission.notes`); `carried`: what a first message carries of the row (`Carried`)."""
-    with durable.task_connections():
+    with task_connections():
         definition = registry.get()[task_id]
         _run(definition, run_id, processing_version, redelivered, notes or {}, carried)
 
@@ -401,3 +404,42 @@ def _give_back_claim(run_id: str, owner: str) -> None:
         live.transition(run_id, RunState.PENDING, owner=owner)
     except Exception:
         log.exception("run %s: Postgres refused the claim and Valkey kept it", run_id)
+
+
+@contextmanager
+def task_connections() -> Iterator[None]:
+    """Around a task's body: its connections checked before (`check_connections`) and those
+    broken or past their age closed after. Celery's Django fix-up leaves both to the task
+    (`CELERY_DB_REUSE_MAX`, lumastra/settings.py), so every task body Lumastra runs wraps itself
+    in this."""
+    check_connections()
+    try:
+        yield
+    finally:
+        close_old_connections()
+
+
+def check_connections() -> None:
+    """Before a run: close this thread's connections that are broken or past their age, without
+    a round trip where Django's health check (CONN_HEALTH_CHECKS) would send `SELECT 1`.
+
+    Celery's Django fix-up starts every task as a new "request", so the health check cost a
+    no-op run one Postgres round trip in four (issue 9). An idle connection has nothing to read
+    unless its server ended it (a terminated backend, a restart, an idle timeout: Postgres
+    writes its FATAL and closes), so a readable socket gives the same verdict for the price of
+    a poll. A connection cut without a word (a dead network path) is found by the run's first
+    statement instead: the claim fails, its Valkey half is given back and the message is
+    retried or re-published, as for any claim Postgres did not take.
+    """
+    for conn in connections.all(initialized_only=True):
+        conn.close_if_unusable_or_obsolete()  # age, autocommit left off, errors seen
+        raw = conn.connection
+        if raw is None:
+            continue
+        poller = select.poll()
+        poller.register(raw.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+        if poller.poll(0):
+            conn.close()
+        else:
+            # What Django's own check sets once it passed (not in django-stubs).
+            conn.health_check_done = True  # type: ignore[attr-defined]

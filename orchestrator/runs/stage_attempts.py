@@ -37,6 +37,7 @@ from orchestrator.runs import drain, execute, retries, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.pipeline import PipelineRun, advance, end_cancelled_if_idle, follow
 from orchestrator.runs.publish import publish_stage
+from orchestrator.runs.runner import task_connections
 from orchestrator.runs.steps import StepStatus
 from orchestrator.runs.watch import watching
 from orchestrator.states import IllegalTransition, RunState, StageState
@@ -55,7 +56,7 @@ REQUEUE_PAUSE_S = 1.0
 
 
 def run_stage_message(task_id: str, stage: str, run_id: str, processing_version: int) -> None:
-    with durable.task_connections():
+    with task_connections():
         _run_stage(registry.get()[task_id], stage, run_id, processing_version)
 
 

@@ -34,7 +34,7 @@ from orchestrator.runs import cancel
 from orchestrator.runs.admission import admit
 from orchestrator.runs.publish import carried, job_id, publish
 from orchestrator.states import LIVE_RUN_STATES, RunState, StageState
-from orchestrator.stores import live, queries
+from orchestrator.stores import durable, live, queries
 from orchestrator.text import first_unstorable, unstorable
 from orchestrator.triggers import PRIORITY_BY_TRIGGER, TriggerKind
 from tasks import registry
@@ -299,7 +299,7 @@ def start_run(
         finished_at: datetime | None = None,
     ) -> None:
         with connection.cursor() as cursor:
-            queries.send(cursor, queries.INSERT_RUN, start.row(state, error, finished_at))
+            durable.send(cursor, queries.INSERT_RUN, start.row(state, error, finished_at))
 
     with _transaction(start.definition, key):
         try:

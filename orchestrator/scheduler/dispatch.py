@@ -20,10 +20,10 @@ from celery import shared_task
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
+from orchestrator.runs.runner import task_connections
 from orchestrator.scheduler.fire import FireRequest, FireResult, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK
 from orchestrator.scheduler.sync import slots_of
-from orchestrator.stores import durable
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def fire_static(task_id: str, *, clock: Clock = SYSTEM, catch_up: bool = False) 
 
 
 def _dispatch(task_id: str) -> str:
-    with durable.task_connections():
+    with task_connections():
         return fire_static(task_id).outcome.value
 
 

@@ -23,19 +23,26 @@ Nothing else in the engine writes these columns: `tests/unit/test_one_writer.py`
 
 A refused move raises IllegalTransition naming the state that refused it (read only then, a
 second statement on the refusal alone); `claim` returns None instead.
+
+`send` sends a named query (`stores.queries`), a `Prepared` one as text for its first
+LUMASTRA_DB_PREPARE_THRESHOLD - 1 uses on a connection, then `PREPARE` and `EXECUTE` in one
+round trip, then `EXECUTE` alone: Postgres skips parsing and planning it (40 % of the cost of
+those every run sends, issue 9). A statement the server forgot (`DISCARD ALL`) goes as text on
+that connection from then on. Set the threshold to 0 behind a pooler that shares server
+connections between clients (PgBouncer in transaction mode).
 """
 
 from __future__ import annotations
 
 import json
-import select
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import close_old_connections, connection, connections
+from django.conf import settings
+from django.db import DatabaseError, connection
 from django.db.models.functions import Now
 
 from orchestrator.models import TaskHistory
@@ -77,43 +84,54 @@ def _json_out(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
 
 
-@contextmanager
-def task_connections() -> Iterator[None]:
-    """Around a task's body: its connections checked before (`check_connections`) and those
-    broken or past their age closed after. Celery's Django fix-up leaves both to the task
-    (`CELERY_DB_REUSE_MAX`, lumastra/settings.py), so every task body Lumastra runs wraps itself
-    in this."""
-    check_connections()
+_UNKNOWN_STATEMENT = "26000"  # invalid_sql_statement_name: the server forgot it
+_IN_FAILED_TRANSACTION = "25P02"  # nothing ran, PREPARE included
+_NEVER = -1  # on this connection, send as text
+_PREPARED = -2
+# Per raw connection: uses so far of each query, or one of the two markers above. A new
+# connection (Django reconnects after an error or past its age) starts from nothing.
+_uses: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
+def send(
+    cursor: Any, query: queries.Prepared | str, params: dict[str, Any], *, before: str = ""
+) -> None:
+    """Execute a named query on a Django cursor, prepared once its connection uses it often
+    (a `Prepared`) or as text (a plain query); `before` is sent first in the same round trip (a
+    `SET LOCAL` for the statement's own implicit transaction)."""
+    if isinstance(query, str):
+        cursor.execute(before + query, params)
+        return
+    uses = _uses.setdefault(cursor.cursor.connection, {})
+    seen = uses.get(query.name, 0)
+    threshold = settings.CONFIG.db_prepare_threshold
+    if threshold > 0 and seen != _NEVER:
+        if seen == _PREPARED or seen + 1 >= threshold:
+            statement = query.execute if seen == _PREPARED else f"{query.prepare};\n{query.execute}"
+            _send_prepared(cursor, query, statement, params, before, uses)
+            return
+        uses[query.name] = seen + 1
+    cursor.execute(before + query.text, params)
+
+
+def _send_prepared(
+    cursor: Any, query: queries.Prepared, statement: str, params: Any, before: str, uses: Any
+) -> None:
     try:
-        yield
-    finally:
-        close_old_connections()
-
-
-def check_connections() -> None:
-    """Before a run: close this thread's connections that are broken or past their age, without
-    a round trip where Django's health check (CONN_HEALTH_CHECKS) would send `SELECT 1`.
-
-    Celery's Django fix-up starts every task as a new "request", so the health check cost a
-    no-op run one Postgres round trip in four (issue 9). An idle connection has nothing to read
-    unless its server ended it (a terminated backend, a restart, an idle timeout: Postgres
-    writes its FATAL and closes), so a readable socket gives the same verdict for the price of
-    a poll. A connection cut without a word (a dead network path) is found by the run's first
-    statement instead: the claim fails, its Valkey half is given back and the message is
-    retried or re-published, as for any claim Postgres did not take.
-    """
-    for conn in connections.all(initialized_only=True):
-        conn.close_if_unusable_or_obsolete()  # age, autocommit left off, errors seen
-        raw = conn.connection
-        if raw is None:
-            continue
-        poller = select.poll()
-        poller.register(raw.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
-        if poller.poll(0):
-            conn.close()
-        else:
-            # What Django's own check sets once it passed (not in django-stubs).
-            conn.health_check_done = True  # type: ignore[attr-defined]
+        cursor.execute(before + statement, params)
+    except DatabaseError as exc:
+        code = getattr(exc.__cause__, "pgcode", None)
+        if code == _UNKNOWN_STATEMENT:
+            uses[query.name] = _NEVER
+            if not cursor.db.in_atomic_block:
+                # Nothing ran and no transaction was spoiled: send it again, as text.
+                cursor.execute(before + query.text, params)
+                return
+        elif statement != query.execute and code != _IN_FAILED_TRANSACTION:
+            # PREPARE went first and outlives the failure of what followed it.
+            uses[query.name] = _PREPARED
+        raise
+    uses[query.name] = _PREPARED
 
 
 # The claim's commit does not wait for its WAL flush; why it may not: stores/sql/claim_run.sql.
@@ -148,7 +166,7 @@ def claim(
         "attempt": attempt,
     }
     with connection.cursor() as cursor:
-        queries.send(cursor, queries.CLAIM_RUN, params, before=ASYNC_COMMIT)
+        send(cursor, queries.CLAIM_RUN, params, before=ASYNC_COMMIT)
         found = cursor.fetchone()
     return None if found is None else _claimed(run_id, found)
 
@@ -158,7 +176,7 @@ def read_claimable(run_id: str, *, since: datetime) -> ClaimedRun | None:
     None if it is not. The claim itself is written later, by the run's end (`end` with the
     returned attempt count and `started_at=since`) or by its watch (`claim`)."""
     with connection.cursor() as cursor:
-        queries.send(cursor, queries.READ_CLAIMABLE, {"run_id": run_id})
+        send(cursor, queries.READ_CLAIMABLE, {"run_id": run_id})
         found = cursor.fetchone()
     return None if found is None else _claimed(run_id, found, since)
 
@@ -237,7 +255,7 @@ def _guarded(
     query: queries.Prepared | str, params: dict[str, Any], run_id: str, target: RunState
 ) -> None:
     with connection.cursor() as cursor:
-        queries.send(cursor, query, params)
+        send(cursor, query, params)
         updated = cursor.rowcount
     if updated != 1:
         # Only a refusal pays a second statement, to say what refused it.
@@ -312,15 +330,6 @@ def fail_pending(run_id: str, *, error: dict[str, Any], older_than_s: float) -> 
     and has been for at least `older_than_s` (by the Postgres clock)."""
     params = {"run_id": run_id, "error": _json_out(error), "older_than_s": older_than_s}
     _guarded(queries.FAIL_PENDING, params, run_id, RunState.FAILED)
-
-
-def heartbeat_is_stale(run_id: str, stale_after_s: float) -> bool:
-    """The run's heartbeat is at least `stale_after_s` old by the Postgres clock (the one
-    definition: `lumastra_heartbeat_stale`); False for a run Postgres does not have."""
-    with connection.cursor() as cursor:
-        cursor.execute(queries.HEARTBEAT_STALE, {"run_id": run_id, "stale_s": stale_after_s})
-        found = cursor.fetchone()
-    return found is not None and bool(found[0])
 
 
 @dataclass(frozen=True)
@@ -423,11 +432,6 @@ def reuse_stages(
         cursor.execute(queries.REUSE_STAGES, params)
         if cursor.rowcount != 1:
             raise IllegalTransition(run_id, state_of(run_id), "pending (reuse stages)", "postgres")
-
-
-def record_progress(run_id: str, progress: dict[str, Any]) -> None:
-    """A running run's latest progress on its row (the periodic forced write)."""
-    TaskHistory.objects.filter(id=run_id, state=RunState.ACTIVE).update(progress=progress)
 
 
 def heartbeat(run_id: str, owner: str) -> bool:

@@ -1,5 +1,5 @@
 """Every task body checks and ages its own database connections, without a round trip
-(`durable.task_connections`, issue 22): Celery's Django fix-up, which would walk every
+(`runner.task_connections`, issue 22): Celery's Django fix-up, which would walk every
 connection before and after each task as well, is told to leave them alone (lumastra/settings:
 CELERY_DB_REUSE_MAX), so the tasks that are not the runner check theirs too."""
 
@@ -13,8 +13,8 @@ from celery.fixups.django import DjangoWorkerFixup
 from django.db import connections
 
 from lumastra.celery import app
+from orchestrator.runs import runner
 from orchestrator.scheduler import dispatch
-from orchestrator.stores import durable
 
 
 def test_the_fixup_walks_no_connection_around_a_task(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,7 +35,7 @@ def test_the_fixup_walks_no_connection_around_a_task(monkeypatch: pytest.MonkeyP
 
 def test_the_schedule_dispatch_task_checks_its_connections(monkeypatch: pytest.MonkeyPatch) -> None:
     checked: list[bool] = []
-    monkeypatch.setattr(durable, "check_connections", lambda: checked.append(True))
+    monkeypatch.setattr(runner, "check_connections", lambda: checked.append(True))
 
     def fired(task_id: str, **_: Any) -> Any:
         assert checked, "fired before its connections were checked"
@@ -48,10 +48,10 @@ def test_the_schedule_dispatch_task_checks_its_connections(monkeypatch: pytest.M
 
 def test_connections_are_aged_after_a_body_that_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[str] = []
-    monkeypatch.setattr(durable, "check_connections", lambda: events.append("checked"))
-    monkeypatch.setattr(durable, "close_old_connections", lambda: events.append("aged"))
+    monkeypatch.setattr(runner, "check_connections", lambda: events.append("checked"))
+    monkeypatch.setattr(runner, "close_old_connections", lambda: events.append("aged"))
 
-    with pytest.raises(RuntimeError), durable.task_connections():
+    with pytest.raises(RuntimeError), runner.task_connections():
         events.append("body")
         raise RuntimeError("the body failed")
 
