@@ -62,44 +62,31 @@ def _hook_steps(timer: StepTimer, methods: tuple[str, ...]) -> None:
 
 
 def _start_run_steps(timer: StepTimer) -> None:
-    from celery import current_app
-    from django.db.models.query import QuerySet
-
-    from orchestrator.runs import start
+    from orchestrator.runs import admission, publish, start
     from orchestrator.stores import live
 
     timer.wrap(start, "start_run", "start_run (total)")
-    timer.wrap_if_present(start, "validate_input", "validate_input (pydantic)")
-    _hook_steps(timer, ("admit", "abandoned"))
-    timer.wrap(QuerySet, "create", "TaskHistory insert (ORM create)")
-    timer.wrap_if_present(start, "_publish", "publish on commit (seed + send)")
+    timer.wrap(start, "validate_input", "validate_input (pydantic)")
+    timer.wrap(admission, "admit", "admission (script, hooks, queue cap)")
+    timer.wrap(live, "admit", "Lua admit_run (alone)")
+    _hook_steps(timer, ("plan_admit", "abandoned"))
+    timer.wrap(start, "_publish", "publish on commit (seed + send)")
     timer.wrap(live, "seed", "Lua seed_run")
-    timer.wrap(current_app, "send_task", "celery send_task (apply_async)")
+    timer.wrap(publish, "publish", "publish (one LPUSH)")
 
 
 def _runner_steps(timer: StepTimer) -> None:
-    from django.db.models.query import QuerySet
-
-    from orchestrator.runs import runner
+    from orchestrator.runs import execute, runner, terminal
     from orchestrator.stores import durable, live
 
     timer.wrap(runner, "run_message", "run_message (total)")
-    timer.wrap_if_present(runner, "close_old_connections", "close_old_connections")
-    timer.wrap(QuerySet, "first", "row read (ORM first)")
-    _hook_steps(timer, ("before_claim", "release", "finished"))
-    timer.wrap(live, "queue_claim", "Lua claim_run (queued in the pickup pipeline)")
-    timer.wrap(durable, "claim", "Postgres claim (durable.claim)")
+    timer.wrap(runner, "check_connections", "connection check")
+    _hook_steps(timer, ("plan_before_claim", "release", "plan_finished"))
+    timer.wrap(live, "claim", "Lua claim_run (alone)")
     timer.wrap(durable, "end", lambda *a, **k: f"Postgres end -> {_target(*a, **k)}")
-    timer.wrap(
-        live, "queue_transition", lambda _pipe, *a, **k: f"Lua transition -> {_target(*a, **k)}"
-    )
-    try:
-        from orchestrator.runs import terminal
-    except ImportError:
-        return
-    timer.wrap_if_present(terminal, "end", "terminal write (terminal.end)")
-    if hasattr(runner, "watching"):
-        timer.wrap_context(runner, "watching", "watch thread hand-over")
+    timer.wrap(terminal, "settle", "settle (Valkey follows)")
+    timer.wrap(live, "end", lambda *a, **k: f"Lua end_run -> {_target(*a, **k)}")
+    timer.wrap_context(execute, "watching", "the handler under its watch")
 
 
 def _short(key: tuple[str, int, str]) -> str:
