@@ -279,7 +279,7 @@ def _give_back(admitted: Sequence[_Admitted], outcomes: list[Outcome | None]) ->
 
 def _abandon(admitted: Sequence[_Admitted]) -> None:
     """Admission gives back what it took for starts that will not be written; a dropped start
-    was given back when its hook dropped it."""
+    was given back when the queue cap dropped it."""
     for entry in reversed(admitted):
         if entry.dropped is None:
             hooks.abandon(entry.admission)
