@@ -257,9 +257,12 @@ def test_a_signature_is_judged_alone_even_beside_a_valid_token() -> None:
 def test_an_idempotency_key_joins_the_live_run_it_started() -> None:
     key = {"Idempotency-Key": "download-42"}
 
-    first = _post(PARKED, {"label": "a"}, **key)
+    # Two timestamps fixed apart: a clock that turned a second between the two requests made
+    # "now" and "now - 1" the same second, one signature, and the second a replay (409).
+    now = int(time.time())
+    first = _post(PARKED, {"label": "a"}, at=now, **key)
     # Signed anew (another timestamp): a new request, with the same key.
-    again = _post(PARKED, {"label": "a"}, at=int(time.time()) - 1, **key)
+    again = _post(PARKED, {"label": "a"}, at=now - 1, **key)
 
     assert (first.status_code, again.status_code) == (202, 200)
     assert again.json()["run_id"] == first.json()["run_id"]
