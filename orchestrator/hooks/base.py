@@ -71,7 +71,7 @@ class Admission:
     identity: str
     priority: int
     trigger: dict[str, Any]
-    # Filled by what displaces other runs (the queue cap): it decides, `start_run` acts (cancels
+    # Filled by hooks that displace other runs: a hook decides, `start_run` acts (cancels
     # them once its transaction commits), so no hook reaches into the run path.
     shed: list[Shed] = field(default_factory=list)
     # What a hook asks to do once the start commits, after its INSERT (confirm what it took
@@ -86,8 +86,6 @@ class Admission:
     # by the queue today, it is never the circuit's probe (its message carries no note), and
     # its identity is held until then and for LUMASTRA_IDENTITY_TTL_S after.
     not_before: datetime | None = None
-    # The hooks whose admission passed (`dispatch.admit`): what an abandoned start gives back.
-    admitted_by: list[RunHook] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -194,8 +192,8 @@ class Part:
 
     `send` adds the hook's commands to the coordination Valkey pipeline and reads nothing;
     `receive` gets the replies of exactly those commands (errors as values) and decides: it
-    may raise the point's exceptions (`Refused`, `Postpone`, ...) or read Postgres.
-    `after_replies`: the commands depend on the verdicts of the hooks before it (the
+    may raise the point's exceptions (`Refused`, `Postpone`, ...), read Postgres or the
+    broker. `after_replies`: the commands depend on the verdicts of the hooks before it (the
     rate limit must take nothing for a run the concurrency limit postpones), so the earlier
     parts are sent and received first.
     """

@@ -270,20 +270,20 @@ class _Check:
 
 
 def admit(admission: Admission) -> None:
-    """Every hook's admission; if one refuses or deduplicates, those that passed abandon. The
-    admission script goes first, in the same pipeline: the hooks it may excuse (pause,
+    """Every hook's admission; if one refuses or deduplicates, those that passed abandon.
+
+    The admission script goes first, in the same pipeline: the hooks it may excuse (pause,
     circuit) judge the start only when it asks, and then the whole chain admits it again,
     after those that passed the first time abandoned."""
     planned = plan(admission.definition)
     check = _Check(admission, excusable=len(planned.admit_all) > len(planned.admit))
-    passed = admission.admitted_by
+    passed: list[RunHook] = []
     try:
         _Round(passed).run(
             ((hook, hook.plan_admit(admission)) for hook in planned.admit), first=check.part()
         )
     except _Asked:
         _abandon(passed, admission)
-        passed.clear()
         admit_asked(admission)
     except (Refused, Dropped, Deduplicated) as refused:
         _abandon(passed, admission)
@@ -293,13 +293,13 @@ def admit(admission: Admission) -> None:
 
 
 def admit_asked(admission: Admission) -> None:
-    """The admission script asked the hooks it may excuse to judge the start: the whole chain
-    admits it; a refusal gives back what the hooks that passed and the script took."""
-    passed = admission.admitted_by
+    """The admission script, sent alone, asked the hooks it may excuse to judge the start:
+    the whole chain admits it; a refusal gives back what the hooks that passed and the script
+    took."""
+    passed: list[RunHook] = []
+    planned = plan(admission.definition)
     try:
-        _Round(passed).run(
-            (hook, hook.plan_admit(admission)) for hook in plan(admission.definition).admit_all
-        )
+        _Round(passed).run((hook, hook.plan_admit(admission)) for hook in planned.admit_all)
     except (Refused, Dropped, Deduplicated) as refused:
         _abandon(passed, admission)
         if not admission.definition.quotas.capped:
@@ -322,9 +322,9 @@ def refuse(admission: Admission, refused: Exception) -> None:
 
 
 def abandon(admission: Admission) -> None:
-    """The admitted start will not be inserted after all: the hooks that admitted it, and
-    the admission script's day count, give back what they took."""
-    _abandon(admission.admitted_by, admission)
+    """The admitted start will not be inserted after all."""
+    for hook in reversed(plan(admission.definition).abandoned):
+        hook.abandoned(admission)
     if not admission.definition.quotas.capped:
         live.give_back_start(admission.definition.id)
 

@@ -16,8 +16,7 @@
    - `shed-oldest`: the least urgent, oldest waiting messages of the class (never one more
      urgent than the new run) are removed from the broker and their runs cancelled with kind
      `shed`; if nothing can be shed, the start is refused like fail-fast.
-   A refusal here (or a broker it cannot read) gives back what the script and the hooks that
-   admitted the start took (`hooks.dispatch.abandon`).
+   A refusal here gives back what the script and the hooks took (`hooks.dispatch.abandon`).
 
 Depth is read from the broker (LLEN of each queue's priority lists, one round trip of five
 commands per queue of the class) against `LUMASTRA_QUEUE_DEPTH_CAP_<CLASS>`
@@ -78,7 +77,7 @@ def admit(admission: Admission) -> None:
         dispatch.admit_asked(admission)
     try:
         QUEUE_CAP.judge(admission)
-    except Exception as refused:  # the cap's verdict, or a broker it could not read
+    except (Refused, Dropped) as refused:
         dispatch.abandon(admission)
         dispatch.refuse(admission, refused)
         raise

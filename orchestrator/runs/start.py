@@ -303,8 +303,8 @@ def start_run(
 
     with _transaction(start.definition, key):
         try:
-            # No savepoint: a refused, dropped or deduplicated start has the hooks that admitted
-            # it give back what they took (`abandoned`).
+            # No savepoint: a refused, dropped or deduplicated start has the hooks give back
+            # what they took (`abandoned`).
             admit(admission)
         except Deduplicated as dup:
             return deduplicated(task_id, dup.run_id, identity, handle.priority)

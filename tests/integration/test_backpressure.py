@@ -14,7 +14,6 @@ from orchestrator.api import tokens
 from orchestrator.clock import SYSTEM, FrozenClock
 from orchestrator.hooks import quotas
 from orchestrator.hooks.base import Admission
-from orchestrator.hooks.circuit import CircuitBreaker
 from orchestrator.models import TaskHistory, TaskQuotaUsage
 from orchestrator.runs.admission import DEPTH_FRESH, QueueCap, QueueFull
 from orchestrator.runs.start import new_run_id, start_run
@@ -82,22 +81,6 @@ def test_fail_fast_refuses_with_a_retry_hint_and_writes_nothing(settings: LazySe
     # refusal gave it back.
     definition = registry.get()["test-bp-fail"]
     assert quotas.usage([definition], SYSTEM.now().date())["test-bp-fail"].started == 2
-
-
-def test_a_refusal_at_the_cap_gives_back_only_what_admitted_the_start(
-    settings: LazySettings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The circuit did not judge this start (its script excused it): the cap's refusal does
-    not send it a give-back, a round trip more exactly when the queue is full."""
-    told: list[str] = []
-    monkeypatch.setattr(CircuitBreaker, "abandoned", lambda _self, a: told.append(a.run_id))
-    _cap(settings, "embedding", 1)
-    start_run("test-bp-fail", {}, trigger=TriggerKind.MANUAL)
-
-    with pytest.raises(QueueFull):
-        start_run("test-bp-fail", {}, trigger=TriggerKind.MANUAL)
-
-    assert told == []
 
 
 def _shed(key: str, priority: int) -> str:
