@@ -1,7 +1,9 @@
-"""Schedule declarations: `every('15m')`, a five-field cron expression, or `dynamic(loader)`.
+"""Schedule declarations: `every('15m')`, a five-field cron expression in a time zone
+(`cron("30 2 * * *", tz="Europe/Berlin")`), or `dynamic(loader)`.
 
-Only the shape is checked here. `orchestrator.scheduler` syncs static schedules into celery
-beat (resolving `env_override` there) and fires dynamic rows from its 10 s tick.
+Only the shape is checked here (a zone must be an IANA name this machine knows).
+`orchestrator.scheduler` syncs static schedules into celery beat (resolving `env_override`
+there) and fires dynamic rows from its 10 s tick.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celery.schedules import crontab
 
@@ -39,6 +42,7 @@ class Every:
 @dataclass(frozen=True)
 class Cron:
     expression: str
+    tz: str | None = None  # an IANA zone; None: the deployment's LUMASTRA_TIME_ZONE
 
     def fields(self) -> list[str]:
         return self.expression.split()
@@ -48,7 +52,22 @@ def every(interval: str, *, env_override: str | None = None) -> Every:
     return Every(parse_interval(interval), env_override)
 
 
-def cron(expression: str) -> Cron:
+def time_zone(name: str) -> ZoneInfo:
+    """The IANA zone `name` ("Europe/Berlin", "UTC"); a ValueError names one it does not know."""
+    try:
+        return ZoneInfo(name)
+    except (ValueError, OSError, ZoneInfoNotFoundError):
+        # OSError: a folder ("Europe") or a name longer than a file name may be.
+        raise ValueError(
+            f"unknown time zone {name!r}: expected an IANA name such as 'Europe/Berlin' or 'UTC'"
+        ) from None
+
+
+def cron(expression: str, *, tz: str | None = None) -> Cron:
+    """Fires at the local times `expression` names in `tz` (default: LUMASTRA_TIME_ZONE);
+    how daylight saving moves them: `orchestrator.scheduler.slots`."""
+    if tz is not None:
+        time_zone(tz)
     parts = expression.split()
     if len(parts) != 5:
         raise ValueError(f"bad cron {expression!r}: expected 5 fields, got {len(parts)}")
@@ -61,7 +80,7 @@ def cron(expression: str) -> Cron:
         month_of_year=month_of_year,
         day_of_week=day_of_week,
     )
-    return Cron(expression)
+    return Cron(expression, tz)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from redis.connection import parse_url
 
 from lumastra.config import env
+from tasks.schedule import time_zone
 
 
 class WorkerMode(Enum):
@@ -49,6 +50,12 @@ def namespace_of(valkey_url: str) -> str:
             f"VALKEY_URL={valkey_url!r}: {exc}; LUMASTRA_NAMESPACE cannot be derived from it"
         ) from None
     return f"db{db}"
+
+
+def _parse_time_zone(raw: str) -> str:
+    value = raw.strip()
+    time_zone(value)  # a ValueError names what is wrong
+    return value
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,12 @@ class EveryRole:
         "3600",
         env.positive_int,
         "Redis transport redelivery",
+    )
+    time_zone: str = env.variable(
+        "LUMASTRA_TIME_ZONE",
+        "UTC",
+        _parse_time_zone,
+        "IANA zone of cron schedules that name none, and of the pages' local times",
     )
     health_timeout_s: int = env.variable(
         "LUMASTRA_HEALTH_TIMEOUT_S",

@@ -4,6 +4,10 @@ one on or off (operate), as the console's Schedules page does.
 - `GET /schedules`: the static schedules (django-celery-beat's rows) and each dynamic
   schedule's rows, read by `scheduler.overview` (its docstring says how a next fire is
   estimated); a dynamic loader that failed is listed with its error.
+- `GET /schedules/fires?name=…&after=…&count=…` (`&row=…` for a dynamic row): the next fires
+  of one schedule, from the function the scheduler fires by (`scheduler.slots`), as RFC 3339
+  moments with the schedule's zone offset. 404 for a schedule that does not exist; 422 for
+  an `after` without an offset or a `count` outside 1-50.
 - `POST /schedules/static/switch`, `POST /schedules/dynamic/switch`: `scheduler.switch`, the
   one path the console takes too. 404 for a schedule that does not exist, 409 for a static row
   whose task no longer declares a schedule (it stays off). Switching to the state a schedule
@@ -16,15 +20,18 @@ from datetime import datetime
 from typing import Annotated
 
 from django.http import HttpRequest
-from ninja import Field, Router, Schema
-from pydantic import ConfigDict, StrictBool, StringConstraints
+from ninja import Field, Query, Router, Schema
+from pydantic import AwareDatetime, ConfigDict, StrictBool, StringConstraints
 
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
 from orchestrator.api.fields import Storable
+from orchestrator.clock import SYSTEM
 from orchestrator.scheduler import overview, switch
 
 router = Router(tags=["schedules"])
+
+MAX_FIRES = 50
 
 # As long as the stores keep them: a beat row's name, a task id, a dynamic row's key.
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200), Storable()]
@@ -82,6 +89,22 @@ class DynamicSwitchIn(Schema):
     enabled: StrictBool
 
 
+class FiresIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name = Field(description="a static schedule's name (a task id), or a task with `row`")
+    row: Name | None = Field(default=None, description="a dynamic schedule's row key")
+    after: AwareDatetime | None = Field(
+        default=None, description="RFC 3339 with an offset; default: now"
+    )
+    count: int = Field(default=5, ge=1, le=MAX_FIRES)
+
+
+class FiresOut(Schema):
+    fires: list[datetime] = Field(description="RFC 3339, in the schedule's zone")
+    tz: str = Field(description="the zone: the cron's own, else LUMASTRA_TIME_ZONE")
+
+
 class SwitchedOut(Schema):
     enabled: bool
     changed: bool = Field(description="false when the schedule already was on (or off)")
@@ -125,6 +148,19 @@ def list_schedules(request: HttpRequest) -> SchedulesOut:
             for d in overview.dynamic_schedules()
         ],
     )
+
+
+@router.get("/schedules/fires", auth=VIEW, response=answers({200: FiresOut}, 404, 422))
+def schedule_fires(request: HttpRequest, query: Query[FiresIn]) -> FiresOut:
+    """The next `count` fires strictly after `after`: what the scheduler will fire, daylight
+    saving included (a cron's local time that does not exist fires at the end of the gap, one
+    that occurs twice fires at its first occurrence)."""
+    after = query.after or SYSTEM.now()
+    try:
+        found, zone = overview.fires(query.name, query.row, after, query.count)
+    except overview.UnknownSchedule as exc:
+        raise ApiError(404, str(exc)) from None
+    return FiresOut(fires=found, tz=zone)
 
 
 @router.post(

@@ -1,6 +1,15 @@
-"""The scheduler loop: fires the due rows of `schedule=dynamic(loader)` tasks every 10 s.
+"""The scheduler loop: every 10 s, fires the static schedules' slots that are due and the due
+rows of `schedule=dynamic(loader)` tasks.
 
-Each tick, for each task whose definition declares `dynamic(loader)`:
+Static schedules: each enabled synced beat row whose current slot (`scheduler.slots`, the
+one function every view reads too) began at most `ON_TIME_S` ago and has not fired is fired
+here, so a schedule fires at the moments that function names (to within a tick) whatever
+beat's own clock arithmetic does across a daylight-saving change. Beat's message for the
+same slot then finds it fired and fires nothing; a slot older than `ON_TIME_S` (the loops
+were down) is left to beat and to the boot catch-up, as before. Costs one query per tick
+(the rows), and one more when a slot is due.
+
+Dynamic schedules: each tick, for each task whose definition declares `dynamic(loader)`:
 1. calls `loader()` (the task author's one cheap query) for the rows `(key, input, interval)`;
 2. computes each row's current slot (`floor(now / interval) * interval`); a row whose slot
    this process already saw fired is not due, so an idle tick costs the loaders' queries and
@@ -39,13 +48,17 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
+
+from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.models import SchedulerState
 from orchestrator.scheduler.catchup import CatchUpReport, catch_up
 from orchestrator.scheduler.fire import FireRequest, Outcome, fire
-from orchestrator.scheduler.names import state_key
+from orchestrator.scheduler.names import DISPATCH_TASK, state_key
 from orchestrator.scheduler.slots import IntervalSlots
+from orchestrator.scheduler.sync import slots_of
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.schedule import Dynamic, ScheduleRow, to_row
@@ -53,6 +66,8 @@ from tasks.schedule import Dynamic, ScheduleRow, to_row
 log = logging.getLogger(__name__)
 
 NAME = "scheduler"
+# A static slot that began longer ago than this is not fired by the tick (see the module doc).
+ON_TIME_S = 30
 
 
 @dataclass
@@ -94,6 +109,7 @@ class Scheduler:
             report.skipped = True
             return report
         try:
+            self._tick_static(report)
             for definition in self.dynamic_definitions():
                 self._tick_task(definition, report)
         finally:
@@ -108,6 +124,52 @@ class Scheduler:
                 report.errors,
             )
         return report
+
+    def _tick_static(self, report: SchedulerTickReport) -> None:
+        now = self.clock.now()
+        due: list[tuple[str, str, int]] = []
+        rows = PeriodicTask.objects.select_related("interval", "crontab").filter(
+            task=DISPATCH_TASK, enabled=True
+        )
+        for row in rows:
+            slots = slots_of(row)
+            if slots is None:
+                continue
+            slot = slots.slot(now)
+            key = state_key(row.name)
+            if now.timestamp() - slot <= ON_TIME_S and self._fired.get(key, -1) < slot:
+                due.append((row.name, key, slot))
+        if not due:
+            return
+        report.due += len(due)
+        known = dict(
+            SchedulerState.objects.filter(key__in=[key for _, key, _ in due]).values_list(
+                "key", "last_bucket"
+            )
+        )
+        for name, key, slot in due:
+            last = known.get(key)
+            if last is not None and last >= slot:
+                self._fired[key] = last
+                continue
+            self._fire(FireRequest(name, slot), key, now, report)
+
+    def _fire(
+        self, request: FireRequest, key: str, now: datetime, report: SchedulerTickReport
+    ) -> None:
+        try:
+            result = fire(request, now)
+        except Exception:
+            report.errors += 1
+            log.exception("%s: schedule %s failed to fire", NAME, key)
+            return
+        if result.outcome is Outcome.LOCKED:
+            return  # another replica is firing it; the next tick reads its state
+        self._fired[key] = request.slot
+        if result.outcome is Outcome.FIRED:
+            report.fired.append(key)
+        elif result.outcome is Outcome.REFUSED:
+            report.refused.append(key)
 
     def _load(self, definition: TaskDefinition, report: SchedulerTickReport) -> list[ScheduleRow]:
         assert isinstance(definition.schedule, Dynamic)
@@ -164,18 +226,5 @@ class Scheduler:
             if last is not None and last >= slot:
                 self._fired[key] = last
                 continue
-            try:
-                result = fire(
-                    FireRequest(definition.id, slot, row_key=row.key, input=row.input), now
-                )
-            except Exception:
-                report.errors += 1
-                log.exception("%s: task %s row %r failed to fire", NAME, definition.id, row.key)
-                continue
-            if result.outcome is Outcome.LOCKED:
-                continue  # another replica is firing it; the next tick reads its state
-            self._fired[key] = slot
-            if result.outcome is Outcome.FIRED:
-                report.fired.append(key)
-            elif result.outcome is Outcome.REFUSED:
-                report.refused.append(key)
+            request = FireRequest(definition.id, slot, row_key=row.key, input=row.input)
+            self._fire(request, key, now, report)

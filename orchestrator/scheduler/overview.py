@@ -4,13 +4,17 @@ whether it is on. Read-only; switching goes through `scheduler.switch`.
 - Static schedules: every django-celery-beat `PeriodicTask` row. A row the sync manages
   (it calls the dispatch task) takes its cadence and target from the task's definition and
   its `enabled` from the operator (`scheduler.sync`); any other row is the operator's own.
-  The next fire is beat's own estimate: the row's celery schedule from its last run (beat's
-  `last_run_at`, else the moment the row last changed, as beat assumes), read on `clock`.
+  The next fires of an interval or cron row are `scheduler.slots`'s, the function the
+  scheduler fires by (`NEXT_FIRES` of them, in the schedule's zone); a solar or clocked row
+  (an operator's own) shows beat's estimate from its last run instead.
 - Dynamic schedules: for each task declaring `dynamic(loader)`, the rows its loader returns
   now (the loader is called once per page) and the rows `scheduler_state` remembers that it
   no longer returns. A listed row fires at the first tick of each slot of its interval: the
   next fire is the start of the next slot, or the next tick when the current slot has not
   fired yet.
+
+`fires` answers the next fires of one schedule after any moment, from the same function (the
+API's `GET /schedules/fires`).
 
 The last fire of both is `scheduler_state` (the fire path's record: the run started, or why
 none was). Costs three queries and one call of each dynamic loader. A loader that raises is
@@ -20,20 +24,25 @@ shown with its error; the other schedules are still listed.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.models import SchedulerState
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
-from orchestrator.scheduler.slots import IntervalSlots
+from orchestrator.scheduler.slots import CronSlots, IntervalSlots, Slots
+from orchestrator.scheduler.sync import resolve, slots_of
 from tasks import registry
-from tasks.schedule import Dynamic, ScheduleRow, to_row
+from tasks.schedule import Cron, Dynamic, Every, ScheduleRow, time_zone, to_row
 
 log = logging.getLogger(__name__)
+
+NEXT_FIRES = 5  # what the Schedules page shows of each static schedule
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,8 @@ class StaticSchedule:
     last: LastFire
     beat_last_run_at: datetime | None  # beat's own record of its last send
     next_fire_at: datetime | None  # None while off, or for a schedule beat cannot estimate
+    tz: str  # the zone its cron fields are read in (an interval's: LUMASTRA_TIME_ZONE)
+    next_fires: tuple[datetime, ...]  # in `tz`; empty while off or for a solar or clocked row
 
     @property
     def owners(self) -> str:
@@ -103,18 +114,72 @@ def static_schedules(clock: Clock = SYSTEM) -> list[StaticSchedule]:
     found = []
     for row in rows:
         managed = row.task == DISPATCH_TASK
+        slots = slots_of(row)
+        coming = tuple(_fires(slots, now, NEXT_FIRES)) if slots and row.enabled else ()
+        beat_next = _beat_next(row, now, clock) if row.enabled and not slots else None
         found.append(
             StaticSchedule(
                 name=row.name,
                 managed=managed,
-                cadence=str(row.scheduler) if row.scheduler is not None else "-",
+                cadence=slots.describe() if slots else str(row.scheduler or "-"),
                 enabled=row.enabled,
                 last=LastFire.of(states.get(state_key(row.name)) if managed else None),
                 beat_last_run_at=row.last_run_at,
-                next_fire_at=_beat_next(row, now, clock) if row.enabled else None,
+                next_fire_at=coming[0] if coming else beat_next,
+                tz=zone_of(slots),
+                next_fires=coming,
             )
         )
     return found
+
+
+class UnknownSchedule(LookupError):
+    """No static schedule of that name, or no such row of a dynamic schedule."""
+
+
+def zone_of(slots: Slots | None) -> str:
+    return slots.tz if isinstance(slots, CronSlots) else settings.CONFIG.time_zone
+
+
+def _fires(slots: Slots, after: datetime, count: int) -> list[datetime]:
+    zone = time_zone(zone_of(slots))
+    return [moment.astimezone(zone) for moment in slots.fires(after, count)]
+
+
+def fires(name: str, row: str | None, after: datetime, count: int) -> tuple[list[datetime], str]:
+    """The next `count` fires of a schedule strictly after `after`, in its zone, and the zone:
+    the static schedule `name` (a beat row's name; a synced row is named by its task id, and
+    a task whose static schedule is not synced yet is read from its definition), or with
+    `row`, that row of task `name`'s dynamic schedule (as its loader lists it now)."""
+    slots: Slots | None
+    if row is None:
+        beat_row = (
+            PeriodicTask.objects.select_related("interval", "crontab").filter(name=name).first()
+        )
+        definition = registry.get().get(name)
+        if beat_row is not None:
+            slots = slots_of(beat_row)
+        elif definition is not None and isinstance(definition.schedule, Every | Cron):
+            slots = resolve(definition, os.environ)
+        else:
+            raise UnknownSchedule(f"no static schedule named {name!r}")
+        if slots is None:
+            raise UnknownSchedule(f"static schedule {name!r} is neither an interval nor a cron")
+    else:
+        definition = registry.get().get(name)
+        if definition is None or not isinstance(definition.schedule, Dynamic):
+            raise UnknownSchedule(f"task {name!r} has no dynamic schedule")
+        rows, error = _load(name, definition.schedule)
+        listed = {r.key: r for r in rows}
+        if row not in listed:
+            raise UnknownSchedule(
+                f"the loader of task {name!r} lists no row {row!r}"
+                + (f" ({error})" if error else "")
+            )
+        interval = listed[row].interval
+        assert not isinstance(interval, str)  # to_row parsed it
+        slots = IntervalSlots(interval)
+    return _fires(slots, after, count), zone_of(slots)
 
 
 def _beat_next(row: PeriodicTask, now: datetime, clock: Clock) -> datetime | None:

@@ -1,26 +1,40 @@
-"""Slots: the bucket a moment belongs to, and whether a fire was missed.
+"""When a schedule fires: the one function the scheduler, the API and the pages all read.
 
-A slot is named by its start in epoch seconds (UTC):
+A slot is a fire's moment in epoch seconds (UTC); the bucket lock and `scheduler_state` name
+it, so a slot fires once across the cluster.
 
-- an interval of N seconds: `floor(now / N) * N` (slots aligned to the epoch, so every
-  replica computes the same slot without talking to the others);
-- a cron expression: the latest moment at or before `now` the expression names (so a fire
-  that is delivered late still lands in the slot it was fired for).
+- An interval of N seconds is elapsed time: its slots start at `floor(t / N) * N` (aligned to
+  the epoch, so every replica computes the same slot without talking to the others), whatever
+  a clock change does to the local time.
+- A cron expression names local times in its zone (`tz`, an IANA name; the deployment's
+  LUMASTRA_TIME_ZONE by default). Its fields follow celery's `crontab` (day of month AND day of
+  week must both match; 0 = Sunday). Daylight saving follows Vixie cron and cronie:
+  - an expression at fixed times (no `*` in its minute or hour field, e.g. `30 2 * * *`): a
+    local time that does not exist (the clock springs forward over it) fires once, at the
+    first instant after the gap; a local time that occurs twice (the clock falls back over
+    it) fires once, at its first occurrence;
+  - an expression with `*` (or `*/n`) in its minute or hour field runs by the wall clock: its
+    times inside a gap do not exist and do not fire, its times in a repeated hour fire in
+    both passes (each is its own instant, so its own slot).
+  No fire is computed twice for one instant, nor in the past of the moment asked about.
 
-Cron fields follow celery's `crontab` (day of month AND day of week must both match;
-0 = Sunday), in UTC, which is what the synced `CrontabSchedule` rows use.
+`fires(after, count)` gives the next fires strictly after a moment; `slot(now)` the latest
+fire at or before it (a fire delivered late still lands in the slot it was fired for).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta, tzinfo
+from functools import cache
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from celery.schedules import crontab
 
-# How far back a cron's previous moment is looked for (a yearly "29 Feb" needs four years).
-_CRON_LOOKBACK_DAYS = 366 * 5
+# How far a cron's fires are looked for, either way (a yearly "29 Feb" needs four years).
+_CRON_SEARCH_DAYS = 366 * 5
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,11 @@ class IntervalSlots:
         epoch = int(now.timestamp())
         return epoch - epoch % step
 
+    def fires(self, after: datetime, count: int) -> list[datetime]:
+        step = int(self.interval.total_seconds())
+        first = self.slot(after) + step
+        return [datetime.fromtimestamp(first + i * step, UTC) for i in range(count)]
+
     def missed(self, last_fired_at: datetime, now: datetime) -> bool:
         """More than one full interval passed since the last fire."""
         return now - last_fired_at > self.interval
@@ -47,53 +66,112 @@ class IntervalSlots:
 @dataclass(frozen=True)
 class CronSlots:
     expression: str
+    tz: str = "UTC"
+    _zone: tzinfo = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_zone", ZoneInfo(self.tz))
 
     def _spec(self) -> Any:
-        # crontab's expanded field sets are not in celery's type hints.
-        minute, hour, day_of_month, month_of_year, day_of_week = self.expression.split()
-        return crontab(
-            minute=minute,
-            hour=hour,
-            day_of_month=day_of_month,
-            month_of_year=month_of_year,
-            day_of_week=day_of_week,
-        )
+        return _spec(self.expression)
+
+    def _wall_clock(self) -> bool:
+        minute, hour = self.expression.split()[:2]
+        return minute.startswith("*") or hour.startswith("*")
+
+    def _day(self, day: date) -> list[datetime]:
+        """This expression's fires on one local date, as UTC instants, in order."""
+        spec = self._spec()
+        if not (
+            day.month in spec.month_of_year
+            and day.day in spec.day_of_month
+            and day.isoweekday() % 7 in spec.day_of_week  # celery: 0 = Sunday
+        ):
+            return []
+        wall_clock = self._wall_clock()
+        found: set[datetime] = set()
+        for hour in spec.hour:
+            for minute in spec.minute:
+                local = datetime(day.year, day.month, day.day, hour, minute, tzinfo=self._zone)
+                found.update(_instants(local, wall_clock))
+        return sorted(found)
+
+    def _days(self, start: date, step: int) -> Iterator[list[datetime]]:
+        day = start
+        for _ in range(_CRON_SEARCH_DAYS):
+            yield self._day(day)
+            day += timedelta(days=step)
+
+    def fires(self, after: datetime, count: int) -> list[datetime]:
+        """The next `count` fires strictly after `after`."""
+        found: list[datetime] = []
+        # A fire is at most a day's offset away from its local date: start a day early.
+        start = after.astimezone(self._zone).date() - timedelta(days=1)
+        for day in self._days(start, 1):
+            found.extend(at for at in day if at > after)
+            if len(found) >= count:
+                return found[:count]
+        return found
 
     def previous(self, now: datetime) -> datetime:
-        """The latest moment at or before `now` (to the minute) the expression names."""
-        spec = self._spec()
-        at = now.astimezone(UTC).replace(second=0, microsecond=0)
-        day = at.date()
-        for back in range(_CRON_LOOKBACK_DAYS):
-            weekday = day.isoweekday() % 7  # celery: 0 = Sunday
-            if (
-                day.month in spec.month_of_year
-                and day.day in spec.day_of_month
-                and weekday in spec.day_of_week
-            ):
-                for hour in sorted(spec.hour, reverse=True):
-                    if back == 0 and hour > at.hour:
-                        continue
-                    minutes = [
-                        m
-                        for m in spec.minute
-                        if not (back == 0 and hour == at.hour and m > at.minute)
-                    ]
-                    if minutes:
-                        y, mo, d = day.year, day.month, day.day
-                        return datetime(y, mo, d, hour, max(minutes), tzinfo=UTC)
-            day -= timedelta(days=1)
+        """The latest fire at or before `now`."""
+        start = now.astimezone(self._zone).date() + timedelta(days=1)
+        for day in self._days(start, -1):
+            passed = [at for at in day if at <= now]
+            if passed:
+                return passed[-1]
         raise ValueError(f"cron {self.expression!r} names no moment in the last five years")
 
     def slot(self, now: datetime) -> int:
         return int(self.previous(now).timestamp())
 
     def missed(self, last_fired_at: datetime, now: datetime) -> bool:
-        """A moment the expression names passed after the last fire's slot."""
+        """A fire of the expression passed after the last fire's slot."""
         return self.previous(now) > self.previous(last_fired_at)
 
     def describe(self) -> str:
-        return f"cron {self.expression!r}"
+        return f"cron {self.expression!r} ({self.tz})"
+
+
+@cache
+def _spec(expression: str) -> Any:
+    # crontab's expanded field sets are not in celery's type hints.
+    minute, hour, day_of_month, month_of_year, day_of_week = expression.split()
+    return crontab(
+        minute=minute,
+        hour=hour,
+        day_of_month=day_of_month,
+        month_of_year=month_of_year,
+        day_of_week=day_of_week,
+    )
+
+
+def _instants(local: datetime, wall_clock: bool) -> list[datetime]:
+    """The UTC instants a local time (in its zone) fires at (see the module doc)."""
+    zone = local.tzinfo
+    first = local.replace(fold=0).astimezone(UTC)
+    second = local.replace(fold=1).astimezone(UTC)
+    if first == second:
+        return [first]
+    if first.astimezone(zone).replace(tzinfo=None) == local.replace(tzinfo=None):
+        # Occurs twice (fold=0 is the earlier instant).
+        return [first, second] if wall_clock else [first]
+    # Does not exist: fold=1 reads it with the offset after the change, an instant before
+    # the gap; fold=0 with the offset before, an instant after it. The gap ends between.
+    return [] if wall_clock else [_gap_end(second, first, local.tzinfo)]
+
+
+def _gap_end(before: datetime, after: datetime, zone: tzinfo | None) -> datetime:
+    """The first instant (to the second) whose offset in `zone` is the later one."""
+    later = after.astimezone(zone).utcoffset()
+    low, high = int(before.timestamp()), int(after.timestamp())
+    while high - low > 1:
+        middle = (low + high) // 2
+        if datetime.fromtimestamp(middle, zone).utcoffset() == later:
+            high = middle
+        else:
+            low = middle
+    return datetime.fromtimestamp(high, UTC)
 
 
 Slots = IntervalSlots | CronSlots

@@ -2,7 +2,9 @@
 
 Every task whose definition declares `schedule=every(...)` or a cron expression gets one
 `PeriodicTask` row named after the task id, calling `lumastra.schedule.dispatch` with args
-`[task_id]` on the queue `task.scheduler` (every pool of the worker role consumes it).
+`[task_id]` on the queue `task.scheduler` (every pool of the worker role consumes it). A cron
+row carries its zone (`cron(..., tz=...)`, else LUMASTRA_TIME_ZONE): it is what the slots
+are read in (`scheduler.slots`).
 `make run` runs the sync before starting the roles, and the beat role runs it before beat
 starts (deploy/Procfile), so beat never starts on rows older than the code it ships with.
 
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
@@ -69,7 +72,7 @@ def resolve(definition: TaskDefinition, environ: Mapping[str, str]) -> Slots:
     """The static schedule a definition runs on, its env_override applied."""
     schedule = definition.schedule
     if isinstance(schedule, Cron):
-        return CronSlots(schedule.expression)
+        return CronSlots(schedule.expression, schedule.tz or settings.CONFIG.time_zone)
     if not isinstance(schedule, Every):
         raise TypeError(f"task {definition.id!r} has no static schedule")
     variable = schedule.env_override
@@ -105,7 +108,8 @@ def slots_of(row: PeriodicTask) -> Slots | None:
         return IntervalSlots(timedelta(seconds=seconds)) if seconds >= 1 else None
     if row.crontab is not None:
         c = row.crontab
-        return CronSlots(f"{c.minute} {c.hour} {c.day_of_month} {c.month_of_year} {c.day_of_week}")
+        expression = f"{c.minute} {c.hour} {c.day_of_month} {c.month_of_year} {c.day_of_week}"
+        return CronSlots(expression, str(c.timezone))
     return None
 
 
@@ -141,7 +145,7 @@ def _schedule_fields(slots: Slots) -> dict[str, Any]:
         day_of_month=day_of_month,
         month_of_year=month_of_year,
         day_of_week=day_of_week,
-        timezone="UTC",
+        timezone=slots.tz,
     )
     return {"interval": None, "crontab": crontab}
 

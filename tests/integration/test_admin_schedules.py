@@ -87,7 +87,7 @@ def test_the_page_lists_both_kinds_with_their_last_fire_and_no_switch_for_viewer
     assert _logged(viewer) == []
 
 
-def test_next_fire_is_beats_estimate_for_static_rows_and_the_next_slot_for_dynamic_ones() -> None:
+def test_next_fire_is_the_scheduler_s_for_static_rows_and_the_next_slot_for_dynamic_ones() -> None:
     t0 = datetime(2031, 5, 1, 3, 0, tzinfo=UTC)
     PeriodicTask.objects.filter(name=STATIC).update(last_run_at=t0)
     nightly = CrontabSchedule.objects.create(minute="0", hour="3", timezone="UTC")
@@ -98,7 +98,11 @@ def test_next_fire_is_beats_estimate_for_static_rows_and_the_next_slot_for_dynam
 
     static = {s.name: s for s in overview.static_schedules(clock)}
 
-    assert static[STATIC].managed and static[STATIC].next_fire_at == t0 + timedelta(days=1)
+    # Daily slots start at midnight UTC (an interval is aligned to the epoch), whenever beat
+    # last sent the row: the tick fires the slot when it begins.
+    assert static[STATIC].managed
+    assert static[STATIC].next_fire_at == datetime(2031, 5, 2, tzinfo=UTC)
+    assert len(static[STATIC].next_fires) == overview.NEXT_FIRES
     own = static["nightly-cleanup"]
     assert not own.managed and own.owners == "operator: every field (not synced)"
     assert own.next_fire_at == datetime(2031, 5, 2, 3, 0, tzinfo=UTC)

@@ -94,6 +94,7 @@ OWN_ERRORS = {
     ("post", "/api/v1/drain/poison/replay"): {422},
     ("post", "/api/v1/drain/poison/discard"): {422},
     ("get", "/api/v1/schedules"): set(),
+    ("get", "/api/v1/schedules/fires"): {404, 422},
     ("post", "/api/v1/schedules/static/switch"): {404, 409, 422},
     ("post", "/api/v1/schedules/dynamic/switch"): {404, 422},
     ("get", "/api/v1/cluster/nodes"): set(),

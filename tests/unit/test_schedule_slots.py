@@ -90,3 +90,22 @@ def test_a_task_may_declare_a_dynamic_schedule() -> None:
         dynamic("not callable")  # type: ignore[arg-type]
     with pytest.raises(ManifestError):
         define_task(id="dyn", resource_class="io", execute=lambda c, p: None, schedule="soon")
+
+
+@pytest.mark.parametrize("expression", ["30 2 * * *", "0 * * * *", "*/20 1-3 * * *"])
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "America/New_York"])
+def test_a_cron_s_slot_is_the_last_of_its_fires_across_both_clock_changes(
+    expression: str, zone: str
+) -> None:
+    """What the scheduler fires (`slot`) and what every view shows (`fires`) agree, minute by
+    minute through 2027's two transition days, and no fire repeats an instant."""
+    slots = CronSlots(expression, zone)
+    for day in ("2027-03-14", "2027-03-28", "2027-10-31", "2027-11-07"):
+        start = at(f"{day}T00:00") - timedelta(days=1)
+        fires = slots.fires(start, 200)
+        assert fires == sorted(set(fires))
+        for minute in range(0, 48 * 60, 7):
+            now = start + timedelta(minutes=minute)
+            passed = [f for f in fires if f <= now]
+            if passed:
+                assert slots.previous(now) == passed[-1], (day, now)
