@@ -1,8 +1,9 @@
 """The "Schedules" page: every static schedule (django-celery-beat's rows, with who owns which
 field) and every row of each dynamic schedule, with its last fire, next fire and whether it
 is on (`scheduler.overview`). View permission reads it; operate switches a schedule on or off
-with a CSRF-protected POST to the same page, which `scheduler.switch` carries out and the
-admin log records under the operator's name."""
+(`scheduler.switch`) and gives it a cadence of its own or resets it to its definition
+(`scheduler.overrides`), each with a CSRF-protected POST to the same page that the admin log
+records under the operator's name."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.clock import SYSTEM, describe
 from orchestrator.models import SchedulerState
-from orchestrator.scheduler import overview, switch
+from orchestrator.scheduler import overrides, overview, switch
 from orchestrator.scheduler.names import state_key
 
 
@@ -28,7 +29,7 @@ def schedules_view(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         if not access.allows(request.user, Access.OPERATE):
             raise PermissionDenied(access.refusal(Access.OPERATE))
-        _switch(request)
+        _post(request)
         return HttpResponseRedirect(reverse("admin:orchestrator_schedules"))
     now = SYSTEM.now()
     page = pages.context(
@@ -50,6 +51,58 @@ def _in(moment: datetime | None, now: datetime) -> str:
     if moment <= now:
         return "due now"
     return "in " + describe(max(timedelta(0), moment - now))
+
+
+def _post(request: HttpRequest) -> None:
+    action = request.POST.get("action", "switch")
+    if action == "switch":
+        _switch(request)
+    elif action in ("override", "reset"):
+        _override(request, reset=action == "reset")
+    else:
+        messages.error(request, f"Nothing done: unknown action {action!r}.")
+
+
+def _override(request: HttpRequest, *, reset: bool) -> None:
+    """Set (`cron` and `tz`, or `every_s`) or reset an operator's cadence (`scheduler.overrides`)
+    of a static schedule (`name`) or a dynamic row (`task`, `row`)."""
+    actor = request.user.get_username()
+    kind = request.POST.get("kind")
+    name, task_id, row_key = (request.POST.get(f, "") for f in ("name", "task", "row"))
+    label = f"static schedule {name}" if kind == "static" else f"{task_id} row {row_key}"
+    try:
+        wanted = _cadence(request)
+        if kind == "static" and reset:
+            done = overrides.reset_static(name, actor=actor)
+        elif kind == "static":
+            done = bool(overrides.set_static(name, wanted, actor=actor))
+        elif kind == "dynamic" and reset:
+            done = overrides.reset_dynamic(task_id, row_key, actor=actor)
+        elif kind == "dynamic":
+            done = bool(overrides.set_dynamic(task_id, row_key, wanted, actor=actor))
+        else:
+            messages.error(request, "Nothing changed: say which schedule (static or dynamic).")
+            return
+    except (overrides.BadOverride, overrides.CannotOverride, switch.UnknownSchedule) as exc:
+        messages.error(request, f"The {label} keeps its cadence: {exc}")
+        return
+    if reset and not done:
+        messages.info(request, f"The {label} had no override.")
+        return
+    what = "reset to its definition" if reset else "given the operator's cadence"
+    pages.log_action(request, f"{label} {what}", PeriodicTask.objects.filter(name=name).first())
+    messages.success(request, f"The {label} is {what}.")
+
+
+def _cadence(request: HttpRequest) -> overrides.Cadence:
+    every = request.POST.get("every_s", "").strip()
+    if every and not every.isdigit():
+        raise overrides.BadOverride("every_s", f"{every!r} is not a whole number of seconds")
+    return overrides.Cadence(
+        cron=request.POST.get("cron", "").strip(),
+        every_s=int(every) if every else None,
+        tz=request.POST.get("tz", "").strip(),
+    )
 
 
 def _switch(request: HttpRequest) -> None:

@@ -47,5 +47,16 @@ def _integer(value: object) -> object:
     return value
 
 
+def whole(value: object) -> object:
+    """A `BeforeValidator` for an integer field with bounds of its own (`Field(ge=, le=)`):
+    JSON Schema's integer is a number without a fraction, so 60.0 is one; "60" and true are
+    not."""
+    if isinstance(value, bool | str) or (isinstance(value, float) and not value.is_integer()):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return int(value) if isinstance(value, float) else value
+
+
 StorableStr = Annotated[str, Storable()]
+
+
 PriorityIn = Annotated[Literal[1, 2, 3, 5, 7], BeforeValidator(_integer)]

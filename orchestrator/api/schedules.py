@@ -8,6 +8,12 @@ one on or off (operate), as the console's Schedules page does.
   of one schedule, from the function the scheduler fires by (`scheduler.slots`), as RFC 3339
   moments with the schedule's zone offset. 404 for a schedule that does not exist; 422 for
   an `after` without an offset or a `count` outside 1-50.
+- `POST /schedules/static/override`, `POST /schedules/static/reset` (and the same pair under
+  `/schedules/dynamic/` with `task` and `row`): an operator's cadence for a schedule,
+  `scheduler.overrides` (`cron` with an optional `tz`, or `every_s`), kept across syncs and
+  deploys until reset. 422 naming the field for a bad cron, zone or interval (nothing
+  written); 404 for a schedule that does not exist; 409 for a beat row not synced from a
+  task (edited under Periodic tasks).
 - `POST /schedules/static/switch`, `POST /schedules/dynamic/switch`: `scheduler.switch`, the
   one path the console takes too. 404 for a schedule that does not exist, 409 for a static row
   whose task no longer declares a schedule (it stays off). Switching to the state a schedule
@@ -16,18 +22,22 @@ one on or off (operate), as the console's Schedules page does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Annotated
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
-from pydantic import AwareDatetime, ConfigDict, StrictBool, StringConstraints
+from pydantic import AwareDatetime, BeforeValidator, ConfigDict, StrictBool, StringConstraints
 
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
-from orchestrator.api.fields import Storable
+from orchestrator.api.fields import Storable, whole
 from orchestrator.clock import SYSTEM
-from orchestrator.scheduler import overview, switch
+from orchestrator.models import ScheduleOverride
+from orchestrator.scheduler import overrides, overview, switch
+from orchestrator.scheduler.sync import overridden
 
 router = Router(tags=["schedules"])
 
@@ -43,6 +53,12 @@ class LastFireOut(Schema):
     error: str | None = Field(description="why the last fired slot started no run")
 
 
+class OverriddenOut(Schema):
+    cadence: str = Field(description="the operator's cadence the schedule runs on")
+    actor: str
+    at: datetime
+
+
 class StaticOut(Schema):
     name: str
     managed: bool = Field(
@@ -53,6 +69,9 @@ class StaticOut(Schema):
     last_fire: LastFireOut
     beat_last_run_at: datetime | None = Field(description="beat's own record of its last send")
     next_fire_at: datetime | None = Field(description="null while off, or when not estimable")
+    next_fires: list[datetime] = Field(description="the next few, in `tz`; empty while off")
+    tz: str
+    override: OverriddenOut | None = Field(description="null: the definition's cadence")
 
 
 class DynamicRowOut(Schema):
@@ -61,6 +80,7 @@ class DynamicRowOut(Schema):
     enabled: bool
     last_fire: LastFireOut
     next_fire_at: datetime | None = Field(description="null while off or no longer listed")
+    override: OverriddenOut | None = Field(description="null: the loader's interval")
 
 
 class DynamicOut(Schema):
@@ -105,9 +125,73 @@ class FiresOut(Schema):
     tz: str = Field(description="the zone: the cron's own, else LUMASTRA_TIME_ZONE")
 
 
+# Five fields apart by spaces (and no NUL, which Postgres cannot store); what each may hold is
+# checked by the cron parser (422 naming `cron`).
+Expression = Annotated[
+    str, StringConstraints(max_length=200, pattern=r"^ *[^ \x00]+( +[^ \x00]+){4} *$")
+]
+Seconds = Annotated[int, Field(ge=1, le=overrides.MAX_EVERY_S), BeforeValidator(whole)]
+Zone = Annotated[str, StringConstraints(min_length=1, max_length=64), Storable()]
+
+
+class CadenceIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    cron: Expression | None = Field(default=None, description="five fields, e.g. '30 2 * * *'")
+    every_s: Seconds | None = Field(default=None, description="an interval in seconds")
+    tz: Zone | None = Field(
+        default=None, description="a cron's IANA zone; default LUMASTRA_TIME_ZONE"
+    )
+
+    def cadence(self) -> overrides.Cadence:
+        return overrides.Cadence(self.cron or "", self.every_s, self.tz or "")
+
+
+class StaticOverrideIn(CadenceIn):
+    name: Name = Field(description="the static schedule's name (its task id)")
+
+
+class DynamicOverrideIn(CadenceIn):
+    task: Name
+    row: Name
+
+
+class StaticResetIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+
+
+class DynamicResetIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    task: Name
+    row: Name
+
+
+class OverrideOut(Schema):
+    key: str = Field(description="the schedule: its name, or <task>:<row>")
+    cadence: str
+    cron: str | None
+    every_s: int | None
+    tz: str | None = Field(description="the zone given; null: LUMASTRA_TIME_ZONE")
+    actor: str
+    updated_at: datetime
+
+
+class ResetOut(Schema):
+    reset: bool = Field(description="false when the schedule had no override")
+
+
 class SwitchedOut(Schema):
     enabled: bool
     changed: bool = Field(description="false when the schedule already was on (or off)")
+
+
+def _overridden(override: overview.Override | None) -> OverriddenOut | None:
+    if override is None:
+        return None
+    return OverriddenOut(cadence=override.cadence, actor=override.actor, at=override.at)
 
 
 def _last(last: overview.LastFire) -> LastFireOut:
@@ -127,6 +211,9 @@ def list_schedules(request: HttpRequest) -> SchedulesOut:
                 last_fire=_last(s.last),
                 beat_last_run_at=s.beat_last_run_at,
                 next_fire_at=s.next_fire_at,
+                next_fires=list(s.next_fires),
+                tz=s.tz,
+                override=_overridden(s.override),
             )
             for s in overview.static_schedules()
         ],
@@ -140,6 +227,7 @@ def list_schedules(request: HttpRequest) -> SchedulesOut:
                         enabled=r.enabled,
                         last_fire=_last(r.last),
                         next_fire_at=r.next_fire_at,
+                        override=_overridden(r.override),
                     )
                     for r in d.rows
                 ],
@@ -161,6 +249,77 @@ def schedule_fires(request: HttpRequest, query: Query[FiresIn]) -> FiresOut:
     except overview.UnknownSchedule as exc:
         raise ApiError(404, str(exc)) from None
     return FiresOut(fires=found, tz=zone)
+
+
+def _override_out(override: ScheduleOverride) -> OverrideOut:
+    return OverrideOut(
+        key=override.key,
+        cadence=overridden(override).describe(),
+        cron=override.cron or None,
+        every_s=override.every_s,
+        tz=override.tz or None,
+        actor=override.actor,
+        updated_at=override.updated_at,
+    )
+
+
+@contextmanager
+def _override_refusals() -> Iterator[None]:
+    try:
+        yield
+    except overrides.BadOverride as exc:
+        error = {"loc": ("body", "schedule", exc.field), "msg": str(exc), "type": "value_error"}
+        raise ApiError(422, str(exc), [error]) from None
+    except switch.UnknownSchedule as exc:
+        raise ApiError(404, str(exc)) from None
+    except overrides.CannotOverride as exc:
+        raise ApiError(409, str(exc)) from None
+
+
+@router.post(
+    "/schedules/static/override",
+    auth=OPERATE,
+    response=answers({200: OverrideOut}, 404, 409, 422),
+)
+def override_static(request: HttpRequest, schedule: StaticOverrideIn) -> OverrideOut:
+    """Give a static schedule the operator's cadence, on every replica at its next tick."""
+    with _override_refusals():
+        found = overrides.set_static(
+            schedule.name, schedule.cadence(), actor=current_user(request).username
+        )
+    return _override_out(found)
+
+
+@router.post(
+    "/schedules/static/reset", auth=OPERATE, response=answers({200: ResetOut}, 404, 409, 422)
+)
+def reset_static(request: HttpRequest, schedule: StaticResetIn) -> ResetOut:
+    """Drop a static schedule's override: the definition's cadence is back."""
+    with _override_refusals():
+        reset = overrides.reset_static(schedule.name, actor=current_user(request).username)
+    return ResetOut(reset=reset)
+
+
+@router.post(
+    "/schedules/dynamic/override", auth=OPERATE, response=answers({200: OverrideOut}, 404, 422)
+)
+def override_dynamic(request: HttpRequest, schedule: DynamicOverrideIn) -> OverrideOut:
+    """Give one row of a dynamic schedule the operator's cadence, in place of its loader's."""
+    with _override_refusals():
+        found = overrides.set_dynamic(
+            schedule.task, schedule.row, schedule.cadence(), actor=current_user(request).username
+        )
+    return _override_out(found)
+
+
+@router.post("/schedules/dynamic/reset", auth=OPERATE, response=answers({200: ResetOut}, 404, 422))
+def reset_dynamic(request: HttpRequest, schedule: DynamicResetIn) -> ResetOut:
+    """Drop a dynamic row's override: its loader's interval is back."""
+    with _override_refusals():
+        reset = overrides.reset_dynamic(
+            schedule.task, schedule.row, actor=current_user(request).username
+        )
+    return ResetOut(reset=reset)
 
 
 @router.post(

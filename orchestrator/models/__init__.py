@@ -3,7 +3,7 @@
 - `runs`: every run (`TaskHistory`) and its audit trail, kept by triggers on the row
 - `tokens`: the API's bearer tokens, as digests
 - `admission`: per task: daily quota usage, the circuit's copy, pauses of tasks and classes
-- `schedules`: the scheduler's state, one row per schedule it fires
+- `schedules`: the scheduler's state, one row per schedule it fires, and operators' cadences
 - `webhooks`: webhook endpoints, the run events' outbox and each delivery
 """
 
@@ -15,7 +15,7 @@ from orchestrator.models.admission import (
     TaskQuotaUsage,
 )
 from orchestrator.models.runs import TaskHistory, TaskHistoryAudit
-from orchestrator.models.schedules import SchedulerState
+from orchestrator.models.schedules import ScheduleOverride, SchedulerState
 from orchestrator.models.tokens import ApiToken
 from orchestrator.models.webhooks import (
     DeliveryStatus,
@@ -30,6 +30,7 @@ __all__ = [
     "DeliveryStatus",
     "PauseScope",
     "RunEventOutbox",
+    "ScheduleOverride",
     "SchedulerState",
     "TaskCircuitState",
     "TaskHistory",

@@ -39,4 +39,36 @@ class SchedulerState(models.Model):
         return f"{self.key}: last fired {self.last_fired_at or 'never'}"
 
 
+class ScheduleOverride(models.Model):
+    """An operator's cadence for one schedule (`scheduler.overrides`): a static schedule (key =
+    its name, the task id) or one row of a dynamic schedule (key = `<taskId>:<rowKey>`), the
+    keys `scheduler_state` uses. Either `cron` (five fields, read in `tz`) or `every_s`. It
+    outlives `sync_schedules` and deploys; "reset to the definition" deletes it."""
+
+    key = models.CharField(primary_key=True, max_length=255)
+    task_id = models.CharField(max_length=64, db_index=True)
+    row_key = models.CharField(max_length=180, blank=True, default="")  # "" for static
+    cron = models.CharField(max_length=200, blank=True, default="")
+    every_s = models.PositiveIntegerField(null=True, blank=True)
+    tz = models.CharField(max_length=64, blank=True, default="")  # "": LUMASTRA_TIME_ZONE
+    actor = models.CharField(max_length=150)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "schedule_override"
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    (~models.Q(cron="") & models.Q(every_s__isnull=True))
+                    | (models.Q(cron="") & models.Q(every_s__gt=0))
+                ),
+                name="schedule_override_one_cadence",
+            )
+        ]
+
+    def __str__(self) -> str:
+        cadence = f"cron {self.cron!r}" if self.cron else f"every {self.every_s} s"
+        return f"{self.key}: {cadence} (by {self.actor})"
+
+
 # --- webhooks (orchestrator/webhooks/): run lifecycle events to HTTP endpoints ---

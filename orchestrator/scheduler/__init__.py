@@ -3,17 +3,20 @@
 One job per module:
 
 - `names`: the dispatch task's name and queue (no Django imports; the worker supervisor reads it).
-- `slots`: which slot ("bucket") a moment belongs to, for an interval or a cron expression.
+- `slots`: when a schedule fires, the one function every part reads: an interval's slots, a
+  cron's in its time zone across daylight saving; which slot ("bucket") a moment belongs to.
 - `fire`: the one fire path, shared by beat, the dynamic tick and the boot catch-up:
   `SET lock:scheduler:<taskId>:<bucket> NX EX 30`, then a guarded upsert of `scheduler_state`
   and `start_run` with trigger kind `schedule`, in one transaction.
 - `sync`: static schedules → django-celery-beat `PeriodicTask` rows (`manage.py sync_schedules`).
 - `dispatch`: the Celery task beat fires, `lumastra.schedule.dispatch(task_id)`.
 - `catchup`: the boot catch-up, one run per static schedule that missed a full interval.
-- `dynamic`: the tick that fires due rows of `schedule=dynamic(loader)` tasks.
+- `dynamic`: the tick that fires each static slot as it begins and the due rows of
+  `schedule=dynamic(loader)` tasks.
 
 For the admin's Schedules page:
 
 - `overview`: every schedule with its last fire, its next fire and whether it is on (read-only).
 - `switch`: switches a schedule on or off, a beat row's `enabled` or a dynamic row's `disabled`.
+- `overrides`: an operator's cadence for a schedule, kept across syncs until reset.
 """

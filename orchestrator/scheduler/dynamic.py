@@ -11,7 +11,8 @@ were down) is left to beat and to the boot catch-up, as before. Costs one query 
 
 Dynamic schedules: each tick, for each task whose definition declares `dynamic(loader)`:
 1. calls `loader()` (the task author's one cheap query) for the rows `(key, input, interval)`;
-2. computes each row's current slot (`floor(now / interval) * interval`); a row whose slot
+2. computes each row's current slot (`floor(now / interval) * interval`, or the slot of the
+   cadence an operator gave the row, `scheduler.overrides`, read once a tick); a row whose slot
    this process already saw fired is not due, so an idle tick costs the loaders' queries and
    nothing else. The rows left are looked up in `scheduler_state` in one query (another
    replica may have fired them), and those still due are fired through `fire.fire`, with
@@ -46,19 +47,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.models import SchedulerState
+from orchestrator.models import ScheduleOverride, SchedulerState
 from orchestrator.scheduler.catchup import CatchUpReport, catch_up
 from orchestrator.scheduler.fire import FireRequest, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
+from orchestrator.scheduler.overrides import dynamic_overrides
 from orchestrator.scheduler.slots import IntervalSlots
-from orchestrator.scheduler.sync import slots_of
+from orchestrator.scheduler.sync import overridden, slots_of
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.schedule import Dynamic, ScheduleRow, to_row
@@ -110,8 +112,10 @@ class Scheduler:
             return report
         try:
             self._tick_static(report)
-            for definition in self.dynamic_definitions():
-                self._tick_task(definition, report)
+            definitions = self.dynamic_definitions()
+            overrides = dynamic_overrides() if definitions else {}
+            for definition in definitions:
+                self._tick_task(definition, overrides, report)
         finally:
             self._running.release()
         if report.fired or report.refused or report.errors:
@@ -195,7 +199,12 @@ class Scheduler:
             rows[row.key] = row
         return list(rows.values())
 
-    def _tick_task(self, definition: TaskDefinition, report: SchedulerTickReport) -> None:
+    def _tick_task(
+        self,
+        definition: TaskDefinition,
+        overrides: Mapping[str, ScheduleOverride],
+        report: SchedulerTickReport,
+    ) -> None:
         rows = self._load(definition, report)
         report.rows += len(rows)
         now = self.clock.now()
@@ -203,7 +212,9 @@ class Scheduler:
         for row in rows:
             assert not isinstance(row.interval, str)  # to_row parsed it
             key = state_key(definition.id, row.key)
-            slot = IntervalSlots(row.interval).slot(now)
+            override = overrides.get(key)
+            slots = overridden(override) if override else IntervalSlots(row.interval)
+            slot = slots.slot(now)
             if self._fired.get(key, -1) < slot:
                 due.append((row, key, slot))
         if not due:

@@ -26,17 +26,18 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
-from orchestrator.models import SchedulerState
+from orchestrator.models import ScheduleOverride, SchedulerState
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
+from orchestrator.scheduler.overrides import dynamic_overrides
 from orchestrator.scheduler.slots import CronSlots, IntervalSlots, Slots
-from orchestrator.scheduler.sync import resolve, slots_of
+from orchestrator.scheduler.sync import overridden, resolve, slots_of
 from tasks import registry
 from tasks.schedule import Cron, Dynamic, Every, ScheduleRow, time_zone, to_row
 
@@ -69,12 +70,28 @@ class StaticSchedule:
     next_fire_at: datetime | None  # None while off, or for a schedule beat cannot estimate
     tz: str  # the zone its cron fields are read in (an interval's: LUMASTRA_TIME_ZONE)
     next_fires: tuple[datetime, ...]  # in `tz`; empty while off or for a solar or clocked row
+    override: Override | None  # an operator's cadence, which the row runs on
 
     @property
     def owners(self) -> str:
         if self.managed:
             return "definition: cadence, task, args, queue; operator: enabled"
         return "operator: every field (not synced)"
+
+
+@dataclass(frozen=True)
+class Override:
+    """An operator's cadence (`scheduler.overrides`): what it is, who set it, when."""
+
+    cadence: str
+    actor: str
+    at: datetime
+
+    @classmethod
+    def of(cls, override: ScheduleOverride | None) -> Override | None:
+        if override is None:
+            return None
+        return cls(overridden(override).describe(), override.actor, override.updated_at)
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,7 @@ class DynamicRow:
     enabled: bool
     last: LastFire
     next_fire_at: datetime | None  # None while off or no longer listed
+    override: Override | None  # an operator's cadence, in place of `interval`
 
     @property
     def listed(self) -> bool:
@@ -111,6 +129,7 @@ def static_schedules(clock: Clock = SYSTEM) -> list[StaticSchedule]:
             key__in=[state_key(r.name) for r in rows if r.task == DISPATCH_TASK]
         )
     }
+    overrides = {o.key: o for o in ScheduleOverride.objects.filter(row_key="")}
     found = []
     for row in rows:
         managed = row.task == DISPATCH_TASK
@@ -128,6 +147,7 @@ def static_schedules(clock: Clock = SYSTEM) -> list[StaticSchedule]:
                 next_fire_at=coming[0] if coming else beat_next,
                 tz=zone_of(slots),
                 next_fires=coming,
+                override=Override.of(overrides.get(state_key(row.name)) if managed else None),
             )
         )
     return found
@@ -178,7 +198,8 @@ def fires(name: str, row: str | None, after: datetime, count: int) -> tuple[list
             )
         interval = listed[row].interval
         assert not isinstance(interval, str)  # to_row parsed it
-        slots = IntervalSlots(interval)
+        override = dynamic_overrides().get(state_key(name, row))
+        slots = overridden(override) if override else IntervalSlots(interval)
     return _fires(slots, after, count), zone_of(slots)
 
 
@@ -205,6 +226,7 @@ def dynamic_schedules(clock: Clock = SYSTEM) -> list[DynamicSchedule]:
     loaded: dict[str, tuple[list[ScheduleRow], str]] = {
         d.id: _load(d.id, d.schedule) for d in definitions if isinstance(d.schedule, Dynamic)
     }
+    overrides = dynamic_overrides()
     states: dict[str, dict[str, SchedulerState]] = {}
     for remembered in SchedulerState.objects.filter(task_id__in=list(loaded)).exclude(row_key=""):
         states.setdefault(remembered.task_id, {})[remembered.row_key] = remembered
@@ -219,6 +241,12 @@ def dynamic_schedules(clock: Clock = SYSTEM) -> list[DynamicSchedule]:
             interval = row.interval if row is not None else None
             assert not isinstance(interval, str)  # to_row parsed it
             enabled = not (state is not None and state.disabled)
+            override = overrides.get(state_key(task_id, row_key))
+            slots: Slots | None = None
+            if override is not None:
+                slots = overridden(override)
+            elif interval is not None:
+                slots = IntervalSlots(interval)
             shown.append(
                 DynamicRow(
                     task_id=task_id,
@@ -227,10 +255,9 @@ def dynamic_schedules(clock: Clock = SYSTEM) -> list[DynamicSchedule]:
                     enabled=enabled,
                     last=LastFire.of(state),
                     next_fire_at=(
-                        _slot_next(interval, state, now)
-                        if enabled and interval is not None
-                        else None
+                        _slot_next(slots, state, now) if enabled and row is not None else None
                     ),
+                    override=Override.of(override),
                 )
             )
         found.append(DynamicSchedule(task_id, tuple(shown), error))
@@ -255,9 +282,11 @@ def _load(task_id: str, schedule: Dynamic) -> tuple[list[ScheduleRow], str]:
     return rows, "; ".join(f"row skipped: {p}" for p in problems)
 
 
-def _slot_next(interval: timedelta, state: SchedulerState | None, now: datetime) -> datetime:
+def _slot_next(slots: Slots | None, state: SchedulerState | None, now: datetime) -> datetime | None:
     """The next tick when the current slot has not fired, else the next slot's start."""
-    slot = IntervalSlots(interval).slot(now)
+    if slots is None:
+        return None
+    slot = slots.slot(now)
     if state is None or state.last_bucket is None or state.last_bucket < slot:
         return now
-    return datetime.fromtimestamp(slot, tz=UTC) + interval
+    return slots.fires(now, 1)[0]

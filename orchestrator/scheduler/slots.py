@@ -175,3 +175,8 @@ def _gap_end(before: datetime, after: datetime, zone: tzinfo | None) -> datetime
 
 
 Slots = IntervalSlots | CronSlots
+
+
+def cadence(cron: str, every_s: int | None, tz: str) -> Slots:
+    """An operator's cadence (`scheduler.overrides`): a cron in `tz`, or every `every_s`."""
+    return CronSlots(cron, tz) if cron else IntervalSlots(timedelta(seconds=every_s or 0))

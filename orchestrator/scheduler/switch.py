@@ -68,12 +68,8 @@ def switch_static(name: str, *, enabled: bool, actor: str) -> bool:
 
 def switch_dynamic(task_id: str, row_key: str, *, enabled: bool, actor: str) -> bool:
     """Switch one row of a dynamic schedule on or off; False when it already was."""
-    definition = registry.get().get(task_id)
-    if definition is None or not isinstance(definition.schedule, Dynamic):
-        raise UnknownSchedule(f"task {task_id!r} has no dynamic schedule")
+    check_dynamic(task_id, row_key)
     key = state_key(task_id, row_key)
-    if not row_key or len(row_key) > _ROW_KEY_LENGTH:
-        raise UnknownSchedule(f"{row_key!r} is not a row key of {task_id!r}")
     with transaction.atomic():
         current = (
             SchedulerState.objects.select_for_update()
@@ -92,3 +88,12 @@ def switch_dynamic(task_id: str, row_key: str, *, enabled: bool, actor: str) -> 
         )
     log.info("schedule %s switched %s by %s", key, "on" if enabled else "off", actor)
     return True
+
+
+def check_dynamic(task_id: str, row_key: str) -> None:
+    """UnknownSchedule unless `task_id` has a dynamic schedule and `row_key` can be a row's."""
+    definition = registry.get().get(task_id)
+    if definition is None or not isinstance(definition.schedule, Dynamic):
+        raise UnknownSchedule(f"task {task_id!r} has no dynamic schedule")
+    if not row_key or len(row_key) > _ROW_KEY_LENGTH:
+        raise UnknownSchedule(f"{row_key!r} is not a row key of {task_id!r}")

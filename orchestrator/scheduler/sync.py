@@ -46,9 +46,9 @@ from django.conf import settings
 from django.db import transaction
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-from orchestrator.models import SchedulerState
+from orchestrator.models import ScheduleOverride, SchedulerState
 from orchestrator.scheduler.names import DISPATCH_TASK, SCHEDULER_QUEUE, state_key
-from orchestrator.scheduler.slots import CronSlots, IntervalSlots, Slots
+from orchestrator.scheduler.slots import CronSlots, IntervalSlots, Slots, cadence
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.schedule import Cron, Every, parse_interval
@@ -85,6 +85,11 @@ def resolve(definition: TaskDefinition, environ: Mapping[str, str]) -> Slots:
                 f"{variable}={raw!r} (the schedule of task {definition.id!r}): {exc}"
             ) from None
     return IntervalSlots(schedule.interval)
+
+
+def overridden(override: ScheduleOverride) -> Slots:
+    """The schedule an operator's override gives (its zone: its own, else LUMASTRA_TIME_ZONE)."""
+    return cadence(override.cron, override.every_s, override.tz or settings.CONFIG.time_zone)
 
 
 def static_definitions(definitions: Iterable[TaskDefinition] | None = None) -> list[TaskDefinition]:
@@ -132,7 +137,7 @@ class SyncReport:
         return ", ".join(parts)
 
 
-def _schedule_fields(slots: Slots) -> dict[str, Any]:
+def schedule_fields(slots: Slots) -> dict[str, Any]:
     if isinstance(slots, IntervalSlots):
         seconds = int(slots.interval.total_seconds())
         every, period = next((seconds // s, p) for s, p in _PERIODS if seconds % s == 0)
@@ -157,6 +162,9 @@ def sync(
     """Make the PeriodicTask rows match the static schedules (see the module doc)."""
     env = os.environ if environ is None else environ
     wanted = {d.id: resolve(d, env) for d in static_definitions(definitions)}
+    # An operator's cadence outlives the sync (`scheduler.overrides`).
+    for override in ScheduleOverride.objects.filter(row_key="", key__in=list(wanted)):
+        wanted[override.key] = overridden(override)
     report = SyncReport()
     with transaction.atomic():
         for task_id, slots in sorted(wanted.items()):
@@ -166,7 +174,7 @@ def sync(
                 "kwargs": "{}",
                 "queue": SCHEDULER_QUEUE,
                 "description": DESCRIPTION.format(task_id=task_id),
-                **_schedule_fields(slots),
+                **schedule_fields(slots),
             }
             row = PeriodicTask.objects.select_for_update().filter(name=task_id).first()
             if row is None:

@@ -202,3 +202,35 @@ def test_a_forged_post_without_csrf_is_refused() -> None:
 
     assert response.status_code == 403
     assert PeriodicTask.objects.get(name=STATIC).enabled
+
+
+def test_an_operator_gives_a_schedule_a_cadence_on_the_page_and_resets_it() -> None:
+    user = operator("cadence-op")
+    client = _client(user)
+    override = {"action": "override", "kind": "static", "name": STATIC}
+
+    bad = client.post(PAGE, {**override, "cron": "30 2 * * * *"}, follow=True)
+    assert "keeps its cadence: cron: bad cron" in bad.content.decode()
+    client.post(PAGE, {**override, "cron": "30 2 * * *", "tz": "Europe/Berlin"})
+    client.post(
+        PAGE,
+        {"action": "override", "kind": "dynamic", "task": DYNAMIC, "row": "tv1", "every_s": "900"},
+    )
+
+    page = client.get(PAGE).content.decode()
+    static_row = page[page.index(f'id="static-{STATIC}"') :]
+    static_row = static_row[: static_row.index("</tr>")]
+    assert "cron &#x27;30 2 * * *&#x27; (Europe/Berlin)" in static_row
+    assert "operator's cadence</strong>, set by cadence-op" in static_row
+    assert 'value="Reset to the definition"' in static_row
+    dynamic_row = page[page.index(f'id="dynamic-{DYNAMIC}-tv1"') :]
+    assert "operator's cadence: every 0:15:00</strong>" in dynamic_row[: dynamic_row.index("</tr>")]
+
+    client.post(PAGE, {"action": "reset", "kind": "static", "name": STATIC})
+
+    assert PeriodicTask.objects.get(name=STATIC).crontab is None
+    assert _logged(user) == [
+        (f"static schedule {STATIC} given the operator's cadence", "periodictask"),
+        (f"{DYNAMIC} row tv1 given the operator's cadence", None),
+        (f"static schedule {STATIC} reset to its definition", "periodictask"),
+    ]

@@ -388,9 +388,9 @@ def test_dynamic_rows_fire_on_their_own_cadence_with_a_test_clock() -> None:
 
     per_row = Counter(run.trigger["row"] for run in _runs())
     assert per_row == {"fast": 10, "slow": 2}
-    # The static schedules' rows, read once a tick (`scheduler.dynamic`); the test loader makes
-    # none; the dynamic rows' state is not re-read.
-    assert set(idle_queries) == {1}
+    # Once a tick (`scheduler.dynamic`): the static schedules' rows and the operators' cadences
+    # of dynamic rows; the test loader makes none; the dynamic rows' state is not re-read.
+    assert set(idle_queries) == {2}
     assert SchedulerState.objects.get(key=f"{TASK}:fast").last_bucket == int(
         (t0 + timedelta(minutes=9)).timestamp()
     )
