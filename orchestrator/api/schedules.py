@@ -6,8 +6,9 @@ one on or off (operate), as the console's Schedules page does.
   estimated); a dynamic loader that failed is listed with its error.
 - `GET /schedules/fires?name=…&after=…&count=…` (`&row=…` for a dynamic row): the next fires
   of one schedule, from the function the scheduler fires by (`scheduler.slots`), as RFC 3339
-  moments with the schedule's zone offset. 404 for a schedule that does not exist; 422 for
-  an `after` without an offset or a `count` outside 1-50.
+  moments with the schedule's zone offset. 404 for a schedule that does not exist; 409 for
+  an operator's own beat row (beat alone fires it); 422 for an `after` without an offset or
+  outside the years 1970-9000, or a `count` outside 1-50.
 - `POST /schedules/static/override`, `POST /schedules/static/reset` (and the same pair under
   `/schedules/dynamic/` with `task` and `row`): an operator's cadence for a schedule,
   `scheduler.overrides` (`cron` with an optional `tz`, or `every_s`), kept across syncs and
@@ -29,7 +30,13 @@ from typing import Annotated
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
-from pydantic import AwareDatetime, BeforeValidator, ConfigDict, StrictBool, StringConstraints
+from pydantic import (
+    AwareDatetime,
+    BeforeValidator,
+    ConfigDict,
+    StrictBool,
+    StringConstraints,
+)
 
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
@@ -115,7 +122,7 @@ class FiresIn(Schema):
     name: Name = Field(description="a static schedule's name (a task id), or a task with `row`")
     row: Name | None = Field(default=None, description="a dynamic schedule's row key")
     after: AwareDatetime | None = Field(
-        default=None, description="RFC 3339 with an offset; default: now"
+        default=None, description="RFC 3339 with an offset, years 1970-9000; default: now"
     )
     count: int = Field(default=5, ge=1, le=MAX_FIRES)
 
@@ -238,17 +245,23 @@ def list_schedules(request: HttpRequest) -> SchedulesOut:
     )
 
 
-@router.get("/schedules/fires", auth=VIEW, response=answers({200: FiresOut}, 404, 422))
+@router.get("/schedules/fires", auth=VIEW, response=answers({200: FiresOut}, 404, 409, 422))
 def schedule_fires(request: HttpRequest, query: Query[FiresIn]) -> FiresOut:
     """The next `count` fires strictly after `after`: what the scheduler will fire, daylight
     saving included (a cron's local time that does not exist fires at the end of the gap, one
     that occurs twice fires at its first occurrence)."""
-    after = query.after or SYSTEM.now()
     try:
-        found, zone = overview.fires(query.name, query.row, after, query.count)
+        slots = overview.schedule(query.name, query.row)
     except overview.UnknownSchedule as exc:
         raise ApiError(404, str(exc)) from None
-    return FiresOut(fires=found, tz=zone)
+    except overview.NotOurs as exc:
+        raise ApiError(409, str(exc)) from None
+    after = query.after or SYSTEM.now()
+    if not 1970 <= after.year <= 9000:
+        # Before the epoch or past 9000 is no schedule's business (past 9994 not representable).
+        error = {"loc": ("query", "after"), "msg": "must be between the years 1970 and 9000"}
+        raise ApiError(422, "after: must be between the years 1970 and 9000", [error])
+    return FiresOut(fires=overview.fires(slots, after, query.count), tz=overview.zone_of(slots))
 
 
 def _override_out(override: ScheduleOverride) -> OverrideOut:

@@ -2,7 +2,8 @@
 rows of `schedule=dynamic(loader)` tasks.
 
 Static schedules: each enabled synced beat row whose current slot (`scheduler.slots`, the
-one function every view reads too) began at most `ON_TIME_S` ago and has not fired is fired
+one function every view reads too) began at most `ON_TIME_S` ago (or three ticks, when
+LUMASTRA_SCHEDULER_TICK_S is longer) and has not fired is fired
 here, so a schedule fires at the moments that function names (to within a tick) whatever
 beat's own clock arithmetic does across a daylight-saving change. Beat's message for the
 same slot then finds it fired and fires nothing; a slot older than `ON_TIME_S` (the loops
@@ -51,6 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.conf import settings
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
@@ -135,13 +137,19 @@ class Scheduler:
         rows = PeriodicTask.objects.select_related("interval", "crontab").filter(
             task=DISPATCH_TASK, enabled=True
         )
+        on_time = max(ON_TIME_S, 3 * settings.CONFIG.scheduler_tick_s)
         for row in rows:
-            slots = slots_of(row)
-            if slots is None:
+            try:
+                slots = slots_of(row)
+                slot = slots.slot(now) if slots is not None else None
+            except ValueError as exc:  # a cron that names no moment (31 February)
+                report.errors += 1
+                log.error("%s: schedule %s has no slot: %s", NAME, row.name, exc)
                 continue
-            slot = slots.slot(now)
             key = state_key(row.name)
-            if now.timestamp() - slot <= ON_TIME_S and self._fired.get(key, -1) < slot:
+            if slot is None or now.timestamp() - slot > on_time:
+                continue
+            if self._fired.get(key, -1) < slot:
                 due.append((row.name, key, slot))
         if not due:
             return
@@ -214,7 +222,12 @@ class Scheduler:
             key = state_key(definition.id, row.key)
             override = overrides.get(key)
             slots = overridden(override) if override else IntervalSlots(row.interval)
-            slot = slots.slot(now)
+            try:
+                slot = slots.slot(now)
+            except ValueError as exc:  # an override's cron that names no moment
+                report.errors += 1
+                log.error("%s: schedule %s has no slot: %s", NAME, key, exc)
+                continue
             if self._fired.get(key, -1) < slot:
                 due.append((row, key, slot))
         if not due:

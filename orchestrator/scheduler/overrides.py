@@ -16,7 +16,10 @@ a dynamic schedule (task and row key), and records who set it and when.
 
 An edit never fires a slot twice: a slot is a moment, and the fire path claims it only when
 it is newer than the last one fired (`fire.fire`); the new cadence's slots that are not newer
-are not fired. Its first slot after the edit fires when it begins.
+are not fired. Its current slot, if newer, fires at the next tick (as a new schedule's
+would: a dynamic row's at once, a static one's when it began at most `dynamic.ON_TIME_S`
+ago, else when beat next finds the row due); each later slot when it begins. A cron's zone is
+fixed when it is set (its own, else the setter's LUMASTRA_TIME_ZONE).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import transaction
@@ -33,7 +37,13 @@ from orchestrator.models import ScheduleOverride
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
 from orchestrator.scheduler.slots import Slots, cadence
 from orchestrator.scheduler.switch import UnknownSchedule, check_dynamic
-from orchestrator.scheduler.sync import resolve, schedule_fields, static_definitions
+from orchestrator.scheduler.sync import (
+    ScheduleConfigError,
+    lock_cadences,
+    resolve,
+    schedule_fields,
+    static_definitions,
+)
 from tasks import registry
 from tasks.schedule import cron, time_zone
 
@@ -41,6 +51,8 @@ log = logging.getLogger(__name__)
 
 # An interval an override may give: a second to a year.
 MAX_EVERY_S = 366 * 86_400
+# The longest each cron field may be: django-celery-beat's CrontabSchedule columns.
+_CRON_FIELDS = {"minute": 240, "hour": 96, "day of month": 124, "month": 64, "day of week": 64}
 
 
 class BadOverride(ValueError):
@@ -52,7 +64,8 @@ class BadOverride(ValueError):
 
 
 class CannotOverride(ValueError):
-    """The beat row is an operator's own: its cadence is edited in beat's admin."""
+    """The beat row is an operator's own (its cadence is edited in beat's admin), or the
+    definition's cadence cannot be read back (a bad `env_override` value)."""
 
 
 @dataclass(frozen=True)
@@ -77,17 +90,28 @@ class Cadence:
             cron(self.cron)
         except ValueError as exc:
             raise BadOverride("cron", str(exc)) from None
-        zone = self.tz or settings.CONFIG.time_zone
+        for name, text in zip(_CRON_FIELDS, self.cron.split(), strict=True):
+            if len(text) > _CRON_FIELDS[name]:
+                raise BadOverride("cron", f"its {name} field is longer than {_CRON_FIELDS[name]}")
         try:
-            time_zone(zone)
+            time_zone(self.zone())
         except ValueError as exc:
             raise BadOverride("tz", str(exc)) from None
-        return cadence(self.cron, None, zone)
+        slots = cadence(self.cron, None, self.zone())
+        if not slots.fires(datetime.now(UTC), 1):
+            raise BadOverride("cron", f"{self.cron!r} names no moment in the next five years")
+        return slots
+
+    def zone(self) -> str:
+        """The zone a cron is read in, fixed when it is set: replicas that disagree on
+        LUMASTRA_TIME_ZONE during a rolling change still compute the same slots."""
+        return self.tz or settings.CONFIG.time_zone
 
 
 def set_static(name: str, wanted: Cadence, *, actor: str) -> ScheduleOverride:
     """Give the static schedule `name` the operator's cadence."""
     with transaction.atomic():
+        lock_cadences()
         row = _managed_row(name)  # an unknown schedule is a 404 before a bad field is a 422
         slots = wanted.slots()
         override = _save(name, name, "", wanted, actor)
@@ -100,12 +124,18 @@ def set_static(name: str, wanted: Cadence, *, actor: str) -> ScheduleOverride:
 def reset_static(name: str, *, actor: str) -> bool:
     """Drop the override of `name`; the definition's cadence is back. False: it had none."""
     with transaction.atomic():
+        lock_cadences()
         row = _managed_row(name)
         deleted, _ = ScheduleOverride.objects.filter(key=state_key(name)).delete()
         definition = registry.get().get(name)
         if row is not None and definition in static_definitions():
             assert definition is not None
-            _write(row, resolve(definition, os.environ))
+            try:
+                # This process's environment; the next sync writes what the beat role's says.
+                slots = resolve(definition, os.environ)
+            except ScheduleConfigError as exc:
+                raise CannotOverride(f"the definition's cadence cannot be read: {exc}") from None
+            _write(row, slots)
     if deleted:
         log.info("schedule %s: cadence reset to the definition by %s", name, actor)
     return bool(deleted)
@@ -154,7 +184,7 @@ def _save(key: str, task_id: str, row_key: str, wanted: Cadence, actor: str) -> 
             "row_key": row_key,
             "cron": wanted.cron,
             "every_s": wanted.every_s,
-            "tz": wanted.tz,
+            "tz": wanted.zone() if wanted.cron else "",
             "actor": actor,
         },
     )

@@ -4,17 +4,17 @@ whether it is on. Read-only; switching goes through `scheduler.switch`.
 - Static schedules: every django-celery-beat `PeriodicTask` row. A row the sync manages
   (it calls the dispatch task) takes its cadence and target from the task's definition and
   its `enabled` from the operator (`scheduler.sync`); any other row is the operator's own.
-  The next fires of an interval or cron row are `scheduler.slots`'s, the function the
-  scheduler fires by (`NEXT_FIRES` of them, in the schedule's zone); a solar or clocked row
-  (an operator's own) shows beat's estimate from its last run instead.
+  The next fires of a synced row are `scheduler.slots`'s, the function the scheduler fires
+  by (`NEXT_FIRES` of them, in the schedule's zone); an operator's own row, which beat alone
+  fires, shows beat's estimate from its last run instead.
 - Dynamic schedules: for each task declaring `dynamic(loader)`, the rows its loader returns
   now (the loader is called once per page) and the rows `scheduler_state` remembers that it
   no longer returns. A listed row fires at the first tick of each slot of its interval: the
   next fire is the start of the next slot, or the next tick when the current slot has not
   fired yet.
 
-`fires` answers the next fires of one schedule after any moment, from the same function (the
-API's `GET /schedules/fires`).
+`schedule` and `fires` answer the next fires of one schedule after any moment, from the same
+function (the API's `GET /schedules/fires`).
 
 The last fire of both is `scheduler_state` (the fire path's record: the run started, or why
 none was). Costs three queries and one call of each dynamic loader. A loader that raises is
@@ -133,7 +133,8 @@ def static_schedules(clock: Clock = SYSTEM) -> list[StaticSchedule]:
     found = []
     for row in rows:
         managed = row.task == DISPATCH_TASK
-        slots = slots_of(row)
+        # An operator's own row is fired by beat alone, by its own arithmetic: its estimate.
+        slots = slots_of(row) if managed else None
         coming = tuple(_fires(slots, now, NEXT_FIRES)) if slots and row.enabled else ()
         beat_next = _beat_next(row, now, clock) if row.enabled and not slots else None
         found.append(
@@ -157,6 +158,10 @@ class UnknownSchedule(LookupError):
     """No static schedule of that name, or no such row of a dynamic schedule."""
 
 
+class NotOurs(LookupError):
+    """An operator's own beat row: beat fires it, by its own arithmetic, not the scheduler."""
+
+
 def zone_of(slots: Slots | None) -> str:
     return slots.tz if isinstance(slots, CronSlots) else settings.CONFIG.time_zone
 
@@ -166,17 +171,26 @@ def _fires(slots: Slots, after: datetime, count: int) -> list[datetime]:
     return [moment.astimezone(zone) for moment in slots.fires(after, count)]
 
 
-def fires(name: str, row: str | None, after: datetime, count: int) -> tuple[list[datetime], str]:
-    """The next `count` fires of a schedule strictly after `after`, in its zone, and the zone:
-    the static schedule `name` (a beat row's name; a synced row is named by its task id, and
-    a task whose static schedule is not synced yet is read from its definition), or with
-    `row`, that row of task `name`'s dynamic schedule (as its loader lists it now)."""
+def fires(slots: Slots, after: datetime, count: int) -> list[datetime]:
+    """The next `count` fires of `slots` strictly after `after`, in its zone."""
+    return _fires(slots, after, count)
+
+
+def schedule(name: str, row: str | None) -> Slots:
+    """When a schedule fires: the static schedule `name` (a beat row's name; a synced row is
+    named by its task id, and a task whose static schedule is not synced yet is read from its
+    definition), or with `row`, that row of task `name`'s dynamic schedule (as its loader
+    lists it now), with the operator's cadence when one is set."""
     slots: Slots | None
     if row is None:
         beat_row = (
             PeriodicTask.objects.select_related("interval", "crontab").filter(name=name).first()
         )
         definition = registry.get().get(name)
+        if beat_row is not None and beat_row.task != DISPATCH_TASK:
+            raise NotOurs(
+                f"beat row {name!r} is not synced from a task: beat alone computes its fires"
+            )
         if beat_row is not None:
             slots = slots_of(beat_row)
         elif definition is not None and isinstance(definition.schedule, Every | Cron):
@@ -200,7 +214,7 @@ def fires(name: str, row: str | None, after: datetime, count: int) -> tuple[list
         assert not isinstance(interval, str)  # to_row parsed it
         override = dynamic_overrides().get(state_key(name, row))
         slots = overridden(override) if override else IntervalSlots(interval)
-    return _fires(slots, after, count), zone_of(slots)
+    return slots
 
 
 def _beat_next(row: PeriodicTask, now: datetime, clock: Clock) -> datetime | None:

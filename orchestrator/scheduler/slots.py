@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -72,34 +72,10 @@ class CronSlots:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_zone", ZoneInfo(self.tz))
 
-    def _spec(self) -> Any:
-        return _spec(self.expression)
-
-    def _wall_clock(self) -> bool:
-        minute, hour = self.expression.split()[:2]
-        return minute.startswith("*") or hour.startswith("*")
-
-    def _day(self, day: date) -> list[datetime]:
-        """This expression's fires on one local date, as UTC instants, in order."""
-        spec = self._spec()
-        if not (
-            day.month in spec.month_of_year
-            and day.day in spec.day_of_month
-            and day.isoweekday() % 7 in spec.day_of_week  # celery: 0 = Sunday
-        ):
-            return []
-        wall_clock = self._wall_clock()
-        found: set[datetime] = set()
-        for hour in spec.hour:
-            for minute in spec.minute:
-                local = datetime(day.year, day.month, day.day, hour, minute, tzinfo=self._zone)
-                found.update(_instants(local, wall_clock))
-        return sorted(found)
-
-    def _days(self, start: date, step: int) -> Iterator[list[datetime]]:
+    def _days(self, start: date, step: int) -> Iterator[tuple[datetime, ...]]:
         day = start
         for _ in range(_CRON_SEARCH_DAYS):
-            yield self._day(day)
+            yield _day(self.expression, self.tz, day)
             day += timedelta(days=step)
 
     def fires(self, after: datetime, count: int) -> list[datetime]:
@@ -108,7 +84,11 @@ class CronSlots:
         # A fire is at most a day's offset away from its local date: start a day early.
         start = after.astimezone(self._zone).date() - timedelta(days=1)
         for day in self._days(start, 1):
-            found.extend(at for at in day if at > after)
+            for at in day:
+                # A gap's end can be the next day's own fire too (a zone that skips its
+                # midnight): one instant, one fire.
+                if at > after and (not found or at > found[-1]):
+                    found.append(at)
             if len(found) >= count:
                 return found[:count]
         return found
@@ -131,6 +111,29 @@ class CronSlots:
 
     def describe(self) -> str:
         return f"cron {self.expression!r} ({self.tz})"
+
+
+# The tick asks each schedule for its slot every 10 s: a day's fires are computed once (a
+# minute-by-minute cron's day is 1,440 zone conversions).
+@lru_cache(maxsize=256)
+def _day(expression: str, tz: str, day: date) -> tuple[datetime, ...]:
+    """The expression's fires on one local date in `tz`, as UTC instants, in order."""
+    spec = _spec(expression)
+    if not (
+        day.month in spec.month_of_year
+        and day.day in spec.day_of_month
+        and day.isoweekday() % 7 in spec.day_of_week  # celery: 0 = Sunday
+    ):
+        return ()
+    minute_field, hour_field = expression.split()[:2]
+    wall_clock = minute_field.startswith("*") or hour_field.startswith("*")
+    zone = ZoneInfo(tz)
+    found: set[datetime] = set()
+    for hour in spec.hour:
+        for minute in spec.minute:
+            local = datetime(day.year, day.month, day.day, hour, minute, tzinfo=zone)
+            found.update(_instants(local, wall_clock))
+    return tuple(sorted(found))
 
 
 @cache

@@ -43,7 +43,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from orchestrator.models import ScheduleOverride, SchedulerState
@@ -85,6 +85,13 @@ def resolve(definition: TaskDefinition, environ: Mapping[str, str]) -> Slots:
                 f"{variable}={raw!r} (the schedule of task {definition.id!r}): {exc}"
             ) from None
     return IntervalSlots(schedule.interval)
+
+
+def lock_cadences() -> None:
+    """In the caller's transaction: one writer of the synced rows' cadences at a time, the sync
+    or an operator's override (`scheduler.overrides`), so neither writes over the other."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('lumastra.schedule.cadences'))")
 
 
 def overridden(override: ScheduleOverride) -> Slots:
@@ -162,11 +169,12 @@ def sync(
     """Make the PeriodicTask rows match the static schedules (see the module doc)."""
     env = os.environ if environ is None else environ
     wanted = {d.id: resolve(d, env) for d in static_definitions(definitions)}
-    # An operator's cadence outlives the sync (`scheduler.overrides`).
-    for override in ScheduleOverride.objects.filter(row_key="", key__in=list(wanted)):
-        wanted[override.key] = overridden(override)
     report = SyncReport()
     with transaction.atomic():
+        lock_cadences()
+        # An operator's cadence outlives the sync (`scheduler.overrides`).
+        for override in ScheduleOverride.objects.filter(row_key="", key__in=list(wanted)):
+            wanted[override.key] = overridden(override)
         for task_id, slots in sorted(wanted.items()):
             desired: dict[str, Any] = {
                 "task": DISPATCH_TASK,

@@ -108,7 +108,7 @@ OWN_ERRORS = {
     ("post", "/api/v1/drain/poison/replay"): {422},
     ("post", "/api/v1/drain/poison/discard"): {422},
     ("get", "/api/v1/schedules"): set(),
-    ("get", "/api/v1/schedules/fires"): {404, 422},
+    ("get", "/api/v1/schedules/fires"): {404, 409, 422},
     ("post", "/api/v1/schedules/static/switch"): {404, 409, 422},
     ("post", "/api/v1/schedules/static/override"): {404, 409, 422},
     ("post", "/api/v1/schedules/static/reset"): {404, 409, 422},

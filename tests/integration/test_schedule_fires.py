@@ -45,7 +45,7 @@ def client() -> Client:
     return Client(headers={"Authorization": f"Bearer {tokens.issue(viewer)[1]}"})
 
 
-def _cron_row(name: str, expression: str, tz: str, task: str = "an.own.task") -> None:
+def _cron_row(name: str, expression: str, tz: str, task: str = DISPATCH_TASK) -> None:
     minute, hour, day_of_month, month_of_year, day_of_week = expression.split()
     crontab = CrontabSchedule.objects.create(
         minute=minute,
@@ -136,7 +136,7 @@ def test_cron_fires_across_daylight_saving(
 @pytest.mark.parametrize("zone", ["Europe/Berlin", "America/New_York"])
 def test_an_interval_is_elapsed_time_across_the_clock_change(client: Client, zone: str) -> None:
     every = IntervalSchedule.objects.create(every=15, period=IntervalSchedule.MINUTES)
-    PeriodicTask.objects.create(name="interval", task="an.own.task", interval=every)
+    PeriodicTask.objects.create(name="interval", task=DISPATCH_TASK, interval=every)
     fall = {"Europe/Berlin": "2027-10-31T00:20:00Z", "America/New_York": "2027-11-07T05:20:00Z"}
 
     settings.CONFIG = dataclasses.replace(settings.CONFIG, time_zone=zone)
@@ -167,9 +167,14 @@ def test_bad_queries_are_refused_naming_what_is_wrong(client: Client) -> None:
     _cron_row("berlin", "30 2 * * *", "Europe/Berlin")
     unknown = client.get("/api/v1/schedules/fires", {"name": "no-such-schedule"})
     assert unknown.status_code == 404 and "no-such-schedule" in unknown.json()["detail"]
+    _cron_row("own-row", "30 2 * * *", "Europe/Berlin", task="an.own.task")
+    own = client.get("/api/v1/schedules/fires", {"name": "own-row"})
+    assert own.status_code == 409 and "beat alone" in own.json()["detail"]
     for query, field in (
         ({"name": "berlin", "after": "2027-03-27T00:00:00"}, "after"),  # no offset
         ({"name": "berlin", "after": "yesterday"}, "after"),
+        ({"name": "berlin", "after": "9999-06-01T00:00:00Z"}, "after"),
+        ({"name": "berlin", "after": "0001-01-01T00:00:00Z"}, "after"),
         ({"name": "berlin", "count": 0}, "count"),
         ({"name": "berlin", "count": 51}, "count"),
     ):
@@ -210,6 +215,17 @@ def test_the_tick_fires_each_slot_once_at_the_moment_the_function_names() -> Non
         datetime(2027, 3, 28, 1, 0, tzinfo=UTC).isoformat(),
         datetime(2027, 10, 31, 0, 30, tzinfo=UTC).isoformat(),
     ]
+
+
+def test_a_cron_that_names_no_moment_is_an_error_of_its_own_not_of_the_tick() -> None:
+    _cron_row("never", "0 0 31 2 *", "UTC")  # 31 February
+    _cron_row(TASK, "30 2 * * *", "Europe/Berlin")
+
+    report = Scheduler(
+        definitions=[], clock=FrozenClock(datetime.fromisoformat("2027-03-28T01:00:05+00:00"))
+    ).tick()
+
+    assert report.errors == 1 and report.fired == [state_key(TASK)]
 
 
 def test_the_schedules_page_shows_the_next_five_in_the_zone_and_in_utc() -> None:

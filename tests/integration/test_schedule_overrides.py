@@ -106,6 +106,8 @@ def test_a_static_override_outlives_the_sync_and_a_reset_brings_the_definition_b
         ({"every_s": 60.5}, "every_s"),
         ({"every_s": True}, "every_s"),
         ({"cron": "30 2 * * *", "jitter": 5}, "jitter"),  # unknown field
+        ({"cron": "0 0 31 2 *"}, "cron"),  # 31 February: never
+        ({"cron": "0 0 * * " + ",".join(["1"] * 40)}, "cron"),  # longer than beat stores
     ],
 )
 def test_a_bad_override_is_refused_naming_the_field_and_writes_nothing(

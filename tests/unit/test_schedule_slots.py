@@ -109,3 +109,12 @@ def test_a_cron_s_slot_is_the_last_of_its_fires_across_both_clock_changes(
             passed = [f for f in fires if f <= now]
             if passed:
                 assert slots.previous(now) == passed[-1], (day, now)
+
+
+def test_a_gap_s_end_that_is_also_the_next_day_s_fire_is_listed_once() -> None:
+    """America/Nuuk skips its Saturday 23:00 into Sunday 00:00 (2024-03-30): the skipped 23:00
+    fires at the gap's end, which is Sunday's own 00:00 fire, one instant."""
+    slots = CronSlots("0 0,23 * * *", "America/Nuuk")
+    fires = slots.fires(at("2024-03-30T12:00"), 4)
+    assert fires == sorted(set(fires)) and len(fires) == 4
+    assert at("2024-03-31T01:00") in fires
