@@ -365,4 +365,4 @@ class SchedulesPage:
     def switch(self, name: str) -> None:
         """Presses the row's Disable or Enable."""
         with self.console.page.expect_navigation():
-            self.static(name).locator("form [type=submit]").click()
+            self.static(name).locator("form.switch-form [type=submit]").click()
