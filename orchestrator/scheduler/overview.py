@@ -135,7 +135,7 @@ def static_schedules(clock: Clock = SYSTEM) -> list[StaticSchedule]:
         managed = row.task == DISPATCH_TASK
         # An operator's own row is fired by beat alone, by its own arithmetic: its estimate.
         slots = slots_of(row) if managed else None
-        coming = tuple(_fires(slots, now, NEXT_FIRES)) if slots and row.enabled else ()
+        coming = tuple(fires(slots, now, NEXT_FIRES)) if slots and row.enabled else ()
         beat_next = _beat_next(row, now, clock) if row.enabled and not slots else None
         found.append(
             StaticSchedule(
@@ -166,14 +166,10 @@ def zone_of(slots: Slots | None) -> str:
     return slots.tz if isinstance(slots, CronSlots) else settings.CONFIG.time_zone
 
 
-def _fires(slots: Slots, after: datetime, count: int) -> list[datetime]:
-    zone = time_zone(zone_of(slots))
-    return [moment.astimezone(zone) for moment in slots.fires(after, count)]
-
-
 def fires(slots: Slots, after: datetime, count: int) -> list[datetime]:
     """The next `count` fires of `slots` strictly after `after`, in its zone."""
-    return _fires(slots, after, count)
+    zone = time_zone(zone_of(slots))
+    return [moment.astimezone(zone) for moment in slots.fires(after, count)]
 
 
 def schedule(name: str, row: str | None) -> Slots:

@@ -24,7 +24,7 @@ from orchestrator.scheduler import overview
 from orchestrator.scheduler.dynamic import Scheduler
 from orchestrator.scheduler.names import DISPATCH_TASK, SCHEDULER_QUEUE
 from orchestrator.scheduler.sync import sync
-from orchestrator.stores import keys, valkey
+from tests.support.runs import clear_scheduler_locks
 from tests.support.users import PASSWORD, account, operator
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,10 +36,7 @@ DYNAMIC = "epg-refresh"  # one row per enabled EPG source
 
 @pytest.fixture(autouse=True)
 def _schedules() -> None:
-    client = valkey.client()
-    stale = list(client.scan_iter(match=keys.scheduler_lock("*", "*"), count=500))
-    if stale:
-        client.delete(*stale)
+    clear_scheduler_locks()
     sync()
     for slug, minutes in (("tv1", 30), ("tv2", 60)):
         EpgSource.objects.create(

@@ -21,7 +21,7 @@ from orchestrator.scheduler import overrides
 from orchestrator.scheduler.dynamic import Scheduler
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
 from orchestrator.scheduler.sync import sync
-from orchestrator.stores import keys, valkey
+from tests.support.runs import clear_scheduler_locks
 from tests.support.users import operator
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,10 +33,7 @@ TASK = "test-noop"  # registered, takes no input
 
 @pytest.fixture(autouse=True)
 def _no_bucket_locks() -> None:
-    client = valkey.client()
-    stale = list(client.scan_iter(match=keys.scheduler_lock("*", "*"), count=500))
-    if stale:
-        client.delete(*stale)
+    clear_scheduler_locks()
 
 
 @pytest.fixture

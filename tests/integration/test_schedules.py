@@ -37,6 +37,7 @@ from orchestrator.stores import counters, keys, valkey
 from tasks import ScheduleRow, dynamic, every, registry
 from tasks.definition import TaskDefinition
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process
+from tests.support.runs import clear_scheduler_locks
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -45,10 +46,7 @@ TASK = "test-noop"  # registered, takes no input, io class (a deep queue cap)
 
 @pytest.fixture(autouse=True)
 def _no_bucket_locks() -> None:
-    client = valkey.client()
-    stale = list(client.scan_iter(match=keys.scheduler_lock("*", "*"), count=500))
-    if stale:
-        client.delete(*stale)
+    clear_scheduler_locks()
 
 
 def _with_schedule(schedule: Any, task_id: str = TASK) -> TaskDefinition:

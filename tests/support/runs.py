@@ -63,3 +63,11 @@ def clean_drain(cluster_seat: str) -> None:
         keys.drain_backoff(),
         keys.drain_failures(),
     )
+
+
+def clear_scheduler_locks() -> None:
+    """Drop every schedule bucket lock an earlier test left (they run out after 30 s)."""
+    client = valkey.client()
+    stale = list(client.scan_iter(match=keys.scheduler_lock("*", "*"), count=500))
+    if stale:
+        client.delete(*stale)
