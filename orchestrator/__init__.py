@@ -17,6 +17,7 @@ Below them:
 - `recovery`: bringing Postgres, Valkey and the broker back into agreement after a crash
 - `webhooks`: run events out to the endpoints that want them, signed, at least once
 - `runs`: one run's path from start to end, readable top to bottom
+- `windows`: run windows (quiet hours): which task's or class's window is open, and until when
 - `hooks`: the cross-cutting concerns plugged into every run (dedup, circuit, quotas, limits)
 - `cluster`: who this process is, and who may act once for the cluster
 - `stores`: how the engine talks to Valkey, Postgres's run table and the broker
@@ -26,6 +27,7 @@ The base modules:
 - `routing`: queues and pools: where a task's messages wait, which worker pool consumes them
 - `triggers`: what started a run (`TriggerKind`), and the priority that follows from it
 - `states`: run and stage states and the transitions between them, the one table
+- `slots`: when a cron or interval fires, and a window opens and closes: the one function
 - `clock`: time as a dependency (`Clock`), and the ms and span conversions everyone shares
 - `backoff`: exponential backoff, capped before it is computed, with or without jitter
 - `text`: what text from outside may be: storable in Postgres, a number in ASCII digits

@@ -59,6 +59,7 @@ def _refuse_unknown_classes(config: Config) -> None:
         config.queue_depth_cap_overrides,
         config.hard_timeout_overrides,
         config.stall_fail_overrides,
+        config.class_windows,
     )
     if unknown:
         raise ImproperlyConfigured(

@@ -12,6 +12,10 @@ that races for `lock:orch:cluster`, the one leader seat:
   Valkey round trip.
 - `due` (`orchestrator.runs.due.release`), on the cluster leader only: publishes the delayed
   starts whose time has come, every LUMASTRA_DUE_POLL_S (0.25 s); one indexed query when none is.
+- `windows` (`orchestrator.recovery.windows.tick`), on the cluster leader only: makes the
+  pauses' Valkey mirror say which run windows are closed, and publishes what a window held
+  when it opens, every `orchestrator.windows.TICK_S` (1 s); one query and one Valkey read when
+  nothing changes.
 - `quota-rollup` (`orchestrator.hooks.quotas.rollup`), on the cluster leader only: copies the
   daily run counts of tasks without a cap from Valkey into `task_quota_usage` every
   LUMASTRA_QUOTA_ROLLUP_INTERVAL_S (30 s); one Valkey pipeline and at most one statement.
@@ -140,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from orchestrator.cluster import leaders, roster
     from orchestrator.hooks import costs, quotas
-    from orchestrator.recovery import drain_replay
+    from orchestrator.recovery import drain_replay, windows
     from orchestrator.recovery.reconciler import Reconciler
     from orchestrator.runs import due, leftovers
     from orchestrator.scheduler.dynamic import Scheduler
     from orchestrator.webhooks.delivery import Deliverer
+    from orchestrator.windows import TICK_S
 
     config = settings.CONFIG
     # Compared by value: the engine reads its configuration through settings and never
@@ -181,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             leader=True,
         ),
         Loop("due", config.due_poll_s, lambda: due.release(fence=cluster), leader=True),
+        Loop("windows", TICK_S, lambda: windows.tick(fence=cluster), leader=True),
         Loop(
             "quota-rollup",
             config.quota_rollup_interval_s,

@@ -9,6 +9,7 @@ Declaring a task:
 - `policies`: `Timeout`, `Retry`, `Stall`: how long a task or stage may run, is watched, is retried
 - `resources`: the resource classes (the worker pools) with their default budgets and limits
 - `schedule`: schedule declarations: `every('15m')`, a cron expression, or `dynamic(loader)`
+- `window`: `Window`, the local hours a task's or a class's runs may start in (quiet hours)
 - `pipeline`: a pipeline task's stages (`Stage`) and their order
 - `coverage`: the catalog stages a task covers (`CoveredStage`), and its runs' items
 - `triggers`: `define_trigger`, an inbound trigger: a name integrations POST to that starts a task
@@ -53,6 +54,7 @@ from tasks.process import ProcessResult
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import ScheduleRow, cron, dynamic, every
 from tasks.triggers import TriggerDefinition, define_trigger
+from tasks.window import OnClose, Window
 
 __all__ = [
     "RESOURCE_CLASSES",
@@ -67,6 +69,7 @@ __all__ = [
     "MediaPath",
     "MediaPathError",
     "NoInput",
+    "OnClose",
     "Overlap",
     "PermanentError",
     "Priority",
@@ -84,6 +87,7 @@ __all__ = [
     "TransientError",
     "TriggerDefinition",
     "WatchSync",
+    "Window",
     "cron",
     "define_task",
     "define_trigger",

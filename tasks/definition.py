@@ -25,6 +25,7 @@ from tasks.pipeline import PipelineError, Stage, stage_order
 from tasks.policies import Retry, Stall, Timeout
 from tasks.resources import RESOURCE_CLASSES, default_timeout
 from tasks.schedule import Schedule, parse_schedule
+from tasks.window import Window
 
 # Longer identities are stored as a digest (see TaskDefinition.identity).
 MAX_IDENTITY_LENGTH = 120
@@ -137,6 +138,9 @@ class TaskDefinition:
     # The programs its handler runs (`ctx.run_process`): `lumastra.preflight` names the ones
     # missing on the machine.
     requires_commands: tuple[str, ...] = ()
+    # The local hours its runs may start in (`tasks.window`); None: any time (its class's
+    # window, if any, still holds it).
+    window: Window | None = None
 
     def stage(self, name: str) -> Stage:
         for stage in self.pipeline:
@@ -182,6 +186,7 @@ def define_task(
     retry_on_worker_loss: bool = True,
     overlap: Overlap | str = Overlap.SKIP,
     requires_commands: Sequence[str] = (),
+    window: Window | None = None,
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
     task_id = id
@@ -273,6 +278,8 @@ def define_task(
         isinstance(name, str) and name and "/" not in name for name in requires_commands
     ):
         raise fail("requires_commands", "must be a sequence of program names (no paths)")
+    if window is not None and not isinstance(window, Window):
+        raise fail("window", 'must be Window("HH:MM-HH:MM", days=, tz=, on_close=)')
     if isinstance(covers_stages, CoveredStage):
         raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
     for covered_stage in covers_stages:
@@ -305,6 +312,7 @@ def define_task(
         retry_on_worker_loss=retry_on_worker_loss,
         overlap=overlap_policy,
         requires_commands=tuple(requires_commands),
+        window=window,
     )
 
 

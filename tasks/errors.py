@@ -19,6 +19,7 @@ class ErrorKind(Enum):
     SHED = "shed"  # removed from a full queue to make room (backpressure `shed-oldest`)
     STALLED = "stalled"  # no progress for its stall limit (LUMASTRA_STALL_FAIL_S_<CLASS>)
     WORKER_LOST = "worker_lost"  # its worker died mid-run, or its message kept coming back
+    WINDOW_CLOSED = "window_closed"  # stopped as its run window closed; put back, not failed
 
 
 class TaskError(Exception):

@@ -97,5 +97,5 @@ def budgets(
     return result
 
 
-def unknown_classes(*overrides: Mapping[str, int]) -> set[str]:
+def unknown_classes(*overrides: Mapping[str, object]) -> set[str]:
     return set().union(*overrides) - set(RESOURCE_CLASSES)

@@ -65,7 +65,7 @@ def time_zone(name: str) -> ZoneInfo:
 
 def cron(expression: str, *, tz: str | None = None) -> Cron:
     """Fires at the local times `expression` names in `tz` (default: LUMASTRA_TIME_ZONE);
-    how daylight saving moves them: `orchestrator.scheduler.slots`."""
+    how daylight saving moves them: `orchestrator.slots`."""
     if tz is not None:
         time_zone(tz)
     parts = expression.split()

@@ -25,6 +25,7 @@ from lumastra.config.common import EveryRole, Starters, WorkerMode, namespace_of
 from lumastra.config.env import ConfigError, EnvVar
 from lumastra.config.web import Flower, Web
 from lumastra.config.worker import Worker
+from tasks.window import Window, WindowError
 
 __all__ = [
     "CLASS_PATTERNS",
@@ -44,10 +45,12 @@ CLASS_PATTERNS = (
     EnvVar("LUMASTRA_QUEUE_DEPTH_CAP_<CLASS>", "see RESOURCE_CLASSES", "waiting messages cap"),
     EnvVar("LUMASTRA_HARD_TIMEOUT_S_<CLASS>", "see RESOURCE_CLASSES", "default hard timeout"),
     EnvVar("LUMASTRA_STALL_FAIL_S_<CLASS>", "see RESOURCE_CLASSES", "default stall limit"),
+    EnvVar("LUMASTRA_WINDOW_<CLASS>", "", "the class's run window (tasks.window.Window.parse)"),
 )
 # Each inbound trigger's signing secret is a variable of its own, named after the trigger
 # (upper case, dashes as underscores), so a secret store can hand out one per integration;
 # with `_FILE` like any other.
+WINDOW_PREFIX = "LUMASTRA_WINDOW_"
 TRIGGER_SECRET_PREFIX = "LUMASTRA_TRIGGER_SECRET_"  # noqa: S105 (a name, not a secret)
 TRIGGER_SECRET = EnvVar(
     f"{TRIGGER_SECRET_PREFIX}<TRIGGER>",
@@ -65,6 +68,8 @@ class Config(Worker, Starters, Flower, Web, EveryRole):
     queue_depth_cap_overrides: Mapping[str, int] = field(default_factory=dict)
     hard_timeout_overrides: Mapping[str, int] = field(default_factory=dict)
     stall_fail_overrides: Mapping[str, int] = field(default_factory=dict)
+    # Resource class → its run window (LUMASTRA_WINDOW_<CLASS>).
+    class_windows: Mapping[str, Window] = field(default_factory=dict)
     # Trigger name → its signing secret (LUMASTRA_TRIGGER_SECRET_<TRIGGER>).
     trigger_secrets: Mapping[str, str] = field(default_factory=dict)
 
@@ -82,6 +87,18 @@ def _per_class(environ: Mapping[str, str], prefix: str) -> dict[str, int]:
                 raise ConfigError(f"{key}={raw!r}: expected an integer") from None
             if int(raw) < 1:
                 raise ConfigError(f"{key}={raw!r}: must be at least 1")
+    return found
+
+
+def _class_windows(environ: Mapping[str, str]) -> dict[str, Window]:
+    found: dict[str, Window] = {}
+    for key, raw in environ.items():
+        if not key.startswith(WINDOW_PREFIX) or not raw.strip():
+            continue
+        try:
+            found[key.removeprefix(WINDOW_PREFIX).lower()] = Window.parse(raw)
+        except WindowError as exc:
+            raise ConfigError(f"{key}={raw!r}: {exc}") from None
     return found
 
 
@@ -114,6 +131,7 @@ def load(environ: Mapping[str, str]) -> Config:
         hard_timeout_overrides=_per_class(environ, "LUMASTRA_HARD_TIMEOUT_S_"),
         stall_fail_overrides=_per_class(environ, "LUMASTRA_STALL_FAIL_S_"),
         trigger_secrets=_trigger_secrets(environ),
+        class_windows=_class_windows(environ),
     )
     if found.namespace:
         return found

@@ -35,6 +35,7 @@ from orchestrator.api.access import Access
 from orchestrator.clock import describe
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory, TaskHistoryAudit
+from orchestrator.recovery import windows
 from orchestrator.routing import queue_name
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import RETRYABLE, rerun
@@ -173,6 +174,7 @@ def detail_view(request: HttpRequest, run_id: str) -> HttpResponse:
         error=error,
         error_extra=_pretty({k: v for k, v in error.items() if k not in ("kind", "message")}),
         progress=_current_progress(run),
+        held=windows.held(run.task_id, run.priority) if state == RunState.PENDING else None,
         retry_of=run.trigger.get("retryOf"),
         retries=_retries(run.id),
         cost=run.cost_breakdown or {},

@@ -34,8 +34,8 @@ from orchestrator.hooks import overview
 from orchestrator.models import TaskPause
 from orchestrator.recovery import pauses
 from orchestrator.routing import queue_name
-from orchestrator.scheduler.slots import CronSlots, IntervalSlots
 from orchestrator.scheduler.sync import ScheduleConfigError, resolve
+from orchestrator.slots import CronSlots, IntervalSlots
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.schedule import Dynamic, Every

@@ -19,6 +19,7 @@ The API and its operations:
 - `schedules`: `/schedules`: next and last fire of every schedule; switch one on or off
 - `cluster`: `/cluster/nodes`, `/cluster/leaders`: the roster and the leader seat (read-only)
 - `pauses`: `/pauses`, `/tasks/{id}/pause|resume`, `/classes/{class}/pause|resume`
+- `windows`: `/windows`, `/tasks/{id}/window`, `/classes/{class}/window`: run windows (PUT, DELETE)
 
 What the operations share:
 - `errors`: the one JSON shape of every API error, ninja's own and unknown paths included

@@ -44,6 +44,7 @@ from orchestrator.routing import class_queues
 from orchestrator.states import RunState
 from orchestrator.stores import broker, cache, counters, keys
 from tasks import registry
+from tasks.definition import Priority
 from tasks.resources import RESOURCE_CLASSES
 
 
@@ -177,24 +178,37 @@ class EngineCollector(Collector):
         held = GaugeMetricFamily(
             "lumastra_paused_runs", "Pending runs a pause holds, by task", labels=["task"]
         )
-        rows = pauses.in_force()
-        for row in rows:
+        windowed = GaugeMetricFamily(
+            "lumastra_window_held_runs",
+            "Pending runs a closed run window holds, by class and task (issue 38)",
+            labels=["class", "task"],
+        )
+        for row in pauses.in_force():
             paused.add_metric([row.scope, row.name, str(row.refuse_starts).lower()], 1)
-        if rows:
-            holds = pauses.Holds.load(0)
-            held_tasks = [task_id for task_id in sorted(registry.get()) if holds.holds(task_id)]
-            # Only the held tasks' pending runs are counted, not every task's backlog.
-            waiting = dict(
-                TaskHistory.objects.filter(state=RunState.PENDING, task_id__in=held_tasks)
-                .values_list("task_id")
-                .order_by()
-                .annotate(n=Count("id"))
-                .values_list("task_id", "n")
-            )
-            for task_id in held_tasks:
-                held.add_metric([task_id], waiting.get(task_id, 0))
+        holds = pauses.Holds.load(0)
+        found = registry.get()
+        by = {t: holds.held_by(t) for t in sorted(found)} if holds.paused else {}
+        by = {task_id: reason for task_id, reason in by.items() if reason is not None}
+        # Only the held tasks' pending runs are counted, not every task's backlog; an
+        # operator's run (priority 1) passes a window.
+        waiting = (
+            TaskHistory.objects.filter(state=RunState.PENDING, task_id__in=list(by))
+            .values_list("task_id", "priority")
+            .order_by()
+            .annotate(n=Count("id"))
+        )
+        counts = {task_id: [0, 0] for task_id in by}
+        for task_id, priority, n in waiting:
+            counts[task_id][0] += n
+            counts[task_id][1] += 0 if priority == Priority.OPERATOR else n
+        for task_id, reason in by.items():
+            if reason == "pause":
+                held.add_metric([task_id], counts[task_id][0])
+            else:
+                windowed.add_metric([found[task_id].resource_class, task_id], counts[task_id][1])
         yield paused
         yield held
+        yield windowed
 
     @staticmethod
     def _leaders() -> Iterator[Metric]:

@@ -9,6 +9,7 @@ Views never write run state: a run is started only through `start_run`, whose re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -32,6 +33,7 @@ from orchestrator.api.fields import StorableStr
 from orchestrator.api.pagination import Position, page
 from orchestrator.api.starting import StartedRun, StartRunIn, answered, start_refusals, started
 from orchestrator.models import TaskHistory
+from orchestrator.recovery import windows
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import start_run
@@ -93,6 +95,24 @@ class LiveState(Schema):
     updated_at: datetime | None
 
 
+class HeldOut(Schema):
+    by: str = Field(description="pause or window")
+    scope: str = Field(description="task or class")
+    name: str = Field(description="the task id or the resource class")
+    opens_at: datetime | None = Field(None, description="a window: when it opens")
+    tz: str | None = Field(None, description="a window: its zone")
+    says: str = Field(description='for people: "waits for window (opens 01:00 Europe/Berlin)"')
+
+
+def _held(row: TaskHistory) -> HeldOut | None:
+    if row.state != RunState.PENDING:
+        return None
+    hold = windows.held(row.task_id, row.priority)
+    if hold is None:
+        return None
+    return HeldOut(**dataclasses.asdict(hold), says=hold.describe())
+
+
 class RunDetail(RunSummary):
     input: dict[str, Any]
     result: Any
@@ -107,6 +127,9 @@ class RunDetail(RunSummary):
     )
     cost: dict[str, float] = Field(description="units spent by kind (`ctx.spend`)")
     live: LiveState | None = Field(description="null once the live hash has expired")
+    held: HeldOut | None = Field(
+        None, description="a pending run a pause or a closed run window holds: by what"
+    )
 
 
 def _decode_cursor(value: object) -> object:
@@ -256,6 +279,7 @@ def get_run(request: HttpRequest, run_id: str) -> RunDetail:
         steps=report.step_records(row),
         cost=row.cost_breakdown,
         live=_live_state(found),
+        held=_held(row),
     )
 
 

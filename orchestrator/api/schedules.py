@@ -5,7 +5,7 @@ one on or off (operate), as the console's Schedules page does.
   schedule's rows, read by `scheduler.overview` (its docstring says how a next fire is
   estimated); a dynamic loader that failed is listed with its error.
 - `GET /schedules/fires?name=…&after=…&count=…` (`&row=…` for a dynamic row): the next fires
-  of one schedule, from the function the scheduler fires by (`scheduler.slots`), as RFC 3339
+  of one schedule, from the function the scheduler fires by (`orchestrator.slots`), as RFC 3339
   moments with the schedule's zone offset. 404 for a schedule that does not exist; 409 for
   an operator's own beat row (beat alone fires it); 422 for an `after` without an offset or
   outside the years 1970-9000, or a `count` outside 1-50.

@@ -23,6 +23,7 @@ from orchestrator.api import (
     tasks,
     triggers,
     webhooks,
+    windows,
 )
 from orchestrator.api.auth import AUTH
 
@@ -65,6 +66,7 @@ api.add_router("", dead_letters.router)
 api.add_router("", schedules.router)
 api.add_router("", cluster.router)
 api.add_router("", pauses.router)
+api.add_router("", windows.router)
 
 
 def urls() -> tuple[list[URLPattern | URLResolver], str, str]:

@@ -143,25 +143,26 @@ def in_mirror() -> dict[str, str]:
     return cast(dict[str, str], valkey.client().hgetall(keys.pauses()))
 
 
-def rebuild(read_truth: Any) -> bool:
-    """Make the mirror say what `read_truth()` (field → mode, from Postgres) says; True when
-    it had to change. Valkey is watched before Postgres is read, so a pause or resume written
-    meanwhile (Postgres, then the mirror) makes this pass give way rather than undo it."""
+def rebuild(read_truth: Callable[[], Mapping[str, str]]) -> dict[str, str] | None:
+    """Make the mirror say what `read_truth()` (field → mode, from Postgres) says; returns what
+    it said before when it had to change, else None. Valkey is watched before Postgres is read,
+    so a pause or resume written meanwhile (Postgres, then the mirror) makes this pass give way
+    rather than undo it."""
     with valkey.client().pipeline(transaction=True) as pipe:
         try:
             pipe.watch(keys.pauses())  # type: ignore[no-untyped-call]
             current = cast(dict[str, str], pipe.hgetall(keys.pauses()))
-            truth: Mapping[str, str] = read_truth()
-            if dict(truth) == current:
-                return False
+            truth = dict(read_truth())
+            if truth == current:
+                return None
             pipe.multi()
             pipe.delete(keys.pauses())
             if truth:
-                pipe.hset(keys.pauses(), mapping=dict(truth))
+                pipe.hset(keys.pauses(), mapping=truth)
             valkey.execute(pipe)
         except redis.WatchError:
-            return False
-    return True
+            return None
+    return current
 
 
 class _Copy:

@@ -10,6 +10,7 @@
 from orchestrator.models.admission import (
     CircuitState,
     PauseScope,
+    RunWindow,
     TaskCircuitState,
     TaskPause,
     TaskQuotaUsage,
@@ -30,6 +31,7 @@ __all__ = [
     "DeliveryStatus",
     "PauseScope",
     "RunEventOutbox",
+    "RunWindow",
     "ScheduleOverride",
     "SchedulerState",
     "TaskCircuitState",

@@ -98,3 +98,27 @@ class TaskPause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope} {self.name}"
+
+
+class RunWindow(models.Model):
+    """An operator's run window for a task or a resource class (`orchestrator.windows`): it
+    takes the place of the window the code or the environment gives that scope, until it is
+    removed. Its fields are those of `tasks.window.Window`."""
+
+    scope = models.CharField(max_length=8, choices=PauseScope.choices)
+    name = models.CharField(max_length=64)
+    span = models.CharField(max_length=11)  # HH:MM-HH:MM
+    days = models.CharField(max_length=40)
+    tz = models.CharField(max_length=64, blank=True, default="")  # "": LUMASTRA_TIME_ZONE
+    on_close = models.CharField(max_length=8)
+    actor = models.CharField(max_length=150)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "run_window"
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "name"], name="run_window_one_per_scope")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.name}: {self.span} {self.days}"

@@ -6,6 +6,8 @@
 - `repair`: a tick's step: live hashes left behind a terminal write, settled
 - `stages`: a tick's step: pipeline runs stalled between stages, moved on
 - `pauses`: pause and resume a task or class (`task_pause`, its Valkey mirror, the release)
+- `windows`: the leader's windows loop: the mirror kept true, what a window held released when
+  it opens, running runs stopped when it closes; an operator's window set or removed
 - `drain_replay`: the drain's writes made again once Postgres answers, and what follows each
 - `drain_poison`: the drain's entries no replay could apply, kept for an operator
 

@@ -15,12 +15,14 @@ starts): a paused run is parked at pickup: it stays `pending`, its message ackno
   stages it held: the due stages of the pipeline runs under way whose messages are in no
   queue and held by no worker (`runs.pipeline.advance_stalled`, as `recovery.stages` does). If the
   mirror cannot be cleared the error is raised; the resume stands (Postgres says so), the
-  reconciler rebuilds the mirror and publishes the runs at its next tick.
+  leader's `windows` loop rebuilds the mirror within a second (`recovery.windows`) and the
+  reconciler's pending check publishes the runs.
 - For the reconciler (`Holds`): held runs are neither published again nor failed at
   LUMASTRA_PENDING_DEADLINE_S, and a run released by a resume counts its wait from the resume,
   so a long pause does not fail its runs the moment it ends; held stages are not published
-  again by `recovery.stages`. `RebuildPauseMirror`, a chore of every tick, makes the mirror say
-  what the rows in force say.
+  again by `recovery.stages`.
+- `mirror_truth`: what the mirror should say, the pauses in force and the closed run windows;
+  the leader's `windows` loop makes it say so every second (`recovery.windows.tick`).
 
 Not guaranteed:
 - A resume publishes its runs one by one in the caller's request (about a broker write each):
@@ -35,9 +37,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -46,7 +48,7 @@ from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from orchestrator.cluster.locks import Fence
+from orchestrator import windows
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks import pause as gate
 from orchestrator.hooks.base import Republished
@@ -143,20 +145,44 @@ def resume(scope: PauseScope, name: str, *, by: str) -> Resumed:
             raise NotPaused(f"{scope} {name!r} is not paused")
         TaskPause.objects.filter(pk=row.pk).update(resumed_at=Now(), resumed_by=by)
     row.refresh_from_db()
-    gate.mirror(keys.pause_field(scope, name), None)
-    released = release(definitions)
-    pipelines = [d for d in registry.get().values() if _holds_stages_of(d, scope, name)]
-    if pipelines:
-        time.sleep(gate.STAGE_FRESH_S)
-        released += release_stages(pipelines)
+    field = keys.pause_field(scope, name)
+    # A resume inside the scope's closed run window leaves the window holding its runs.
+    closed = field in windows.Now.at(timezone.now()).closed()
+    gate.mirror(field, windows.WINDOW if closed else None)
+    released = 0 if closed else release_scope(scope, name, definitions)
     log.warning("%s %s resumed by %s: %s runs published again", scope, name, by, released)
     return Resumed(row, released)
 
 
-def release(definitions: Sequence[TaskDefinition]) -> int:
-    """Publish the parked runs of `definitions` that no pause in force holds, most urgent
-    first; a run whose message waits in a queue is left there."""
-    holds = Holds.load(0)
+def release_scope(
+    scope: PauseScope,
+    name: str,
+    definitions: Sequence[TaskDefinition],
+    at: datetime | None = None,
+) -> int:
+    """Publish what a pause or a closed window of `scope` and `name` held, and nothing else
+    holds at `at` (default: now): its runs, then, once the processes' copies of the mirror
+    have expired, its pipelines' stages."""
+    released = release(definitions, at)
+    pipelines = [d for d in registry.get().values() if _holds_stages_of(d, scope, name)]
+    if pipelines:
+        time.sleep(gate.STAGE_FRESH_S)
+        released += release_stages(pipelines, at)
+    return released
+
+
+def mirror_truth(closed: Iterable[str]) -> dict[str, str]:
+    """What the pauses' mirror should say: each pause in force (`task_pause`) its mode, each
+    other field of a `closed` run window WINDOW."""
+    truth = dict.fromkeys(closed, windows.WINDOW)
+    truth.update({keys.pause_field(row.scope, row.name): _mode(row) for row in in_force()})
+    return truth
+
+
+def release(definitions: Sequence[TaskDefinition], at: datetime | None = None) -> int:
+    """Publish the parked runs of `definitions` that no pause or closed window holds at `at`
+    (default: now), most urgent first; a run whose message waits in a queue is left there."""
+    holds = Holds.load(0, at)
     free = {d.id: d for d in definitions if not holds.holds(d.id)}
     if not free:
         return 0
@@ -197,9 +223,9 @@ def _holds_stages_of(definition: TaskDefinition, scope: PauseScope, name: str) -
     return any(stage_class(definition, stage) == name for stage in definition.pipeline)
 
 
-def release_stages(definitions: Sequence[TaskDefinition]) -> int:
+def release_stages(definitions: Sequence[TaskDefinition], at: datetime | None = None) -> int:
     """Publish the held stages of `definitions`' pipeline runs under way that no pause in force
-    holds, the most urgent run first."""
+    or closed window holds at `at`, the most urgent run first."""
     by_id = {d.id: d for d in definitions}
     with connection.cursor() as cursor:
         cursor.execute(queries.HELD_PIPELINES, {"task_ids": list(by_id)})
@@ -209,7 +235,7 @@ def release_stages(definitions: Sequence[TaskDefinition]) -> int:
     per_task = settings.CONFIG.per_task_queues
     queues = {stage_queue(d, stage, per_task) for d in definitions for stage in d.pipeline}
     present = in_broker_lists(queues) | held_by_workers()
-    present |= Holds.load(0).held_stages(rows)
+    present |= Holds.load(0, at).held_stages(rows)
     released = 0
     for run_id, task_id, input_, owner, identity, priority, states, results in rows:
         stages = Stages(json_value(states), json_value(results))
@@ -221,14 +247,16 @@ def release_stages(definitions: Sequence[TaskDefinition]) -> int:
 
 @dataclass(frozen=True)
 class Holds:
-    """The pauses as the reconciler's pending check needs them: the fields in force, and the
-    seconds since each recent resume (by the Postgres clock)."""
+    """The pauses and closed run windows as the reconciler's pending check needs them: the
+    fields that hold, and the seconds since each recent resume (by the Postgres clock) or
+    window opening."""
 
-    paused: frozenset[str]
+    paused: frozenset[str]  # the pauses' fields and the closed windows'
     resumed_s: dict[str, float]
+    windowed: frozenset[str] = frozenset()  # the closed windows' among them
 
     @classmethod
-    def load(cls, within_s: int) -> Holds:
+    def load(cls, within_s: int, at: datetime | None = None) -> Holds:
         since = ExpressionWrapper(Now() - F("resumed_at"), output_field=DurationField())
         rows = TaskPause.objects.filter(
             Q(resumed_at__isnull=True) | Q(resumed_at__gt=Now() - timedelta(seconds=within_s))
@@ -242,7 +270,13 @@ class Holds:
             else:
                 seconds = row[2].total_seconds()
                 resumed[field] = min(seconds, resumed.get(field, seconds))
-        return cls(frozenset(paused), resumed)
+        now = timezone.now() if at is None else at
+        current = windows.Now.at(now)
+        closed = set(current.closed())
+        for field, seconds in current.opened_s(now).items():
+            if seconds <= within_s:
+                resumed[field] = min(seconds, resumed.get(field, seconds))
+        return cls(frozenset(paused | closed), resumed, frozenset(closed))
 
     def _fields(self, task_id: str) -> tuple[str, ...]:
         definition = registry.get().get(task_id)
@@ -252,6 +286,14 @@ class Holds:
 
     def holds(self, task_id: str) -> bool:
         return any(field in self.paused for field in self._fields(task_id))
+
+    def held_by(self, task_id: str) -> str | None:
+        """ "pause" when a pause holds the task's runs, else "window" when a closed run window
+        does (not an operator's run: it passes a window), else None."""
+        fields = [f for f in self._fields(task_id) if f in self.paused]
+        if not fields:
+            return None
+        return "window" if all(f in self.windowed for f in fields) else "pause"
 
     def held_stages(self, rows: Sequence[Sequence[Any]]) -> set[str]:
         """The message ids of the stages a pause holds among pipeline `rows` (run id, task
@@ -285,19 +327,3 @@ class Holds:
                 candidate = dataclasses.replace(candidate, age_s=min(since))
             judged.append(candidate)
         return judged, held
-
-
-class RebuildPauseMirror:
-    """A reconciler chore: the Valkey mirror made to say what the rows in force say (Valkey
-    may have lost it, or kept a pause whose resume could not clear it)."""
-
-    name = "pause_mirror"
-
-    def __call__(self, fence: Fence) -> int:
-        fence.check()
-        changed = gate.rebuild(
-            lambda: {keys.pause_field(row.scope, row.name): _mode(row) for row in in_force()}
-        )
-        if changed:
-            log.warning("the pauses' Valkey mirror differed from task_pause; rebuilt")
-        return int(changed)

@@ -21,9 +21,9 @@ A tick, on one process of the cluster at a time:
    writer died between the two writes), and runs their `finished` hooks
    (`orchestrator.recovery.repair`);
 7. runs its chores under the same lock: the repair of chore 6 (`RepairHashes`), the pipelines
-   stalled between stages (`AdvanceStalledPipelines`), the pauses' Valkey mirror rebuilt from
-   `task_pause` (`RebuildPauseMirror`), then any a caller adds (none today:
-   coverage rows left `running` are the stage-sweep's to reclaim, `coverage.sweep`).
+   stalled between stages (`AdvanceStalledPipelines`), then any a caller adds (none today:
+   coverage rows left `running` are the stage-sweep's to reclaim, `coverage.sweep`). The
+   pauses' Valkey mirror is rebuilt by the leader's `windows` loop (`recovery.windows`).
 
 Boot recovery: each loops process runs one tick as soon as it starts (`tick(boot=True)`),
 with LUMASTRA_ORPHAN_BOOT_THRESHOLD_S (2 min) instead of LUMASTRA_ORPHAN_THRESHOLD_S (5 min),
@@ -75,7 +75,6 @@ from orchestrator.cluster.locks import Fence, FencedLock, LockLost, LoopLock
 from orchestrator.recovery import drain_replay, orphans, pauses, pending
 from orchestrator.recovery.drain_replay import ReplayReport
 from orchestrator.recovery.orphans import SCAN_START, OrphanReport
-from orchestrator.recovery.pauses import RebuildPauseMirror
 from orchestrator.recovery.pending import PendingReport
 from orchestrator.recovery.repair import RepairHashes
 from orchestrator.recovery.stages import AdvanceStalledPipelines
@@ -152,14 +151,9 @@ class Reconciler:
         lock: FencedLock | None = None,
     ) -> None:
         config = settings.CONFIG
-        # The repair of left-behind hashes, the pipelines stalled between stages and the
-        # pauses' mirror are always chores; a caller may add more.
-        self.chores: tuple[Chore, ...] = (
-            RepairHashes(),
-            AdvanceStalledPipelines(),
-            RebuildPauseMirror(),
-            *chores,
-        )
+        # The repair of left-behind hashes and the pipelines stalled between stages are always
+        # chores; a caller may add more.
+        self.chores: tuple[Chore, ...] = (RepairHashes(), AdvanceStalledPipelines(), *chores)
         self.clock = clock
         self.batch = batch
         # The cluster seat: a leader's (never acquired here), or the same lock taken directly.

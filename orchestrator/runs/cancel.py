@@ -82,7 +82,7 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
         if definition.pipeline:
             # Its stages can no longer be claimed (a claim needs the run active): the running
             # ones are all the claimers there will be.
-            _tell(_claimers(run_id)[1], keys.cancel_message(run_id))
+            tell(_claimers(run_id)[1], keys.cancel_message(run_id))
             state = pipeline.discard(definition, run_id, error)
         if kill and state != RunState.CANCELLED:
             _kill_now(run_id)
@@ -113,7 +113,7 @@ def _kill_now(run_id: str) -> None:
     # lost it), and its running stages' claimers.
     owner, stages = _claimers(run_id)
     owners = {str(live.read(run_id).get("owner") or ""), owner, *stages}
-    if not _tell(owners, keys.cancel_message(run_id, kill=True)):
+    if not tell(owners, keys.cancel_message(run_id, kill=True)):
         log.info("run %s: kill requested but no watch listens; the reconciler will end it", run_id)
 
 
@@ -137,7 +137,7 @@ def _claimers(run_id: str) -> tuple[str, set[str]]:
     return owner, running - {""}
 
 
-def _tell(owners: Iterable[str], message: str) -> int:
+def tell(owners: Iterable[str], message: str) -> int:
     """`message` on each owner's cancel channel; how many watches heard it."""
     channels = sorted(keys.cancel_channel(owner) for owner in set(owners) - {""})
     if not channels:

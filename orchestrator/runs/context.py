@@ -87,11 +87,19 @@ class RunContext:
         self.progress: Progress | None = None
         # Set by the run's watch thread when a cancel is published or seen in the hash.
         self._cancel = threading.Event()
+        # Set with it when the run's window closed (on_close="stop"): put back, not cancelled.
+        self.stopped_for_window = False
         # monotonic time of the last sign of progress, read by the stall watchdog.
         self.progressed_at = time.monotonic()
         self._state_read_at = 0.0
 
     def trip_cancel(self) -> None:
+        self._cancel.set()
+
+    def stop_for_window(self) -> None:
+        """The handler is asked to stop as a cancel asks it (`raise_if_cancelled`, `sleep`);
+        the run then goes back to pending, its attempt not spent (`runs.execute`)."""
+        self.stopped_for_window = True
         self._cancel.set()
 
     @property

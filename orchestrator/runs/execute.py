@@ -84,6 +84,11 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
     if outcome.kind is None:
         _end(definition, run, pickup, RunState.COMPLETED, context, result=outcome.result)
         return
+    if outcome.kind == ErrorKind.CANCELLED and context.stopped_for_window:
+        message = "stopped as its run window closed; it goes on in the next window"
+        error = retries.error_doc(ErrorKind.WINDOW_CLOSED, message)
+        _retry_later(definition, run, pickup, error, timedelta(0), message, refund=True)
+        return
     decision = retries.decide(
         outcome.kind,
         outcome.message,
@@ -132,7 +137,11 @@ def _retry_later(
     error: dict[str, Any],
     delay: timedelta,
     message: str,
+    *,
+    refund: bool = False,
 ) -> None:
+    """The run back to pending for its next attempt after `delay`; with `refund`, this
+    attempt is not counted (a stop at its window's close: it did not fail)."""
     attempt = run.attempts
     if run.deferred_since is not None:
         # Put back moves a claimed run: its claim is written first, if the watch has not.
@@ -144,6 +153,7 @@ def _retry_later(
             attempts=run.attempts,
             error=error,
             not_before=timezone.now() + delay,
+            refund=refund,
         )
     except IllegalTransition as exc:
         if exc.current is not None and not terminal.still_ours(run.run_id, pickup.owner):
@@ -156,13 +166,8 @@ def _retry_later(
         raise
     live.transition(run.run_id, RunState.PENDING, owner=pickup.owner)
     hooks.release(pickup)
-    log.info(
-        "run %s: transient failure, attempt %s; retry in %s: %s",
-        run.run_id,
-        attempt,
-        delay,
-        message,
-    )
+    spent = "not spent" if refund else "spent"
+    log.info("run %s: attempt %s (%s) back in %s: %s", run.run_id, attempt, spent, delay, message)
     republish(definition, run.run_id, run.identity, run.priority, delay)
 
 

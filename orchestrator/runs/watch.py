@@ -5,8 +5,9 @@ started on first use and kept for the process's life, so a run pays no thread st
 nor a SUBSCRIBE: the watch thread listens on the process's cancel channel (named by its instance
 id, a claimed run's `owner`: `keys.cancel_channel`) from its start. While a run is watched, they:
 - trips the context's cancel flag when a message there names the run, not an earlier one
-  (`runs.cancel`); one sent before the watch took the run is seen in the hash, which the context
-  reads at most once a second while the handler checks, as each heartbeat does;
+  (`runs.cancel`; "stop": its run window closed, `recovery.windows`); a cancel sent before the
+  watch took the run is seen in the hash, which the context reads at most once a second while
+  the handler checks, as each heartbeat does;
 - writes a plain run's Postgres claim once it has run for CLAIM_AFTER_S: a shorter run's end
   takes its claim with it (`durable.read_claimable`), one write per run instead of two;
 - every LUMASTRA_HEARTBEAT_INTERVAL_S stamps `task_history.heartbeat_at` (Postgres clock),
@@ -18,30 +19,30 @@ id, a claimed run's `owner`: `keys.cancel_channel`) from its start. While a run 
 - runs the watchdogs about every second: a stall failure after the task's `Stall.fail` (else
   its class's LUMASTRA_STALL_FAIL_S_<CLASS>) without progress (`report_progress`, `log`, a
   command's output line), a warning at its `Stall.warn` (else a fifth of the failure's), none
-  with `Stall(auto=True)`;
-  the task's hard timeout by the wall clock (a handler that keeps yielding but never ends is
-  still stopped), and a cancel not honoured within LUMASTRA_CANCEL_ESCALATE_S.
+  with `Stall(auto=True)`; the task's hard timeout by the wall clock (a handler that keeps
+  yielding but never ends is still stopped), and a cancel not honoured within
+  LUMASTRA_CANCEL_ESCALATE_S (a window's stop is not escalated: an unheeding handler finishes).
 
 A watchdog ends the run through `orchestrator.runs.terminal` (Postgres first), then kills the
-process running the handler: the only way to stop a wedged thread. Celery's prefork pool
-replaces the child; the message comes back (reject on worker lost) and is dropped because the
-run has ended. A heartbeat that finds the run owned by someone else kills the handler too (so
-does a run put back to pending: `runs.put_back`): its late writes would be refused anyway, and it
-must not run beside a successor. A hash Valkey lost (gone, or seeded again owned by nobody) is
-not someone else's: Postgres decides, and a plain run it still holds for this handler is
-claimed in Valkey again and goes on (`Watcher._claim_again`).
+process running the handler: the only way to stop a wedged thread. Celery's prefork pool replaces
+the child; the message comes back (reject on worker lost) and is dropped because the run has ended.
+A heartbeat that finds the run owned by someone else kills the handler too (so does a run put back
+to pending: `runs.put_back`): its late writes would be refused anyway, and it must not run beside a
+successor. A hash Valkey lost (gone, or seeded again owned by nobody) is not someone else's:
+Postgres decides, and a plain run it still holds for this handler is claimed in Valkey again and
+goes on (`Watcher._claim_again`).
 
 A handler cut off from both stores (no heartbeat confirmed by Postgres or Valkey) for half of
-LUMASTRA_ORPHAN_THRESHOLD_S is killed as well: at the threshold the reconciler puts its run
-back for another attempt (`runs.put_back`), and the two must not run side by side. That lease is
-kept by a thread of its own, on the monotonic clock alone: it takes no lock and calls no store,
-so a heartbeat hung on a dead connection cannot stop it (a partition once kept a cut-off
-handler running for 26 s past its lease that way). Every store call fails within
-LUMASTRA_STORE_TIMEOUT_S besides (`stores/valkey.py`, the Postgres connection options).
+LUMASTRA_ORPHAN_THRESHOLD_S is killed as well: at the threshold the reconciler puts its run back
+for another attempt (`runs.put_back`), and the two must not run side by side. That lease is kept by
+a thread of its own, on the monotonic clock alone: it takes no lock and calls no store, so a
+heartbeat hung on a dead connection cannot stop it (a partition once kept a cut-off handler running
+for 26 s past its lease that way). Every store call fails within LUMASTRA_STORE_TIMEOUT_S besides
+(`stores/valkey.py`, the Postgres connection options).
 
-Not guaranteed: needs the prefork pool (a kill in a thread pool would take every run of the
-worker with it); watchdogs look about once a second and heartbeats once an interval; a
-handler blocked in C code dies only by the kill.
+Not guaranteed: needs the prefork pool (a kill in a thread pool would take every run of the worker
+with it); watchdogs look about once a second, heartbeats once an interval; a handler blocked in
+C code dies only by the kill.
 """
 
 from __future__ import annotations
@@ -109,7 +110,6 @@ class Watched:
     deferred_since: datetime | None = None
     claim_at: float | None = None  # monotonic time to write that claim
     priority: int = 0  # the run's, to seed its live hash again if Valkey lost it
-
     next_postgres_beat: float = 0.0
 
     def __post_init__(self) -> None:
@@ -133,14 +133,12 @@ class Watcher:
         self._postgres_lock = threading.Lock()  # the Postgres beat's turn
         self._current: Watched | None = None
         self.channel = keys.cancel_channel(instance_id())  # `runs.cancel` sends to the owner's
-        self._thread = threading.Thread(target=self._loop, name="run-watch", daemon=True)
-        self._thread.start()
-        self._postgres = threading.Thread(
-            target=self._beat_postgres_loop, name="run-beat-postgres", daemon=True
-        )
-        self._postgres.start()
-        self._lease = threading.Thread(target=self._keep_lease, name="run-lease", daemon=True)
-        self._lease.start()
+        for name, target in (
+            ("run-watch", self._loop),
+            ("run-beat-postgres", self._beat_postgres_loop),
+            ("run-lease", self._keep_lease),
+        ):
+            threading.Thread(target=target, name=name, daemon=True).start()
 
     def watch(self, watched: Watched) -> None:
         with self._lock:
@@ -214,16 +212,16 @@ class Watcher:
             if (watched := self._current) is None:
                 return
             if heard is not None and heard[0] == watched.run_id:  # the run watched now only
-                self._cancel_requested(watched)
-                if heard[1]:
+                self._cancel_requested(watched, heard[1])
+                if heard[1] == keys.CANCEL_KILL:
                     self._kill_now(watched)
             if time.monotonic() >= watched.next_beat:
                 self._beat(watched)
             self._watchdogs(watched)
             self._flush(watched)
 
-    def _listen(self, pubsub: PubSub) -> tuple[str, bool] | None:
-        """(run id, kill?) of the next cancel message within CHECK_EVERY_S, subscribed on the
+    def _listen(self, pubsub: PubSub) -> tuple[str, str] | None:
+        """(run id, verb) of the next cancel message within CHECK_EVERY_S, subscribed on the
         first call (redis-py again as it reconnects); Valkey away costs no watchdog its tick."""
         try:
             if not pubsub.subscribed:
@@ -327,8 +325,10 @@ class Watcher:
         return True
 
     @staticmethod
-    def _cancel_requested(watched: Watched) -> None:
-        if watched.cancel_seen is None:
+    def _cancel_requested(watched: Watched, verb: str = keys.CANCEL) -> None:
+        if verb == keys.CANCEL_STOP:  # its window closed: not escalated, the run goes back
+            watched.context.stop_for_window()
+        elif watched.cancel_seen is None:
             watched.cancel_seen = time.monotonic()
             watched.context.trip_cancel()
 

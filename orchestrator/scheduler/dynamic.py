@@ -1,7 +1,7 @@
 """The scheduler loop: every 10 s, fires the static schedules' slots that are due and the due
 rows of `schedule=dynamic(loader)` tasks.
 
-Static schedules: each enabled synced beat row whose current slot (`scheduler.slots`, the
+Static schedules: each enabled synced beat row whose current slot (`orchestrator.slots`, the
 one function every view reads too) began at most `ON_TIME_S` ago (or three ticks, when
 LUMASTRA_SCHEDULER_TICK_S is longer) and has not fired is fired
 here, so a schedule fires at the moments that function names (to within a tick) whatever
@@ -61,8 +61,8 @@ from orchestrator.scheduler.catchup import CatchUpReport, catch_up
 from orchestrator.scheduler.fire import FireRequest, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
 from orchestrator.scheduler.overrides import dynamic_overrides
-from orchestrator.scheduler.slots import IntervalSlots
 from orchestrator.scheduler.sync import overridden, slots_of
+from orchestrator.slots import IntervalSlots
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.schedule import Dynamic, ScheduleRow, to_row

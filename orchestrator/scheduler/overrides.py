@@ -35,7 +35,6 @@ from django_celery_beat.models import PeriodicTask
 
 from orchestrator.models import ScheduleOverride
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
-from orchestrator.scheduler.slots import Slots, cadence
 from orchestrator.scheduler.switch import UnknownSchedule, check_dynamic
 from orchestrator.scheduler.sync import (
     ScheduleConfigError,
@@ -44,6 +43,7 @@ from orchestrator.scheduler.sync import (
     schedule_fields,
     static_definitions,
 )
+from orchestrator.slots import Slots, cadence
 from tasks import registry
 from tasks.schedule import cron, time_zone
 

@@ -4,7 +4,7 @@ whether it is on. Read-only; switching goes through `scheduler.switch`.
 - Static schedules: every django-celery-beat `PeriodicTask` row. A row the sync manages
   (it calls the dispatch task) takes its cadence and target from the task's definition and
   its `enabled` from the operator (`scheduler.sync`); any other row is the operator's own.
-  The next fires of a synced row are `scheduler.slots`'s, the function the scheduler fires
+  The next fires of a synced row are `orchestrator.slots`'s, the function the scheduler fires
   by (`NEXT_FIRES` of them, in the schedule's zone); an operator's own row, which beat alone
   fires, shows beat's estimate from its last run instead.
 - Dynamic schedules: for each task declaring `dynamic(loader)`, the rows its loader returns
@@ -36,8 +36,8 @@ from orchestrator.clock import SYSTEM, Clock
 from orchestrator.models import ScheduleOverride, SchedulerState
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
 from orchestrator.scheduler.overrides import dynamic_overrides
-from orchestrator.scheduler.slots import CronSlots, IntervalSlots, Slots
 from orchestrator.scheduler.sync import overridden, resolve, slots_of
+from orchestrator.slots import CronSlots, IntervalSlots, Slots
 from tasks import registry
 from tasks.schedule import Cron, Dynamic, Every, ScheduleRow, time_zone, to_row
 

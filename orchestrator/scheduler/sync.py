@@ -4,7 +4,7 @@ Every task whose definition declares `schedule=every(...)` or a cron expression 
 `PeriodicTask` row named after the task id, calling `lumastra.schedule.dispatch` with args
 `[task_id]` on the queue `task.scheduler` (every pool of the worker role consumes it). A cron
 row carries its zone (`cron(..., tz=...)`, else LUMASTRA_TIME_ZONE): it is what the slots
-are read in (`scheduler.slots`).
+are read in (`orchestrator.slots`).
 `make run` runs the sync before starting the roles, and the beat role runs it before beat
 starts (deploy/Procfile), so beat never starts on rows older than the code it ships with.
 
@@ -48,7 +48,7 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 
 from orchestrator.models import ScheduleOverride, SchedulerState
 from orchestrator.scheduler.names import DISPATCH_TASK, SCHEDULER_QUEUE, state_key
-from orchestrator.scheduler.slots import CronSlots, IntervalSlots, Slots, cadence
+from orchestrator.slots import CronSlots, IntervalSlots, Slots, cadence
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.schedule import Cron, Every, parse_interval

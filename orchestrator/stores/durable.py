@@ -289,11 +289,12 @@ def put_back(
     error: dict[str, Any],
     not_before: datetime,
     stale_after_s: float | None = None,
+    refund: bool = False,
 ) -> None:
     """active → pending for the next attempt, fenced by the claim that ran this one (`owner`,
     and `attempts` as that claim counted them); with `stale_after_s`, only while the run's
     heartbeat is at least that old. The owner is cleared, `error` says why, `not_before` is
-    the backoff."""
+    the backoff; with `refund`, the attempt that claim counted is given back."""
     params = {
         "run_id": run_id,
         "owner": owner,
@@ -301,6 +302,7 @@ def put_back(
         "error": _json_out(error),
         "not_before": not_before,
         "stale_s": stale_after_s,
+        "refund": int(refund),
     }
     _guarded(queries.PUT_BACK_RUN, params, run_id, RunState.PENDING)
 

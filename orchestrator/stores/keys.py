@@ -101,20 +101,21 @@ def cancel_channel_prefix() -> str:
 
 CANCEL = "cancel"
 CANCEL_KILL = "kill"
+CANCEL_STOP = "stop"  # a run window closed (on_close="stop"): stop and go back to pending
 
 
-def cancel_message(run_id: str, *, kill: bool = False) -> str:
-    """A message on a cancel channel: "cancel <runId>", or "kill <runId>" (request_cancel.lua
-    writes the first the same way)."""
-    return f"{CANCEL_KILL if kill else CANCEL} {run_id}"
+def cancel_message(run_id: str, *, kill: bool = False, stop: bool = False) -> str:
+    """A message on a cancel channel: "cancel <runId>", "kill <runId>" or "stop <runId>"
+    (request_cancel.lua writes the first the same way)."""
+    return f"{CANCEL_KILL if kill else CANCEL_STOP if stop else CANCEL} {run_id}"
 
 
-def read_cancel_message(data: object) -> tuple[str, bool] | None:
-    """(run id, whether it is a kill) of a cancel channel's message; None if it is not one."""
+def read_cancel_message(data: object) -> tuple[str, str] | None:
+    """(run id, verb) of a cancel channel's message; None if it is not one."""
     verb, _, run_id = str(data).partition(" ")
-    if verb not in (CANCEL, CANCEL_KILL) or not run_id:
+    if verb not in (CANCEL, CANCEL_KILL, CANCEL_STOP) or not run_id:
         return None
-    return run_id, verb == CANCEL_KILL
+    return run_id, verb
 
 
 def orchestrator_lock(name: str) -> str:

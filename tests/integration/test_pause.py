@@ -16,7 +16,7 @@ from django.db import connection
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.hooks.pause import Paused
 from orchestrator.models import PauseScope, TaskHistory, TaskPause
-from orchestrator.recovery import pauses
+from orchestrator.recovery import pauses, windows
 from orchestrator.recovery.pending import held_by_workers, in_broker_lists
 from orchestrator.recovery.reconciler import Reconciler
 from orchestrator.routing import stage_queue
@@ -137,7 +137,8 @@ def test_a_released_run_waits_from_the_resume_and_the_mirror_is_rebuilt() -> Non
     try:
         _age_all(HELD_TASK, 10_000)
         report = Reconciler().tick()
-        assert report.held == 1 and report.chores["pause_mirror"] == 1
+        assert report.held == 1
+        windows.tick()  # the leader's windows loop keeps the whole mirror
         assert valkey.client().hgetall(keys.pauses()) == {f"task:{HELD_TASK}": "hold"}
         pauses.resume(PauseScope.TASK, HELD_TASK, by="ops")
         # Pending for 10,000 s but released just now: not past the 600 s deadline.

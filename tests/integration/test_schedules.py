@@ -31,8 +31,8 @@ from orchestrator.scheduler.dispatch import fire_static
 from orchestrator.scheduler.dynamic import Scheduler
 from orchestrator.scheduler.fire import FireRequest, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK, SCHEDULER_QUEUE
-from orchestrator.scheduler.slots import IntervalSlots
 from orchestrator.scheduler.sync import ScheduleConfigError, sync
+from orchestrator.slots import IntervalSlots
 from orchestrator.stores import counters, keys, valkey
 from tasks import ScheduleRow, dynamic, every, registry
 from tasks.definition import TaskDefinition

@@ -153,8 +153,10 @@ def _fresh_counters() -> None:
     """Circuits, refusal and daily run counts, failed sign-ins and accepted trigger signatures
     outlive a test's database; each test starts without them, so failures one test provokes
     never refuse another test's starts, tokens or signed requests, and runs one test counts
-    never show in another's figures."""
+    never show in another's figures. Nor the pauses' mirror: a pause or a closed run window
+    one test leaves behind (its rows go with its database) holds no other test's runs."""
     client = valkey.client()
+    client.delete(keys.pauses())
     patterns = (
         keys.circuit("*"),
         keys.refusals("*", "*"),

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from orchestrator.scheduler.names import bucket_label, state_key
-from orchestrator.scheduler.slots import CronSlots, IntervalSlots
+from orchestrator.slots import CronSlots, IntervalSlots
 from tasks import ScheduleRow, define_task, dynamic
 from tasks.errors import ManifestError
 from tasks.schedule import Dynamic, to_row

@@ -1,4 +1,4 @@
--- @version 4
+-- @version 5
 -- Claim a pending run for one worker process: pending → active, owner recorded, unless a
 -- pause holds it (v4: the pause check of every pickup, in the claim's own call).
 -- KEYS[1] task:run:active:<runId>  KEYS[2] task:run:terminal:<runId>
@@ -12,6 +12,8 @@
 -- handler may still hold a claim Postgres has not heard of, and only it claims the run then
 -- (`live.claim_again` clears the mark first); PAUSED <field> (v4) for a pending run its task's
 -- or class's pause holds (the run stays pending, unclaimed; the resume publishes it again).
+-- v5: a closed run window is a mirror field valued "window" (`orchestrator.windows`); it holds
+-- every run but an operator's (priority 1: "run now", an operator's retry), which passes it.
 if #KEYS ~= 4 or #ARGV ~= 5 then
   return redis.error_reply("BAD_ARGS claim_run expects 4 keys and 5 args")
 end
@@ -32,8 +34,12 @@ if settling > 0 then
 end
 if ARGV[4] ~= "" then
   local paused = redis.call("HMGET", KEYS[4], ARGV[4], ARGV[5])
+  local priority = nil
   for i = 1, 2 do
-    if paused[i] then
+    if paused[i] == "window" and priority == nil then
+      priority = redis.call("HGET", KEYS[1], "priority") or ""
+    end
+    if paused[i] and (paused[i] ~= "window" or priority ~= "1") then
       return redis.error_reply("PAUSED " .. ARGV[3 + i])
     end
   end

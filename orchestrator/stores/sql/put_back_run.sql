@@ -7,10 +7,13 @@
 -- The owner is cleared and the attempt count kept: the next claim counts the next attempt,
 -- and the lost claim's late end, which names the attempt it counted, no longer matches
 -- (end_run.sql). `error` says why (the lost attempt, its owner); `not_before` is the backoff.
--- Parameters: run_id, owner, attempts, error (JSON text), not_before, stale_s (or NULL).
+-- `refund` 1 gives the claim's attempt back (a run stopped at its window's close did not fail:
+-- the next claim counts the same attempt again; its owner, cleared here, fences the old one).
+-- Parameters: run_id, owner, attempts, error (JSON text), not_before, stale_s (or NULL), refund.
 UPDATE task_history
    SET state = 'pending',
        owner_instance_id = '',
+       attempts = attempts - %(refund)s::int,
        not_before = %(not_before)s,
        error = %(error)s::jsonb,
        updated_at = now()

@@ -1,4 +1,5 @@
-"""When a schedule fires: the one function the scheduler, the API and the pages all read.
+"""When a schedule fires, and when a run window opens and closes: the one function the
+scheduler, the windows (`orchestrator.windows`), the API and the pages all read.
 
 A slot is a fire's moment in epoch seconds (UTC); the bucket lock and `scheduler_state` name
 it, so a slot fires once across the cluster.

@@ -1,0 +1,194 @@
+"""Run windows opening and closing (issue 38): the leader's `windows` loop, which also keeps
+the pauses' Valkey mirror true, and an operator's window set or removed. What a window is and
+holds: `orchestrator.windows`; a pause: `recovery.pauses`.
+
+A tick (every `windows.TICK_S` on the cluster leader, `orchestrator.loops`; at once after an
+operator's change):
+1. reads the windows in force (one query) and computes which are closed now, by the clock it
+   is given;
+2. makes the pauses' Valkey mirror say so, beside the pauses in force (`recovery.pauses.
+   mirror_truth`; the whole hash written again under a WATCH, so a pause or resume written
+   meanwhile wins and the next tick tries again). A mirror Valkey lost, or a pause whose resume
+   could not clear it, is put right here too, and logged;
+3. for each window that opened since the mirror last said so: publishes the runs it held, most
+   urgent first, then oldest (`recovery.pauses.release_scope`, as a resume does); runs another
+   closed window or a pause still holds stay held;
+4. asks the running runs of each closed window with `on_close="stop"` to stop (every tick, so a
+   run claimed just before is asked too): "stop <runId>" on its owner's cancel channel, which
+   its watch turns into the handler's cancel flag (`ctx.raise_if_cancelled`, `ctx.sleep`); the
+   handler's RunCancelled then puts the run back to `pending` as the same run, its attempt
+   given back (`runs.execute`, error kind `window_closed`), and the closed window parks its
+   message. A handler that does not check finishes; an operator's run (priority 1) and a
+   pipeline's stages are not asked.
+
+Nothing is lost when no leader ticks: held runs are `pending` rows that stay so; a window that
+opened meanwhile is seen by the next tick, which releases them then. The reconciler's pending
+check leaves held runs alone, and counts a released run's wait from its window's opening.
+
+Not guaranteed:
+- A window opens and closes for runs within TICK_S of its edge while a leader runs (within the
+  leader's failover otherwise); a pickup in that second finds the mirror as it was.
+- Valkey keeps no memory of a window that opened while it had lost the mirror: the runs that
+  window held are published by the reconciler's pending check (their messages are gone), not
+  by the opening.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from django.db import transaction
+from django.utils import timezone
+
+from orchestrator import windows
+from orchestrator.clock import SYSTEM, Clock
+from orchestrator.cluster.locks import Fence
+from orchestrator.hooks import pause as gate
+from orchestrator.models import PauseScope, RunWindow, TaskHistory
+from orchestrator.recovery import pauses
+from orchestrator.runs import cancel
+from orchestrator.states import RunState
+from orchestrator.stores import keys
+from tasks import registry
+from tasks.definition import Priority
+from tasks.window import Window
+
+log = logging.getLogger(__name__)
+
+
+def tick(fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
+    """One tick; returns how many held runs and stages it published."""
+    if fence is not None:
+        fence.check()
+    now = clock.now()
+    current = windows.Now.at(now)
+    closed = current.closed()
+    truth: dict[str, str] = {}
+
+    def read_truth() -> dict[str, str]:  # called under the WATCH; kept for the log below
+        truth.update(pauses.mirror_truth(closed))
+        return truth
+
+    before = gate.rebuild(read_truth)
+    _stop_running(current.stopping())
+    if before is None:
+        return 0
+    if _pauses_of(before) != _pauses_of(truth):
+        log.warning("the pauses' Valkey mirror differed from task_pause; rebuilt")
+    opened = [f for f, mode in before.items() if mode == windows.WINDOW and f not in closed]
+    released = 0
+    for field in opened:
+        scope, _, name = field.partition(":")
+        try:
+            definitions = pauses.tasks_of(PauseScope(scope), name)
+        except pauses.UnknownScope:
+            continue  # a task no longer registered here: its runs wait for the pending check
+        if fence is not None:
+            fence.check()
+        count = pauses.release_scope(PauseScope(scope), name, definitions, at=now)
+        log.info("window of %s %s opened: %d held runs published", scope, name, count)
+        released += count
+    for field in closed.keys() - before.keys():
+        log.info("window of %s closed", field.replace(":", " ", 1))
+    return released
+
+
+def _pauses_of(mirror: Mapping[str, str]) -> dict[str, str]:
+    return {field: mode for field, mode in mirror.items() if mode != windows.WINDOW}
+
+
+def _stop_running(stopping: Mapping[str, windows.Scoped]) -> None:
+    """Ask the running runs of the closed windows that stop them to stop, every tick: a run
+    whose claim Postgres heard of after the last tick, or whose watch missed the message, is
+    asked again. Not an operator's run (priority 1), nor a pipeline's (its stages finish)."""
+    task_ids: set[str] = set()
+    for scoped in stopping.values():
+        try:
+            found = pauses.tasks_of(scoped.scope, scoped.name)
+        except pauses.UnknownScope:
+            continue
+        task_ids.update(d.id for d in found if not d.pipeline)
+    if not task_ids:
+        return
+    running = (
+        TaskHistory.objects.filter(state=RunState.ACTIVE, task_id__in=task_ids)
+        .exclude(priority=Priority.OPERATOR)
+        .values_list("id", "owner_instance_id")
+    )
+    for run_id, owner in running:
+        if cancel.tell([owner], keys.cancel_message(run_id, stop=True)):
+            log.info("run %s: asked to stop, its run window closed", run_id)
+
+
+def set_window(scope: PauseScope, name: str, window: Window, *, by: str) -> windows.Scoped:
+    """The operator's window for a scope, in place of the code's or the environment's; in
+    force on every host at once (this process ticks), and on the leader's next tick anyway."""
+    pauses.tasks_of(scope, name)  # UnknownScope for no such task or class
+    with transaction.atomic():
+        RunWindow.objects.update_or_create(
+            scope=scope,
+            name=name,
+            defaults={
+                "span": window.span,
+                "days": window.days,
+                "tz": window.tz or "",
+                "on_close": str(window.on_close),
+                "actor": by,
+            },
+        )
+    log.warning("%s %s: run window %s set by %s", scope, name, window.describe(), by)
+    tick()
+    return next(s for s in windows.in_force() if (s.scope, s.name) == (scope, name))
+
+
+def remove_window(scope: PauseScope, name: str, *, by: str) -> bool:
+    """Drop the operator's window of a scope (the code's or the environment's, if any, is in
+    force again); False when it had none."""
+    pauses.tasks_of(scope, name)
+    deleted, _ = RunWindow.objects.filter(scope=scope, name=name).delete()
+    if deleted:
+        log.warning("%s %s: the operator's run window removed by %s", scope, name, by)
+        tick()
+    return bool(deleted)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What holds a pending run: a pause or a closed window, of its task or its class."""
+
+    by: str  # "pause" or "window"
+    scope: str
+    name: str
+    opens_at: datetime | None = None  # a window: when it opens
+    tz: str | None = None  # a window: the zone it is read in
+
+    def describe(self) -> str:
+        if self.opens_at is None or self.tz is None:
+            return f"held by the pause of {self.scope} {self.name}"
+        local = self.opens_at.astimezone(ZoneInfo(self.tz))
+        return f"waits for window (opens {local:%H:%M} {self.tz})"
+
+
+def held(task_id: str, priority: int, at: datetime | None = None) -> Hold | None:
+    """What holds a pending run of `task_id` now (a pause first), or None; an operator's run
+    (priority 1) passes a closed window."""
+    definition = registry.get().get(task_id)
+    if definition is None:
+        return None
+    fields = gate.fields_of(definition)
+    paused = {keys.pause_field(row.scope, row.name) for row in pauses.in_force()}
+    for field in fields:
+        if field in paused:
+            scope, _, name = field.partition(":")
+            return Hold("pause", scope, name)
+    if priority == Priority.OPERATOR:
+        return None
+    closed = windows.Now.at(timezone.now() if at is None else at).holding(fields)
+    if closed is None:
+        return None
+    scoped, state = closed
+    return Hold("window", scoped.scope, scoped.name, state.opens_at, scoped.tz)
