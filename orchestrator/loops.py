@@ -13,9 +13,11 @@ that races for `lock:orch:cluster`, the one leader seat:
 - `due` (`orchestrator.runs.due.release`), on the cluster leader only: publishes the delayed
   starts whose time has come, every LUMASTRA_DUE_POLL_S (0.25 s); one indexed query when none is.
 - `windows` (`orchestrator.recovery.windows.tick`), on the cluster leader only: makes the
-  pauses' Valkey mirror say which run windows are closed, and publishes what a window held
-  when it opens, every `orchestrator.windows.TICK_S` (1 s); one query and one Valkey read when
-  nothing changes.
+  pauses' Valkey mirror say which pauses are in force and which run windows are closed,
+  publishes what a window held when it opens, and asks the running runs of a closed `stop`
+  window to stop, every `orchestrator.windows.TICK_S` (1 s); two queries (`run_window`,
+  `task_pause`) and two Valkey round trips when nothing changes, a query more while a `stop`
+  window is closed.
 - `quota-rollup` (`orchestrator.hooks.quotas.rollup`), on the cluster leader only: copies the
   daily run counts of tasks without a cap from Valkey into `task_quota_usage` every
   LUMASTRA_QUOTA_ROLLUP_INTERVAL_S (30 s); one Valkey pipeline and at most one statement.

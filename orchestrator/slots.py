@@ -25,6 +25,7 @@ fire at or before it (a fire delivered late still lands in the slot it was fired
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
@@ -184,3 +185,13 @@ Slots = IntervalSlots | CronSlots
 def cadence(cron: str, every_s: int | None, tz: str) -> Slots:
     """An operator's cadence (`scheduler.overrides`): a cron in `tz`, or every `every_s`."""
     return CronSlots(cron, tz) if cron else IntervalSlots(timedelta(seconds=every_s or 0))
+
+
+def jitter(key: str, slot: int, jitter_s: int) -> int:
+    """How many seconds after `slot` begins schedule `key` fires it, with `jitter_s` (0 to
+    jitter_s, spread evenly): a digest of the two, so every replica computes the same delay and
+    a slot still fires once."""
+    if jitter_s <= 0:
+        return 0
+    digest = hashlib.blake2b(f"{key}@{slot}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % (jitter_s + 1)

@@ -11,7 +11,8 @@ than its latest closing. Daylight saving moves its edges as it moves a cron's fi
 inside the spring gap comes at the gap's end; one in the repeated hour at its first pass).
 
 A closed window holds runs as a pause does (`hooks.pause`, `recovery.pauses`): its scope's
-field of the pauses' Valkey mirror (`task:<id>`, `class:<name>`) says WINDOW, which the start's
+field of the pauses' Valkey mirror (`task:<id>`, `class:<name>`) says `window` (`live.WINDOW`,
+with the one rule of what holds a run: `live.holds`), which the start's
 admission script lets through (starts are taken, recorded `pending`) and the claim's script
 refuses, unless the run is an operator's (priority 1: "run now", an operator's retry). A pause
 of the same scope says its own mode there; it holds whatever the window says. The leader's
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 
@@ -31,10 +32,8 @@ from orchestrator.models import PauseScope, RunWindow
 from orchestrator.slots import CronSlots
 from orchestrator.stores import keys
 from tasks import registry
-from tasks.window import OnClose, Window
+from tasks.window import OnClose, Window, WindowError
 
-# The mirror's value for a scope whose window is closed.
-WINDOW = "window"
 # How often the leader makes the mirror say which windows are closed (`recovery.windows`).
 TICK_S = 1.0
 
@@ -105,6 +104,49 @@ def in_force(rows: Iterable[RunWindow] | None = None) -> list[Scoped]:
             scope, row.name, from_row(row), Source.OPERATOR, row.actor, row.updated_at
         )
     return [found[key] for key in sorted(found)]
+
+
+def of(scope: str, name: str) -> Scoped | None:
+    """The window in force for one scope, if any."""
+    return next((s for s in in_force() if (s.scope, s.name) == (scope, name)), None)
+
+
+# A week and a day: every weekly pattern of two windows shows within it.
+_OVERLAP_HORIZON = timedelta(days=8)
+
+
+def together(a: Scoped, b: Scoped, now: datetime) -> bool:
+    """Whether both windows are open at one moment between `now` and the horizon: two spans
+    meet when one opens while the other is open."""
+    if a.state(now).open and b.state(now).open:
+        return True
+    for one, other in ((a, b), (b, a)):
+        openings = CronSlots(one.window.opening(), one.tz).fires(now, _OVERLAP_HORIZON.days + 1)
+        if any(other.state(at).open for at in openings if at <= now + _OVERLAP_HORIZON):
+            return True
+    return False
+
+
+def check_overlap(new: Scoped, now: datetime) -> None:
+    """WindowError when `new` is never open together with a window its runs also need (its
+    class's, for a task; each of its tasks', for a class): they would wait forever."""
+    found = {(s.scope, s.name): s for s in in_force()}
+    definitions = registry.get()
+    if new.scope == PauseScope.TASK:
+        others = [found.get((PauseScope.CLASS, definitions[new.name].resource_class))]
+    else:
+        others = [
+            found.get((PauseScope.TASK, d.id))
+            for d in definitions.values()
+            if d.resource_class == new.name
+        ]
+    for other in others:
+        if other is not None and not together(new, other, now):
+            raise WindowError(
+                "window",
+                f"never open at the same time as the window of {other.scope} {other.name} "
+                f"({other.window.describe()}): its runs would wait forever",
+            )
 
 
 @dataclass(frozen=True)

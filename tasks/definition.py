@@ -280,6 +280,8 @@ def define_task(
         raise fail("requires_commands", "must be a sequence of program names (no paths)")
     if window is not None and not isinstance(window, Window):
         raise fail("window", 'must be Window("HH:MM-HH:MM", days=, tz=, on_close=)')
+    if window is not None and priority == Priority.OPERATOR:
+        raise fail("window", "task_priority=1 is an operator's, which passes every window")
     if isinstance(covers_stages, CoveredStage):
         raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
     for covered_stage in covers_stages:

@@ -17,6 +17,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celery.schedules import crontab
 
+# The longest delay `jitter_s` may add to a fire: an hour.
+MAX_JITTER_S = 3600
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 _INTERVAL = re.compile(r"^(\d+)([smhd])$")
 
@@ -33,23 +35,59 @@ def parse_interval(text: str) -> timedelta:
 
 
 @dataclass(frozen=True)
+class Policies:
+    """What a static schedule does beyond firing (Temporal's schedule policies):
+    - `pause_on_failure`: after that many of its runs failed in a row, the schedule switches
+      itself off, the reason on the Schedules page (`scheduler.policies`);
+    - `catch_up_within_s`: the boot catch-up fires a missed slot only if it began at most that
+      long ago (None: whenever it began; `scheduler.catchup`);
+    - `jitter_s`: each slot fires up to that many seconds after it begins, the same delay on
+      every replica (`orchestrator.slots.jitter`), so many schedules of one cadence do not all
+      start at once (0: none; at most MAX_JITTER_S)."""
+
+    pause_on_failure: int | None = None
+    catch_up_within_s: int | None = None
+    jitter_s: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("pause_on_failure", "catch_up_within_s", "jitter_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be a whole number, got {value!r}")
+            if value is not None and value < (0 if name == "jitter_s" else 1):
+                raise ValueError(f"{name} must be at least {int(name != 'jitter_s')}, got {value}")
+        if self.jitter_s > MAX_JITTER_S:
+            raise ValueError(f"jitter_s must be at most {MAX_JITTER_S}, got {self.jitter_s}")
+
+
+@dataclass(frozen=True)
 class Every:
     interval: timedelta
     # An environment variable an operator may set to another interval string.
     env_override: str | None = None
+    policies: Policies = Policies()
 
 
 @dataclass(frozen=True)
 class Cron:
     expression: str
     tz: str | None = None  # an IANA zone; None: the deployment's LUMASTRA_TIME_ZONE
+    policies: Policies = Policies()
 
     def fields(self) -> list[str]:
         return self.expression.split()
 
 
-def every(interval: str, *, env_override: str | None = None) -> Every:
-    return Every(parse_interval(interval), env_override)
+def every(
+    interval: str,
+    *,
+    env_override: str | None = None,
+    pause_on_failure: int | None = None,
+    catch_up_within_s: int | None = None,
+    jitter_s: int = 0,
+) -> Every:
+    policies = Policies(pause_on_failure, catch_up_within_s, jitter_s)
+    return Every(parse_interval(interval), env_override, policies)
 
 
 def time_zone(name: str) -> ZoneInfo:
@@ -63,7 +101,14 @@ def time_zone(name: str) -> ZoneInfo:
         ) from None
 
 
-def cron(expression: str, *, tz: str | None = None) -> Cron:
+def cron(
+    expression: str,
+    *,
+    tz: str | None = None,
+    pause_on_failure: int | None = None,
+    catch_up_within_s: int | None = None,
+    jitter_s: int = 0,
+) -> Cron:
     """Fires at the local times `expression` names in `tz` (default: LUMASTRA_TIME_ZONE);
     how daylight saving moves them: `orchestrator.slots`."""
     if tz is not None:
@@ -80,7 +125,7 @@ def cron(expression: str, *, tz: str | None = None) -> Cron:
         month_of_year=month_of_year,
         day_of_week=day_of_week,
     )
-    return Cron(expression, tz)
+    return Cron(expression, tz, Policies(pause_on_failure, catch_up_within_s, jitter_s))
 
 
 @dataclass(frozen=True)

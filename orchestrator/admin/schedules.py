@@ -94,14 +94,19 @@ def _override(request: HttpRequest, *, reset: bool) -> None:
     messages.success(request, f"The {label} is {what}.")
 
 
+def _seconds(request: HttpRequest, field: str) -> int | None:
+    text = request.POST.get(field, "").strip()
+    if text and not (text.isascii() and text.isdigit() and len(text) <= 12):
+        raise overrides.BadOverride(field, f"{text!r} is not a whole number of seconds")
+    return int(text) if text else None
+
+
 def _cadence(request: HttpRequest) -> overrides.Cadence:
-    every = request.POST.get("every_s", "").strip()
-    if every and not (every.isascii() and every.isdigit() and len(every) <= 12):
-        raise overrides.BadOverride("every_s", f"{every!r} is not a whole number of seconds")
     return overrides.Cadence(
         cron=request.POST.get("cron", "").strip(),
-        every_s=int(every) if every else None,
+        every_s=_seconds(request, "every_s"),
         tz=request.POST.get("tz", "").strip(),
+        jitter_s=_seconds(request, "jitter_s"),
     )
 
 

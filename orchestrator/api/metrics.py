@@ -90,6 +90,7 @@ class EngineCollector(Collector):
                 counters.DELIVERY,
                 counters.RECOVERY,
                 counters.SCHEDULE_SKIPS,
+                counters.SCHEDULE_PAUSES,
             )
         )
         yield _counter(
@@ -118,6 +119,10 @@ class EngineCollector(Collector):
         yield _counter(
             "lumastra_schedule_skips", "Schedule slots skipped: the previous fire's run was live",
             ["task"], found, counters.SCHEDULE_SKIPS,
+        )  # fmt: skip
+        yield _counter(
+            "lumastra_schedule_paused", "Schedules switched off by pause_on_failure (issue 38)",
+            ["task"], found, counters.SCHEDULE_PAUSES,
         )  # fmt: skip
         yield self._queue_depth()
         yield self._active_runs()
@@ -187,7 +192,8 @@ class EngineCollector(Collector):
             paused.add_metric([row.scope, row.name, str(row.refuse_starts).lower()], 1)
         holds = pauses.Holds.load(0)
         found = registry.get()
-        by = {t: holds.held_by(t) for t in sorted(found)} if holds.paused else {}
+        held_any = holds.paused or holds.windowed
+        by = {t: holds.held_by(t) for t in sorted(found)} if held_any else {}
         by = {task_id: reason for task_id, reason in by.items() if reason is not None}
         # Only the held tasks' pending runs are counted, not every task's backlog; an
         # operator's run (priority 1) passes a window.

@@ -11,10 +11,13 @@ one on or off (operate), as the console's Schedules page does.
   outside the years 1970-9000, or a `count` outside 1-50.
 - `POST /schedules/static/override`, `POST /schedules/static/reset` (and the same pair under
   `/schedules/dynamic/` with `task` and `row`): an operator's cadence for a schedule,
-  `scheduler.overrides` (`cron` with an optional `tz`, or `every_s`), kept across syncs and
-  deploys until reset. 422 naming the field for a bad cron, zone or interval (nothing
-  written); 404 for a schedule that does not exist; 409 for a beat row not synced from a
-  task (edited under Periodic tasks).
+  `scheduler.overrides` (`cron` with an optional `tz`, or `every_s`; `jitter_s`), kept across
+  syncs and deploys until reset. 422 naming the field for a bad cron, zone, interval or jitter
+  (nothing written); 404 for a schedule that does not exist; 409 for a beat row not synced
+  from a task (edited under Periodic tasks).
+- `POST /schedules/backfill {"name", "from", "to"}`: `scheduler.backfill`, each slot no run
+  carries fired once, under the schedule's overlap policy. 404, 409 as above; 422 for `from`
+  after `to`, outside the years 1970-9000, or more than 1,000 slots.
 - `POST /schedules/static/switch`, `POST /schedules/dynamic/switch`: `scheduler.switch`, the
   one path the console takes too. 404 for a schedule that does not exist, 409 for a static row
   whose task no longer declares a schedule (it stays off). Switching to the state a schedule
@@ -43,8 +46,9 @@ from orchestrator.api.errors import ApiError, answers
 from orchestrator.api.fields import Storable, whole
 from orchestrator.clock import SYSTEM
 from orchestrator.models import ScheduleOverride
-from orchestrator.scheduler import overrides, overview, switch
+from orchestrator.scheduler import backfill, overrides, overview, switch
 from orchestrator.scheduler.sync import overridden
+from tasks.schedule import MAX_JITTER_S
 
 router = Router(tags=["schedules"])
 
@@ -127,6 +131,27 @@ class FiresIn(Schema):
     count: int = Field(default=5, ge=1, le=MAX_FIRES)
 
 
+class BackfillIn(Schema):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: Name = Field(description="the static schedule's name (its task id)")
+    start: AwareDatetime = Field(alias="from", description="RFC 3339 with an offset; included")
+    end: AwareDatetime = Field(alias="to", description="RFC 3339; included; later than now: now")
+
+
+class BackfilledSlot(Schema):
+    slot: datetime
+    run_id: str | None = Field(None, description="started: the run; skipped: the live run")
+    reason: str | None = Field(None, description="refused: why")
+
+
+class BackfillOut(Schema):
+    started: list[BackfilledSlot]
+    present: list[datetime] = Field(description="slots a run already carries")
+    skipped: list[BackfilledSlot] = Field(description="overlap=skip: the previous run is live")
+    refused: list[BackfilledSlot] = Field(description="admission refused the start")
+
+
 class FiresOut(Schema):
     fires: list[datetime] = Field(description="RFC 3339, in the schedule's zone")
     tz: str = Field(description="the zone: the cron's own, else LUMASTRA_TIME_ZONE")
@@ -139,6 +164,7 @@ Expression = Annotated[
 ]
 Seconds = Annotated[int, Field(ge=1, le=overrides.MAX_EVERY_S), BeforeValidator(whole)]
 Zone = Annotated[str, StringConstraints(min_length=1, max_length=64), Storable()]
+Jitter = Annotated[int, Field(ge=0, le=MAX_JITTER_S), BeforeValidator(whole)]
 
 
 class CadenceIn(Schema):
@@ -149,9 +175,14 @@ class CadenceIn(Schema):
     tz: Zone | None = Field(
         default=None, description="a cron's IANA zone; default LUMASTRA_TIME_ZONE"
     )
+    jitter_s: Jitter | None = Field(
+        default=None,
+        description="each fire waits up to this many seconds into its slot, the same on every "
+        "replica (shorter than an interval); null: the definition's",
+    )
 
     def cadence(self) -> overrides.Cadence:
-        return overrides.Cadence(self.cron or "", self.every_s, self.tz or "")
+        return overrides.Cadence(self.cron or "", self.every_s, self.tz or "", self.jitter_s)
 
 
 class StaticOverrideIn(CadenceIn):
@@ -182,6 +213,7 @@ class OverrideOut(Schema):
     cron: str | None
     every_s: int | None
     tz: str | None = Field(description="the zone given; null: LUMASTRA_TIME_ZONE")
+    jitter_s: int | None = Field(description="null: the definition's")
     actor: str
     updated_at: datetime
 
@@ -271,6 +303,7 @@ def _override_out(override: ScheduleOverride) -> OverrideOut:
         cron=override.cron or None,
         every_s=override.every_s,
         tz=override.tz or None,
+        jitter_s=override.jitter_s,
         actor=override.actor,
         updated_at=override.updated_at,
     )
@@ -363,3 +396,31 @@ def switch_dynamic(request: HttpRequest, schedule: DynamicSwitchIn) -> SwitchedO
     except switch.UnknownSchedule as exc:
         raise ApiError(404, str(exc)) from None
     return SwitchedOut(enabled=schedule.enabled, changed=changed)
+
+
+@router.post(
+    "/schedules/backfill", auth=OPERATE, response=answers({200: BackfillOut}, 404, 409, 422)
+)
+def backfill_schedule(request: HttpRequest, body: BackfillIn) -> BackfillOut:
+    """Fire each slot of a static schedule between `from` and `to` that no run carries, once,
+    oldest first, under the schedule's overlap policy (`skip`: none while its previous run is
+    live)."""
+    now = SYSTEM.now()
+    try:
+        done = backfill.backfill(
+            body.name, body.start, body.end, now, by=current_user(request).username
+        )
+    except overview.UnknownSchedule as exc:
+        raise ApiError(404, str(exc)) from None
+    except overview.NotOurs as exc:
+        raise ApiError(409, str(exc)) from None
+    except backfill.BadRange as exc:
+        field = "from" if exc.field == "start" else "to"
+        error = {"loc": ("body", "body", field), "msg": str(exc), "type": "value_error"}
+        raise ApiError(422, f"{field}: {exc}", [error]) from None
+    return BackfillOut(
+        started=[BackfilledSlot(slot=s, run_id=r, reason=None) for s, r in done.started],
+        present=done.present,
+        skipped=[BackfilledSlot(slot=s, run_id=r, reason=None) for s, r in done.skipped],
+        refused=[BackfilledSlot(slot=s, run_id=None, reason=why) for s, why in done.refused],
+    )

@@ -19,15 +19,16 @@ paused or not, and this hook runs only for a start a pause refuses.
 - A run or stage already claimed is not touched: running runs finish.
 
 The mirror is written by `recovery.pauses` after the `task_pause` row commits (Postgres is
-the truth) and rebuilt from it by the reconciler (`rebuild`), so a Valkey that lost it holds
-runs again within one reconciler interval.
+the truth) and rebuilt from it, with the closed run windows, by the leader's windows loop every
+second (`rebuild`, `recovery.windows`), so a Valkey that lost it holds runs again within a
+second while a leader runs.
 
 Not guaranteed:
 - A pickup that read the mirror just before a resume parks its run after the resume looked
   for parked runs; the resume publishes every pending run of the scope not waiting in a queue,
   so it finds that one too (published twice at worst: only one delivery can claim a run).
-- While Valkey has lost the mirror (a restart without persistence) and the reconciler has not
-  rebuilt it, paused runs run.
+- While Valkey has lost the mirror (a restart without persistence) and the windows loop has
+  not rebuilt it, paused runs run.
 - A stage taken within STAGE_FRESH_S of a pause may still run. A resume waits that long
   before it publishes held stages, so none is parked after it looked for them.
 """
@@ -143,11 +144,14 @@ def in_mirror() -> dict[str, str]:
     return cast(dict[str, str], valkey.client().hgetall(keys.pauses()))
 
 
-def rebuild(read_truth: Callable[[], Mapping[str, str]]) -> dict[str, str] | None:
+def rebuild(
+    read_truth: Callable[[], Mapping[str, str]],
+    on_change: Callable[[Pipeline, Mapping[str, str]], None] | None = None,
+) -> dict[str, str] | None:
     """Make the mirror say what `read_truth()` (field → mode, from Postgres) says; returns what
     it said before when it had to change, else None. Valkey is watched before Postgres is read,
     so a pause or resume written meanwhile (Postgres, then the mirror) makes this pass give way
-    rather than undo it."""
+    rather than undo it. `on_change(pipe, before)` adds its own writes to the same MULTI."""
     with valkey.client().pipeline(transaction=True) as pipe:
         try:
             pipe.watch(keys.pauses())  # type: ignore[no-untyped-call]
@@ -159,6 +163,8 @@ def rebuild(read_truth: Callable[[], Mapping[str, str]]) -> dict[str, str] | Non
             pipe.delete(keys.pauses())
             if truth:
                 pipe.hset(keys.pauses(), mapping=truth)
+            if on_change is not None:
+                on_change(pipe, current)
             valkey.execute(pipe)
         except redis.WatchError:
             return None

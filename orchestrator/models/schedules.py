@@ -51,6 +51,8 @@ class ScheduleOverride(models.Model):
     cron = models.CharField(max_length=200, blank=True, default="")
     every_s = models.PositiveIntegerField(null=True, blank=True)
     tz = models.CharField(max_length=64, blank=True, default="")  # "": LUMASTRA_TIME_ZONE
+    # Seconds each slot's fire may wait (`orchestrator.slots.jitter`); None: the definition's.
+    jitter_s = models.PositiveIntegerField(null=True, blank=True)
     actor = models.CharField(max_length=150)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -146,10 +146,11 @@ def resume(scope: PauseScope, name: str, *, by: str) -> Resumed:
         TaskPause.objects.filter(pk=row.pk).update(resumed_at=Now(), resumed_by=by)
     row.refresh_from_db()
     field = keys.pause_field(scope, name)
-    # A resume inside the scope's closed run window leaves the window holding its runs.
+    # A resume inside the scope's closed run window leaves the window holding its runs (all
+    # but an operator's, which the release publishes).
     closed = field in windows.Now.at(timezone.now()).closed()
-    gate.mirror(field, windows.WINDOW if closed else None)
-    released = 0 if closed else release_scope(scope, name, definitions)
+    gate.mirror(field, live.WINDOW if closed else None)
+    released = release_scope(scope, name, definitions)
     log.warning("%s %s resumed by %s: %s runs published again", scope, name, by, released)
     return Resumed(row, released)
 
@@ -174,7 +175,7 @@ def release_scope(
 def mirror_truth(closed: Iterable[str]) -> dict[str, str]:
     """What the pauses' mirror should say: each pause in force (`task_pause`) its mode, each
     other field of a `closed` run window WINDOW."""
-    truth = dict.fromkeys(closed, windows.WINDOW)
+    truth = dict.fromkeys(closed, live.WINDOW)
     truth.update({keys.pause_field(row.scope, row.name): _mode(row) for row in in_force()})
     return truth
 
@@ -183,7 +184,8 @@ def release(definitions: Sequence[TaskDefinition], at: datetime | None = None) -
     """Publish the parked runs of `definitions` that no pause or closed window holds at `at`
     (default: now), most urgent first; a run whose message waits in a queue is left there."""
     holds = Holds.load(0, at)
-    free = {d.id: d for d in definitions if not holds.holds(d.id)}
+    # A window holds every run but an operator's: a task it holds may still have some to send.
+    free = {d.id: d for d in definitions if not holds.holds(d.id, live.OPERATOR_PRIORITY)}
     if not free:
         return 0
     rows = (
@@ -197,7 +199,7 @@ def release(definitions: Sequence[TaskDefinition], at: datetime | None = None) -
     waiting = in_broker_lists({queue_name(d, per_task) for d in free.values()})
     now_runs, later = [], []
     for run_id, task_id, identity, priority, not_before, version in rows.iterator():
-        if run_id in waiting:
+        if run_id in waiting or holds.holds(task_id, priority):
             continue
         definition = free[task_id]
         hooks.republished(Republished(definition, run_id, identity))
@@ -251,9 +253,9 @@ class Holds:
     fields that hold, and the seconds since each recent resume (by the Postgres clock) or
     window opening."""
 
-    paused: frozenset[str]  # the pauses' fields and the closed windows'
+    paused: frozenset[str]  # the fields of the pauses in force
     resumed_s: dict[str, float]
-    windowed: frozenset[str] = frozenset()  # the closed windows' among them
+    windowed: frozenset[str] = frozenset()  # the fields of the closed windows no pause holds
 
     @classmethod
     def load(cls, within_s: int, at: datetime | None = None) -> Holds:
@@ -276,7 +278,7 @@ class Holds:
         for field, seconds in current.opened_s(now).items():
             if seconds <= within_s:
                 resumed[field] = min(seconds, resumed.get(field, seconds))
-        return cls(frozenset(paused | closed), resumed, frozenset(closed))
+        return cls(frozenset(paused), resumed, frozenset(closed - paused))
 
     def _fields(self, task_id: str) -> tuple[str, ...]:
         definition = registry.get().get(task_id)
@@ -284,22 +286,27 @@ class Holds:
             return (keys.pause_field(PauseScope.TASK, task_id),)
         return gate.fields_of(definition)
 
-    def holds(self, task_id: str) -> bool:
-        return any(field in self.paused for field in self._fields(task_id))
+    def _mode(self, field: str) -> str | None:
+        if field in self.paused:
+            return gate.HOLD
+        return live.WINDOW if field in self.windowed else None
+
+    def holds(self, task_id: str, priority: int) -> bool:
+        """Whether a run of `task_id` at `priority` is held, by the claim's own rule
+        (`live.holds`: a window lets an operator's run pass)."""
+        return any(live.holds(self._mode(f), priority) for f in self._fields(task_id))
 
     def held_by(self, task_id: str) -> str | None:
         """ "pause" when a pause holds the task's runs, else "window" when a closed run window
-        does (not an operator's run: it passes a window), else None."""
-        fields = [f for f in self._fields(task_id) if f in self.paused]
-        if not fields:
-            return None
-        return "window" if all(f in self.windowed for f in fields) else "pause"
+        holds them (all but an operator's), else None."""
+        modes = {self._mode(f) for f in self._fields(task_id)} - {None}
+        return None if not modes else "window" if modes == {live.WINDOW} else "pause"
 
     def held_stages(self, rows: Sequence[Sequence[Any]]) -> set[str]:
-        """The message ids of the stages a pause holds among pipeline `rows` (run id, task
-        id first): none of them is to be published while held."""
+        """The message ids of the stages a pause or a closed window holds among pipeline
+        `rows` (run id, task id first): none of them is to be published while held."""
         held: set[str] = set()
-        if not self.paused:
+        if not self.paused and not self.windowed:
             return held
         found = registry.get()
         for run_id, task_id, *_ in rows:
@@ -308,7 +315,7 @@ class Holds:
                 continue
             for stage in definition.pipeline:
                 fields = gate.fields_for(task_id, stage_class(definition, stage))
-                if any(field in self.paused for field in fields):
+                if any(self._mode(field) for field in fields):
                     held.add(stage_message_id(run_id, stage.name))
         return held
 
@@ -319,7 +326,7 @@ class Holds:
         held = 0
         for candidate in pending:
             fields = self._fields(candidate.task_id)
-            if any(field in self.paused for field in fields):
+            if self.holds(candidate.task_id, candidate.priority):
                 held += 1
                 continue
             since = [self.resumed_s[f] for f in fields if f in self.resumed_s]

@@ -10,9 +10,11 @@ operator's change):
    mirror_truth`; the whole hash written again under a WATCH, so a pause or resume written
    meanwhile wins and the next tick tries again). A mirror Valkey lost, or a pause whose resume
    could not clear it, is put right here too, and logged;
-3. for each window that opened since the mirror last said so: publishes the runs it held, most
-   urgent first, then oldest (`recovery.pauses.release_scope`, as a resume does); runs another
-   closed window or a pause still holds stay held;
+3. for each window that opened since the mirror last said so (noted in `keys.window_releases`
+   in the same MULTI that clears its field, so a release that fails or a leader that dies
+   mid-way leaves it to the next tick): publishes the runs it held, most urgent first, then
+   oldest (`recovery.pauses.release_scope`, as a resume does); runs another closed window or a
+   pause still holds stay held;
 4. asks the running runs of each closed window with `on_close="stop"` to stop (every tick, so a
    run claimed just before is asked too): "stop <runId>" on its owner's cancel channel, which
    its watch turns into the handler's cancel flag (`ctx.raise_if_cancelled`, `ctx.sleep`); the
@@ -31,6 +33,11 @@ Not guaranteed:
 - Valkey keeps no memory of a window that opened while it had lost the mirror: the runs that
   window held are published by the reconciler's pending check (their messages are gone), not
   by the opening.
+- An operator's window that is never open together with the other window its runs need (a
+  task's and its class's) is refused (`windows.check_overlap`, over the next eight days); the
+  code's and the environment's are not checked against each other.
+- During a rolling deploy from a version before issue 38, its reconcilers rebuild the mirror
+  from the pauses alone every 30 s and so clear closed windows' fields until they are gone.
 """
 
 from __future__ import annotations
@@ -39,10 +46,12 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 from zoneinfo import ZoneInfo
 
 from django.db import transaction
 from django.utils import timezone
+from redis.client import Pipeline
 
 from orchestrator import windows
 from orchestrator.clock import SYSTEM, Clock
@@ -52,9 +61,8 @@ from orchestrator.models import PauseScope, RunWindow, TaskHistory
 from orchestrator.recovery import pauses
 from orchestrator.runs import cancel
 from orchestrator.states import RunState
-from orchestrator.stores import keys
+from orchestrator.stores import keys, live, valkey
 from tasks import registry
-from tasks.definition import Priority
 from tasks.window import Window
 
 log = logging.getLogger(__name__)
@@ -73,32 +81,52 @@ def tick(fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
         truth.update(pauses.mirror_truth(closed))
         return truth
 
-    before = gate.rebuild(read_truth)
-    _stop_running(current.stopping())
-    if before is None:
-        return 0
-    if _pauses_of(before) != _pauses_of(truth):
-        log.warning("the pauses' Valkey mirror differed from task_pause; rebuilt")
-    opened = [f for f, mode in before.items() if mode == windows.WINDOW and f not in closed]
+    def note_openings(pipe: Pipeline, before: Mapping[str, str]) -> None:
+        opened = [f for f, mode in before.items() if mode == live.WINDOW and f not in closed]
+        if opened:
+            pipe.sadd(keys.window_releases(), *opened)
+
+    before = gate.rebuild(read_truth, note_openings)
+    if before is not None:
+        if _pauses_of(before) != _pauses_of(truth):
+            log.warning("the pauses' Valkey mirror differed from task_pause; rebuilt")
+        for field in closed.keys() - before.keys():
+            log.info("window of %s closed", field.replace(":", " ", 1))
+    released = _release_opened(closed, now, fence)
+    try:
+        _stop_running(current.stopping())
+    except Exception:
+        log.exception("windows: running runs not asked to stop; the next tick asks again")
+    return released
+
+
+def _release_opened(closed: Mapping[str, object], now: datetime, fence: Fence | None) -> int:
+    """Publish what each opened window held (`keys.window_releases`), most urgent first; a
+    window closed again meanwhile has nothing to publish, one that fails is tried next tick."""
+    client = valkey.client()
+    opened = sorted(cast(set[str], client.smembers(keys.window_releases())))
     released = 0
     for field in opened:
-        scope, _, name = field.partition(":")
-        try:
-            definitions = pauses.tasks_of(PauseScope(scope), name)
-        except pauses.UnknownScope:
-            continue  # a task no longer registered here: its runs wait for the pending check
         if fence is not None:
             fence.check()
-        count = pauses.release_scope(PauseScope(scope), name, definitions, at=now)
-        log.info("window of %s %s opened: %d held runs published", scope, name, count)
-        released += count
-    for field in closed.keys() - before.keys():
-        log.info("window of %s closed", field.replace(":", " ", 1))
+        scope, _, name = field.partition(":")
+        try:
+            if field not in closed:
+                definitions = pauses.tasks_of(PauseScope(scope), name)
+                count = pauses.release_scope(PauseScope(scope), name, definitions, at=now)
+                log.info("window of %s %s opened: %d held runs published", scope, name, count)
+                released += count
+        except pauses.UnknownScope:
+            pass  # not registered here: its runs wait for the pending check
+        except Exception:
+            log.exception("window of %s %s opened; its release is tried again", scope, name)
+            continue
+        client.srem(keys.window_releases(), field)
     return released
 
 
 def _pauses_of(mirror: Mapping[str, str]) -> dict[str, str]:
-    return {field: mode for field, mode in mirror.items() if mode != windows.WINDOW}
+    return {field: mode for field, mode in mirror.items() if mode != live.WINDOW}
 
 
 def _stop_running(stopping: Mapping[str, windows.Scoped]) -> None:
@@ -116,7 +144,7 @@ def _stop_running(stopping: Mapping[str, windows.Scoped]) -> None:
         return
     running = (
         TaskHistory.objects.filter(state=RunState.ACTIVE, task_id__in=task_ids)
-        .exclude(priority=Priority.OPERATOR)
+        .exclude(priority=live.OPERATOR_PRIORITY)
         .values_list("id", "owner_instance_id")
     )
     for run_id, owner in running:
@@ -126,8 +154,12 @@ def _stop_running(stopping: Mapping[str, windows.Scoped]) -> None:
 
 def set_window(scope: PauseScope, name: str, window: Window, *, by: str) -> windows.Scoped:
     """The operator's window for a scope, in place of the code's or the environment's; in
-    force on every host at once (this process ticks), and on the leader's next tick anyway."""
+    force on every host at once (this process ticks), and on the leader's next tick anyway.
+    WindowError when its runs could never start: never open together with the window of its
+    class (a task's), or of one of its tasks (a class's)."""
     pauses.tasks_of(scope, name)  # UnknownScope for no such task or class
+    scoped = windows.Scoped(scope, name, window, windows.Source.OPERATOR, by)
+    windows.check_overlap(scoped, timezone.now())
     with transaction.atomic():
         RunWindow.objects.update_or_create(
             scope=scope,
@@ -141,8 +173,8 @@ def set_window(scope: PauseScope, name: str, window: Window, *, by: str) -> wind
             },
         )
     log.warning("%s %s: run window %s set by %s", scope, name, window.describe(), by)
-    tick()
-    return next(s for s in windows.in_force() if (s.scope, s.name) == (scope, name))
+    _apply_now()
+    return windows.of(scope, name) or scoped
 
 
 def remove_window(scope: PauseScope, name: str, *, by: str) -> bool:
@@ -152,8 +184,17 @@ def remove_window(scope: PauseScope, name: str, *, by: str) -> bool:
     deleted, _ = RunWindow.objects.filter(scope=scope, name=name).delete()
     if deleted:
         log.warning("%s %s: the operator's run window removed by %s", scope, name, by)
-        tick()
+        _apply_now()
     return bool(deleted)
+
+
+def _apply_now() -> None:
+    """An operator's change in force at once; if this tick fails, the leader's next one
+    applies it (the row is written)."""
+    try:
+        tick()
+    except Exception:
+        log.exception("windows: a tick after an operator's change failed; the leader's applies it")
 
 
 @dataclass(frozen=True)
@@ -185,7 +226,7 @@ def held(task_id: str, priority: int, at: datetime | None = None) -> Hold | None
         if field in paused:
             scope, _, name = field.partition(":")
             return Hold("pause", scope, name)
-    if priority == Priority.OPERATOR:
+    if not live.holds(live.WINDOW, priority):
         return None
     closed = windows.Now.at(timezone.now() if at is None else at).holding(fields)
     if closed is None:

@@ -152,7 +152,9 @@ def _retry_later(
             owner=pickup.owner,
             attempts=run.attempts,
             error=error,
-            not_before=timezone.now() + delay,
+            # A refunded run is a fresh one again (no attempt spent): no not_before, or the due
+            # loop would take it for a delayed start (`runs.due`).
+            not_before=None if refund else timezone.now() + delay,
             refund=refund,
         )
     except IllegalTransition as exc:

@@ -230,7 +230,8 @@ def _postponed(
     """A pre-claim hook postponed the run: published again for later, unless a pause holds
     it (the claim's script, which would park it, was not asked): then parked now, as the
     claim would have, rather than put back again and again while its limit is full."""
-    if held := live.holding(run_id, live.Pauses.of(definition.id, definition.resource_class)):
+    pauses = live.Pauses.of(definition.id, definition.resource_class)
+    if held := live.holding(run_id, pauses, priority):
         log.info("%s; parked", held)
         return
     log.info("run %s: postponed %ss (%s)", run_id, delay.total_seconds(), reason)

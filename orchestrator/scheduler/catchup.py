@@ -14,7 +14,11 @@ Costs two queries (the rows, their states). A schedule that never fired (no stat
 caught up: it waits for its first regular fire. Each schedule is handled alone: one that
 fails is logged with its task id and the others go on.
 
-Not guaranteed: a catch-up replaces every missed slot with one run; it does not replay them.
+A schedule declared with `catch_up_within_s` (`every()`, `cron()`) is caught up only when its
+latest slot began at most that long ago; one whose slot is older waits for its next fire.
+
+Not guaranteed: a catch-up replaces every missed slot with one run; it does not replay them
+(an operator's backfill does: `scheduler.backfill`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.models import SchedulerState
+from orchestrator.scheduler import policies
 from orchestrator.scheduler.fire import FireRequest, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
 from orchestrator.scheduler.sync import slots_of
@@ -38,6 +43,8 @@ class CatchUpReport:
     fired: list[str] = field(default_factory=list)
     # Due, but another replica took the bucket or the slot was already fired.
     elsewhere: list[str] = field(default_factory=list)
+    # Missed, but its latest slot began longer ago than its `catch_up_within_s`.
+    outside: list[str] = field(default_factory=list)
     errors: int = 0
 
 
@@ -60,7 +67,12 @@ def catch_up(clock: Clock = SYSTEM) -> CatchUpReport:
                 continue
             if not slots.missed(state.last_fired_at, now):
                 continue
-            result = fire(FireRequest(row.name, slots.slot(now), catch_up=True), now)
+            slot = slots.slot(now)
+            within = policies.of(row.name).catch_up_within_s
+            if within is not None and now.timestamp() - slot > within:
+                report.outside.append(row.name)
+                continue
+            result = fire(FireRequest(row.name, slot, catch_up=True), now)
         except Exception:
             report.errors += 1
             log.exception("boot catch-up of schedule %s failed; the others go on", row.name)

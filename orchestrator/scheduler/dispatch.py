@@ -20,10 +20,13 @@ from celery import shared_task
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
+from orchestrator.models import ScheduleOverride
 from orchestrator.runs.runner import task_connections
+from orchestrator.scheduler import policies
 from orchestrator.scheduler.fire import FireRequest, FireResult, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK
 from orchestrator.scheduler.sync import slots_of
+from orchestrator.slots import jitter
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,13 @@ def fire_static(task_id: str, *, clock: Clock = SYSTEM, catch_up: bool = False) 
         log.info("schedule %s: no enabled interval or cron row; nothing fired", task_id)
         return FireResult(Outcome.ALREADY, error="no enabled schedule row")
     now = clock.now()
-    return fire(FireRequest(task_id, slots.slot(now), catch_up=catch_up), now)
+    slot = slots.slot(now)
+    override = ScheduleOverride.objects.filter(key=task_id).first()
+    delay = jitter(task_id, slot, policies.jitter_of(task_id, override))
+    if not catch_up and now.timestamp() < slot + delay:
+        # A jittered slot: the scheduler tick fires it when its delay is over.
+        return FireResult(Outcome.EARLY, error=f"jittered: fires {delay} s into its slot")
+    return fire(FireRequest(task_id, slot, catch_up=catch_up), now)
 
 
 def _dispatch(task_id: str) -> str:

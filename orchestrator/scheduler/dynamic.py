@@ -8,7 +8,8 @@ here, so a schedule fires at the moments that function names (to within a tick) 
 beat's own clock arithmetic does across a daylight-saving change. Beat's message for the
 same slot then finds it fired and fires nothing; a slot older than `ON_TIME_S` (the loops
 were down) is left to beat and to the boot catch-up, as before. Costs one query per tick
-(the rows), and one more when a slot is due.
+(the rows), and one more when a slot is due. A schedule that declares `pause_on_failure` is
+switched off first when its last runs all failed (`scheduler.policies`).
 
 Dynamic schedules: each tick, for each task whose definition declares `dynamic(loader)`:
 1. calls `loader()` (the task author's one cheap query) for the rows `(key, input, interval)`;
@@ -57,12 +58,13 @@ from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.models import ScheduleOverride, SchedulerState
+from orchestrator.scheduler import policies
 from orchestrator.scheduler.catchup import CatchUpReport, catch_up
 from orchestrator.scheduler.fire import FireRequest, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
-from orchestrator.scheduler.overrides import dynamic_overrides
+from orchestrator.scheduler.overrides import every_override
 from orchestrator.scheduler.sync import overridden, slots_of
-from orchestrator.slots import IntervalSlots
+from orchestrator.slots import IntervalSlots, jitter
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.schedule import Dynamic, ScheduleRow, to_row
@@ -82,6 +84,7 @@ class SchedulerTickReport:
     fired: list[str] = field(default_factory=list)  # state keys fired by this tick
     refused: list[str] = field(default_factory=list)  # slot claimed, no run (see last_error)
     switched_off: list[str] = field(default_factory=list)  # due, but an operator disabled it
+    paused: list[str] = field(default_factory=list)  # switched off now by pause_on_failure
     errors: int = 0  # loaders that raised, malformed rows, rows that raised
     catch_up: CatchUpReport | None = None
 
@@ -113,9 +116,9 @@ class Scheduler:
             report.skipped = True
             return report
         try:
-            self._tick_static(report)
+            overrides = every_override()
+            self._tick_static(report, overrides)
             definitions = self.dynamic_definitions()
-            overrides = dynamic_overrides() if definitions else {}
             for definition in definitions:
                 self._tick_task(definition, overrides, report)
         finally:
@@ -131,12 +134,18 @@ class Scheduler:
             )
         return report
 
-    def _tick_static(self, report: SchedulerTickReport) -> None:
+    def _tick_static(
+        self, report: SchedulerTickReport, overrides: Mapping[str, ScheduleOverride]
+    ) -> None:
         now = self.clock.now()
         due: list[tuple[str, str, int]] = []
-        rows = PeriodicTask.objects.select_related("interval", "crontab").filter(
-            task=DISPATCH_TASK, enabled=True
+        rows = list(
+            PeriodicTask.objects.select_related("interval", "crontab").filter(
+                task=DISPATCH_TASK, enabled=True
+            )
         )
+        report.paused = policies.pause_failing(rows)
+        rows = [row for row in rows if row.name not in report.paused]
         on_time = max(ON_TIME_S, 3 * settings.CONFIG.scheduler_tick_s)
         for row in rows:
             try:
@@ -147,7 +156,10 @@ class Scheduler:
                 log.error("%s: schedule %s has no slot: %s", NAME, row.name, exc)
                 continue
             key = state_key(row.name)
-            if slot is None or now.timestamp() - slot > on_time:
+            if slot is None:
+                continue
+            fire_at = slot + jitter(key, slot, policies.jitter_of(row.name, overrides.get(key)))
+            if not 0 <= now.timestamp() - fire_at <= on_time:
                 continue
             if self._fired.get(key, -1) < slot:
                 due.append((row.name, key, slot))
@@ -228,7 +240,8 @@ class Scheduler:
                 report.errors += 1
                 log.error("%s: schedule %s has no slot: %s", NAME, key, exc)
                 continue
-            if self._fired.get(key, -1) < slot:
+            delay = jitter(key, slot, policies.jitter_of(definition.id, override))
+            if self._fired.get(key, -1) < slot and now.timestamp() >= slot + delay:
                 due.append((row, key, slot))
         if not due:
             return

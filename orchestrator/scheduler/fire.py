@@ -59,6 +59,7 @@ class Outcome(Enum):
     ALREADY = "already"  # this slot was fired before (scheduler_state says so)
     REFUSED = "refused"  # the slot is claimed, but start_run refused; see last_error
     SKIPPED = "skipped"  # the slot is claimed; the previous fire's run is still live
+    EARLY = "early"  # beat's message came before a jittered slot's delay was over
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class FireRequest:
     row_key: str = ""  # "" for a static schedule
     input: Mapping[str, Any] = field(default_factory=dict)
     catch_up: bool = False
+    backfill: bool = False  # an operator's backfill (`scheduler.backfill`)
 
     @property
     def key(self) -> str:
@@ -85,7 +87,7 @@ class FireResult:
     error: str = ""
 
 
-def _trigger(request: FireRequest) -> dict[str, Any]:
+def trigger_of(request: FireRequest) -> dict[str, Any]:
     trigger: dict[str, Any] = {
         "kind": TriggerKind.SCHEDULE.value,
         "bucket": request.bucket,
@@ -95,10 +97,12 @@ def _trigger(request: FireRequest) -> dict[str, Any]:
         trigger["row"] = request.row_key
     if request.catch_up:
         trigger["catchUp"] = True
+    if request.backfill:
+        trigger["backfill"] = True
     return trigger
 
 
-def _still_live(task_id: str, previous: str | None) -> tuple[str, str] | None:
+def still_live(task_id: str, previous: str | None) -> tuple[str, str] | None:
     """The previous fire's run and its state, if it is live and the task does not overlap."""
     if not previous:
         return None
@@ -145,11 +149,13 @@ def fire(request: FireRequest, now: datetime) -> FireResult:
             claimed = cursor.fetchone() is not None
         if not claimed:
             return FireResult(Outcome.ALREADY)
-        if live_run := _still_live(request.task_id, previous):
+        if live_run := still_live(request.task_id, previous):
             return _skip(request, live_run)
         try:
             with transaction.atomic():
-                handle = start_run(request.task_id, dict(request.input), trigger=_trigger(request))
+                handle = start_run(
+                    request.task_id, dict(request.input), trigger=trigger_of(request)
+                )
         except (StartRefused, Refused, UnknownTaskError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             SchedulerState.objects.filter(key=request.key).update(last_error=error[:2000])

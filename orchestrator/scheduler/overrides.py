@@ -45,7 +45,7 @@ from orchestrator.scheduler.sync import (
 )
 from orchestrator.slots import Slots, cadence
 from tasks import registry
-from tasks.schedule import cron, time_zone
+from tasks.schedule import MAX_JITTER_S, cron, time_zone
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +70,22 @@ class CannotOverride(ValueError):
 
 @dataclass(frozen=True)
 class Cadence:
-    """What an operator asks for: `cron` (with `tz`, default LUMASTRA_TIME_ZONE) or `every_s`."""
+    """What an operator asks for: `cron` (with `tz`, default LUMASTRA_TIME_ZONE) or `every_s`,
+    and `jitter_s` (None: the definition's)."""
 
     cron: str = ""
     every_s: int | None = None
     tz: str = ""
+    jitter_s: int | None = None
 
     def slots(self) -> Slots:
         """The schedule it makes; BadOverride names the field that cannot be used."""
         if bool(self.cron) == (self.every_s is not None):
             raise BadOverride("cron", "give either cron or every_s, not both or neither")
+        if self.jitter_s is not None and not 0 <= self.jitter_s <= MAX_JITTER_S:
+            raise BadOverride("jitter_s", f"must be 0 to {MAX_JITTER_S} seconds")
+        if self.jitter_s and self.every_s is not None and self.jitter_s >= self.every_s:
+            raise BadOverride("jitter_s", "must be shorter than the interval")
         if self.every_s is not None:
             if self.tz:
                 raise BadOverride("tz", "a zone applies to a cron; an interval is elapsed time")
@@ -160,8 +166,13 @@ def reset_dynamic(task_id: str, row_key: str, *, actor: str) -> bool:
 
 
 def dynamic_overrides() -> dict[str, ScheduleOverride]:
-    """Every dynamic row's override, by state key (what the tick reads)."""
+    """Every dynamic row's override, by state key."""
     return {o.key: o for o in ScheduleOverride.objects.exclude(row_key="")}
+
+
+def every_override() -> dict[str, ScheduleOverride]:
+    """Every override, static and dynamic, by state key (what the tick reads, once)."""
+    return {o.key: o for o in ScheduleOverride.objects.all()}
 
 
 def _managed_row(name: str) -> PeriodicTask | None:
@@ -185,6 +196,7 @@ def _save(key: str, task_id: str, row_key: str, wanted: Cadence, actor: str) -> 
             "cron": wanted.cron,
             "every_s": wanted.every_s,
             "tz": wanted.zone() if wanted.cron else "",
+            "jitter_s": wanted.jitter_s,
             "actor": actor,
         },
     )

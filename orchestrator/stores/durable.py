@@ -287,7 +287,7 @@ def put_back(
     owner: str,
     attempts: int,
     error: dict[str, Any],
-    not_before: datetime,
+    not_before: datetime | None,
     stale_after_s: float | None = None,
     refund: bool = False,
 ) -> None:

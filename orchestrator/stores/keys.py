@@ -155,8 +155,16 @@ def circuit(task_id: str) -> str:
 
 def pauses() -> str:
     """Hash of `<scope>:<name>` (`pause_field`) → `hold` or `refuse`: the pauses in force, a
-    mirror of `task_pause` (orchestrator/hooks/pause.py), rebuilt by the reconciler; no TTL."""
+    mirror of `task_pause` (orchestrator/hooks/pause.py), and `window` for a closed run window
+    (`orchestrator.windows`); rebuilt by the leader's windows loop; no TTL."""
     return "task:paused"
+
+
+def window_releases() -> str:
+    """Set of the `pauses()` fields whose run window opened and whose held runs are not all
+    published yet (`recovery.windows`): added in the same MULTI that clears the field, removed
+    once the release went through, so a release that failed is tried again; no TTL."""
+    return "task:window:releases"
 
 
 def pause_field(scope: str, name: str) -> str:

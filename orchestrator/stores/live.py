@@ -236,11 +236,23 @@ class Pauses(NamedTuple):
         return cls(keys.pause_field("task", task_id), keys.pause_field("class", resource_class))
 
 
-def holding(run_id: str, pauses: Pauses) -> Held | None:
-    """What a claim of the run would be refused for now: the pause among `pauses` that is set,
-    if any."""
+# The mirror's value for a scope whose run window is closed (`orchestrator.windows`).
+WINDOW = "window"
+# An operator's run ("run now", an operator's retry): a closed window lets it pass.
+OPERATOR_PRIORITY = 1
+
+
+def holds(mode: str | None, priority: int) -> bool:
+    """Whether a field of the pauses' mirror saying `mode` holds a run of `priority`: a pause
+    holds every run, a closed window every run but an operator's (claim_run.lua's own rule)."""
+    return bool(mode) and (mode != WINDOW or priority != OPERATOR_PRIORITY)
+
+
+def holding(run_id: str, pauses: Pauses, priority: int) -> Held | None:
+    """What a claim of the run (at `priority`) would be refused for now: the pause or closed
+    window among `pauses` that holds it, if any."""
     found = cast(list[str | None], valkey.client().hmget(keys.pauses(), list(pauses)))
-    field = next((field for field, mode in zip(pauses, found, strict=True) if mode), None)
+    field = next((f for f, mode in zip(pauses, found, strict=True) if holds(mode, priority)), None)
     return None if field is None else Held(run_id, field)
 
 

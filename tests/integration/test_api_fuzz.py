@@ -106,6 +106,7 @@ OWN_ERRORS = {
     ("post", "/api/v1/schedules/dynamic/override"): {404, 422},
     ("post", "/api/v1/schedules/dynamic/reset"): {404, 422},
     ("post", "/api/v1/schedules/dynamic/switch"): {404, 422},
+    ("post", "/api/v1/schedules/backfill"): {404, 409, 422},
     ("get", "/api/v1/cluster/nodes"): set(),
     ("get", "/api/v1/cluster/leaders"): set(),
     ("get", "/api/v1/coverage"): set(),

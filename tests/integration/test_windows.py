@@ -28,8 +28,9 @@ from orchestrator.recovery import pauses
 from orchestrator.recovery import windows as opening
 from orchestrator.recovery.pending import held_by_workers, in_broker_lists
 from orchestrator.recovery.reconciler import Reconciler
+from orchestrator.runs import due
 from orchestrator.runs.start import start_run
-from orchestrator.stores import keys, valkey
+from orchestrator.stores import keys, live, valkey
 from orchestrator.triggers import TriggerKind
 from tasks.window import Window
 from tests.support.fixtures import wait_for, worker_process
@@ -97,7 +98,7 @@ def test_a_closed_class_window_holds_its_runs_then_releases_them_most_urgent_fir
     scoped = opening.set_window(PauseScope.CLASS, "maintenance", _closed_now(), by="ops")
     state = scoped.state(timezone.now())
     assert not state.open and state.opens_at is not None
-    assert valkey.client().hget(keys.pauses(), "class:maintenance") == windows.WINDOW
+    assert valkey.client().hget(keys.pauses(), "class:maintenance") == live.WINDOW
 
     labels = []
     for index in range(HELD):
@@ -186,6 +187,7 @@ def test_a_window_closing_with_stop_puts_its_running_run_back_without_spending_a
         wait_for(lambda: _row(run_id).state == "pending", timeout=30)
         row = _row(run_id)
         assert row.attempts == 0 and row.error["kind"] == "window_closed"
+        assert row.not_before is None and due.release() == 0  # not a delayed start
         # Its message comes back and is parked: the window holds the same run.
         wait_for(
             lambda: not in_broker_lists([SLEEPY_QUEUE]) and run_id not in held_by_workers(),
@@ -241,7 +243,7 @@ def test_an_operators_window_is_set_listed_and_removed(client: Client) -> None:
     assert listed[0]["open"] == found["open"]
     assert listed[0]["closes_at"] == found["closes_at"]
     mirror = valkey.client().hget(keys.pauses(), f"task:{OTHER_TASK}")
-    assert mirror == (None if found["open"] else windows.WINDOW)
+    assert mirror == (None if found["open"] else live.WINDOW)
 
     removed = client.delete(f"/api/v1/tasks/{OTHER_TASK}/window").json()
     assert removed == {"removed": True, "window": None}
@@ -250,15 +252,27 @@ def test_an_operators_window_is_set_listed_and_removed(client: Client) -> None:
     again = client.delete(f"/api/v1/tasks/{OTHER_TASK}/window").json()
     assert again == {"removed": False, "window": None}
 
+    # A task window never open while its class's is: its runs would wait forever.
+    assert _put(client, "/classes/io/window", {"window": "01:00-02:00"}).status_code == 200
+    refused = _put(client, f"/tasks/{OTHER_TASK}/window", {"window": "03:00-04:00"})
+    assert refused.status_code == 422
+    assert refused.json()["errors"][0]["loc"][-1] == "window"
+    assert not RunWindow.objects.filter(scope="task").exists()
+    assert _put(client, f"/tasks/{OTHER_TASK}/window", {"window": "01:30-05:00"}).status_code == 200
+
 
 def test_a_resume_inside_a_closed_window_leaves_the_window_holding() -> None:
     opening.set_window(PauseScope.TASK, OTHER_TASK, _closed_now(), by="ops")
     pauses.pause(PauseScope.TASK, OTHER_TASK, by="ops", reason="disk")
     assert valkey.client().hget(keys.pauses(), f"task:{OTHER_TASK}") == "hold"
     start_run(OTHER_TASK, {}, trigger=TriggerKind.MANUAL)
+    rush = start_run(OTHER_TASK, {}, trigger=TriggerKind.OPERATOR_RETRY, priority=1).run_id
+    empty_queues(OTHER_QUEUE)  # both messages taken and parked, as a worker would
     resumed = pauses.resume(PauseScope.TASK, OTHER_TASK, by="ops")
-    assert resumed.released == 0
-    assert valkey.client().hget(keys.pauses(), f"task:{OTHER_TASK}") == windows.WINDOW
+    # The window still holds the manual run; the operator's passes it (`live.holds`).
+    assert resumed.released == 1
+    assert in_broker_lists([OTHER_QUEUE]) == {rush}
+    assert valkey.client().hget(keys.pauses(), f"task:{OTHER_TASK}") == live.WINDOW
     # The next tick finds the mirror as it should be.
     assert opening.tick() == 0
-    assert valkey.client().hget(keys.pauses(), f"task:{OTHER_TASK}") == windows.WINDOW
+    assert valkey.client().hget(keys.pauses(), f"task:{OTHER_TASK}") == live.WINDOW

@@ -90,3 +90,12 @@ def test_define_task_accepts_both_kinds_of_schedule() -> None:
 
     assert interval.schedule == Every(timedelta(minutes=15))
     assert crontab.schedule == Cron("0 3 * * *")
+
+
+def test_schedule_policies_are_checked_when_declared() -> None:
+    policies = every("1h", pause_on_failure=3, catch_up_within_s=600).policies
+    assert (policies.pause_on_failure, policies.catch_up_within_s) == (3, 600)
+    assert cron("0 3 * * *", pause_on_failure=1).policies.pause_on_failure == 1
+    for bad in ({"pause_on_failure": 0}, {"catch_up_within_s": True}, {"pause_on_failure": "3"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            every("1h", **bad)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from orchestrator.scheduler.names import bucket_label, state_key
-from orchestrator.slots import CronSlots, IntervalSlots
+from orchestrator.slots import CronSlots, IntervalSlots, jitter
 from tasks import ScheduleRow, define_task, dynamic
 from tasks.errors import ManifestError
 from tasks.schedule import Dynamic, to_row
@@ -118,3 +118,11 @@ def test_a_gap_s_end_that_is_also_the_next_day_s_fire_is_listed_once() -> None:
     fires = slots.fires(at("2024-03-30T12:00"), 4)
     assert fires == sorted(set(fires)) and len(fires) == 4
     assert at("2024-03-31T01:00") in fires
+
+
+def test_jitter_is_the_same_everywhere_and_spreads_over_its_range() -> None:
+    delays = [jitter("nightly-scan", slot, 300) for slot in range(0, 86_400 * 1000, 86_400)]
+    assert delays == [jitter("nightly-scan", s, 300) for s in range(0, 86_400 * 1000, 86_400)]
+    assert min(delays) >= 0 and max(delays) <= 300
+    assert len(set(delays)) > 200  # spread, not one fixed offset
+    assert jitter("nightly-scan", 0, 0) == 0

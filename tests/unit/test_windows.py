@@ -97,3 +97,17 @@ def test_daylight_saving_moves_the_edges_as_it_moves_a_crons_fires() -> None:
         at = _utc("2027-10-31T00:30:00") + timedelta(minutes=minutes)
         assert state_of(window, "Europe/Berlin", at).open, at
     assert not state_of(window, "Europe/Berlin", _utc("2027-10-31T03:00:00")).open
+
+
+def test_a_task_of_the_operators_priority_may_not_declare_a_window() -> None:
+    from tasks import define_task
+    from tasks.errors import ManifestError
+
+    with pytest.raises(ManifestError, match="window"):
+        define_task(
+            id="rush-job",
+            resource_class="io",
+            execute=lambda ctx, params: None,
+            task_priority=1,
+            window=Window("01:00-02:00"),
+        )

@@ -8,7 +8,9 @@
 -- and the lost claim's late end, which names the attempt it counted, no longer matches
 -- (end_run.sql). `error` says why (the lost attempt, its owner); `not_before` is the backoff.
 -- `refund` 1 gives the claim's attempt back (a run stopped at its window's close did not fail:
--- the next claim counts the same attempt again; its owner, cleared here, fences the old one).
+-- the next claim counts the same attempt again). Only the claim's own handler asks it, once the
+-- handler has returned and its watch let go, so no late write of that claim can follow; its
+-- `not_before` is NULL (a pending run with no attempt and a not_before is a delayed start).
 -- Parameters: run_id, owner, attempts, error (JSON text), not_before, stale_s (or NULL), refund.
 UPDATE task_history
    SET state = 'pending',
