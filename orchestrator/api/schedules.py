@@ -132,7 +132,7 @@ class FiresIn(Schema):
 
 
 class BackfillIn(Schema):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid")
 
     name: Name = Field(description="the static schedule's name (its task id)")
     start: AwareDatetime = Field(alias="from", description="RFC 3339 with an offset; included")
@@ -412,7 +412,7 @@ def backfill_schedule(request: HttpRequest, body: BackfillIn) -> BackfillOut:
         )
     except overview.UnknownSchedule as exc:
         raise ApiError(404, str(exc)) from None
-    except overview.NotOurs as exc:
+    except (overview.NotOurs, backfill.NotScheduled) as exc:
         raise ApiError(409, str(exc)) from None
     except backfill.BadRange as exc:
         field = "from" if exc.field == "start" else "to"

@@ -29,6 +29,9 @@ class SchedulerState(models.Model):
     # database default: the fire path's upsert (scheduler/sql/claim_slot.sql) does not name
     # the column.
     disabled = models.BooleanField(default=False, db_default=False)
+    # `pause_on_failure` counts the runs created since then (`scheduler.policies`): set when the
+    # schedule is switched back on, so the failures that paused it do not pause it again.
+    failures_since = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -2,11 +2,14 @@
 moments, each once, under the schedule's overlap policy (`POST /api/v1/schedules/backfill`).
 
 The slots are the schedule's own (`overview.schedule`, the function the scheduler fires by,
-the operator's cadence included) from `start` to `end`, both included, and never later than
-now. A slot is missed when no run of the task carries it in its trigger (`trigger.slot`, as a
-fire writes it): a slot the scheduler skipped (its previous run still live), one admission
-refused, one no process fired (the cluster was down). Each missed slot starts a run with
-trigger kind `schedule`, `backfill: true` and the slot, oldest first:
+the operator's cadence included) from `start` to `end`, both included, and older than the
+current slot (that one is the scheduler's to fire: the tick, beat, the boot catch-up only ever
+fire the current slot, so no slot is fired by both). A slot is missed when no run of the task
+carries it in its trigger (`trigger.slot`, as a fire writes it): a slot the scheduler skipped
+(its previous run still live), one admission refused, one no process fired (the cluster was
+down). Each missed slot starts a run with trigger kind `schedule`, `backfill: true` and the
+slot, oldest first, and the last one started becomes the schedule's last run
+(`scheduler_state.last_run_id`), which the next fire's overlap check reads:
 - `overlap="skip"` (the default): a slot whose previous run (the schedule's last fire, or the
   backfill's previous start) is still live starts nothing and is answered skipped; so a
   backfill of a schedule that never stacks starts one run at most.
@@ -33,6 +36,7 @@ from orchestrator.runs.start import StartRefused, start_run
 from orchestrator.scheduler import overview
 from orchestrator.scheduler.fire import FireRequest, still_live, trigger_of
 from orchestrator.scheduler.names import state_key
+from orchestrator.scheduler.sync import static_definitions
 from orchestrator.triggers import TriggerKind
 
 log = logging.getLogger(__name__)
@@ -52,6 +56,10 @@ class TooManySlots(BadRange):
     pass
 
 
+class NotScheduled(LookupError):
+    """A beat row left behind by a task that no longer declares a static schedule."""
+
+
 @dataclass
 class Backfilled:
     started: list[tuple[datetime, str]] = field(default_factory=list)  # (slot, run id)
@@ -67,13 +75,17 @@ def _slot_text(moment: datetime) -> str:
 def backfill(name: str, start: datetime, end: datetime, now: datetime, *, by: str) -> Backfilled:
     """Fire the slots of static schedule `name` from `start` to `end` that no run carries."""
     slots = overview.schedule(name, None)  # UnknownSchedule, NotOurs
+    if name not in {d.id for d in static_definitions()}:
+        raise NotScheduled(f"task {name!r} no longer declares a static schedule")
     if start > end:
         raise BadRange("start", "from is after to")
     if start.year < 1970 or end.year > 9000:
         raise BadRange("start" if start.year < 1970 else "end", "outside the years 1970-9000")
     last = min(end, now)
+    current = slots.slot(now)
+    first = start - timedelta(microseconds=1)  # fires() answers strictly after
     moments = [
-        m for m in slots.fires(start - timedelta(microseconds=1), MAX_SLOTS + 1) if m <= last
+        m for m in slots.fires(first, MAX_SLOTS + 1) if m <= last and m.timestamp() < current
     ]
     if len(moments) > MAX_SLOTS:
         raise TooManySlots("end", f"more than {MAX_SLOTS} slots from {start} to {last}; split it")
@@ -105,8 +117,17 @@ def backfill(name: str, start: datetime, end: datetime, now: datetime, *, by: st
             except (StartRefused, Refused) as exc:
                 done.refused.append((moment, f"{type(exc).__name__}: {exc}"))
                 continue
-            done.started.append((moment, handle.run_id))
-            previous = handle.run_id
+            if handle.dropped:
+                done.refused.append((moment, "dropped: the queue is full (backpressure)"))
+            elif handle.deduplicated:
+                done.skipped.append((moment, handle.run_id))
+            else:
+                done.started.append((moment, handle.run_id))
+                previous = handle.run_id
+        if done.started:
+            SchedulerState.objects.update_or_create(
+                key=key, defaults={"task_id": name, "last_run_id": done.started[-1][1]}
+            )
     log.warning(
         "schedule %s backfilled by %s from %s to %s: %d started, %d present, %d skipped, "
         "%d refused",

@@ -26,7 +26,6 @@ from orchestrator.scheduler import policies
 from orchestrator.scheduler.fire import FireRequest, FireResult, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK
 from orchestrator.scheduler.sync import slots_of
-from orchestrator.slots import jitter
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +43,19 @@ def fire_static(task_id: str, *, clock: Clock = SYSTEM, catch_up: bool = False) 
         return FireResult(Outcome.ALREADY, error="no enabled schedule row")
     now = clock.now()
     slot = slots.slot(now)
+    if catch_up:
+        return fire(FireRequest(task_id, slot, catch_up=True), now)
     override = ScheduleOverride.objects.filter(key=task_id).first()
-    delay = jitter(task_id, slot, policies.jitter_of(task_id, override))
-    if not catch_up and now.timestamp() < slot + delay:
-        # A jittered slot: the scheduler tick fires it when its delay is over.
-        return FireResult(Outcome.EARLY, error=f"jittered: fires {delay} s into its slot")
-    return fire(FireRequest(task_id, slot, catch_up=catch_up), now)
+    jitter_s = policies.jitter_of(task_id, override)
+    if jitter_s:
+        # A jittered slot is the scheduler tick's, when its delay is over.
+        delay = policies.fire_delay(slots, task_id, slot, jitter_s)
+        return FireResult(Outcome.DECLINED, error=f"jittered: the tick fires it {delay} s in")
+    within = policies.of(task_id).catch_up_within_s
+    if within is not None and now.timestamp() - slot > max(within, policies.on_time_s()):
+        # Beat sends an overdue row at its start: a slot older than the window stays missed.
+        return FireResult(Outcome.DECLINED, error="outside catch_up_within_s")
+    return fire(FireRequest(task_id, slot), now)
 
 
 def _dispatch(task_id: str) -> str:

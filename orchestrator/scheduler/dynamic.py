@@ -2,11 +2,11 @@
 rows of `schedule=dynamic(loader)` tasks.
 
 Static schedules: each enabled synced beat row whose current slot (`orchestrator.slots`, the
-one function every view reads too) began at most `ON_TIME_S` ago (or three ticks, when
-LUMASTRA_SCHEDULER_TICK_S is longer) and has not fired is fired
+one function every view reads too) began at most `policies.ON_TIME_S` ago (or three ticks,
+when LUMASTRA_SCHEDULER_TICK_S is longer) and has not fired is fired
 here, so a schedule fires at the moments that function names (to within a tick) whatever
 beat's own clock arithmetic does across a daylight-saving change. Beat's message for the
-same slot then finds it fired and fires nothing; a slot older than `ON_TIME_S` (the loops
+same slot then finds it fired and fires nothing; a slot older than that (the loops
 were down) is left to beat and to the boot catch-up, as before. Costs one query per tick
 (the rows), and one more when a slot is due. A schedule that declares `pause_on_failure` is
 switched off first when its last runs all failed (`scheduler.policies`).
@@ -53,7 +53,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.conf import settings
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import SYSTEM, Clock
@@ -64,7 +63,7 @@ from orchestrator.scheduler.fire import FireRequest, Outcome, fire
 from orchestrator.scheduler.names import DISPATCH_TASK, state_key
 from orchestrator.scheduler.overrides import every_override
 from orchestrator.scheduler.sync import overridden, slots_of
-from orchestrator.slots import IntervalSlots, jitter
+from orchestrator.slots import IntervalSlots
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.schedule import Dynamic, ScheduleRow, to_row
@@ -72,10 +71,9 @@ from tasks.schedule import Dynamic, ScheduleRow, to_row
 log = logging.getLogger(__name__)
 
 NAME = "scheduler"
+
+
 # A static slot that began longer ago than this is not fired by the tick (see the module doc).
-ON_TIME_S = 30
-
-
 @dataclass
 class SchedulerTickReport:
     skipped: bool = False  # a tick of this scheduler was already running
@@ -146,7 +144,7 @@ class Scheduler:
         )
         report.paused = policies.pause_failing(rows)
         rows = [row for row in rows if row.name not in report.paused]
-        on_time = max(ON_TIME_S, 3 * settings.CONFIG.scheduler_tick_s)
+        on_time = policies.on_time_s()
         for row in rows:
             try:
                 slots = slots_of(row)
@@ -156,10 +154,14 @@ class Scheduler:
                 log.error("%s: schedule %s has no slot: %s", NAME, row.name, exc)
                 continue
             key = state_key(row.name)
-            if slot is None:
+            if slot is None or slots is None:
                 continue
-            fire_at = slot + jitter(key, slot, policies.jitter_of(row.name, overrides.get(key)))
-            if not 0 <= now.timestamp() - fire_at <= on_time:
+            jitter_s = policies.jitter_of(row.name, overrides.get(key))
+            late = now.timestamp() - slot - policies.fire_delay(slots, key, slot, jitter_s)
+            # A jittered slot is the tick's alone (beat's message came early): fired whenever
+            # its delay is over, within the schedule's catch-up window if it declares one.
+            within = policies.of(row.name).catch_up_within_s if jitter_s else on_time
+            if late < 0 or (within is not None and now.timestamp() - slot > max(within, on_time)):
                 continue
             if self._fired.get(key, -1) < slot:
                 due.append((row.name, key, slot))
@@ -240,7 +242,9 @@ class Scheduler:
                 report.errors += 1
                 log.error("%s: schedule %s has no slot: %s", NAME, key, exc)
                 continue
-            delay = jitter(key, slot, policies.jitter_of(definition.id, override))
+            delay = policies.fire_delay(
+                slots, key, slot, policies.jitter_of(definition.id, override)
+            )
             if self._fired.get(key, -1) < slot and now.timestamp() >= slot + delay:
                 due.append((row, key, slot))
         if not due:

@@ -59,7 +59,7 @@ class Outcome(Enum):
     ALREADY = "already"  # this slot was fired before (scheduler_state says so)
     REFUSED = "refused"  # the slot is claimed, but start_run refused; see last_error
     SKIPPED = "skipped"  # the slot is claimed; the previous fire's run is still live
-    EARLY = "early"  # beat's message came before a jittered slot's delay was over
+    DECLINED = "declined"  # beat's message for a slot that is not beat's: jittered, or too late
 
 
 @dataclass(frozen=True)

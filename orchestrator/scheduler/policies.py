@@ -2,33 +2,39 @@
 `tasks.schedule.Policies`):
 
 - `pause_on_failure=N`: once the schedule's last N runs that ended (trigger kind `schedule`,
-  since its beat row last changed: an operator switching it back on starts the count again)
-  all failed, the scheduler tick switches the row off through the operator's own path
-  (`switch.switch_static`, actor `pause_on_failure`), writes the reason where the Schedules
-  page shows a schedule's last error (`scheduler_state.last_error`), logs it, and counts it
+  created since it was last switched on: `scheduler_state.failures_since`) all failed, the
+  scheduler tick switches the row off through the operator's own path (`switch.switch_static`,
+  actor `pause_on_failure`), writes the reason where the Schedules page shows a schedule's last
+  error (`scheduler_state.last_error`), logs it, and counts it
   (`lumastra_schedule_paused_total{task}`). A cancelled run or a success breaks the row.
 - `catch_up_within_s`: read by the boot catch-up (`scheduler.catchup`).
 - `jitter_s` (`jitter_of`: the operator's, else the definition's; a dynamic row has only an
-  operator's): a slot is fired `orchestrator.slots.jitter` seconds after it begins, by the
-  scheduler tick (`scheduler.dynamic`); beat's message at the slot's start fires nothing
-  (`Outcome.EARLY`). While the loops are down a jittered static slot waits for the boot
-  catch-up.
+  operator's): a slot is fired `fire_delay` seconds after it begins (`orchestrator.slots.
+  jitter`, kept short of the next fire by the tick's on-time window, so a long jitter on a
+  short cadence still fires every slot), by the scheduler tick (`scheduler.dynamic`), which
+  fires a jittered slot whenever its delay is over and it is not claimed (within
+  `catch_up_within_s`, if declared): beat's message at the slot's start fires nothing
+  (`Outcome.DECLINED`).
 
-Costs one query per tick for each enabled schedule that declares `pause_on_failure` (the
-task's latest ended scheduled runs, on the task's history index), none for the others.
+Costs two queries per tick for each enabled schedule that declares `pause_on_failure` (its
+count's start, and the task's latest ended scheduled runs), none for the others.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
+from django.conf import settings
 from django.db.models.fields.json import KT
 from django_celery_beat.models import PeriodicTask
 
+from orchestrator.clock import EPOCH
 from orchestrator.models import ScheduleOverride, SchedulerState, TaskHistory
 from orchestrator.scheduler.names import state_key
-from orchestrator.scheduler.switch import switch_static
+from orchestrator.scheduler.switch import PAUSED_PREFIX, switch_static
+from orchestrator.slots import Slots, jitter
 from orchestrator.states import TERMINAL_RUN_STATES, RunState
 from orchestrator.stores import counters
 from orchestrator.triggers import TriggerKind
@@ -47,6 +53,25 @@ def of(task_id: str) -> Policies:
     return schedule.policies if isinstance(schedule, Every | Cron) else Policies()
 
 
+# The tick fires a slot at most this long after it is due (three ticks, if longer): an older
+# unjittered slot is beat's and the boot catch-up's.
+ON_TIME_S = 30
+
+
+def on_time_s() -> int:
+    return max(ON_TIME_S, 3 * settings.CONFIG.scheduler_tick_s)
+
+
+def fire_delay(slots: Slots, key: str, slot: int, jitter_s: int) -> int:
+    """Seconds into `slot` schedule `key` fires it: its jitter, with no more room than leaves
+    the tick its on-time window before the next fire."""
+    if jitter_s <= 0:
+        return 0
+    following = slots.fires(datetime.fromtimestamp(slot, UTC), 1)
+    room = int(following[0].timestamp()) - slot - on_time_s() if following else jitter_s
+    return jitter(key, slot, max(0, min(jitter_s, room)))
+
+
 def jitter_of(task_id: str, override: ScheduleOverride | None) -> int:
     """The jitter a schedule fires with: its override's, else its definition's."""
     if override is not None and override.jitter_s is not None:
@@ -62,20 +87,25 @@ def pause_failing(rows: Iterable[PeriodicTask]) -> list[str]:
         limit = of(row.name).pause_on_failure
         if limit is None:
             continue
+        since = (
+            SchedulerState.objects.filter(key=state_key(row.name))
+            .values_list("failures_since", flat=True)
+            .first()
+        )
         ended = list(
             TaskHistory.objects.alias(kind=KT("trigger__kind"))
             .filter(
                 task_id=row.name,
                 kind=TriggerKind.SCHEDULE.value,
                 state__in=[s.value for s in TERMINAL_RUN_STATES],
-                created_at__gte=row.date_changed,
             )
+            .filter(created_at__gte=since or EPOCH)
             .order_by("-created_at")
             .values_list("state", flat=True)[:limit]
         )
         if len(ended) < limit or any(state != RunState.FAILED for state in ended):
             continue
-        reason = f"switched off: its last {limit} runs failed in a row (pause_on_failure)"
+        reason = f"{PAUSED_PREFIX} its last {limit} runs failed in a row (pause_on_failure)"
         if switch_static(row.name, enabled=False, actor=ACTOR):
             SchedulerState.objects.update_or_create(
                 key=state_key(row.name), defaults={"task_id": row.name, "last_error": reason}

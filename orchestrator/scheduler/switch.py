@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.db.models.functions import Now
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.models import SchedulerState
@@ -30,6 +31,8 @@ from tasks.schedule import Dynamic
 log = logging.getLogger(__name__)
 
 _ROW_KEY_LENGTH = 180  # scheduler_state.row_key
+# How `scheduler.policies` begins the reason a schedule paused itself.
+PAUSED_PREFIX = "switched off:"
 
 
 class UnknownSchedule(LookupError):
@@ -62,6 +65,11 @@ def switch_static(name: str, *, enabled: bool, actor: str) -> bool:
         SchedulerState.objects.filter(key=state_key(name), sync_disabled=True).update(
             sync_disabled=False
         )
+        if enabled:
+            # `pause_on_failure` counts from here; the reason it paused is history.
+            state = SchedulerState.objects.filter(key=state_key(name))
+            state.update(failures_since=Now())
+            state.filter(last_error__startswith=PAUSED_PREFIX).update(last_error="")
     log.info("schedule %s switched %s by %s", name, "on" if enabled else "off", actor)
     return True
 

@@ -19,12 +19,14 @@ from orchestrator.api import tokens
 from orchestrator.clock import FrozenClock
 from orchestrator.models import SchedulerState, TaskHistory
 from orchestrator.runs.start import new_run_id
+from orchestrator.scheduler import policies
 from orchestrator.scheduler.catchup import catch_up
 from orchestrator.scheduler.dispatch import fire_static
 from orchestrator.scheduler.dynamic import Scheduler
 from orchestrator.scheduler.fire import Outcome
+from orchestrator.scheduler.switch import switch_static
 from orchestrator.scheduler.sync import sync
-from orchestrator.slots import jitter
+from orchestrator.slots import IntervalSlots, jitter
 from orchestrator.states import RunState
 from tasks import Overlap, every, registry
 from tasks.definition import TaskDefinition
@@ -77,8 +79,8 @@ def _hour(moment: datetime) -> datetime:
 
 
 def test_a_backfill_fires_each_missed_slot_once(scheduled: TaskDefinition, client: Client) -> None:
-    newest = _hour(timezone.now())
-    slots = [newest - timedelta(hours=n) for n in (4, 3, 2, 1, 0)]
+    current = _hour(timezone.now())  # the scheduler's: never backfilled
+    slots = [current - timedelta(hours=n) for n in (4, 3, 2, 1)]
     window = {"name": TASK, "from": slots[0].isoformat(), "to": timezone.now().isoformat()}
 
     answer = _backfill(client, window)
@@ -87,19 +89,22 @@ def test_a_backfill_fires_each_missed_slot_once(scheduled: TaskDefinition, clien
     started = [datetime.fromisoformat(s["slot"]) for s in found["started"]]
     assert started == slots and found["present"] == found["skipped"] == []
     runs = TaskHistory.objects.filter(task_id=TASK)
-    assert runs.count() == 5
+    assert runs.count() == 4
     assert all(r.trigger["kind"] == "schedule" and r.trigger["backfill"] for r in runs)
 
     again = _backfill(client, window).json()
-    assert again["started"] == [] and len(again["present"]) == 5
-    assert TaskHistory.objects.filter(task_id=TASK).count() == 5
+    assert again["started"] == [] and len(again["present"]) == 4
+    assert TaskHistory.objects.filter(task_id=TASK).count() == 4
+    # The last run started is the schedule's last run: the next fire's overlap check reads it.
+    last = SchedulerState.objects.get(key=TASK).last_run_id
+    assert last == found["started"][-1]["run_id"]
 
 
 def test_a_backfill_of_a_schedule_that_never_stacks_starts_one_run(
     scheduled: TaskDefinition, client: Client
 ) -> None:
     _install(dataclasses.replace(scheduled, overlap=Overlap.SKIP))
-    start = _hour(timezone.now()) - timedelta(hours=3)
+    start = _hour(timezone.now()) - timedelta(hours=4)
     found = _backfill(client, {"name": TASK, "from": start.isoformat(), "to": "2100-01-01T00:00Z"})
     body = found.json()
     assert len(body["started"]) == 1 and len(body["skipped"]) == 3
@@ -156,6 +161,12 @@ def test_a_schedule_whose_runs_fail_in_a_row_switches_itself_off(
     assert reason == "switched off: its last 2 runs failed in a row (pause_on_failure)"
     assert Scheduler().tick().paused == []  # off: not looked at again
 
+    # Switched back on, it counts afresh: the failures that paused it do not pause it again.
+    assert switch_static(TASK, enabled=True, actor="ops")
+    assert SchedulerState.objects.get(key=TASK).last_error == ""
+    assert Scheduler().tick().paused == []
+    assert PeriodicTask.objects.get(name=TASK).enabled
+
 
 def test_the_boot_catch_up_fires_only_within_catch_up_within_s(
     scheduled: TaskDefinition,
@@ -166,6 +177,10 @@ def test_the_boot_catch_up_fires_only_within_catch_up_within_s(
     )
     late = catch_up(clock=FrozenClock(slot + timedelta(seconds=700)))
     assert late.outside == [TASK] and late.fired == []
+    # Beat sends an overdue row as it starts: declined too.
+    assert fire_static(TASK, clock=FrozenClock(slot + timedelta(seconds=700))).outcome is (
+        Outcome.DECLINED
+    )
     assert not TaskHistory.objects.exists()
     clear_scheduler_locks()
     in_time = catch_up(clock=FrozenClock(slot + timedelta(seconds=100)))
@@ -186,11 +201,16 @@ def test_a_jittered_slot_fires_its_delay_into_the_slot_on_every_replica(
     assert delay == jitter(TASK, slot, 1200) <= 1200  # the same on every replica
 
     at_start = datetime.fromtimestamp(slot, UTC)
-    assert fire_static(TASK, clock=FrozenClock(at_start)).outcome is Outcome.EARLY
+    assert fire_static(TASK, clock=FrozenClock(at_start)).outcome is Outcome.DECLINED
     replicas = [Scheduler(clock=FrozenClock(at_start + timedelta(seconds=delay - 1)))]
     assert replicas[0].tick().fired == []
     replicas = [Scheduler(clock=FrozenClock(at_start + timedelta(seconds=delay))) for _ in "ab"]
     assert sum(len(r.tick().fired) for r in replicas) == 1
+    # A slot's jitter never leaves the tick less than its on-time window before the next one.
+    assert all(
+        policies.fire_delay(IntervalSlots(timedelta(minutes=1)), TASK, s, 3600) <= 30
+        for s in range(0, 60 * 500, 60)
+    )
     run = TaskHistory.objects.get(task_id=TASK)
     assert run.trigger["slot"] == at_start.isoformat()
 
