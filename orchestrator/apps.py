@@ -37,9 +37,11 @@ def hook_chain() -> tuple[RunHook, ...]:
     from orchestrator.hooks.pause import PauseGate
     from orchestrator.hooks.quotas import DailyQuota
     from orchestrator.hooks.ratelimit import RateLimit
+    from orchestrator.hooks.throttle import ThrottleGate
 
     return (
         IdentityDedup(),
+        ThrottleGate(),
         PauseGate(),
         CircuitBreaker(),
         DailyQuota(),

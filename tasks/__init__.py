@@ -49,7 +49,7 @@ from tasks.errors import (
 )
 from tasks.media import MediaFolder, MediaPath, MediaPathError, open_folder
 from tasks.pipeline import Stage
-from tasks.policies import Retry, Stall, Timeout
+from tasks.policies import Debounce, Retry, Stall, Throttle, Timeout
 from tasks.process import ProcessResult
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import ScheduleRow, cron, dynamic, every
@@ -62,6 +62,7 @@ __all__ = [
     "CoverageBatch",
     "CoverageItem",
     "CoveredStage",
+    "Debounce",
     "ErrorKind",
     "FatalError",
     "ItemFacts",
@@ -83,6 +84,7 @@ __all__ = [
     "Stall",
     "TaskContext",
     "TaskDefinition",
+    "Throttle",
     "Timeout",
     "TransientError",
     "TriggerDefinition",

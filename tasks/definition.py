@@ -22,7 +22,7 @@ from tasks.context import TaskContext
 from tasks.coverage import CoveredStage, normalised_stage, stage_problem
 from tasks.errors import ManifestError
 from tasks.pipeline import PipelineError, Stage, stage_order
-from tasks.policies import Retry, Stall, Timeout
+from tasks.policies import Debounce, Retry, Stall, Throttle, Timeout
 from tasks.resources import RESOURCE_CLASSES, default_timeout
 from tasks.schedule import Schedule, parse_schedule
 from tasks.window import Window
@@ -141,6 +141,9 @@ class TaskDefinition:
     # The local hours its runs may start in (`tasks.window`); None: any time (its class's
     # window, if any, still holds it).
     window: Window | None = None
+    # Starts of one identity that coalesce (`tasks.policies`, `orchestrator.runs.coalesce`).
+    debounce: Debounce | None = None
+    throttle: Throttle | None = None
 
     def stage(self, name: str) -> Stage:
         for stage in self.pipeline:
@@ -187,6 +190,8 @@ def define_task(
     overlap: Overlap | str = Overlap.SKIP,
     requires_commands: Sequence[str] = (),
     window: Window | None = None,
+    debounce: Debounce | None = None,
+    throttle: Throttle | None = None,
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
     task_id = id
@@ -282,6 +287,8 @@ def define_task(
         raise fail("window", 'must be Window("HH:MM-HH:MM", days=, tz=, on_close=)')
     if window is not None and priority == Priority.OPERATOR:
         raise fail("window", "task_priority=1 is an operator's, which passes every window")
+    if problem := _coalescing_problem(debounce, throttle, pipeline):
+        raise fail("debounce" if debounce is not None else "throttle", problem)
     if isinstance(covers_stages, CoveredStage):
         raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
     for covered_stage in covers_stages:
@@ -315,7 +322,34 @@ def define_task(
         overlap=overlap_policy,
         requires_commands=tuple(requires_commands),
         window=window,
+        debounce=debounce,
+        throttle=throttle,
     )
+
+
+def _whole_seconds(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _coalescing_problem(
+    debounce: Debounce | None, throttle: Throttle | None, pipeline: Sequence[Stage]
+) -> str | None:
+    if debounce is not None and throttle is not None:
+        return "a task debounces or throttles its starts, not both"
+    if debounce is not None:
+        if not isinstance(debounce, Debounce):
+            return "must be Debounce(period_s=, max_wait_s=)"
+        if not (_whole_seconds(debounce.period_s) and _whole_seconds(debounce.max_wait_s)):
+            return "period_s and max_wait_s must be whole seconds, at least 1"
+        if debounce.max_wait_s < debounce.period_s:
+            return "max_wait_s must be at least period_s"
+    if throttle is not None and not (
+        isinstance(throttle, Throttle) and _whole_seconds(throttle.period_s)
+    ):
+        return "must be Throttle(period_s=) with whole seconds, at least 1"
+    if (debounce or throttle) and pipeline:
+        return "a pipeline task's starts do not coalesce"
+    return None
 
 
 def _stage_problem(stage: Stage) -> str | None:

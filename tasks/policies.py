@@ -36,3 +36,22 @@ class Stall:
     warn: timedelta | None = None
     fail: timedelta | None = None
     auto: bool = False
+
+
+@dataclass(frozen=True)
+class Debounce:
+    """Starts of one identity that come in a burst make one run, with the last start's input:
+    a start finds the run an earlier start recorded, still waiting, replaces its input and moves
+    its start to `period_s` from now, never later than `max_wait_s` after the first start
+    (`orchestrator.runs.coalesce`)."""
+
+    period_s: int
+    max_wait_s: int
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """At most one run per identity per `period_s`: a later start is answered `throttled` with
+    the run it met and when the next may start (`orchestrator.runs.coalesce`)."""
+
+    period_s: int

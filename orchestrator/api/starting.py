@@ -117,6 +117,15 @@ class StartedRun(Schema):
         description="true when the task's queue was full and its backpressure policy is "
         "`drop`: the run is recorded as cancelled (error kind `dropped`) and never enqueued"
     )
+    outcome: str = Field(
+        description="started (a new run), deduplicated (a live run already does this work), "
+        "debounced (a debounced task's start gave its input to the waiting run of its "
+        "identity, due later), throttled (its identity made a run this period: that run), "
+        "or dropped"
+    )
+    next_start_at: datetime | None = Field(
+        None, description="throttled: when the next start of this identity may make a run"
+    )
     result: Any = Field(None, description="with `wait`: the run's result once it completed")
     error: dict[str, Any] | None = Field(
         None, description="with `wait`: the run's error once it failed or was cancelled"
@@ -150,11 +159,21 @@ def answered(handle: RunHandle) -> Status[StartedRun]:
     work, or with the recorded run backpressure dropped."""
     if handle.dropped:
         return Status(200, started(handle, RunState.CANCELLED))
-    if handle.deduplicated:
+    if handle.deduplicated or handle.debounced:
         # The matched run's row may not be committed yet; until it is, it is still pending.
         state = TaskHistory.objects.filter(id=handle.run_id).values_list("state", flat=True)
         return Status(200, started(handle, state.first() or RunState.PENDING))
     return Status(202, started(handle, RunState.PENDING))
+
+
+def outcome_of(handle: RunHandle) -> str:
+    if handle.dropped:
+        return "dropped"
+    if handle.debounced:
+        return "debounced"
+    if handle.next_start_at is not None:
+        return "throttled"
+    return "deduplicated" if handle.deduplicated else "started"
 
 
 def started(
@@ -168,6 +187,8 @@ def started(
         job_id=handle.job_id,
         deduplicated=handle.deduplicated,
         dropped=handle.dropped,
+        outcome=outcome_of(handle),
+        next_start_at=handle.next_start_at,
         result=result,
         error=error,
     )

@@ -9,6 +9,8 @@ The protocol and its caller:
 
 The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 - `dedup`: identity dedup: at most one live run per identity (and per `exclusive_with` group)
+- `throttle`: a throttled task's identity makes at most one run per period; later starts are
+  answered with the run they met
 - `pause`: a paused task or class: starts refused (503) or taken (the admission script asks
   it), stages held; a run is parked at pickup by the claim's own script
 - `circuit`: per-task circuit breaker: stops starting a task that keeps failing, probes it
@@ -21,13 +23,13 @@ The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 For operators:
 - `overview`: each task's admission state as operators see it (`/tasks`, the admin), read-only
 
-The chain and its order are chosen by the composition root (`orchestrator.apps`). A hook a
-task does not declare (dedup without an identity, concurrency without `max_concurrent`, the
-rate limit without a rate, costs without caps, the daily quota without a cap) is in none of
-its plan's points. The pause and the circuit apply to every task, but the run's own scripts
-(admission, claim, end) read what they would read and call them only when they must judge.
-The queue cap (backpressure) is no hook: every start meets it, after the chain
-(`runs.admission`). The run code calls hooks only through `dispatch`.
+The chain and its order are chosen by the composition root (`orchestrator.apps`). A hook a task
+does not declare (dedup without an identity, concurrency without `max_concurrent`, the rate
+limit without a rate, costs without caps, the daily quota without a cap) is in none of its
+plan's points, nor is the throttle for a task without `throttle=`. The pause and the circuit
+apply to every task, but the run's own scripts (admission, claim, end) read what they would read
+and call them only when they must judge. The queue cap (backpressure) is no hook: every start
+meets it, after the chain (`runs.admission`). The run code calls hooks only through `dispatch`.
 
 A hook decides, its caller acts: a hook never ends, cancels or publishes a run itself.
 May import: `orchestrator.stores` and the base modules. Never runs, recovery or cluster.

@@ -157,6 +157,15 @@ class Deduplicated(Exception):
         self.run_id = run_id
 
 
+class Throttled(Deduplicated):
+    """A throttled task's start within the period of the run it met (`hooks.throttle`): that
+    run is answered, with when the next start of the identity may make a run."""
+
+    def __init__(self, run_id: str, next_at: datetime) -> None:
+        super().__init__(run_id)
+        self.next_at = next_at
+
+
 class Dropped(Exception):
     """Backpressure `drop`: start_run records the run as dropped and enqueues nothing."""
 

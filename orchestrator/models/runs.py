@@ -137,6 +137,19 @@ class TaskHistory(models.Model):
             ),
         ]
         constraints = [
+            # One waiting run per identity of a debounced task: later starts join it
+            # (`runs.coalesce`, debounce_run.sql), and two first starts at once make one run.
+            models.UniqueConstraint(
+                "task_id",
+                "identity",
+                condition=Q(
+                    state="pending",
+                    attempts=0,
+                    not_before__isnull=False,
+                    trigger__has_key="debounce",
+                ),
+                name="task_history_debounce_one",
+            ),
             models.UniqueConstraint(
                 "task_id",
                 KT("trigger__idempotencyKey"),

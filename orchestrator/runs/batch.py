@@ -5,8 +5,10 @@ hooks, a Valkey round trip per run), then every admitted run is recorded by one 
 (`insert_runs.sql`) in one transaction, and on its commit the live hashes are seeded and the
 messages published, a round trip each for the whole batch. What one start would have answered,
 each gets in its `Outcome`: started, joined (a live run with its idempotency key, or its
-identity, already does the work), dropped (recorded, cancelled by backpressure), or refused with
-its reason and code; a later start with the key of an earlier one in the same batch joins it.
+identity, already does the work), debounced (a debounced task's start joined the waiting run
+of its identity, `runs.coalesce`), dropped (recorded, cancelled by backpressure), or refused
+with its reason and code; a later start with the key of an earlier one in the same batch joins
+it, and a later debounced start of an earlier one's identity gives it its input.
 
 With `atomic=True` the batch is all or nothing: the first refusal gives back what admission took
 for the starts before it, nothing is written, and every other start is answered `not_started`.
@@ -20,6 +22,7 @@ published unless it commits.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +35,9 @@ from django.utils import timezone
 
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Refused
+from orchestrator.runs import coalesce
 from orchestrator.runs.admission import admit
+from orchestrator.runs.coalesce import live_run_with_key
 from orchestrator.runs.publish import Outgoing, carried, seed_and_publish_many
 from orchestrator.runs.start import (
     InvalidInput,
@@ -40,9 +45,9 @@ from orchestrator.runs.start import (
     RunHandle,
     StartRefused,
     after_insert,
+    debounced,
     deduplicated,
     joined,
-    live_run_with_key,
     prepare,
 )
 from orchestrator.states import RunState
@@ -60,6 +65,8 @@ MAX_BATCH = 1000
 class Result(StrEnum):
     STARTED = "started"  # a new run, recorded (published on commit, or when due)
     JOINED = "joined"  # a live run already does this work: its id is answered
+    DEBOUNCED = "debounced"  # joined the waiting run of its identity, its input now this one's
+    THROTTLED = "throttled"  # the identity already made its run this period: that run's id
     DROPPED = "dropped"  # recorded cancelled: the task's queue was full (backpressure `drop`)
     REFUSED = "refused"  # nothing written for this start: `code` and `detail` say why
     NOT_STARTED = "not_started"  # not tried, or given back: another start stopped the batch
@@ -180,11 +187,19 @@ def _admit(
         duplicate = live_run_with_key(task_id, key)
         if duplicate is not None:
             return _outcome_of(joined(task_id, duplicate))
+    if start.definition.debounce is not None:
+        if (joined_here := _debounced_in_batch(start, admitted)) is not None:
+            return joined_here
+        if found := coalesce.join(start.definition, start.identity, start.input):
+            handle = debounced(task_id, found)
+            return Outcome(Result.DEBOUNCED, handle.run_id, handle.priority)
     admission = start.admission()
     try:
         admit(admission)
     except Deduplicated as dup:
-        handle = deduplicated(task_id, dup.run_id, start.identity, start.handle.priority)
+        handle = deduplicated(task_id, dup, start.identity, start.handle.priority)
+        if handle.next_start_at is not None:
+            return Outcome(Result.THROTTLED, handle.run_id, handle.priority)
         return _outcome_of(handle)
     except Dropped as drop:
         admitted.append(_Admitted(index, start, admission, dropped=drop.reason))
@@ -251,10 +266,24 @@ def _insert(admitted: Sequence[_Admitted]) -> set[str]:
         raise
 
 
+def _debounced_in_batch(start: Prepared, admitted: list[_Admitted]) -> Outcome | None:
+    """A debounced start whose identity an earlier start of this batch will record: that
+    start's run takes this input (the last wins)."""
+    for entry in admitted:
+        earlier = entry.start
+        if (earlier.definition.id, earlier.identity) == (start.definition.id, start.identity):
+            entry.start = dataclasses.replace(earlier, input=start.input)
+            return Outcome(Result.DEBOUNCED, earlier.handle.run_id, earlier.handle.priority)
+    return None
+
+
 def _joined_after_race(start: Prepared) -> Outcome:
     duplicate = live_run_with_key(start.definition.id, start.idempotency_key)
     if duplicate is not None:
         return _outcome_of(joined(start.definition.id, duplicate))
+    if found := coalesce.join(start.definition, start.identity, start.input):
+        handle = debounced(start.definition.id, found)
+        return Outcome(Result.DEBOUNCED, handle.run_id, handle.priority)
     return _key_taken(start)
 
 

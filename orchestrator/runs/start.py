@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -28,12 +28,13 @@ from ulid import ULID
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Admission, Deduplicated, Dropped
+from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Throttled
 from orchestrator.models import TaskHistory
-from orchestrator.runs import cancel
+from orchestrator.runs import cancel, coalesce
 from orchestrator.runs.admission import admit
+from orchestrator.runs.coalesce import LiveRun
 from orchestrator.runs.publish import carried, job_id, publish
-from orchestrator.states import LIVE_RUN_STATES, RunState, StageState
+from orchestrator.states import RunState, StageState
 from orchestrator.stores import durable, live, queries
 from orchestrator.text import first_unstorable, unstorable
 from orchestrator.triggers import PRIORITY_BY_TRIGGER, TriggerKind
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 # How often a start retries its insert when the run that held its idempotency key ended
 # before it could be read; each retry needs a whole other run to start and end meanwhile.
 _KEY_RACE_ATTEMPTS = 5
-_LIVE_STATES = sorted(s.value for s in LIVE_RUN_STATES)
 # A bound on the key keeps it well inside what the unique index on it can hold.
 MAX_IDEMPOTENCY_KEY = 200
 
@@ -73,10 +73,10 @@ class RunHandle:
     task_id: str
     job_id: str
     priority: int
-    # True when a live run already does this work and that run is returned instead.
-    deduplicated: bool = False
-    # True when backpressure dropped the start: the run is recorded cancelled, never enqueued.
-    dropped: bool = False
+    deduplicated: bool = False  # a live run already does this work: that run is answered
+    dropped: bool = False  # backpressure dropped the start: recorded cancelled, never enqueued
+    debounced: bool = False  # joined the waiting run of its identity (`runs.coalesce`)
+    next_start_at: datetime | None = None  # throttled: the run met is answered (`hooks.throttle`)
 
     def wait(self, timeout: float) -> Any:
         """Block until the run ends: its result, or `RunFailed` (failed, cancelled) or
@@ -225,6 +225,8 @@ def prepare(
             )
         trigger_doc["idempotencyKey"] = idempotency_key
     due = due_time(not_before)
+    if definition.debounce is not None:  # (the plain start's path stays out of `coalesce`)
+        due, trigger_doc[coalesce.MARK] = coalesce.first_due(definition, due), True
     if due is not None:
         trigger_doc["notBefore"] = due.isoformat()
     resolved = int(resolve_priority(priority, definition, kind))
@@ -286,10 +288,13 @@ def start_run(
     )
     handle, identity, key = start.handle, start.identity, start.idempotency_key
 
-    duplicate = live_run_with_key(task_id, key)
-    if duplicate is not None:
+    if key is not None and (duplicate := coalesce.live_run_with_key(task_id, key)):
         # Answered before admission, so a duplicate consumes no quota and counts nothing.
         return joined(task_id, duplicate)
+    if start.definition.debounce and (
+        found := coalesce.join(start.definition, identity, start.input)
+    ):
+        return debounced(task_id, found)
 
     admission = start.admission()
 
@@ -307,7 +312,7 @@ def start_run(
             # what they took (`abandoned`).
             admit(admission)
         except Deduplicated as dup:
-            return deduplicated(task_id, dup.run_id, identity, handle.priority)
+            return deduplicated(task_id, dup, identity, handle.priority)
         except Dropped as drop:
             # Recorded, never enqueued: the row is born terminal, no transition involved.
             insert(
@@ -317,19 +322,24 @@ def start_run(
             )
             return dataclasses.replace(handle, dropped=True)
         try:
-            duplicate = _insert_unless_keyed_run(insert, task_id, key)
+            taken = _insert_unless_taken(insert, start.definition, key)
         except Exception:
             hooks.abandon(admission)
             raise
-        if duplicate is not None:
+        if taken is not None:
             hooks.abandon(admission)
-            answer = joined(task_id, duplicate)
             transaction.set_rollback(True)  # give back what admission took
-            return answer
-        after_insert(admission)
-        if start.not_before is None:
-            transaction.on_commit(lambda: _publish(start, admission.notes))
-    return handle
+        else:
+            after_insert(admission)
+            if start.not_before is None:
+                transaction.on_commit(lambda: _publish(start, admission.notes))
+            return handle
+    if isinstance(taken, LiveRun):
+        return joined(task_id, taken)
+    # Rolled back: now join the waiting run that won the identity.
+    if found := coalesce.join(start.definition, identity, start.input):
+        return debounced(task_id, found)
+    raise KeyContended(f"debounced starts of {identity!r} kept racing; try again")
 
 
 def _transaction(definition: TaskDefinition, key: str | None) -> AbstractContextManager[object]:
@@ -375,17 +385,12 @@ def run_and_wait(
     return handle.wait(timeout)
 
 
-class LiveRun(NamedTuple):
-    id: str
-    identity: str
-    priority: int
-
-
-def _insert_unless_keyed_run(
-    insert: Callable[[], None], task_id: str, key: str | None
-) -> LiveRun | None:
-    """Insert the run, or return the live run that holds its idempotency key."""
-    if key is None:
+def _insert_unless_taken(
+    insert: Callable[[], None], definition: TaskDefinition, key: str | None
+) -> LiveRun | coalesce.Conflict | None:
+    """Insert the run, or return the live run that holds its idempotency key, or the conflict
+    of a debounced start whose identity another's waiting run took meanwhile."""
+    if key is None and definition.debounce is None:
         insert()
         return None
     for _ in range(_KEY_RACE_ATTEMPTS):
@@ -397,9 +402,11 @@ def _insert_unless_keyed_run(
             return None
         except IntegrityError:
             # A concurrent start with the same key won the unique index...
-            duplicate = live_run_with_key(task_id, key)
+            duplicate = coalesce.live_run_with_key(definition.id, key)
             if duplicate is not None:
                 return duplicate
+            if definition.debounce is not None:
+                return coalesce.CONFLICT
             # ...and its run has already ended, which frees the key: try again.
     raise KeyContended(
         f"idempotency key {key!r}: runs with it kept starting and ending while this start "
@@ -413,27 +420,18 @@ def joined(task_id: str, live_run: LiveRun) -> RunHandle:
     return RunHandle(live_run.id, task_id, job, live_run.priority, deduplicated=True)
 
 
-def deduplicated(task_id: str, run_id: str, identity: str, fallback_priority: int) -> RunHandle:
+def debounced(task_id: str, found: coalesce.Joined) -> RunHandle:
+    return RunHandle(found.run_id, task_id, found.job_id, found.priority, debounced=True)
+
+
+def deduplicated(task_id: str, dup: Deduplicated, identity: str, fallback: int) -> RunHandle:
     # The holder's row may not be visible yet (its insert not committed): then the handle is
     # built from what this start computed, which names the same work.
-    priority = (
-        TaskHistory.objects.filter(id=run_id).values_list("priority", flat=True).first()
-        or fallback_priority
-    )
-    return RunHandle(
-        run_id, task_id, job_id(task_id, identity, run_id), priority, deduplicated=True
-    )
-
-
-def live_run_with_key(task_id: str, key: str | None) -> LiveRun | None:
-    if key is None:
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute(
-            queries.LIVE_RUN_WITH_KEY, {"task_id": task_id, "key": key, "live_states": _LIVE_STATES}
-        )
-        row = cursor.fetchone()
-    return None if row is None else LiveRun(*row)
+    run_id = dup.run_id
+    priority = TaskHistory.objects.filter(id=run_id).values_list("priority", flat=True).first()
+    next_at = dup.next_at if isinstance(dup, Throttled) else None
+    job = job_id(task_id, identity, run_id)
+    return RunHandle(run_id, task_id, job, priority or fallback, True, next_start_at=next_at)
 
 
 def _publish(start: Prepared, notes: Mapping[str, bool]) -> None:

@@ -49,6 +49,12 @@ def identity(task_id: str, formula: str) -> str:
     return f"task:identity:{task_id}:{formula}"
 
 
+def throttle(task_id: str, identity: str) -> str:
+    """String: the run a throttled task's identity started this period (`hooks.throttle`),
+    expiring with the period."""
+    return f"task:throttle:{task_id}:{identity}"
+
+
 def run_log(run_id: str) -> str:
     return f"task:log:{run_id}"
 

@@ -61,6 +61,7 @@ REUSE_STAGES = sql.load(__file__, "reuse_stages")
 LIVE_RUN_WITH_KEY = sql.load(__file__, "live_run_with_key")
 RELEASE_DUE = sql.load(__file__, "release_due")
 INSERT_RUNS = sql.load(__file__, "insert_runs")
+DEBOUNCE_RUN = sql.load(__file__, "debounce_run")
 # Operator reads (the admin's Tasks page, `admin/stats.py`): not on a run's path.
 TASK_STATS = sql.load(__file__, "task_stats")
 LAST_RUNS = sql.load(__file__, "last_runs")

@@ -151,9 +151,12 @@ def test_a_task_with_every_limit_runs_every_hook_in_chain_order() -> None:
         limited, quotas=dataclasses.replace(limited.quotas, max_cost_per_day={"tokens": 1e9})
     )
 
-    assert _names(dispatch.plan(capped).hooks()) == _names(dispatch.installed())
+    # Every hook but the throttle (a task debounces, throttles or neither: issue 39).
+    assert _names(dispatch.plan(capped).hooks()) == [
+        name for name in _names(dispatch.installed()) if name != "throttle"
+    ]
     assert _names(dispatch.plan(limited).hooks()) == [
-        name for name in _names(dispatch.installed()) if name != "cost-quota"
+        name for name in _names(dispatch.installed()) if name not in ("cost-quota", "throttle")
     ]
     plan = dispatch.plan(limited)
     assert _names(plan.before_claim) == ["concurrency", "rate"]
@@ -168,9 +171,10 @@ def test_a_chain_or_a_registry_installed_again_compiles_plans_again() -> None:
     definition = registry.get()[PLAIN]
     chain = dispatch.installed()
     before = dispatch.plan(definition)
-    dispatch.install(chain[1:2])  # the pause alone
+    pause_alone = tuple(hook for hook in chain if hook.name == "pause")
+    dispatch.install(pause_alone)
     try:
-        assert dispatch.plan(definition).hooks() == chain[1:2]
+        assert dispatch.plan(definition).hooks() == pause_alone
     finally:
         dispatch.install(chain)
     again = dispatch.plan(definition)

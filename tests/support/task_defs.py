@@ -23,6 +23,7 @@ from tasks import (
     CoverageBatch,
     CoverageItem,
     CoveredStage,
+    Debounce,
     FatalError,
     NoInput,
     PermanentError,
@@ -31,6 +32,7 @@ from tasks import (
     Stage,
     Stall,
     TaskContext,
+    Throttle,
     Timeout,
     TransientError,
     define_task,
@@ -914,6 +916,35 @@ command_timeout = define_task(
     input_model=CommandInput,
     stall=Stall(auto=True),
     timeout=Timeout(soft=timedelta(seconds=2), hard=timedelta(seconds=3)),
+)
+
+
+class DebouncedInput(BaseModel, extra="forbid"):
+    key: str
+    n: int
+
+
+DEBOUNCED_KEY = "test:debounced"
+
+
+def _record_debounced(ctx: TaskContext, params: DebouncedInput) -> None:
+    valkey.client().rpush(DEBOUNCED_KEY, f"{params.key}:{params.n}")
+
+
+# Bursts of starts of one key make one run, with the last start's input (issue 39).
+debounced = define_task(
+    id="test-debounced",
+    resource_class="io",
+    execute=_record_debounced,
+    input_model=DebouncedInput,
+    identity_for=lambda params: params.key,
+    debounce=Debounce(period_s=1, max_wait_s=3),
+)
+
+
+# At most one run per identity (its input's digest) per 2 s (issue 39).
+throttled = define_task(
+    id="test-throttled", resource_class="io", execute=_noop, throttle=Throttle(period_s=2)
 )
 
 

@@ -1,6 +1,6 @@
 -- @version 1
 -- Extend (ARGV[2] > 0) or release (ARGV[2] = 0) an identity, only if ARGV[1] still holds it.
--- KEYS[1] task:identity:<taskId>:<formula>
+-- KEYS[1] task:identity:<taskId>:<formula> (or a throttle's hold, task:throttle:<taskId>:<identity>)
 -- ARGV[1] runId  ARGV[2] ttl (ms), 0 to release
 -- Returns 1 when done, 0 when another run holds the identity (or nobody does).
 if #KEYS ~= 1 or #ARGV ~= 2 then

@@ -1,0 +1,139 @@
+"""Starts that coalesce (issue 39): a debounced task's burst of starts makes one run, with the
+last start's input, due `period_s` after the last start and never later than `max_wait_s`
+after the first; through Python, `POST /runs` and `POST /runs:batch` alike, with a real worker
+running the one run the due loop releases."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.test import Client
+
+from orchestrator.api import tokens
+from orchestrator.models import TaskHistory
+from orchestrator.runs import due
+from orchestrator.runs.start import start_run
+from orchestrator.stores import valkey
+from orchestrator.triggers import TriggerKind
+from tests.support.fixtures import wait_for, worker_process
+from tests.support.messages import empty_queues
+from tests.support.task_defs import DEBOUNCED_KEY
+from tests.support.users import operator
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+TASK = "test-debounced"  # Debounce(period_s=1, max_wait_s=3), identity: the input's key
+QUEUE = f"task.t.{TASK}"
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> Iterator[None]:
+    valkey.client().delete(DEBOUNCED_KEY)
+    empty_queues(QUEUE)
+    yield
+    valkey.client().delete(DEBOUNCED_KEY)
+
+
+@pytest.fixture
+def client() -> Client:
+    return Client(headers={"Authorization": f"Bearer {tokens.issue(operator())[1]}"})
+
+
+@contextmanager
+def _due_loop() -> Iterator[None]:
+    """The leader's `due` loop, as `orchestrator.loops` runs it."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        try:
+            while not stop.wait(0.1):
+                due.release()
+        finally:
+            connections.close_all()
+
+    looping = threading.Thread(target=loop, daemon=True)
+    looping.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        looping.join(5)
+
+
+@pytest.mark.worker
+def test_a_burst_of_starts_makes_one_run_with_the_last_input_within_max_wait() -> None:
+    with worker_process([QUEUE], concurrency=1, name="debounce"), _due_loop():
+        first = start_run(TASK, {"key": "season-1", "n": 0}, trigger=TriggerKind.EVENT)
+        assert not first.debounced
+        handles = []
+        # A start every 25 ms for 2.5 s: never a second's quiet, so only max_wait_s ends it.
+        for n in range(1, 100):
+            time.sleep(0.025)
+            start = start_run(TASK, {"key": "season-1", "n": n}, trigger=TriggerKind.EVENT)
+            handles.append(start)
+        assert all(h.debounced and h.run_id == first.run_id for h in handles)
+        other = start_run(TASK, {"key": "season-2", "n": 0}, trigger=TriggerKind.EVENT)
+        assert not other.debounced  # another identity waits on its own
+        wait_for(lambda: valkey.client().llen(DEBOUNCED_KEY) == 2, timeout=30)
+
+    assert sorted(valkey.client().lrange(DEBOUNCED_KEY, 0, -1)) == ["season-1:99", "season-2:0"]
+    assert TaskHistory.objects.filter(task_id=TASK).count() == 2
+    run = TaskHistory.objects.get(id=first.run_id)
+    assert run.state == "completed" and run.input == {"key": "season-1", "n": 99}
+    assert run.trigger["debounced"] == 99
+    # Released at max_wait_s after the first start (the due loop cleared its not_before),
+    # though starts kept coming: picked up within a poll and a pickup of that.
+    assert run.started_at is not None
+    assert timedelta(seconds=3) <= run.started_at - run.created_at < timedelta(seconds=4)
+
+
+def test_the_api_and_a_batch_answer_debounced_naming_the_waiting_run(client: Client) -> None:
+    def post(path: str, body: object) -> object:
+        return client.post(f"/api/v1{path}", json.dumps(body), content_type="application/json")
+
+    first = post("/runs", {"task": TASK, "input": {"key": "a", "n": 1}})
+    assert first.status_code == 202 and first.json()["outcome"] == "started"  # type: ignore[attr-defined]
+    run_id = first.json()["run_id"]  # type: ignore[attr-defined]
+    second = post("/runs", {"task": TASK, "input": {"key": "a", "n": 2}})
+    body = second.json()  # type: ignore[attr-defined]
+    assert second.status_code == 200  # type: ignore[attr-defined]
+    assert (body["outcome"], body["run_id"], body["state"]) == ("debounced", run_id, "pending")
+
+    starts = [
+        {"task": TASK, "input": {"key": k, "n": n}} for k, n in (("a", 3), ("b", 1), ("b", 2))
+    ]
+    batch = post("/runs:batch", {"runs": starts}).json()  # type: ignore[attr-defined]
+    results = [(item["result"], item["run_id"]) for item in batch["items"]]
+    assert results[0] == ("debounced", run_id)
+    assert results[1][0] == "started" and results[2] == ("debounced", results[1][1])
+    inputs = dict(TaskHistory.objects.filter(task_id=TASK).values_list("id", "input"))
+    assert inputs == {run_id: {"key": "a", "n": 3}, results[1][1]: {"key": "b", "n": 2}}
+
+
+def test_a_throttled_identity_makes_one_run_per_period(client: Client) -> None:
+    throttled = "test-throttled"  # Throttle(period_s=2); its identity: the input's digest
+    answers = []
+    began = time.monotonic()
+    while time.monotonic() - began < 9.8:
+        answers.append(start_run(throttled, {}, trigger=TriggerKind.EVENT))
+        time.sleep(0.1)
+    made = [a for a in answers if a.next_start_at is None]
+    assert 4 <= len(made) <= 5  # at most one per 2 s over 10 s
+    assert TaskHistory.objects.filter(task_id=throttled).count() == len(made)
+    met = answers[1]
+    assert met.next_start_at is not None and met.run_id == answers[0].run_id
+
+    # Over the API: the run met, and when the next may start.
+    time.sleep(2.1)
+    client.post("/api/v1/runs", json.dumps({"task": throttled}), content_type="application/json")
+    answer = client.post(
+        "/api/v1/runs", json.dumps({"task": throttled}), content_type="application/json"
+    ).json()
+    assert answer["outcome"] == "throttled" and answer["next_start_at"] is not None
