@@ -40,8 +40,8 @@ def hook_chain() -> tuple[RunHook, ...]:
     from orchestrator.hooks.throttle import ThrottleGate
 
     return (
-        IdentityDedup(),
         ThrottleGate(),
+        IdentityDedup(),
         PauseGate(),
         CircuitBreaker(),
         DailyQuota(),

@@ -287,7 +287,7 @@ def define_task(
         raise fail("window", 'must be Window("HH:MM-HH:MM", days=, tz=, on_close=)')
     if window is not None and priority == Priority.OPERATOR:
         raise fail("window", "task_priority=1 is an operator's, which passes every window")
-    if problem := _coalescing_problem(debounce, throttle, pipeline):
+    if problem := _coalescing_problem(debounce, throttle, pipeline, identity_for):
         raise fail("debounce" if debounce is not None else "throttle", problem)
     if isinstance(covers_stages, CoveredStage):
         raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
@@ -332,10 +332,15 @@ def _whole_seconds(value: object) -> bool:
 
 
 def _coalescing_problem(
-    debounce: Debounce | None, throttle: Throttle | None, pipeline: Sequence[Stage]
+    debounce: Debounce | None,
+    throttle: Throttle | None,
+    pipeline: Sequence[Stage],
+    identity_for: IdentityFor | None,
 ) -> str | None:
     if debounce is not None and throttle is not None:
         return "a task debounces or throttles its starts, not both"
+    if debounce is not None and identity_for is None:
+        return "needs identity_for: the starts of one identity coalesce, the last input wins"
     if debounce is not None:
         if not isinstance(debounce, Debounce):
             return "must be Debounce(period_s=, max_wait_s=)"

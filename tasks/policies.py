@@ -52,6 +52,6 @@ class Debounce:
 @dataclass(frozen=True)
 class Throttle:
     """At most one run per identity per `period_s`: a later start is answered `throttled` with
-    the run it met and when the next may start (`orchestrator.runs.coalesce`)."""
+    the run it met and when the next may start (`orchestrator.hooks.throttle`)."""
 
     period_s: int

@@ -131,7 +131,15 @@ def start_run_view(request: HttpRequest) -> HttpResponse:
         except (StartRefused, Refused) as exc:
             form.add_error(None, str(exc))
         else:
-            if handle.deduplicated:
+            if handle.next_start_at is not None:
+                messages.warning(
+                    request,
+                    f"Throttled: {handle.run_id} ran for this input within its period; the "
+                    f"next may start at {handle.next_start_at:%Y-%m-%d %H:%M:%S} UTC.",
+                )
+            elif handle.debounced:
+                messages.success(request, f"Debounced into the waiting run {handle.run_id}.")
+            elif handle.deduplicated:
                 messages.warning(
                     request,
                     f"A live run with this idempotency key already exists: {handle.run_id}.",

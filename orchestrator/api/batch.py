@@ -1,13 +1,16 @@
 """`POST /runs:batch`: up to 1,000 starts in one call (`runs.batch.start_runs`), each answered.
 
 Each start is judged as `POST /runs` would judge it, and its outcome comes back in the order
-sent: started, joined (with the live run's id), dropped, refused (with the status `POST /runs`
-would have answered, its code and detail, and field errors for an invalid input), or
-not_started. With `atomic: true` a single refusal writes nothing and answers 409, listing in
-`errors` every start that was refused and why.
+sent: started, joined (with the live run's id), debounced (with the waiting run's id), throttled
+(with the run met and `next_start_at`), dropped, refused (with the status `POST /runs` would
+have answered, its code and detail, and field errors for an invalid input), or not_started. With
+`atomic: true` a single refusal writes nothing and answers 409, listing in `errors` every start
+that was refused and why.
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
@@ -43,6 +46,9 @@ class BatchItemOut(Schema):
     code: str | None = Field(None, description="a refusal's stable code")
     detail: str | None = None
     errors: list[FieldErrorOut] = Field(default_factory=list, description="invalid input")
+    next_start_at: datetime | None = Field(
+        None, description="throttled: when the next start of this identity may make a run"
+    )
 
 
 class BatchOut(Schema):
@@ -99,6 +105,7 @@ def _item(index: int, outcome: Outcome) -> BatchItemOut:
         status=outcome.http_status,
         code=outcome.code,
         detail=outcome.detail,
+        next_start_at=outcome.next_start_at,
         errors=[
             FieldErrorOut(
                 loc=["body", "batch", "runs", index, "input", *e["loc"]],

@@ -1,10 +1,11 @@
 """Identity dedup: at most one live run per identity, across processes and across time.
 
-Applies to tasks that declare `identity_for` (their identity names the work) and to tasks in
-an `exclusive_with` group (the group shares one identity space: a run of one task blocks the
-same identity for every task of the group): `applies`, from `scope`. Other tasks are never
-deduplicated by identity, and their runs never call this hook; their callers can still pass an
-idempotency key (a partial unique index, see models).
+Applies to tasks that declare `identity_for` (their identity names the work; not a debounced
+task's, whose identity `runs.coalesce` owns) and to tasks in an `exclusive_with` group (the
+group shares one identity space: a run of one task blocks the same identity for every task of
+the group): `applies`, from `scope`. Other tasks are never deduplicated by identity, and their
+runs never call this hook; their callers can still pass an idempotency key (a partial unique
+index, see models).
 
 How: `SET task:identity:<scope>:<identity> <runId>` is claimed in Valkey before the Postgres
 insert with a short provisional TTL (LUMASTRA_IDENTITY_PROVISIONAL_TTL_S), extended to
@@ -111,7 +112,9 @@ class IdentityDedup(RunHook):
     name: str = "dedup"
 
     def applies(self, definition: TaskDefinition) -> bool:
-        return scope(definition) is not None
+        # A debounced task's identity is the debounce's (`runs.coalesce`): one waiting run,
+        # which later starts join, and while it runs the next burst waits as a run of its own.
+        return scope(definition) is not None and definition.debounce is None
 
     def plan_admit(self, admission: Admission) -> Part | None:
         namespace = scope(admission.definition)

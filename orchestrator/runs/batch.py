@@ -93,6 +93,7 @@ class Outcome:
     detail: str | None = None
     http_status: int | None = None  # what `POST /runs` would have answered for this refusal
     errors: list[dict[str, Any]] = field(default_factory=list)  # invalid input, per field
+    next_start_at: datetime | None = None  # throttled: when the identity may make its next run
 
 
 @dataclass
@@ -187,10 +188,10 @@ def _admit(
         duplicate = live_run_with_key(task_id, key)
         if duplicate is not None:
             return _outcome_of(joined(task_id, duplicate))
-    if start.definition.debounce is not None:
+    if coalesce.MARK in start.trigger:
         if (joined_here := _debounced_in_batch(start, admitted)) is not None:
             return joined_here
-        if found := coalesce.join(start.definition, start.identity, start.input):
+        if found := coalesce.join(start):
             handle = debounced(task_id, found)
             return Outcome(Result.DEBOUNCED, handle.run_id, handle.priority)
     admission = start.admission()
@@ -198,8 +199,8 @@ def _admit(
         admit(admission)
     except Deduplicated as dup:
         handle = deduplicated(task_id, dup, start.identity, start.handle.priority)
-        if handle.next_start_at is not None:
-            return Outcome(Result.THROTTLED, handle.run_id, handle.priority)
+        if (next_at := handle.next_start_at) is not None:
+            return Outcome(Result.THROTTLED, handle.run_id, handle.priority, next_start_at=next_at)
         return _outcome_of(handle)
     except Dropped as drop:
         admitted.append(_Admitted(index, start, admission, dropped=drop.reason))
@@ -281,7 +282,7 @@ def _joined_after_race(start: Prepared) -> Outcome:
     duplicate = live_run_with_key(start.definition.id, start.idempotency_key)
     if duplicate is not None:
         return _outcome_of(joined(start.definition.id, duplicate))
-    if found := coalesce.join(start.definition, start.identity, start.input):
+    if found := coalesce.join(start):
         handle = debounced(start.definition.id, found)
         return Outcome(Result.DEBOUNCED, handle.run_id, handle.priority)
     return _key_taken(start)

@@ -17,9 +17,12 @@
 The same in Python (`start_run`), `POST /runs`, `POST /runs:batch` (a later start of the same
 identity in one batch joins the earlier one) and the inbound triggers (they call `start_run`).
 
+A debounced task's identity is this module's, not identity dedup's (`hooks.dedup` does not
+apply to it): once its run is released, the next start of the identity waits as a new run
+(the next burst's), whether the released one still runs or not.
+
 Not guaranteed: a start that comes while the due loop releases the run (within one
-LUMASTRA_DUE_POLL_S of its time) is not joined: it becomes the next waiting run, or, for a task
-that deduplicates by identity, is answered with the released run (`deduplicated`).
+LUMASTRA_DUE_POLL_S of its time) is not joined: it becomes the next waiting run.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from django.db import connection
 from django.utils import timezone
@@ -84,24 +87,40 @@ def first_due(definition: TaskDefinition, due: datetime | None) -> datetime:
     return debounced if due is None or due < debounced else due
 
 
-def join(definition: TaskDefinition, identity: str, input: dict[str, object]) -> Joined | None:
-    """Join the waiting run of `identity`, if any: its input replaced, its time moved (a task
-    that does not debounce: None, and nothing sent)."""
-    if definition.debounce is None:
+class Start(Protocol):
+    """What a join reads of a prepared start (`runs.start.Prepared`)."""
+
+    @property
+    def definition(self) -> TaskDefinition: ...
+    @property
+    def identity(self) -> str: ...
+    @property
+    def input(self) -> dict[str, Any]: ...
+    @property
+    def trigger(self) -> dict[str, Any]: ...
+
+
+def join(start: Start) -> Joined | None:
+    """Join the waiting run of the start's identity, if any: its input (and processing version)
+    replaced, its time moved; None, and nothing sent, for a start that is not debounced (a
+    task without `debounce`, an operator's retry)."""
+    debounce = start.definition.debounce
+    if debounce is None or MARK not in start.trigger:
         return None
     with connection.cursor() as cursor:
         cursor.execute(
             queries.DEBOUNCE_RUN,
             {
-                "task_id": definition.id,
-                "identity": identity,
-                "input": json.dumps(input),
-                "period_s": definition.debounce.period_s,
-                "max_wait_s": definition.debounce.max_wait_s,
+                "task_id": start.definition.id,
+                "identity": start.identity,
+                "input": json.dumps(start.input),
+                "processing_version": start.definition.processing_version,
+                "period_s": debounce.period_s,
+                "max_wait_s": debounce.max_wait_s,
             },
         )
         row = cursor.fetchone()
     if row is None:
         return None
     run_id, priority, due = row
-    return Joined(run_id, job_id(definition.id, identity, run_id), priority, due)
+    return Joined(run_id, job_id(start.definition.id, start.identity, run_id), priority, due)

@@ -225,7 +225,8 @@ def prepare(
             )
         trigger_doc["idempotencyKey"] = idempotency_key
     due = due_time(not_before)
-    if definition.debounce is not None:  # (the plain start's path stays out of `coalesce`)
+    # An operator's retry is not coalesced; the plain start's path stays out of `coalesce`.
+    if definition.debounce is not None and kind is not TriggerKind.OPERATOR_RETRY:
         due, trigger_doc[coalesce.MARK] = coalesce.first_due(definition, due), True
     if due is not None:
         trigger_doc["notBefore"] = due.isoformat()
@@ -291,9 +292,7 @@ def start_run(
     if key is not None and (duplicate := coalesce.live_run_with_key(task_id, key)):
         # Answered before admission, so a duplicate consumes no quota and counts nothing.
         return joined(task_id, duplicate)
-    if start.definition.debounce and (
-        found := coalesce.join(start.definition, identity, start.input)
-    ):
+    if coalesce.MARK in start.trigger and (found := coalesce.join(start)):
         return debounced(task_id, found)
 
     admission = start.admission()
@@ -337,20 +336,20 @@ def start_run(
     if isinstance(taken, LiveRun):
         return joined(task_id, taken)
     # Rolled back: now join the waiting run that won the identity.
-    if found := coalesce.join(start.definition, identity, start.input):
+    if found := coalesce.join(start):
         return debounced(task_id, found)
     raise KeyContended(f"debounced starts of {identity!r} kept racing; try again")
 
 
 def _transaction(definition: TaskDefinition, key: str | None) -> AbstractContextManager[object]:
     """The start's transaction: the caller's, when it has one; its own when an idempotency key
-    may have it give back what admission took (a rollback), or when admission writes Postgres
-    (a capped quota's unit: one commit for both writes); else none, so the INSERT commits by
-    itself, one round trip instead of BEGIN, INSERT and COMMIT. Without one, what admission
-    took before an INSERT that failed is given back by the hooks (`abandoned`); what they ask
-    to do once the start commits waits for its INSERT (`after_insert`)."""
+    or a debounce may have it give back what admission took (a rollback), or when admission
+    writes Postgres (a capped quota's unit: one commit for both writes); else none, so the
+    INSERT commits by itself, one round trip instead of BEGIN, INSERT and COMMIT. Without one,
+    what admission took before an INSERT that failed is given back by the hooks (`abandoned`);
+    what they ask to do once the start commits waits for its INSERT (`after_insert`)."""
     if key is None and not connection.in_atomic_block and not definition.quotas.capped:
-        return contextlib.nullcontext()
+        return transaction.atomic() if definition.debounce else contextlib.nullcontext()
     return transaction.atomic()
 
 

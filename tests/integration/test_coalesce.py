@@ -137,3 +137,34 @@ def test_a_throttled_identity_makes_one_run_per_period(client: Client) -> None:
         "/api/v1/runs", json.dumps({"task": throttled}), content_type="application/json"
     ).json()
     assert answer["outcome"] == "throttled" and answer["next_start_at"] is not None
+    batch = client.post(
+        "/api/v1/runs:batch",
+        json.dumps({"runs": [{"task": throttled}]}),
+        content_type="application/json",
+    ).json()
+    item = batch["items"][0]
+    assert item["result"] == "throttled" and item["run_id"] == answer["run_id"]
+    assert item["next_start_at"] is not None
+
+
+def test_two_first_starts_at_once_make_one_run() -> None:
+    barrier = threading.Barrier(2)
+    answers: list[object] = []
+
+    def start(n: int) -> None:
+        try:
+            barrier.wait(5)
+            answers.append(start_run(TASK, {"key": "raced", "n": n}, trigger=TriggerKind.EVENT))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(answers) == 2
+    assert TaskHistory.objects.filter(task_id=TASK).count() == 1
+    run = TaskHistory.objects.get(task_id=TASK)
+    assert {a.run_id for a in answers} == {run.id}  # type: ignore[attr-defined]
+    assert sorted(a.debounced for a in answers) == [False, True]  # type: ignore[attr-defined]

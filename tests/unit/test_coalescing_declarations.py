@@ -18,7 +18,7 @@ def _task(**options: Any) -> object:
 @pytest.mark.parametrize(
     ("options", "field"),
     [
-        ({"debounce": Debounce(period_s=0, max_wait_s=10)}, "debounce"),
+        ({"debounce": Debounce(period_s=0, max_wait_s=10), "identity_for": str}, "debounce"),
         ({"debounce": Debounce(period_s=10, max_wait_s=5)}, "debounce"),
         ({"debounce": Debounce(period_s=1.5, max_wait_s=5)}, "debounce"),  # type: ignore[arg-type]
         ({"throttle": Throttle(period_s=0)}, "throttle"),
@@ -38,4 +38,7 @@ def test_a_pipeline_does_not_coalesce_and_a_good_declaration_is_kept() -> None:
             pipeline=[Stage(name="only", execute=lambda ctx, p: None)],
             debounce=Debounce(1, 2),
         )
-    assert _task(debounce=Debounce(period_s=60, max_wait_s=600)).debounce == Debounce(60, 600)
+    with pytest.raises(ManifestError, match="identity_for"):
+        _task(debounce=Debounce(period_s=60, max_wait_s=600))
+    kept = _task(debounce=Debounce(period_s=60, max_wait_s=600), identity_for=lambda p: "x")
+    assert kept.debounce == Debounce(60, 600)

@@ -5,11 +5,15 @@
 -- than `max_wait_s` after its first start; `trigger.debounced` counts the starts it took. The
 -- lookup is the partial unique index task_history_debounce_one's own. A run the due loop holds
 -- (releasing it) is waited for, then no longer matches: this start becomes a run of its own.
--- Parameters: task_id, identity, input (JSON text), period_s, max_wait_s.
+-- A first start that asked for a later time than its debounce keeps it (`trigger.notBefore`).
+-- The run takes this deploy's processing version with this deploy's input.
+-- Parameters: task_id, identity, input (JSON text), processing_version, period_s, max_wait_s.
 UPDATE task_history
    SET input = %(input)s::jsonb,
-       not_before = LEAST(now() + make_interval(secs => %(period_s)s),
-                          created_at + make_interval(secs => %(max_wait_s)s)),
+       processing_version = %(processing_version)s,
+       not_before = GREATEST(LEAST(now() + make_interval(secs => %(period_s)s),
+                                   created_at + make_interval(secs => %(max_wait_s)s)),
+                             (trigger ->> 'notBefore')::timestamptz),
        trigger = jsonb_set(trigger, '{debounced}',
                            to_jsonb(COALESCE((trigger ->> 'debounced')::int, 0) + 1)),
        updated_at = now()
