@@ -174,7 +174,7 @@ def detail_view(request: HttpRequest, run_id: str) -> HttpResponse:
         error=error,
         error_extra=_pretty({k: v for k, v in error.items() if k not in ("kind", "message")}),
         progress=_current_progress(run),
-        held=windows.held(run.task_id, run.priority) if state == RunState.PENDING else None,
+        held=windows.held(run) if state == RunState.PENDING else None,
         retry_of=run.trigger.get("retryOf"),
         retries=_retries(run.id),
         cost=run.cost_breakdown or {},

@@ -96,18 +96,20 @@ class LiveState(Schema):
 
 
 class HeldOut(Schema):
-    by: str = Field(description="pause or window")
+    by: str = Field(description="pause, window or debounce")
     scope: str = Field(description="task or class")
     name: str = Field(description="the task id or the resource class")
-    opens_at: datetime | None = Field(None, description="a window: when it opens")
-    tz: str | None = Field(None, description="a window: its zone")
+    opens_at: datetime | None = Field(
+        None, description="a window: when it opens; a debounce: when the run is due"
+    )
+    tz: str | None = Field(None, description="the zone opens_at is told in")
     says: str = Field(description='for people: "waits for window (opens 01:00 Europe/Berlin)"')
 
 
 def _held(row: TaskHistory) -> HeldOut | None:
     if row.state != RunState.PENDING:
         return None
-    hold = windows.held(row.task_id, row.priority)
+    hold = windows.held(row)
     if hold is None:
         return None
     return HeldOut(**dataclasses.asdict(hold), says=hold.describe())
@@ -128,7 +130,7 @@ class RunDetail(RunSummary):
     cost: dict[str, float] = Field(description="units spent by kind (`ctx.spend`)")
     live: LiveState | None = Field(description="null once the live hash has expired")
     held: HeldOut | None = Field(
-        None, description="a pending run a pause or a closed run window holds: by what"
+        None, description="a pending run a pause, a closed run window or its debounce holds"
     )
 
 

@@ -59,7 +59,7 @@ from orchestrator.cluster.locks import Fence
 from orchestrator.hooks import pause as gate
 from orchestrator.models import PauseScope, RunWindow, TaskHistory
 from orchestrator.recovery import pauses
-from orchestrator.runs import cancel
+from orchestrator.runs import cancel, coalesce
 from orchestrator.states import RunState
 from orchestrator.stores import keys, live, valkey
 from tasks import registry
@@ -199,24 +199,35 @@ def _apply_now() -> None:
 
 @dataclass(frozen=True)
 class Hold:
-    """What holds a pending run: a pause or a closed window, of its task or its class."""
+    """What holds a pending run: a pause or a closed window, of its task or its class, or the
+    debounce of its task."""
 
-    by: str  # "pause" or "window"
+    by: str  # "pause", "window" or "debounce"
     scope: str
     name: str
-    opens_at: datetime | None = None  # a window: when it opens
-    tz: str | None = None  # a window: the zone it is read in
+    opens_at: datetime | None = None  # a window: when it opens; a debounce: when it is due
+    tz: str | None = None  # the zone `opens_at` is told in
 
     def describe(self) -> str:
         if self.opens_at is None or self.tz is None:
             return f"held by the pause of {self.scope} {self.name}"
         local = self.opens_at.astimezone(ZoneInfo(self.tz))
+        if self.by == "debounce":
+            return f"debounced until {local:%H:%M:%S} {self.tz}"
         return f"waits for window (opens {local:%H:%M} {self.tz})"
 
 
-def held(task_id: str, priority: int, at: datetime | None = None) -> Hold | None:
-    """What holds a pending run of `task_id` now (a pause first), or None; an operator's run
-    (priority 1) passes a closed window."""
+def held(run: TaskHistory, at: datetime | None = None) -> Hold | None:
+    """What holds a pending run now: a pause, else a closed window (an operator's run, priority
+    1, passes it), else its debounce (`runs.coalesce`: its time moves with each start that
+    joins it); None for any other run."""
+    hold = _paused_or_windowed(run.task_id, run.priority, at)
+    if hold is None and coalesce.MARK in run.trigger and run.not_before is not None:
+        return Hold("debounce", "task", run.task_id, run.not_before, "UTC")
+    return hold
+
+
+def _paused_or_windowed(task_id: str, priority: int, at: datetime | None) -> Hold | None:
     definition = registry.get().get(task_id)
     if definition is None:
         return None
