@@ -261,11 +261,13 @@ def test_an_operators_window_is_set_listed_and_removed(client: Client) -> None:
     assert _put(client, f"/tasks/{OTHER_TASK}/window", {"window": "01:30-05:00"}).status_code == 200
 
 
-def test_a_resume_inside_a_closed_window_leaves_the_window_holding() -> None:
+def test_a_resume_inside_a_closed_window_leaves_the_window_holding(client: Client) -> None:
     opening.set_window(PauseScope.TASK, OTHER_TASK, _closed_now(), by="ops")
     pauses.pause(PauseScope.TASK, OTHER_TASK, by="ops", reason="disk")
     assert valkey.client().hget(keys.pauses(), f"task:{OTHER_TASK}") == "hold"
-    start_run(OTHER_TASK, {}, trigger=TriggerKind.MANUAL)
+    manual = start_run(OTHER_TASK, {}, trigger=TriggerKind.MANUAL).run_id
+    held = client.get(f"/api/v1/runs/{manual}").json()["held"]
+    assert held["by"] == "pause" and held["says"] == f"held by the pause of task {OTHER_TASK}"
     rush = start_run(OTHER_TASK, {}, trigger=TriggerKind.OPERATOR_RETRY, priority=1).run_id
     empty_queues(OTHER_QUEUE)  # both messages taken and parked, as a worker would
     resumed = pauses.resume(PauseScope.TASK, OTHER_TASK, by="ops")
