@@ -27,13 +27,26 @@ from tasks.window import OnClose, Window, WindowError
 router = Router(tags=["windows"])
 
 
+# What the schema can say of a span and of days (`tasks.window.Window` checks them again, with
+# what it cannot: a span that opens and closes at once, a zone this machine does not know).
+_TIME = "([01][0-9]|2[0-3]):[0-5][0-9]"
+_DAY = "(mon|tue|wed|thu|fri|sat|sun)"
+_DAYS = f"{_DAY}(-{_DAY})?"
+
+
 class WindowIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
     window: str = Field(
-        max_length=40, description='"HH:MM-HH:MM", local time; past midnight: "22:00-06:00"'
+        pattern=f"^{_TIME}-{_TIME}$",
+        description='"HH:MM-HH:MM", local time; past midnight: "22:00-06:00"',
     )
-    days: str = Field("mon-sun", max_length=80, description='"mon-fri", "sat,sun", …')
+    days: str = Field(
+        "mon-sun",
+        max_length=80,
+        pattern=f"^{_DAYS}(,{_DAYS})*$",
+        description='"mon-fri", "sat,sun", …',
+    )
     tz: str | None = Field(None, max_length=64, description="IANA zone; null: LUMASTRA_TIME_ZONE")
     on_close: OnClose = Field(
         OnClose.FINISH,
