@@ -273,9 +273,15 @@ def test_a_resume_inside_a_closed_window_leaves_the_window_holding(client: Clien
     resumed = pauses.resume(PauseScope.TASK, OTHER_TASK, by="ops")
     # The window still holds the manual run; the operator's passes it (`live.holds`).
     assert resumed.released == 1
-    # Published again (a worker consuming the queue may have taken it already); the manual
-    # run's message is not.
-    assert rush in in_broker_lists([OTHER_QUEUE]) or _row(rush).state != "pending"
+    # Published again: waiting in its queue, or taken by a worker that consumes it (reserved,
+    # or already claimed); the manual run's message is not.
+    wait_for(
+        lambda: (
+            rush in in_broker_lists([OTHER_QUEUE]) | held_by_workers()
+            or _row(rush).state != "pending"
+        ),
+        timeout=10,
+    )
     assert manual not in in_broker_lists([OTHER_QUEUE]) and _row(manual).state == "pending"
     assert valkey.client().hget(keys.pauses(), f"task:{OTHER_TASK}") == live.WINDOW
     # The next tick finds the mirror as it should be.
