@@ -5,14 +5,11 @@ pauses on /metrics and on the Tasks page (operators get the buttons, viewers do 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator
 
 import pytest
-from django.conf import settings
 from django.test import Client
-from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.api import tokens
 from orchestrator.api.access import Access
@@ -20,6 +17,7 @@ from orchestrator.models import TaskHistory, TaskPause
 from orchestrator.runs.start import start_run
 from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
+from tests.support.metrics import scrape
 from tests.support.users import PASSWORD, account
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -126,17 +124,7 @@ def test_metrics_and_the_tasks_page_show_the_pause() -> None:
     operator = _client(Access.VIEW, Access.OPERATE, name="ops")
     _post(operator, ROUTES[2], {"reason": "disk full"})
     start_run(TASK, {"label": "held"}, trigger=TriggerKind.MANUAL)
-    config = settings.CONFIG
-    settings.CONFIG = dataclasses.replace(config, metrics_token="t", metrics_cache_s=0)
-    try:
-        text = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer t").content.decode()
-    finally:
-        settings.CONFIG = config
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    samples = scrape()
     labels = (("name", "maintenance"), ("refuse_starts", "false"), ("scope", "class"))
     assert samples[("lumastra_paused", labels)] == 1
     assert samples[("lumastra_paused_runs", (("task", TASK),))] == 1

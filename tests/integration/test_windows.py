@@ -17,7 +17,6 @@ from django.conf import settings
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
-from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import windows
 from orchestrator.api import tokens
@@ -35,6 +34,7 @@ from orchestrator.triggers import TriggerKind
 from tasks.window import Window
 from tests.support.fixtures import wait_for, worker_process
 from tests.support.messages import empty_queues
+from tests.support.metrics import scrape
 from tests.support.task_defs import ORDER_KEY
 from tests.support.users import operator
 
@@ -75,20 +75,6 @@ def _closed_now() -> Window:
 
 def _states(task_id: str) -> list[str]:
     return list(TaskHistory.objects.filter(task_id=task_id).values_list("state", flat=True))
-
-
-def _metric(name: str, labels: dict[str, str]) -> float | None:
-    config = settings.CONFIG
-    settings.CONFIG = dataclasses.replace(config, metrics_token="t", metrics_cache_s=0)
-    try:
-        text = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer t").content.decode()
-    finally:
-        settings.CONFIG = config
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return float(sample.value)
-    return None
 
 
 @pytest.mark.worker
@@ -135,8 +121,8 @@ def test_a_closed_class_window_holds_its_runs_then_releases_them_most_urgent_fir
         console.force_login(operator("console"))
         page = console.get(reverse("admin:orchestrator_taskhistory_change", args=[sample]))
         assert says in page.content.decode()
-        scope = {"class": "maintenance", "task": HELD_TASK}
-        assert _metric("lumastra_window_held_runs", scope) == HELD
+        scope = (("class", "maintenance"), ("task", HELD_TASK))
+        assert scrape()[("lumastra_window_held_runs", scope)] == HELD
 
         # The reconciler, every pending run past the check and the deadline: a held run is
         # neither published again nor failed.
