@@ -89,7 +89,7 @@ def from_row(row: RunWindow) -> Window:
     return Window(row.span, days=row.days, tz=row.tz or None, on_close=row.on_close)
 
 
-def in_force(rows: Iterable[RunWindow] | None = None) -> list[Scoped]:
+def in_force() -> list[Scoped]:
     """Every scope that has a window, the operator's first; ordered by scope and name."""
     found: dict[tuple[str, str], Scoped] = {}
     for definition in registry.get().values():
@@ -98,7 +98,7 @@ def in_force(rows: Iterable[RunWindow] | None = None) -> list[Scoped]:
             found[(scoped.scope, scoped.name)] = scoped
     for name, window in settings.CONFIG.class_windows.items():
         found[(PauseScope.CLASS, name)] = Scoped(PauseScope.CLASS, name, window, Source.ENVIRONMENT)
-    for row in RunWindow.objects.all() if rows is None else rows:
+    for row in RunWindow.objects.all():
         scope = PauseScope(row.scope)
         found[(scope, row.name)] = Scoped(
             scope, row.name, from_row(row), Source.OPERATOR, row.actor, row.updated_at
@@ -156,9 +156,8 @@ class Now:
     windows: Mapping[str, tuple[Scoped, State]]
 
     @classmethod
-    def at(cls, now: datetime, scoped: Iterable[Scoped] | None = None) -> Now:
-        found = in_force() if scoped is None else scoped
-        return cls({s.field: (s, s.state(now)) for s in found})
+    def at(cls, now: datetime) -> Now:
+        return cls({s.field: (s, s.state(now)) for s in in_force()})
 
     def closed(self) -> dict[str, Scoped]:
         return {f: scoped for f, (scoped, state) in self.windows.items() if not state.open}

@@ -77,7 +77,6 @@ class Joined:
     run_id: str
     job_id: str
     priority: int
-    due: datetime
 
 
 def first_due(definition: TaskDefinition, due: datetime | None) -> datetime:
@@ -122,5 +121,5 @@ def join(start: Start) -> Joined | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    run_id, priority, due = row
-    return Joined(run_id, job_id(start.definition.id, start.identity, run_id), priority, due)
+    run_id, priority = row
+    return Joined(run_id, job_id(start.definition.id, start.identity, run_id), priority)

@@ -23,4 +23,4 @@ UPDATE task_history
    AND attempts = 0
    AND not_before IS NOT NULL
    AND trigger ? 'debounce'
-RETURNING id, priority, not_before
+RETURNING id, priority
