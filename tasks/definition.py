@@ -22,7 +22,7 @@ from tasks.context import TaskContext
 from tasks.coverage import CoveredStage, normalised_stage, stage_problem
 from tasks.errors import ManifestError
 from tasks.pipeline import PipelineError, Stage, stage_order
-from tasks.policies import Debounce, Retry, Stall, Throttle, Timeout
+from tasks.policies import Debounce, Retry, Stall, Throttle, Timeout, WhileActive
 from tasks.resources import RESOURCE_CLASSES, default_timeout
 from tasks.schedule import Schedule, parse_schedule
 from tasks.window import Window
@@ -144,6 +144,11 @@ class TaskDefinition:
     # Starts of one identity that coalesce (`tasks.policies`, `orchestrator.runs.coalesce`).
     debounce: Debounce | None = None
     throttle: Throttle | None = None
+    while_active: WhileActive = WhileActive.JOIN
+
+    @property
+    def follows_up(self) -> bool:
+        return self.while_active is WhileActive.FOLLOW_UP
 
     def stage(self, name: str) -> Stage:
         for stage in self.pipeline:
@@ -192,6 +197,7 @@ def define_task(
     window: Window | None = None,
     debounce: Debounce | None = None,
     throttle: Throttle | None = None,
+    while_active: WhileActive | str = WhileActive.JOIN,
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
     task_id = id
@@ -289,6 +295,14 @@ def define_task(
         raise fail("window", "task_priority=1 is an operator's, which passes every window")
     if problem := _coalescing_problem(debounce, throttle, pipeline, identity_for):
         raise fail("debounce" if debounce is not None else "throttle", problem)
+    try:
+        follow = WhileActive(while_active)
+    except ValueError:
+        raise fail("while_active", 'must be "join" or "follow_up"') from None
+    if follow is WhileActive.FOLLOW_UP and (
+        problem := _follow_up_problem(identity_for, debounce, throttle)
+    ):
+        raise fail("while_active", problem)
     if isinstance(covers_stages, CoveredStage):
         raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
     for covered_stage in covers_stages:
@@ -324,6 +338,7 @@ def define_task(
         window=window,
         debounce=debounce,
         throttle=throttle,
+        while_active=follow,
     )
 
 
@@ -354,6 +369,16 @@ def _coalescing_problem(
         return "must be Throttle(period_s=) with whole seconds, at least 1"
     if (debounce or throttle) and pipeline:
         return "a pipeline task's starts do not coalesce"
+    return None
+
+
+def _follow_up_problem(
+    identity_for: IdentityFor | None, debounce: Debounce | None, throttle: Throttle | None
+) -> str | None:
+    if identity_for is None:
+        return "follow_up needs identity_for: a follow-up is one per identity"
+    if debounce is not None or throttle is not None:
+        return "a task's starts coalesce one way: debounce, throttle or follow_up"
     return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 
 
 @dataclass(frozen=True)
@@ -55,3 +56,14 @@ class Throttle:
     the run it met and when the next may start (`orchestrator.hooks.throttle`)."""
 
     period_s: int
+
+
+class WhileActive(StrEnum):
+    """What a start does when it meets a live run of its identity (`identity_for`).
+
+    JOIN: it is answered with that run (`deduplicated`). FOLLOW_UP: when that run is already
+    running, one follow-up is recorded and starts as a new run once it ends, whatever its end;
+    later starts give the follow-up their input (`coalesced`, `orchestrator.runs.coalesce`)."""
+
+    JOIN = "join"
+    FOLLOW_UP = "follow_up"

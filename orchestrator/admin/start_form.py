@@ -139,6 +139,11 @@ def start_run_view(request: HttpRequest) -> HttpResponse:
                 )
             elif handle.debounced:
                 messages.success(request, f"Debounced into the waiting run {handle.run_id}.")
+            elif handle.coalesced:
+                messages.success(
+                    request,
+                    f"A run of this input is running: {handle.run_id} follows it when it ends.",
+                )
             elif handle.deduplicated:
                 messages.warning(
                     request,

@@ -1,7 +1,8 @@
 """`POST /runs:batch`: up to 1,000 starts in one call (`runs.batch.start_runs`), each answered.
 
 Each start is judged as `POST /runs` would judge it, and its outcome comes back in the order
-sent: started, joined (with the live run's id), debounced (with the waiting run's id), throttled
+sent: started, joined (with the live run's id), debounced (with the waiting run's id), coalesced
+(with the follow-up's id), throttled
 (with the run met and `next_start_at`), dropped, refused (with the status `POST /runs` would
 have answered, its code and detail, and field errors for an invalid input), or not_started. With
 `atomic: true` a single refusal writes nothing and answers 409, listing in `errors` every start

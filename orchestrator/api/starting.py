@@ -120,8 +120,9 @@ class StartedRun(Schema):
     outcome: str = Field(
         description="started (a new run), deduplicated (a live run already does this work), "
         "debounced (a debounced task's start gave its input to the waiting run of its "
-        "identity, due later), throttled (its identity made a run this period: that run), "
-        "or dropped"
+        "identity, due later), coalesced (a follow-up task's start met the running run of its "
+        "identity: the follow-up that starts when that run ends, recorded or given this input), "
+        "throttled (its identity made a run this period: that run), or dropped"
     )
     next_start_at: datetime | None = Field(
         None, description="throttled: when the next start of this identity may make a run"
@@ -159,7 +160,7 @@ def answered(handle: RunHandle) -> Status[StartedRun]:
     work, or with the recorded run backpressure dropped."""
     if handle.dropped:
         return Status(200, started(handle, RunState.CANCELLED))
-    if handle.deduplicated or handle.debounced:
+    if handle.deduplicated or handle.debounced or handle.coalesced:
         # The matched run's row may not be committed yet; until it is, it is still pending.
         state = TaskHistory.objects.filter(id=handle.run_id).values_list("state", flat=True)
         return Status(200, started(handle, state.first() or RunState.PENDING))
@@ -171,6 +172,8 @@ def outcome_of(handle: RunHandle) -> str:
         return "dropped"
     if handle.debounced:
         return "debounced"
+    if handle.coalesced:
+        return "coalesced"
     if handle.next_start_at is not None:
         return "throttled"
     return "deduplicated" if handle.deduplicated else "started"

@@ -47,7 +47,7 @@ from orchestrator.hooks.base import (
     RunHook,
 )
 from orchestrator.models import TaskHistory
-from orchestrator.states import LIVE_RUN_STATES
+from orchestrator.states import LIVE_RUN_STATES, RunState
 from orchestrator.stores import keys, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
@@ -199,6 +199,29 @@ class IdentityDedup(RunHook):
 
 
 def _let_go(namespace: str, run_id: str) -> None:
-    identity = TaskHistory.objects.filter(id=run_id).values_list("identity", flat=True)
-    for value in identity:
-        _hold(keys.identity(namespace, value), run_id, 0)
+    """The ended run's identity released, or handed to the follow-up its end released
+    (`runs.coalesce`), so that a start meanwhile joins that follow-up rather than start a run
+    beside it."""
+    row = (
+        TaskHistory.objects.filter(id=run_id)
+        .values_list("task_id", "identity", "trigger__followed")
+        .first()
+    )
+    if row is None:
+        return
+    task_id, identity, followed = row
+    key = keys.identity(namespace, identity)
+    follow_up = None
+    if followed:
+        follow_up = (
+            TaskHistory.objects.filter(
+                task_id=task_id, identity=identity, state=RunState.PENDING, trigger__follows=run_id
+            )
+            .values_list("id", flat=True)
+            .first()
+        )
+    if follow_up is None:
+        _hold(key, run_id, 0)
+        return
+    ttl_ms = span_ms(timedelta(seconds=settings.CONFIG.identity_ttl_s))
+    valkey.script("identity_claim", [key], [follow_up, ttl_ms, run_id])

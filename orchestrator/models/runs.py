@@ -3,12 +3,15 @@ itself, with the run's CloudEvent for the webhook outbox, from triggers on the r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pgtrigger
 from django.db import models
 from django.db.models import Q
 from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 
+from orchestrator import sql
 from orchestrator.states import LIVE_RUN_STATES, RunState
 
 # A claim's end that took its claim with it (end_run.sql: the row still pending, ended for the
@@ -60,6 +63,13 @@ ELSE
 END IF;
 RETURN NULL;
 """  # noqa: S608 (built from the constant above, not from input)
+
+
+# A followed run's end releases its follow-up (`runs.coalesce`). Its SQL is kept with the
+# writer's (`stores/sql`): the one writer of task_history rows (tests/unit/test_one_writer.py).
+_RELEASE_FOLLOW_UP = sql.load(
+    str(Path(__file__).parents[1] / "stores" / "__init__.py"), "release_follow_up"
+)
 
 
 class TaskHistory(models.Model):
@@ -150,6 +160,14 @@ class TaskHistory(models.Model):
                 ),
                 name="task_history_debounce_one",
             ),
+            # One follow-up waits per identity of a follow-up task (`runs.coalesce`,
+            # follow_run.sql): later starts give it their input.
+            models.UniqueConstraint(
+                "task_id",
+                "identity",
+                condition=Q(state="pending", trigger__has_key="waitsFor"),
+                name="task_history_follow_up_one",
+            ),
             models.UniqueConstraint(
                 "task_id",
                 KT("trigger__idempotencyKey"),
@@ -190,6 +208,18 @@ class TaskHistory(models.Model):
                 operation=pgtrigger.UpdateOf("state"),  # type: ignore[no-untyped-call]
                 condition=pgtrigger.AnyChange("state"),
                 func=_RUN_EVENT,
+            ),
+            # The end of a followed run makes its follow-up due in the same transaction,
+            # whichever path wrote the end (`runs.coalesce`); the due loop publishes it.
+            pgtrigger.Trigger(
+                name="run_follow_up",
+                when=pgtrigger.After,
+                operation=pgtrigger.UpdateOf("state"),  # type: ignore[no-untyped-call]
+                condition=pgtrigger.Condition(
+                    "NEW.trigger ? 'followed' AND OLD.state IS DISTINCT FROM NEW.state"
+                    " AND NEW.state IN ('completed', 'failed', 'cancelled')"
+                ),
+                func=_RELEASE_FOLLOW_UP + ";\nRETURN NULL;",
             ),
         ]
 

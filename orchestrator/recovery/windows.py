@@ -199,16 +199,18 @@ def _apply_now() -> None:
 
 @dataclass(frozen=True)
 class Hold:
-    """What holds a pending run: a pause or a closed window, of its task or its class, or the
-    debounce of its task."""
+    """What holds a pending run: a pause or a closed window, of its task or its class, the
+    debounce of its task, or the running run it follows up (scope "run", named)."""
 
-    by: str  # "pause", "window" or "debounce"
+    by: str  # "pause", "window", "debounce" or "follow_up"
     scope: str
     name: str
     opens_at: datetime | None = None  # a window: when it opens; a debounce: when it is due
     tz: str | None = None  # the zone `opens_at` is told in
 
     def describe(self) -> str:
+        if self.by == "follow_up":
+            return f"follows up run {self.name}: starts when it ends"
         if self.opens_at is None or self.tz is None:
             return f"held by the pause of {self.scope} {self.name}"
         local = self.opens_at.astimezone(ZoneInfo(self.tz))
@@ -220,10 +222,12 @@ class Hold:
 def held(run: TaskHistory, at: datetime | None = None) -> Hold | None:
     """What holds a pending run now: a pause, else a closed window (an operator's run, priority
     1, passes it), else its debounce (`runs.coalesce`: its time moves with each start that
-    joins it); None for any other run."""
+    joins it), else the running run it follows up; None for any other run."""
     hold = _paused_or_windowed(run.task_id, run.priority, at)
     if hold is None and coalesce.MARK in run.trigger and run.not_before is not None:
         return Hold("debounce", "task", run.task_id, run.not_before, "UTC")
+    if hold is None and coalesce.WAITS_FOR in run.trigger:
+        return Hold("follow_up", "run", str(run.trigger[coalesce.WAITS_FOR]))
     return hold
 
 

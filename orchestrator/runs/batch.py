@@ -6,7 +6,8 @@ hooks, a Valkey round trip per run), then every admitted run is recorded by one 
 messages published, a round trip each for the whole batch. What one start would have answered,
 each gets in its `Outcome`: started, joined (a live run with its idempotency key, or its
 identity, already does the work), debounced (a debounced task's start joined the waiting run
-of its identity, `runs.coalesce`), dropped (recorded, cancelled by backpressure), or refused
+of its identity, `runs.coalesce`), coalesced (the follow-up of its identity's running run,
+recorded or given its input), dropped (recorded, cancelled by backpressure), or refused
 with its reason and code; a later start with the key of an earlier one in the same batch joins
 it, and a later debounced start of an earlier one's identity gives it its input.
 
@@ -45,7 +46,6 @@ from orchestrator.runs.start import (
     RunHandle,
     StartRefused,
     after_insert,
-    debounced,
     deduplicated,
     joined,
     prepare,
@@ -66,6 +66,7 @@ class Result(StrEnum):
     STARTED = "started"  # a new run, recorded (published on commit, or when due)
     JOINED = "joined"  # a live run already does this work: its id is answered
     DEBOUNCED = "debounced"  # joined the waiting run of its identity, its input now this one's
+    COALESCED = "coalesced"  # the follow-up of its identity's running run: recorded or joined
     THROTTLED = "throttled"  # the identity already made its run this period: that run's id
     DROPPED = "dropped"  # recorded cancelled: the task's queue was full (backpressure `drop`)
     REFUSED = "refused"  # nothing written for this start: `code` and `detail` say why
@@ -188,16 +189,16 @@ def _admit(
         duplicate = live_run_with_key(task_id, key)
         if duplicate is not None:
             return _outcome_of(joined(task_id, duplicate))
-    if coalesce.MARK in start.trigger:
-        if (joined_here := _debounced_in_batch(start, admitted)) is not None:
-            return joined_here
-        if found := coalesce.join(start):
-            handle = debounced(task_id, found)
-            return Outcome(Result.DEBOUNCED, handle.run_id, handle.priority)
+    if coalesce.MARK in start.trigger and (joined_here := _debounced_in_batch(start, admitted)):
+        return joined_here
+    if found := coalesce.join(start):
+        return _coalesced(start, found)
     admission = start.admission()
     try:
         admit(admission)
     except Deduplicated as dup:
+        if found := coalesce.follow(start, dup.run_id):
+            return _coalesced(start, found)
         handle = deduplicated(task_id, dup, start.identity, start.handle.priority)
         if (next_at := handle.next_start_at) is not None:
             return Outcome(Result.THROTTLED, handle.run_id, handle.priority, next_start_at=next_at)
@@ -283,9 +284,13 @@ def _joined_after_race(start: Prepared) -> Outcome:
     if duplicate is not None:
         return _outcome_of(joined(start.definition.id, duplicate))
     if found := coalesce.join(start):
-        handle = debounced(start.definition.id, found)
-        return Outcome(Result.DEBOUNCED, handle.run_id, handle.priority)
+        return _coalesced(start, found)
     return _key_taken(start)
+
+
+def _coalesced(start: Prepared, found: coalesce.Joined) -> Outcome:
+    result = Result.COALESCED if found.followed else Result.DEBOUNCED
+    return Outcome(result, found.run_id, found.priority)
 
 
 def _key_taken(start: Prepared) -> Outcome:

@@ -23,13 +23,38 @@ apply to it): once its run is released, the next start of the identity waits as 
 
 Not guaranteed: a start that comes while the due loop releases the run (within one
 LUMASTRA_DUE_POLL_S of its time) is not joined: it becomes the next waiting run.
+
+`define_task(..., while_active="follow_up")` (one follow-up after the running run):
+- A start that meets the live run of its identity (identity dedup's `Deduplicated`) while that
+  run is running records one follow-up (`follow`, `follow_run.sql`): a new pending run that
+  waits for the running one's end (`trigger.waitsFor`, `not_before` the far time `WAITS`, so
+  neither the due loop, the reconciler nor a claim takes it). The start is answered
+  `coalesced`, naming the follow-up. A live run that has not started yet does the start's work
+  itself: the start joins it (`deduplicated`), as without the option.
+- Later starts give the waiting follow-up their input (`join`, the last wins), before admission
+  and without it, as a debounce's join.
+- The end of the running run, in any terminal state and by any path (its worker, the drain's
+  replay, the reconciler's orphan check, a kill), makes the follow-up due in the same
+  transaction: the trigger `run_follow_up` on task_history (`models.runs`). The due loop
+  publishes it then; identity dedup hands it the identity when the ended run settles.
+- Postgres holds both, so a worker SIGKILL loses neither: the running run is put back and runs
+  again, and its follow-up waits for that attempt's end. At most one follow-up waits per
+  identity (the partial unique index `task_history_follow_up_one`).
+- The runs of such a task take their Postgres claim at pickup (`runs.runner`), not folded into
+  their end: a start must see that the run is running.
+
+Not guaranteed: the follow-up was admitted with no admission of its own (no quota unit, no
+circuit or pause check at its start: its claim still meets pauses and windows, and its pickup the
+limits). A start that comes between the running run's end and its settle (or, when the end was
+the reconciler's or a replay's, until the due loop releases the follow-up) may make a run of its
+own beside the follow-up.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
 from django.db import connection
@@ -42,6 +67,10 @@ from tasks.definition import TaskDefinition
 
 # Marks a debounced start's run (`trigger.debounce`): the index and the join read it.
 MARK = "debounce"
+# A waiting follow-up's mark (`trigger.waitsFor`: the run it follows up), and its `not_before`:
+# far enough that nothing takes it for due.
+WAITS_FOR = "waitsFor"
+WAITS = datetime(9999, 12, 31, tzinfo=UTC)
 _LIVE_STATES = sorted(s.value for s in LIVE_RUN_STATES)
 
 
@@ -77,6 +106,7 @@ class Joined:
     run_id: str
     job_id: str
     priority: int
+    followed: bool = False  # a follow-up, not a debounced run
 
 
 def first_due(definition: TaskDefinition, due: datetime | None) -> datetime:
@@ -97,29 +127,47 @@ class Start(Protocol):
     def input(self) -> dict[str, Any]: ...
     @property
     def trigger(self) -> dict[str, Any]: ...
+    def row(self) -> dict[str, Any]: ...
 
 
 def join(start: Start) -> Joined | None:
-    """Join the waiting run of the start's identity, if any: its input (and processing version)
-    replaced, its time moved; None, and nothing sent, for a start that is not debounced (a
-    task without `debounce`, an operator's retry)."""
-    debounce = start.definition.debounce
-    if debounce is None or MARK not in start.trigger:
+    """Join the waiting run of the start's identity, if any: a debounced task's (its time
+    moved) or a follow-up task's; its input (and processing version) replaced. None, and
+    nothing sent, for a start that coalesces neither way (an operator's retry does not)."""
+    definition = start.definition
+    debounce = definition.debounce
+    params: dict[str, str | int] = {
+        "task_id": definition.id,
+        "identity": start.identity,
+        "input": json.dumps(start.input),
+        "processing_version": definition.processing_version,
+    }
+    if debounce is not None and MARK in start.trigger:
+        query = queries.DEBOUNCE_RUN
+        params |= {"period_s": debounce.period_s, "max_wait_s": debounce.max_wait_s}
+    elif definition.follows_up:
+        query = queries.JOIN_FOLLOW_UP
+    else:
         return None
     with connection.cursor() as cursor:
-        cursor.execute(
-            queries.DEBOUNCE_RUN,
-            {
-                "task_id": start.definition.id,
-                "identity": start.identity,
-                "input": json.dumps(start.input),
-                "processing_version": start.definition.processing_version,
-                "period_s": debounce.period_s,
-                "max_wait_s": debounce.max_wait_s,
-            },
-        )
+        cursor.execute(query, params)
         row = cursor.fetchone()
-    if row is None:
+    return None if row is None else _joined(start, row, followed=definition.follows_up)
+
+
+def follow(start: Start, holder: str) -> Joined | None:
+    """The follow-up of `holder`, the live run of the start's identity, recorded or given this
+    start's input; None when the start does not follow up, or when the holder has not started
+    (the start joins it)."""
+    if not start.definition.follows_up:
         return None
+    with connection.cursor() as cursor:
+        cursor.execute(queries.FOLLOW_RUN, {**start.row(), "holder": holder, "waits": WAITS})
+        row = cursor.fetchone()
+    return None if row is None else _joined(start, row, followed=True)
+
+
+def _joined(start: Start, row: tuple[str, int], *, followed: bool) -> Joined:
     run_id, priority = row
-    return Joined(run_id, job_id(start.definition.id, start.identity, run_id), priority)
+    job = job_id(start.definition.id, start.identity, run_id)
+    return Joined(run_id, job, priority, followed)

@@ -304,7 +304,8 @@ def _claim_unread(
     if claim.refused is not None:
         log.debug("run %s: live claim refused (%s)", claim.run_id, claim.refused.current)
         return _Refusal.READ_ROW
-    if definition.pipeline:
+    if definition.pipeline or definition.follows_up:
+        # A follow-up task's start must see that its run is running (`runs.coalesce`).
         claimed = _claim_durable(definition, claim.run_id, claim.owner)
     elif carried is not None:
         # Only its start's message carries the row, and only its first delivery gets here

@@ -76,6 +76,7 @@ class RunHandle:
     deduplicated: bool = False  # a live run already does this work: that run is answered
     dropped: bool = False  # backpressure dropped the start: recorded cancelled, never enqueued
     debounced: bool = False  # joined the waiting run of its identity (`runs.coalesce`)
+    coalesced: bool = False  # recorded or joined the follow-up of its identity's running run
     next_start_at: datetime | None = None  # throttled: the run met is answered (`hooks.throttle`)
 
     def wait(self, timeout: float) -> Any:
@@ -292,8 +293,10 @@ def start_run(
     if key is not None and (duplicate := coalesce.live_run_with_key(task_id, key)):
         # Answered before admission, so a duplicate consumes no quota and counts nothing.
         return joined(task_id, duplicate)
-    if coalesce.MARK in start.trigger and (found := coalesce.join(start)):
-        return debounced(task_id, found)
+    if (start.definition.follows_up or coalesce.MARK in start.trigger) and (
+        found := coalesce.join(start)
+    ):
+        return coalesced(task_id, found)
 
     admission = start.admission()
 
@@ -311,6 +314,8 @@ def start_run(
             # what they took (`abandoned`).
             admit(admission)
         except Deduplicated as dup:
+            if found := coalesce.follow(start, dup.run_id):
+                return coalesced(task_id, found)
             return deduplicated(task_id, dup, identity, handle.priority)
         except Dropped as drop:
             # Recorded, never enqueued: the row is born terminal, no transition involved.
@@ -337,17 +342,15 @@ def start_run(
         return joined(task_id, taken)
     # Rolled back: now join the waiting run that won the identity.
     if found := coalesce.join(start):
-        return debounced(task_id, found)
+        return coalesced(task_id, found)
     raise KeyContended(f"debounced starts of {identity!r} kept racing; try again")
 
 
 def _transaction(definition: TaskDefinition, key: str | None) -> AbstractContextManager[object]:
-    """The start's transaction: the caller's, when it has one; its own when an idempotency key
-    or a debounce may have it give back what admission took (a rollback), or when admission
-    writes Postgres (a capped quota's unit: one commit for both writes); else none, so the
-    INSERT commits by itself, one round trip instead of BEGIN, INSERT and COMMIT. Without one,
-    what admission took before an INSERT that failed is given back by the hooks (`abandoned`);
-    what they ask to do once the start commits waits for its INSERT (`after_insert`)."""
+    """The start's transaction: the caller's; else its own when an idempotency key or a
+    debounce may roll it back, or when admission writes Postgres (a capped quota's unit); else
+    none: the INSERT commits by itself, one round trip. Without one, the hooks give back what
+    admission took before a failed INSERT (`abandoned`), and their `committed` waits for it."""
     if key is None and not connection.in_atomic_block and not definition.quotas.capped:
         return transaction.atomic() if definition.debounce else contextlib.nullcontext()
     return transaction.atomic()
@@ -419,8 +422,10 @@ def joined(task_id: str, live_run: LiveRun) -> RunHandle:
     return RunHandle(live_run.id, task_id, job, live_run.priority, deduplicated=True)
 
 
-def debounced(task_id: str, found: coalesce.Joined) -> RunHandle:
-    return RunHandle(found.run_id, task_id, found.job_id, found.priority, debounced=True)
+def coalesced(task_id: str, found: coalesce.Joined) -> RunHandle:
+    """The handle of the waiting run a start joined: a debounced run, or a follow-up."""
+    run, followed = (found.run_id, task_id, found.job_id, found.priority), found.followed
+    return RunHandle(*run, debounced=not followed, coalesced=followed)
 
 
 def deduplicated(task_id: str, dup: Deduplicated, identity: str, fallback: int) -> RunHandle:

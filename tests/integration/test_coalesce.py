@@ -9,7 +9,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -18,12 +17,12 @@ from django.test import Client
 
 from orchestrator.api import tokens
 from orchestrator.models import TaskHistory
-from orchestrator.runs import due
 from orchestrator.runs.start import start_run
 from orchestrator.stores import valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process
 from tests.support.messages import empty_queues
+from tests.support.runs import due_loop
 from tests.support.task_defs import DEBOUNCED_KEY
 from tests.support.users import operator
 
@@ -46,30 +45,9 @@ def client() -> Client:
     return Client(headers={"Authorization": f"Bearer {tokens.issue(operator())[1]}"})
 
 
-@contextmanager
-def _due_loop() -> Iterator[None]:
-    """The leader's `due` loop, as `orchestrator.loops` runs it."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        try:
-            while not stop.wait(0.1):
-                due.release()
-        finally:
-            connections.close_all()
-
-    looping = threading.Thread(target=loop, daemon=True)
-    looping.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        looping.join(5)
-
-
 @pytest.mark.worker
 def test_a_burst_of_starts_makes_one_run_with_the_last_input_within_max_wait() -> None:
-    with worker_process([QUEUE], concurrency=1, name="debounce"), _due_loop():
+    with worker_process([QUEUE], concurrency=1, name="debounce"), due_loop():
         began = time.monotonic()
         first = start_run(TASK, {"key": "season-1", "n": 0}, trigger=TriggerKind.EVENT)
         assert not first.debounced

@@ -1,10 +1,16 @@
-"""Rows seeded for recovery tests: runs in states a crash leaves behind."""
+"""Rows seeded for recovery tests (runs in states a crash leaves behind), and the leader's due
+loop for tests that need delayed starts released."""
 
 from __future__ import annotations
 
-from django.db import connection
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import connection, connections
 
 from orchestrator.models import TaskHistory
+from orchestrator.runs import due
 from orchestrator.runs.start import new_run_id
 from orchestrator.stores import durable, keys, live, valkey
 
@@ -71,3 +77,24 @@ def clear_scheduler_locks() -> None:
     stale = list(client.scan_iter(match=keys.scheduler_lock("*", "*"), count=500))
     if stale:
         client.delete(*stale)
+
+
+@contextmanager
+def due_loop() -> Iterator[None]:
+    """The leader's `due` loop, as `orchestrator.loops` runs it, every 0.1 s."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        try:
+            while not stop.wait(0.1):
+                due.release()
+        finally:
+            connections.close_all()
+
+    looping = threading.Thread(target=loop, daemon=True)
+    looping.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        looping.join(5)

@@ -948,6 +948,31 @@ throttled = define_task(
 )
 
 
+FOLLOW_UP_KEY = "test:follow-up"  # one JSON entry per handler call: key, n, pid, run
+FOLLOW_UP_GATE = "test:follow-up:gate"  # while it exists, a handler waits (up to 20 s)
+
+
+def _follow_up(ctx: TaskContext, params: DebouncedInput) -> None:
+    client = valkey.client()
+    entry = {"key": params.key, "n": params.n, "pid": os.getpid(), "run": ctx.run_id}
+    client.rpush(FOLLOW_UP_KEY, json.dumps(entry))
+    deadline = time.monotonic() + 20
+    while client.exists(FOLLOW_UP_GATE) and time.monotonic() < deadline:
+        ctx.raise_if_cancelled()
+        time.sleep(0.05)
+
+
+# A start that meets the running run of its key records one follow-up (issue 39).
+follow_up = define_task(
+    id="test-follow-up",
+    resource_class="io",
+    execute=_follow_up,
+    input_model=DebouncedInput,
+    identity_for=lambda params: params.key,
+    while_active="follow_up",
+)
+
+
 # Inbound triggers (tests/integration/test_triggers.py): one onto a parked task, whose runs
 # stay pending, and one onto a task the shared worker runs.
 parked_trigger = define_trigger(

@@ -1,5 +1,5 @@
-"""Debounce and throttle declarations (issue 39): a bad one is a registry error naming the
-field, before anything runs."""
+"""Debounce, throttle and follow-up declarations (issue 39): a bad one is a registry error
+naming the field, before anything runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tasks import Debounce, Stage, Throttle, define_task
+from tasks import Debounce, Stage, Throttle, WhileActive, define_task
 from tasks.errors import ManifestError
 
 
@@ -23,6 +23,12 @@ def _task(**options: Any) -> object:
         ({"debounce": Debounce(period_s=1.5, max_wait_s=5)}, "debounce"),  # type: ignore[arg-type]
         ({"throttle": Throttle(period_s=0)}, "throttle"),
         ({"debounce": Debounce(1, 2), "throttle": Throttle(1)}, "debounce"),
+        ({"while_active": "follow_up"}, "while_active"),  # one follow-up per identity: needs one
+        ({"while_active": "later", "identity_for": str}, "while_active"),
+        (
+            {"while_active": "follow_up", "identity_for": str, "throttle": Throttle(1)},
+            "while_active",
+        ),
     ],
 )
 def test_a_bad_declaration_names_its_field(options: dict[str, Any], field: str) -> None:
@@ -42,3 +48,9 @@ def test_a_pipeline_does_not_coalesce_and_a_good_declaration_is_kept() -> None:
         _task(debounce=Debounce(period_s=60, max_wait_s=600))
     kept = _task(debounce=Debounce(period_s=60, max_wait_s=600), identity_for=lambda p: "x")
     assert kept.debounce == Debounce(60, 600)
+
+
+def test_a_follow_up_task_is_kept_with_its_choice() -> None:
+    kept = _task(while_active="follow_up", identity_for=lambda p: "x")
+    assert kept.while_active is WhileActive.FOLLOW_UP and kept.follows_up  # type: ignore[attr-defined]
+    assert not _task().follows_up  # type: ignore[attr-defined]
