@@ -25,19 +25,21 @@ def hook_chain() -> tuple[RunHook, ...]:
     answers first, a pause that refuses starts and the circuit before a capped quota takes a
     unit; the queue cap (`runs.admission`, not a hook: every start meets it) judges after the
     chain, so a refused start consumes nothing and nothing is shed for a start the quota would
-    refuse. At pickup: the concurrency
-    slot, then the rate limit, so a run the rate limit postpones gives its slot back (the
-    dispatcher releases the hooks that passed); the pause is read by the claim's own script,
-    after them, and a parked run gives back what they took.
+    refuse. At pickup: the concurrency slot (or a keyed concurrency's place, whose turns the
+    runs' publishing follows), then the rate limit, so a run the rate limit postpones gives its
+    slot back (the dispatcher releases the hooks that passed); the pause is read by the claim's
+    own script, after them, and a parked run gives back what they took.
     """
     from orchestrator.hooks.circuit import CircuitBreaker
     from orchestrator.hooks.concurrency import ConcurrencyLimit
     from orchestrator.hooks.costs import CostQuota
     from orchestrator.hooks.dedup import IdentityDedup
+    from orchestrator.hooks.keyed import KeyedConcurrency
     from orchestrator.hooks.pause import PauseGate
     from orchestrator.hooks.quotas import DailyQuota
     from orchestrator.hooks.ratelimit import RateLimit
     from orchestrator.hooks.throttle import ThrottleGate
+    from orchestrator.runs.publish import publish_turns
 
     return (
         ThrottleGate(),
@@ -47,6 +49,7 @@ def hook_chain() -> tuple[RunHook, ...]:
         DailyQuota(),
         CostQuota(),
         ConcurrencyLimit(),
+        KeyedConcurrency(publish=publish_turns),
         RateLimit(),
     )
 

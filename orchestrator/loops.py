@@ -12,6 +12,10 @@ that races for `lock:orch:cluster`, the one leader seat:
   Valkey round trip.
 - `due` (`orchestrator.runs.due.release`), on the cluster leader only: publishes the delayed
   starts whose time has come, every LUMASTRA_DUE_POLL_S (0.25 s); one indexed query when none is.
+- `turns` (`orchestrator.runs.due.release_turns`), on the cluster leader only: publishes the
+  keyed-concurrency runs whose key's turn came when a holder's lease ran out or a dispatched
+  run's message was lost (`orchestrator.hooks.keyed`), every `due.TURNS_S` (1 s); one Valkey
+  call per task that declares `concurrency=`, none for the others.
 - `windows` (`orchestrator.recovery.windows.tick`), on the cluster leader only: makes the
   pauses' Valkey mirror say which pauses are in force and which run windows are closed,
   publishes what a window held when it opens, and asks the running runs of a closed `stop`
@@ -188,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             leader=True,
         ),
         Loop("due", config.due_poll_s, lambda: due.release(fence=cluster), leader=True),
+        Loop("turns", due.TURNS_S, lambda: due.release_turns(fence=cluster), leader=True),
         Loop("windows", TICK_S, lambda: windows.tick(fence=cluster), leader=True),
         Loop(
             "quota-rollup",

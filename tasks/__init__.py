@@ -7,7 +7,8 @@ The names task authors use are exported here. The modules:
 Declaring a task:
 - `definition`: `define_task` and the immutable manifest it returns, every option checked
 - `policies`: `Timeout`, `Retry`, `Stall`: how long a task or stage may run, is watched, is retried;
-  `Debounce`, `Throttle`, `WhileActive`: how the starts of one identity coalesce
+  `Debounce`, `Throttle`, `WhileActive`: how the starts of one identity coalesce; `Concurrency`:
+  how many runs of one key run at once
 - `resources`: the resource classes (the worker pools) with their default budgets and limits
 - `schedule`: schedule declarations: `every('15m')`, a cron expression, or `dynamic(loader)`
 - `window`: `Window`, the local hours a task's or a class's runs may start in (quiet hours)
@@ -50,7 +51,7 @@ from tasks.errors import (
 )
 from tasks.media import MediaFolder, MediaPath, MediaPathError, open_folder
 from tasks.pipeline import Stage
-from tasks.policies import Debounce, Retry, Stall, Throttle, Timeout, WhileActive
+from tasks.policies import Concurrency, Debounce, Retry, Stall, Throttle, Timeout, WhileActive
 from tasks.process import ProcessResult
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import ScheduleRow, cron, dynamic, every
@@ -60,6 +61,7 @@ from tasks.window import OnClose, Window
 __all__ = [
     "RESOURCE_CLASSES",
     "Backpressure",
+    "Concurrency",
     "CoverageBatch",
     "CoverageItem",
     "CoveredStage",

@@ -22,7 +22,16 @@ from tasks.context import TaskContext
 from tasks.coverage import CoveredStage, normalised_stage, stage_problem
 from tasks.errors import ManifestError
 from tasks.pipeline import PipelineError, Stage, stage_order
-from tasks.policies import Debounce, Retry, Stall, Throttle, Timeout, WhileActive
+from tasks.policies import (
+    Concurrency,
+    Debounce,
+    Retry,
+    Stall,
+    StartPolicies,
+    Throttle,
+    Timeout,
+    WhileActive,
+)
 from tasks.resources import RESOURCE_CLASSES, default_timeout
 from tasks.schedule import Schedule, parse_schedule
 from tasks.window import Window
@@ -145,10 +154,8 @@ class TaskDefinition:
     debounce: Debounce | None = None
     throttle: Throttle | None = None
     while_active: WhileActive = WhileActive.JOIN
-
-    @property
-    def follows_up(self) -> bool:
-        return self.while_active is WhileActive.FOLLOW_UP
+    # Runs at once per key, keys taking turns (`orchestrator.hooks.keyed`).
+    concurrency: Concurrency | None = None
 
     def stage(self, name: str) -> Stage:
         for stage in self.pipeline:
@@ -198,6 +205,7 @@ def define_task(
     debounce: Debounce | None = None,
     throttle: Throttle | None = None,
     while_active: WhileActive | str = WhileActive.JOIN,
+    concurrency: Concurrency | None = None,
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
     task_id = id
@@ -293,16 +301,14 @@ def define_task(
         raise fail("window", 'must be Window("HH:MM-HH:MM", days=, tz=, on_close=)')
     if window is not None and priority == Priority.OPERATOR:
         raise fail("window", "task_priority=1 is an operator's, which passes every window")
-    if problem := _coalescing_problem(debounce, throttle, pipeline, identity_for):
-        raise fail("debounce" if debounce is not None else "throttle", problem)
     try:
         follow = WhileActive(while_active)
     except ValueError:
         raise fail("while_active", 'must be "join" or "follow_up"') from None
-    if follow is WhileActive.FOLLOW_UP and (
-        problem := _follow_up_problem(identity_for, debounce, throttle)
-    ):
-        raise fail("while_active", problem)
+    declared = StartPolicies(debounce, throttle, follow, concurrency)
+    limited_otherwise = quotas is not None and quotas.max_concurrent is not None
+    if found := declared.problem(identity_for is not None, bool(pipeline), limited_otherwise):
+        raise fail(*found)
     if isinstance(covers_stages, CoveredStage):
         raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
     for covered_stage in covers_stages:
@@ -339,47 +345,8 @@ def define_task(
         debounce=debounce,
         throttle=throttle,
         while_active=follow,
+        concurrency=concurrency,
     )
-
-
-def _whole_seconds(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _coalescing_problem(
-    debounce: Debounce | None,
-    throttle: Throttle | None,
-    pipeline: Sequence[Stage],
-    identity_for: IdentityFor | None,
-) -> str | None:
-    if debounce is not None and throttle is not None:
-        return "a task debounces or throttles its starts, not both"
-    if debounce is not None and identity_for is None:
-        return "needs identity_for: the starts of one identity coalesce, the last input wins"
-    if debounce is not None:
-        if not isinstance(debounce, Debounce):
-            return "must be Debounce(period_s=, max_wait_s=)"
-        if not (_whole_seconds(debounce.period_s) and _whole_seconds(debounce.max_wait_s)):
-            return "period_s and max_wait_s must be whole seconds, at least 1"
-        if debounce.max_wait_s < debounce.period_s:
-            return "max_wait_s must be at least period_s"
-    if throttle is not None and not (
-        isinstance(throttle, Throttle) and _whole_seconds(throttle.period_s)
-    ):
-        return "must be Throttle(period_s=) with whole seconds, at least 1"
-    if (debounce or throttle) and pipeline:
-        return "a pipeline task's starts do not coalesce"
-    return None
-
-
-def _follow_up_problem(
-    identity_for: IdentityFor | None, debounce: Debounce | None, throttle: Throttle | None
-) -> str | None:
-    if identity_for is None:
-        return "follow_up needs identity_for: a follow-up is one per identity"
-    if debounce is not None or throttle is not None:
-        return "a task's starts coalesce one way: debounce, throttle or follow_up"
-    return None
 
 
 def _stage_problem(stage: Stage) -> str | None:

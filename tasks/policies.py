@@ -3,9 +3,17 @@ tasks and stages."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel
+
+MAX_CONCURRENCY_KEY = 200
+_KEY_BREAKS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -67,3 +75,103 @@ class WhileActive(StrEnum):
 
     JOIN = "join"
     FOLLOW_UP = "follow_up"
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """At most `max` runs at once per key, across the cluster: `key(params)` names a run's key
+    (None: one key for the whole task). The runs over it wait, pending, without an attempt
+    spent and without holding back other keys, and keys take turns
+    (`orchestrator.hooks.keyed`)."""
+
+    max: int
+    key: Callable[[Any], str] | None = None
+
+    def key_of(self, validated_input: BaseModel) -> str:
+        """The run's key; ValueError when the key function fails on the input or answers what
+        is not a key (a str of at most MAX_CONCURRENCY_KEY characters, no control characters)."""
+        if self.key is None:
+            return ""
+        try:
+            key = self.key(validated_input)
+        except Exception as exc:
+            raise ValueError(f"the concurrency key function failed: {exc!r}") from None
+        if not isinstance(key, str) or len(key) > MAX_CONCURRENCY_KEY or _KEY_BREAKS.search(key):
+            raise ValueError(
+                f"the concurrency key must be a str of at most {MAX_CONCURRENCY_KEY} characters "
+                f"without control characters, not {key!r}"
+            )
+        return key
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass(frozen=True)
+class StartPolicies:
+    """A task's declarations of how its starts coalesce and how many of its runs run at once,
+    checked together (`define_task`)."""
+
+    debounce: Debounce | None
+    throttle: Throttle | None
+    while_active: WhileActive
+    concurrency: Concurrency | None
+
+    def problem(self, identity: bool, pipeline: bool, limited: bool) -> tuple[str, str] | None:
+        """The field and what is wrong with it, given whether the task declares `identity_for`,
+        is a pipeline, and declares `quotas.max_concurrent`; None when all is well."""
+        debounce, throttle = self.debounce, self.throttle
+        if debounce is not None and throttle is not None:
+            return "debounce", "a task debounces or throttles its starts, not both"
+        if debounce is not None and not identity:
+            return "debounce", "needs identity_for: the starts of one identity coalesce"
+        if debounce is not None and (problem := _debounce_problem(debounce)):
+            return "debounce", problem
+        if throttle is not None and not (
+            isinstance(throttle, Throttle) and _whole(throttle.period_s)
+        ):
+            return "throttle", "must be Throttle(period_s=) with whole seconds, at least 1"
+        if (debounce or throttle) and pipeline:
+            return (
+                "debounce" if debounce else "throttle",
+                "a pipeline task's starts do not coalesce",
+            )
+        if self.while_active is WhileActive.FOLLOW_UP:
+            if not identity:
+                return "while_active", "follow_up needs identity_for: one follow-up per identity"
+            if debounce is not None or throttle is not None:
+                return (
+                    "while_active",
+                    "a task's starts coalesce one way: debounce, throttle or follow_up",
+                )
+        concurrency = self.concurrency
+        if concurrency is not None and (
+            problem := _concurrency_problem(concurrency, pipeline, limited)
+        ):
+            return "concurrency", problem
+        return None
+
+
+def _debounce_problem(debounce: object) -> str | None:
+    if not isinstance(debounce, Debounce):
+        return "must be Debounce(period_s=, max_wait_s=)"
+    if not (_whole(debounce.period_s) and _whole(debounce.max_wait_s)):
+        return "period_s and max_wait_s must be whole seconds, at least 1"
+    if debounce.max_wait_s < debounce.period_s:
+        return "max_wait_s must be at least period_s"
+    return None
+
+
+def _concurrency_problem(concurrency: object, pipeline: bool, limited: bool) -> str | None:
+    if not isinstance(concurrency, Concurrency):
+        return "must be Concurrency(max=, key=)"
+    if not _whole(concurrency.max):
+        return "max must be a whole number, at least 1"
+    if concurrency.key is not None and not callable(concurrency.key):
+        return "key must be a function of the task's input, or None"
+    if limited:
+        return "a task limits its runs at once one way: concurrency or quotas.max_concurrent"
+    if pipeline:
+        return "a pipeline task's stages are limited by quotas.max_concurrent"
+    return None

@@ -96,9 +96,9 @@ class LiveState(Schema):
 
 
 class HeldOut(Schema):
-    by: str = Field(description="pause, window, debounce or follow_up")
-    scope: str = Field(description="task or class; run for a follow-up")
-    name: str = Field(description="the task id or the resource class; the run followed up")
+    by: str = Field(description="pause, window, debounce, follow_up or concurrency")
+    scope: str = Field(description="task or class; run for a follow-up; key for concurrency")
+    name: str = Field(description="the task id or the resource class; the run followed up; the key")
     opens_at: datetime | None = Field(
         None, description="a window: when it opens; a debounce: when the run is due"
     )

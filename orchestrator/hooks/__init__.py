@@ -18,6 +18,8 @@ The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 - `quotas`: daily quotas: counts each task's runs per UTC day, refuses past `max_runs_per_day`
 - `costs`: each task's spend per UTC day (`ctx.spend`), refused past `max_cost_per_day`
 - `concurrency`: per-task `max_concurrent` across every worker and host, a lease semaphore
+- `keyed`: keyed concurrency (`Concurrency(key=, max=)`): at most `max` runs per key, the keys'
+  runs published in turns
 - `ratelimit`: per-task rate limit (`quotas.rate`) across the cluster, a sliding window
 
 For operators:
@@ -31,6 +33,9 @@ apply to every task, but the run's own scripts (admission, claim, end) read what
 and call them only when they must judge. The queue cap (backpressure) is no hook: every start
 meets it, after the chain (`runs.admission`). The run code calls hooks only through `dispatch`.
 
-A hook decides, its caller acts: a hook never ends, cancels or publishes a run itself.
+A hook decides, its caller acts: a hook never ends, cancels or publishes a run itself. The one
+exception publishes through the function the composition root gives it: `keyed` hands on the
+runs whose turn came at every point a place frees (a claim, a release, an end), since a turn
+left unpublished would hold its key.
 May import: `orchestrator.stores` and the base modules. Never runs, recovery or cluster.
 """

@@ -59,13 +59,13 @@ from orchestrator.routing import queue_name, stage_class, stage_queue
 from orchestrator.runs import pipeline
 from orchestrator.runs.publish import (
     Outgoing,
-    job_id,
     republish,
     seed_and_publish_many,
     stage_message_id,
 )
 from orchestrator.states import RunState
 from orchestrator.stores import keys, live, queries
+from orchestrator.stores.broker import job_id
 from orchestrator.stores.durable import Stages, json_value
 from tasks import registry
 from tasks.definition import TaskDefinition

@@ -11,7 +11,8 @@ and from its retry time if that is later), by the Postgres clock:
 - Otherwise its message is looked for: waiting in one of its queue's priority lists (read in
   slices on the broker by `lua/broker_run_ids.lua`, which returns run ids only), or held by a
   worker (kombu's `unacked` hash: taken and not acknowledged, which is also where a delayed
-  retry or a postponed run waits). Found: nothing to do. Missing: the run is published again
+  retry or a postponed run waits), or, for a keyed-concurrency run, waiting for its key's turn
+  (`hooks.keyed`). Found: nothing to do. Missing: the run is published again
   with `orchestrator.runs.publish.publish`, with its priority and job id. A duplicate is harmless:
   only one delivery can claim the run.
 - A message a worker took more than `stranded_after_s()` ago (the pending-check delay, at
@@ -72,15 +73,17 @@ from django.conf import settings
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
 from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks import keyed
 from orchestrator.hooks.base import Republished
 from orchestrator.models import TaskHistory
 from orchestrator.recovery.orphans import Candidate, LiveView, live_views
 from orchestrator.routing import queue_name
 from orchestrator.runs import retries, terminal
 from orchestrator.runs.catch_up import write_live_claim
-from orchestrator.runs.publish import MAX_BROKER_DELAY, job_id, publish
+from orchestrator.runs.publish import MAX_BROKER_DELAY, publish
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys, live, valkey
+from orchestrator.stores.broker import job_id
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
@@ -224,6 +227,8 @@ def _look_for_messages(
     # Lists first, then the unacked hash: a message taken meanwhile is found in the second.
     in_broker = in_broker_lists(queues)
     in_broker |= held_by_workers(taken_within_s=stranded_after_s())
+    # Keyed-concurrency runs wait for their key's turn, not in the broker (`hooks.keyed`).
+    in_broker |= keyed.registered({d.id for _, d in to_look_for if d.concurrency is not None})
     for candidate, definition in to_look_for:
         run_id = candidate.run_id
         has_hash = _has_hash(views[run_id])

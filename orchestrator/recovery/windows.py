@@ -56,6 +56,7 @@ from redis.client import Pipeline
 from orchestrator import windows
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence
+from orchestrator.hooks import keyed
 from orchestrator.hooks import pause as gate
 from orchestrator.models import PauseScope, RunWindow, TaskHistory
 from orchestrator.recovery import pauses
@@ -200,9 +201,10 @@ def _apply_now() -> None:
 @dataclass(frozen=True)
 class Hold:
     """What holds a pending run: a pause or a closed window, of its task or its class, the
-    debounce of its task, or the running run it follows up (scope "run", named)."""
+    debounce of its task, the running run it follows up (scope "run", named), or its key's
+    turn under keyed concurrency (scope "key", named)."""
 
-    by: str  # "pause", "window", "debounce" or "follow_up"
+    by: str  # "pause", "window", "debounce", "follow_up" or "concurrency"
     scope: str
     name: str
     opens_at: datetime | None = None  # a window: when it opens; a debounce: when it is due
@@ -211,6 +213,8 @@ class Hold:
     def describe(self) -> str:
         if self.by == "follow_up":
             return f"follows up run {self.name}: starts when it ends"
+        if self.by == "concurrency":
+            return f"waits its turn: key {self.name!r} runs its limit"
         if self.opens_at is None or self.tz is None:
             return f"held by the pause of {self.scope} {self.name}"
         local = self.opens_at.astimezone(ZoneInfo(self.tz))
@@ -228,6 +232,10 @@ def held(run: TaskHistory, at: datetime | None = None) -> Hold | None:
         return Hold("debounce", "task", run.task_id, run.not_before, "UTC")
     if hold is None and coalesce.WAITS_FOR in run.trigger:
         return Hold("follow_up", "run", str(run.trigger[coalesce.WAITS_FOR]))
+    definition = registry.get().get(run.task_id)
+    if hold is None and definition is not None and definition.concurrency is not None:
+        key = keyed.waiting_under(definition, run.id)
+        return None if key is None else Hold("concurrency", "key", key)
     return hold
 
 

@@ -35,6 +35,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks import keyed
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Refused
 from orchestrator.runs import coalesce
 from orchestrator.runs.admission import admit
@@ -341,6 +342,7 @@ def _publish(entries: Sequence[_Admitted]) -> None:
                     sheet=carried(
                         e.start.definition, e.start.input, e.start.identity, e.start.handle.priority
                     ),
+                    concurrency_key=e.start.trigger.get(keyed.KEY_FIELD),
                 )
                 for e in entries
             ]

@@ -60,10 +60,11 @@ from typing import Any, NamedTuple, Protocol
 from django.db import connection
 from django.utils import timezone
 
-from orchestrator.runs.publish import job_id
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.stores import queries
+from orchestrator.stores.broker import job_id
 from tasks.definition import TaskDefinition
+from tasks.policies import WhileActive
 
 # Marks a debounced start's run (`trigger.debounce`): the index and the join read it.
 MARK = "debounce"
@@ -145,21 +146,25 @@ def join(start: Start) -> Joined | None:
     if debounce is not None and MARK in start.trigger:
         query = queries.DEBOUNCE_RUN
         params |= {"period_s": debounce.period_s, "max_wait_s": debounce.max_wait_s}
-    elif definition.follows_up:
+    elif definition.while_active is WhileActive.FOLLOW_UP:
         query = queries.JOIN_FOLLOW_UP
     else:
         return None
     with connection.cursor() as cursor:
         cursor.execute(query, params)
         row = cursor.fetchone()
-    return None if row is None else _joined(start, row, followed=definition.follows_up)
+    return (
+        None
+        if row is None
+        else _joined(start, row, followed=definition.while_active is WhileActive.FOLLOW_UP)
+    )
 
 
 def follow(start: Start, holder: str) -> Joined | None:
     """The follow-up of `holder`, the live run of the start's identity, recorded or given this
     start's input; None when the start does not follow up, or when the holder has not started
     (the start joins it)."""
-    if not start.definition.follows_up:
+    if start.definition.while_active is not WhileActive.FOLLOW_UP:
         return None
     with connection.cursor() as cursor:
         cursor.execute(queries.FOLLOW_RUN, {**start.row(), "holder": holder, "waits": WAITS})

@@ -1,4 +1,6 @@
-"""The release of delayed starts: `start_run(..., not_before=...)` runs, published when due.
+"""The release of delayed starts: `start_run(..., not_before=...)` runs, published when due; and
+of keyed-concurrency runs whose turn came with nothing else there to publish them
+(`release_turns`).
 
 A delayed start is recorded like any run, `pending`, with its `not_before`; it is neither seeded
 in Valkey nor published then (a live hash would expire long before a run due in a week, and a
@@ -37,14 +39,17 @@ from django.db import connection, transaction
 
 from orchestrator.cluster.locks import Fence
 from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks import keyed
 from orchestrator.hooks.base import Republished
-from orchestrator.runs.publish import Outgoing, job_id, seed_and_publish_many
+from orchestrator.runs.publish import Outgoing, publish_turns, seed_and_publish_many
 from orchestrator.stores import queries
+from orchestrator.stores.broker import job_id
 from tasks import registry
 
 log = logging.getLogger(__name__)
 
 BATCH = 500
+TURNS_S = 1.0
 
 
 def release(fence: Fence | None = None, limit: int = BATCH) -> int:
@@ -58,7 +63,7 @@ def release(fence: Fence | None = None, limit: int = BATCH) -> int:
         return 0
     definitions = registry.get()
     outgoing = []
-    for run_id, task_id, identity, priority, version in rows:
+    for run_id, task_id, identity, priority, version, concurrency_key in rows:
         definition = definitions.get(task_id)
         if definition is None:
             # Not registered on this deploy: the run waits for the pending deadline.
@@ -68,7 +73,31 @@ def release(fence: Fence | None = None, limit: int = BATCH) -> int:
         # it) is closed here, as the pending check does for what it publishes.
         hooks.republished(Republished(definition, run_id, identity))
         job = job_id(task_id, identity, run_id)
-        outgoing.append(Outgoing(definition, run_id, job, priority, processing_version=version))
+        outgoing.append(
+            Outgoing(
+                definition,
+                run_id,
+                job,
+                priority,
+                processing_version=version,
+                concurrency_key=concurrency_key,
+            )
+        )
     seed_and_publish_many(outgoing)
     log.info("released %d delayed starts", len(rows))
     return len(rows)
+
+
+def release_turns(fence: Fence | None = None) -> int:
+    """Publish the keyed-concurrency runs whose key's turn came with no pickup or end there to
+    dispatch them (`hooks.keyed`): a holder's lease ran out, or a dispatched run's message was
+    not claimed in time (lost). The leader's `turns` loop, every TURNS_S."""
+    released = 0
+    for definition in registry.get().values():
+        if definition.concurrency is not None:
+            if fence is not None:
+                fence.check()
+            turns = keyed.sweep(definition)
+            publish_turns(definition, turns)
+            released += len(turns)
+    return released

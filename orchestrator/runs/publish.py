@@ -21,6 +21,7 @@ from typing import Any, TypedDict
 from celery.signals import after_task_publish, before_task_publish
 from django.conf import settings
 
+from orchestrator.hooks import keyed
 from orchestrator.routing import queue_name, stage_queue, task_queue
 from orchestrator.stores import broker, live
 from tasks.definition import TaskDefinition
@@ -74,11 +75,8 @@ class Outgoing:
     processing_version: int | None = None
     # What its first message carries of the row (`carried`), for a start's own message.
     sheet: Carried | None = None
-
-
-def job_id(task_id: str, identity: str, run_id: str) -> str:
-    """The message id: names the work (task and identity) and the run that does it."""
-    return f"{task_id}~~{identity}#{run_id}"
+    # A keyed-concurrency run's key: it is published when its key's turn comes (`hooks.keyed`).
+    concurrency_key: str | None = None
 
 
 def stage_task_name(task_id: str, stage: str) -> str:
@@ -100,10 +98,18 @@ def publish(
     delay: timedelta | None = None,
     notes: Mapping[str, bool] | None = None,
     sheet: Carried | None = None,
+    concurrency_key: str | None = None,
 ) -> None:
     """Enqueue the run; with `delay`, a worker holds the message until then (Celery's eta);
     `notes`: what the admission's hooks asked its pickup to be told; `sheet`: what a first
-    message carries of the row (`carried`)."""
+    message carries of the row (`carried`); `concurrency_key`: a keyed-concurrency run's key,
+    under which it waits for its turn (`hooks.keyed`)."""
+    if concurrency_key is not None:
+        run = keyed.Registered(
+            run_id, concurrency_key, priority, job_id, definition.processing_version
+        )
+        publish_turns(definition, keyed.enqueue(definition, [run]))
+        return
     queue = task_queue(definition.id, definition.resource_class, settings.CONFIG.per_task_queues)
     args = [run_id, definition.processing_version]
     kwargs: dict[str, object] = {} if sheet is None else {"carried": sheet}
@@ -127,7 +133,7 @@ def republish(
     publish(
         definition,
         run_id,
-        job_id(definition.id, identity, run_id),
+        broker.job_id(definition.id, identity, run_id),
         priority,
         delay=min(delay, MAX_BROKER_DELAY),
         notes=notes,
@@ -150,7 +156,7 @@ def publish_stage(
         stage_task_name(definition.id, stage.name),
         args,
         queue,
-        job_id(definition.id, identity, stage_message_id(run_id, stage.name)),
+        broker.job_id(definition.id, identity, stage_message_id(run_id, stage.name)),
         priority,
         delay,
     )
@@ -158,7 +164,9 @@ def publish_stage(
 
 def publish_many(runs: Sequence[Outgoing]) -> None:
     """`publish` for many runs (`start_runs`, the release of delayed starts): their messages
-    in one round trip to the broker."""
+    in one round trip to the broker; keyed-concurrency runs wait for their turns."""
+    if any(run.concurrency_key is not None for run in runs):
+        runs = _take_turns(runs)
     per_task_queues = settings.CONFIG.per_task_queues
     messages = [
         _message(
@@ -176,6 +184,38 @@ def publish_many(runs: Sequence[Outgoing]) -> None:
     broker.push_many([message for message, _ in messages])
     for _, sent in messages:
         sent()
+
+
+def publish_turns(definition: TaskDefinition, runs: Sequence[keyed.Dispatched]) -> None:
+    """The runs whose key's turn came (`hooks.keyed`), published."""
+    if runs:
+        publish_many([_turn(definition, run) for run in runs])
+
+
+def _turn(definition: TaskDefinition, run: keyed.Dispatched) -> Outgoing:
+    return Outgoing(
+        definition, run.run_id, run.job_id, run.priority, processing_version=run.version
+    )
+
+
+def _take_turns(runs: Sequence[Outgoing]) -> list[Outgoing]:
+    """The runs to publish now: those of no keyed concurrency, and the keyed runs whose turn
+    came as they were registered (one round trip per task)."""
+    now: list[Outgoing] = []
+    waiting: dict[str, list[Outgoing]] = {}
+    for run in runs:
+        if run.concurrency_key is None:
+            now.append(run)
+        else:
+            waiting.setdefault(run.definition.id, []).append(run)
+    for task_runs in waiting.values():
+        definition = task_runs[0].definition
+        registered = [
+            keyed.Registered(r.run_id, r.concurrency_key or "", r.priority, r.job_id, _version(r))
+            for r in task_runs
+        ]
+        now += [_turn(definition, turn) for turn in keyed.enqueue(definition, registered)]
+    return now
 
 
 def seed_and_publish_many(runs: Sequence[Outgoing]) -> None:

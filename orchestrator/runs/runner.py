@@ -12,21 +12,19 @@ reads nothing in Postgres when its start's message carries the row's input, iden
 priority (`runs.publish.Carried`; else it reads them, `durable.read_claimable`, no write), and
 the end takes the claim with it (`durable.end`, given the attempt count), so a short run costs
 one Postgres statement, its end. A run Postgres cancelled before this pickup and whose Valkey
-hash has not heard of it yet runs, and its end is refused: the cancel stands.
-A run still going after `watch.CLAIM_AFTER_S` has its claim written by its watch; so does a
-cancel (`runs.cancel`) and a retry (`runs.execute`), which move a claimed run. A pipeline run
-claims at once (its stages are claimed against it), as do the paths that read the row first.
+hash has not heard of it yet runs, and its end is refused: the cancel stands. A run still going
+after `watch.CLAIM_AFTER_S` has its claim written by its watch; so does a cancel and a retry,
+which move a claimed run. A pipeline run (its stages are claimed against it), a follow-up
+task's (a start must see it running: `runs.coalesce`) and the paths that read the row first
+claim at once.
 
 The row is read first only for a redelivered message (counted, and judged by its heartbeat
 when its run is live), a message of an older processing_version, or when a claim refused or a
 hook postponed: then it says what the message is (a duplicate of an ended run, a cancel before
-pickup, a retry not yet due, a lost live hash to seed again).
-
-A redelivery of a run whose worker died mid-run puts it back to pending for its next attempt
-(`runs.put_back`), unless the task opted out (`retry_on_worker_loss=False`).
-
-Database connections are checked before each run without a round trip and closed after it
-if broken or too old (`task_connections`).
+pickup, a retry not yet due, a lost live hash to seed again). A redelivery of a run whose
+worker died mid-run puts it back to pending for its next attempt (`runs.put_back`), unless the
+task opted out (`retry_on_worker_loss=False`). Database connections are checked before each run
+without a round trip and closed after it if broken or too old (`task_connections`).
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ from redis.client import Pipeline
 
 from orchestrator.cluster.instance import instance_id
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks.base import Part, Pickup, Postpone
+from orchestrator.hooks.base import Parked, Part, Pickup, Postpone
 from orchestrator.models import TaskHistory
 from orchestrator.runs import execute, redelivery, terminal
 from orchestrator.runs.publish import HOOK_HEADER, Carried, republish
@@ -59,6 +57,7 @@ from orchestrator.stores.durable import ClaimedRun
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
+from tasks.policies import WhileActive
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +120,7 @@ def _run(
         # The claim goes last in the hooks' pipeline; a postponed pickup gives it back.
         try:
             hooks.before_claim(pickup, last=claim.part())
-        except Postpone as wait:
+        except (Postpone, Parked) as wait:
             claim.give_back()
             _postponed_unread(definition, pickup, wait)
             return
@@ -190,6 +189,9 @@ def _run_from_row(
     except Postpone as wait:
         _postponed(definition, row.id, row.identity, row.priority, wait.delay, wait.reason, notes)
         return
+    except Parked as parked:
+        log.info("%s", parked)
+        return
     claimed = None
     try:
         claimed = _claim(definition, row, pickup.owner)
@@ -201,9 +203,13 @@ def _run_from_row(
         execute.run_claimed(definition, claimed, pickup)
 
 
-def _postponed_unread(definition: TaskDefinition, pickup: Pickup, wait: Postpone) -> None:
+def _postponed_unread(definition: TaskDefinition, pickup: Pickup, wait: Postpone | Parked) -> None:
     """A pre-claim hook postponed a first delivery: the row, read now, says whether the run
-    still waits (and for what), which the paths that read first know before the hooks."""
+    still waits (and for what), which the paths that read first know before the hooks. A
+    parked run is pending in both stores: what holds it publishes it again."""
+    if isinstance(wait, Parked):
+        log.info("%s", wait)
+        return
     run_id = pickup.run_id
     row = TaskHistory.objects.filter(id=run_id).first()
     if row is None:
@@ -304,8 +310,7 @@ def _claim_unread(
     if claim.refused is not None:
         log.debug("run %s: live claim refused (%s)", claim.run_id, claim.refused.current)
         return _Refusal.READ_ROW
-    if definition.pipeline or definition.follows_up:
-        # A follow-up task's start must see that its run is running (`runs.coalesce`).
+    if definition.pipeline or definition.while_active is WhileActive.FOLLOW_UP:
         claimed = _claim_durable(definition, claim.run_id, claim.owner)
     elif carried is not None:
         # Only its start's message carries the row, and only its first delivery gets here
@@ -410,10 +415,8 @@ def _give_back_claim(run_id: str, owner: str) -> None:
 
 @contextmanager
 def task_connections() -> Iterator[None]:
-    """Around a task's body: its connections checked before (`check_connections`) and those
-    broken or past their age closed after. Celery's Django fix-up leaves both to the task
-    (`CELERY_DB_REUSE_MAX`, lumastra/settings.py), so every task body Lumastra runs wraps itself
-    in this."""
+    """Around a task's body: its connections checked before (`check_connections`), and closed
+    after when broken or too old; Celery's Django fix-up leaves both to the task."""
     check_connections()
     try:
         yield

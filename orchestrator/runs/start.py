@@ -1,10 +1,10 @@
 """`start_run`: the one entry point that creates runs.
 
-Write order: INSERT task_history → seed the live hash (Lua) → enqueue. The insert
-joins the caller's transaction (a caller without one: the INSERT commits by itself); seeding
-and publishing happen on commit, so the run exists if and only if the caller's transaction
-commits, and no message ever names a run that Postgres does not have. A crash after commit
-and before publish leaves a `pending` row for the reconciler.
+Write order: INSERT task_history → seed the live hash (Lua) → enqueue. The insert joins the
+caller's transaction (without one, it commits by itself); seeding and publishing happen on
+commit, so the run exists if and only if that transaction commits, and no message ever names a
+run Postgres does not have. A crash between commit and publish leaves a `pending` row for the
+reconciler. A keyed-concurrency task's run is published when its key's turn comes.
 """
 
 from __future__ import annotations
@@ -28,24 +28,26 @@ from ulid import ULID
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
+from orchestrator.hooks import keyed
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Throttled
 from orchestrator.models import TaskHistory
 from orchestrator.runs import cancel, coalesce
 from orchestrator.runs.admission import admit
 from orchestrator.runs.coalesce import LiveRun
-from orchestrator.runs.publish import carried, job_id, publish
+from orchestrator.runs.publish import carried, publish
 from orchestrator.states import RunState, StageState
 from orchestrator.stores import durable, live, queries
+from orchestrator.stores.broker import job_id
 from orchestrator.text import first_unstorable, unstorable
 from orchestrator.triggers import PRIORITY_BY_TRIGGER, TriggerKind
 from tasks import registry
 from tasks.definition import Priority, TaskDefinition
 from tasks.errors import ErrorKind
+from tasks.policies import WhileActive
 
 log = logging.getLogger(__name__)
 
-# How often a start retries its insert when the run that held its idempotency key ended
-# before it could be read; each retry needs a whole other run to start and end meanwhile.
+# Inserts tried while the runs holding the idempotency key end before they can be read.
 _KEY_RACE_ATTEMPTS = 5
 # A bound on the key keeps it well inside what the unique index on it can hold.
 MAX_IDEMPOTENCY_KEY = 200
@@ -232,18 +234,18 @@ def prepare(
     if due is not None:
         trigger_doc["notBefore"] = due.isoformat()
     resolved = int(resolve_priority(priority, definition, kind))
+    if definition.concurrency is not None:
+        try:
+            trigger_doc[keyed.KEY_FIELD] = definition.concurrency.key_of(model)
+        except ValueError as exc:
+            raise InvalidInput(
+                task_id, [{"loc": ["concurrency", "key"], "msg": str(exc)}]
+            ) from None
     identity = definition.identity(model)
     run_id = new_run_id()
     handle = RunHandle(run_id, task_id, job_id(task_id, identity, run_id), resolved)
-    return Prepared(
-        definition,
-        model.model_dump(mode="json"),
-        trigger_doc,
-        idempotency_key,
-        identity,
-        handle,
-        due,
-    )
+    data = model.model_dump(mode="json")
+    return Prepared(definition, data, trigger_doc, idempotency_key, identity, handle, due)
 
 
 def due_time(not_before: datetime | timedelta | None, clock: Clock = SYSTEM) -> datetime | None:
@@ -293,9 +295,9 @@ def start_run(
     if key is not None and (duplicate := coalesce.live_run_with_key(task_id, key)):
         # Answered before admission, so a duplicate consumes no quota and counts nothing.
         return joined(task_id, duplicate)
-    if (start.definition.follows_up or coalesce.MARK in start.trigger) and (
-        found := coalesce.join(start)
-    ):
+    if (
+        start.definition.while_active is not WhileActive.JOIN or coalesce.MARK in start.trigger
+    ) and (found := coalesce.join(start)):
         return coalesced(task_id, found)
 
     admission = start.admission()
@@ -319,11 +321,8 @@ def start_run(
             return deduplicated(task_id, dup, identity, handle.priority)
         except Dropped as drop:
             # Recorded, never enqueued: the row is born terminal, no transition involved.
-            insert(
-                state=RunState.CANCELLED,
-                error={"kind": ErrorKind.DROPPED.value, "message": drop.reason},
-                finished_at=timezone.now(),
-            )
+            error = {"kind": ErrorKind.DROPPED.value, "message": drop.reason}
+            insert(RunState.CANCELLED, error, timezone.now())
             return dataclasses.replace(handle, dropped=True)
         try:
             taken = _insert_unless_taken(insert, start.definition, key)
@@ -441,9 +440,10 @@ def deduplicated(task_id: str, dup: Deduplicated, identity: str, fallback: int) 
 def _publish(start: Prepared, notes: Mapping[str, bool]) -> None:
     definition, handle = start.definition, start.handle
     sheet = carried(definition, start.input, start.identity, handle.priority)
+    run, turn = (handle.run_id, handle.job_id, handle.priority), start.trigger.get(keyed.KEY_FIELD)
     try:
         live.seed(handle.run_id, definition.id, handle.priority, definition.stage_order)
-        publish(definition, handle.run_id, handle.job_id, handle.priority, notes=notes, sheet=sheet)
+        publish(definition, *run, notes=notes, sheet=sheet, concurrency_key=turn)
     except Exception:
         # The run is committed and pending; the reconciler re-publishes runs whose message
         # is missing. The caller still gets its run id.

@@ -61,6 +61,12 @@ def client() -> redis.Redis:
     return redis.Redis.from_url(settings.CONFIG.celery_broker_url, decode_responses=True)
 
 
+def job_id(task_id: str, identity: str, run_id: str) -> str:
+    """A run's message id (Celery's task id): names the work (task and identity) and the run
+    that does it."""
+    return f"{task_id}~~{identity}#{run_id}"
+
+
 def push(
     queue: str,
     priority: int,

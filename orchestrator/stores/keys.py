@@ -193,6 +193,17 @@ def concurrency_postponed(task_id: str) -> str:
     return f"task:concurrency:{task_id}:postponed"
 
 
+def keyed(task_id: str) -> list[str]:
+    """The keys of a task's keyed concurrency (`hooks.keyed`, `lua/keyed.lua`), in the script's
+    order: the registered runs (hash run id → `<version>\t<jobId>\t<member>`), the waiting runs
+    (members `<key>\n<priority><first wait ms>\n<runId>`, scores 0: ordered by key, then
+    priority, then age), the holders (`<key>\n<runId>|<owner>` → lease expiry, ms), the same
+    holders by key (scores 0, counted by lex range), and each key's dispatched run (hash key →
+    `<runId>\t<when, ms>`)."""
+    base = f"task:keyed:{task_id}"
+    return [f"{base}:runs", f"{base}:waiting", f"{base}:holders", f"{base}:held", f"{base}:queued"]
+
+
 def rate_window(task_id: str) -> str:
     """Sorted set of `<runId>|<owner>` → admission time (ms, Valkey's clock) within the window."""
     return f"task:ratelimit:{task_id}"

@@ -180,6 +180,7 @@ PINNED_SCRIPT_VERSIONS = {
     "circuit_force": 1,
     "circuit_restore": 1,
     "concurrency_take": 1,
+    "keyed": 1,
     "concurrency_refresh": 1,
     "rate_take": 1,
     "lock_renew": 1,

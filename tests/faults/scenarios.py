@@ -28,9 +28,10 @@ from orchestrator.cluster.leaders import CLUSTER, instance_of
 from orchestrator.models import TaskHistory
 from orchestrator.runs import leftovers
 from orchestrator.runs.cancel import NotCancellable, request_cancel
-from orchestrator.runs.publish import job_id, publish
+from orchestrator.runs.publish import publish
 from orchestrator.states import TERMINAL_RUN_STATES
 from orchestrator.stores import broker, keys, valkey
+from orchestrator.stores.broker import job_id
 from tasks import registry
 from tests.faults.checker import read_effects
 from tests.faults.harness import QUEUES, Answer, Harness, Worker, _kill

@@ -13,9 +13,9 @@ from celery import current_app
 from django.conf import settings
 
 from orchestrator.models import TaskHistory
-from orchestrator.runs.publish import job_id
 from orchestrator.runs.start import new_run_id
 from orchestrator.stores import live, valkey
+from orchestrator.stores.broker import job_id
 from tasks import registry
 from tests.support.fixtures import SHARED_TASKS, wait_for, worker_process
 from tests.support.messages import empty_queues

@@ -27,10 +27,11 @@ from django.db import transaction
 
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
-from orchestrator.runs.publish import HOOK_HEADER, job_id, publish
+from orchestrator.runs.publish import HOOK_HEADER, publish
 from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys
+from orchestrator.stores.broker import job_id
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.definition import TaskDefinition

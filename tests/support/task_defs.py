@@ -20,6 +20,7 @@ from orchestrator.cluster.instance import instance_id
 from orchestrator.hooks import ratelimit
 from orchestrator.stores import keys, valkey
 from tasks import (
+    Concurrency,
     CoverageBatch,
     CoverageItem,
     CoveredStage,
@@ -970,6 +971,49 @@ follow_up = define_task(
     input_model=DebouncedInput,
     identity_for=lambda params: params.key,
     while_active="follow_up",
+)
+
+
+class KeyedInput(BaseModel, extra="forbid"):
+    library: str
+    n: int
+    seconds: float = 0.0
+
+
+KEYED_STARTS_KEY = "test:keyed:starts"  # one JSON entry per handler call, in the order of calls
+
+
+def _keyed(ctx: TaskContext, params: KeyedInput) -> None:
+    entry = {"run": ctx.run_id, "library": params.library, "n": params.n, "pid": os.getpid()}
+    valkey.client().rpush(KEYED_STARTS_KEY, json.dumps({**entry, "at_ms": _server_ms()}))
+    time.sleep(params.seconds)
+
+
+# Two runs at once per library, libraries taking turns (issue 39); a short lease (hard timeout
+# 4 s + the lease margin) for the killed-holder test.
+keyed_runs = define_task(
+    id="test-keyed",
+    resource_class="io",
+    execute=_keyed,
+    input_model=KeyedInput,
+    concurrency=Concurrency(key=lambda params: params.library, max=2),
+    timeout=Timeout(soft=timedelta(seconds=3), hard=timedelta(seconds=4)),
+)
+
+
+def _bad_key(params: KeyedInput) -> str:
+    if params.library == "broken":
+        raise ValueError("no such library")
+    return params.library
+
+
+# A key function that fails on some inputs: their starts are refused (issue 39).
+keyed_badly = define_task(
+    id="test-keyed-bad-key",
+    resource_class="io",
+    execute=_keyed,
+    input_model=KeyedInput,
+    concurrency=Concurrency(key=_bad_key, max=1),
 )
 
 

@@ -52,5 +52,5 @@ def test_a_pipeline_does_not_coalesce_and_a_good_declaration_is_kept() -> None:
 
 def test_a_follow_up_task_is_kept_with_its_choice() -> None:
     kept = _task(while_active="follow_up", identity_for=lambda p: "x")
-    assert kept.while_active is WhileActive.FOLLOW_UP and kept.follows_up  # type: ignore[attr-defined]
-    assert not _task().follows_up  # type: ignore[attr-defined]
+    assert kept.while_active is WhileActive.FOLLOW_UP  # type: ignore[attr-defined]
+    assert _task().while_active is WhileActive.JOIN  # type: ignore[attr-defined]
