@@ -3,12 +3,25 @@
 They do nothing, so what a benchmark measures is the engine around them: start_run, the
 broker, the worker pool and the runner's reads and writes; for `bench-pipe4`, a pipeline's
 stage claims, ends and advances (bench/pipeline.py); for `bench-chatty`, the live log and
-progress (bench/observability.py).
+progress (bench/observability.py); for the `bench-keyed-*` four, what a debounce, a throttle
+and a keyed concurrency add to a start (bench/coalescing.py).
 """
 
 from __future__ import annotations
 
-from tasks import NoInput, Stage, TaskContext, define_task
+from typing import Any
+
+from pydantic import BaseModel
+
+from tasks import (
+    Concurrency,
+    Debounce,
+    NoInput,
+    Stage,
+    TaskContext,
+    Throttle,
+    define_task,
+)
 
 
 def _noop(ctx: TaskContext, params: NoInput) -> None:
@@ -38,3 +51,40 @@ def _chatty(ctx: TaskContext, params: NoInput) -> None:
 
 
 chatty = define_task(id="bench-chatty", resource_class="io", execute=_chatty)
+
+
+class Keyed(BaseModel):
+    key: str
+
+
+def _noop_keyed(ctx: TaskContext, params: Keyed) -> Any:
+    return None
+
+
+# The same input, with and without the start policies bench/coalescing.py compares.
+plain_keyed = define_task(
+    id="bench-keyed-plain", resource_class="io", execute=_noop_keyed, input_model=Keyed
+)
+debounced = define_task(
+    id="bench-keyed-debounced",
+    resource_class="io",
+    execute=_noop_keyed,
+    input_model=Keyed,
+    identity_for=lambda params: params.key,
+    debounce=Debounce(period_s=3600, max_wait_s=3600),
+)
+throttled = define_task(
+    id="bench-keyed-throttled",
+    resource_class="io",
+    execute=_noop_keyed,
+    input_model=Keyed,
+    identity_for=lambda params: params.key,
+    throttle=Throttle(period_s=3600),
+)
+limited = define_task(
+    id="bench-keyed-limited",
+    resource_class="io",
+    execute=_noop_keyed,
+    input_model=Keyed,
+    concurrency=Concurrency(key=lambda params: params.key, max=1),
+)

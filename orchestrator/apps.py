@@ -26,15 +26,17 @@ def hook_chain() -> tuple[RunHook, ...]:
     unit; the queue cap (`runs.admission`, not a hook: every start meets it) judges after the
     chain, so a refused start consumes nothing and nothing is shed for a start the quota would
     refuse. At pickup: the concurrency slot (or a keyed concurrency's place, whose turns the
-    runs' publishing follows), then the rate limit, so a run the rate limit postpones gives its
-    slot back (the dispatcher releases the hooks that passed); the pause is read by the claim's
-    own script, after them, and a parked run gives back what they took.
+    runs' publishing follows), then the named limits, then the rate limit, so a run a later
+    hook postpones gives back what the earlier took (the dispatcher releases the hooks that
+    passed); the pause is read by the claim's own script, after them, and a parked run gives
+    back what they took.
     """
     from orchestrator.hooks.circuit import CircuitBreaker
     from orchestrator.hooks.concurrency import ConcurrencyLimit
     from orchestrator.hooks.costs import CostQuota
     from orchestrator.hooks.dedup import IdentityDedup
     from orchestrator.hooks.keyed import KeyedConcurrency
+    from orchestrator.hooks.limits import NamedLimits
     from orchestrator.hooks.pause import PauseGate
     from orchestrator.hooks.quotas import DailyQuota
     from orchestrator.hooks.ratelimit import RateLimit
@@ -50,6 +52,7 @@ def hook_chain() -> tuple[RunHook, ...]:
         CostQuota(),
         ConcurrencyLimit(),
         KeyedConcurrency(publish=publish_turns),
+        NamedLimits(),
         RateLimit(),
     )
 

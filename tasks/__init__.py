@@ -15,6 +15,7 @@ Declaring a task:
 - `pipeline`: a pipeline task's stages (`Stage`) and their order
 - `coverage`: the catalog stages a task covers (`CoveredStage`), and its runs' items
 - `triggers`: `define_trigger`, an inbound trigger: a name integrations POST to that starts a task
+- `limits`: `define_limit`, a named limit (a rate, a concurrency, per key) tasks share
 
 In the handler:
 - `context`: `TaskContext`, what a handler sees of its run (the engine implements it)
@@ -44,11 +45,13 @@ from tasks.definition import (
 from tasks.errors import (
     ErrorKind,
     FatalError,
+    LimitReached,
     PermanentError,
     ProcessFailed,
     RunCancelled,
     TransientError,
 )
+from tasks.limits import LimitDefinition, define_limit
 from tasks.media import MediaFolder, MediaPath, MediaPathError, open_folder
 from tasks.pipeline import Stage
 from tasks.policies import Concurrency, Debounce, Retry, Stall, Throttle, Timeout, WhileActive
@@ -69,6 +72,8 @@ __all__ = [
     "ErrorKind",
     "FatalError",
     "ItemFacts",
+    "LimitDefinition",
+    "LimitReached",
     "MediaFolder",
     "MediaPath",
     "MediaPathError",
@@ -95,6 +100,7 @@ __all__ = [
     "WhileActive",
     "Window",
     "cron",
+    "define_limit",
     "define_task",
     "define_trigger",
     "define_watch_sync",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from tasks.errors import ErrorKind
@@ -62,6 +63,14 @@ class TaskContext(Protocol):
 
     def sleep(self, seconds: float) -> None:
         """Wait `seconds`, raising `RunCancelled` at once if the run is cancelled meanwhile."""
+        ...
+
+    def limit(self, limit_id: str, units: int = 1) -> AbstractContextManager[None]:
+        """`with ctx.limit("tmdb"):` takes `units` of a named limit (`tasks.limits`) for the
+        block, under the key of this run's input, waiting its turn up to the limit's `wait_s`;
+        past it, raises `LimitReached` and the run goes back to pending for when the limit has
+        room, its attempt not spent. A rate's units stay spent; a concurrency's are given back
+        when the block ends."""
         ...
 
     def run_process(

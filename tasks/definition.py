@@ -25,6 +25,7 @@ from tasks.pipeline import PipelineError, Stage, stage_order
 from tasks.policies import (
     Concurrency,
     Debounce,
+    Rate,
     Retry,
     Stall,
     StartPolicies,
@@ -39,7 +40,6 @@ from tasks.window import Window
 # Longer identities are stored as a digest (see TaskDefinition.identity).
 MAX_IDENTITY_LENGTH = 120
 _TASK_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
-_RATE = re.compile(r"^(\d+)/(s|m|h)$")
 
 
 class Priority(IntEnum):
@@ -67,12 +67,6 @@ class Overlap(Enum):
 
 
 @dataclass(frozen=True)
-class Rate:
-    count: int
-    per: timedelta
-
-
-@dataclass(frozen=True)
 class Quotas:
     max_runs_per_day: int | None = None
     max_concurrent: int | None = None
@@ -87,15 +81,7 @@ class Quotas:
         object.__setattr__(self, "capped", self.max_runs_per_day is not None)
 
     def parsed_rate(self) -> Rate | None:
-        if self.rate is None:
-            return None
-        match = _RATE.match(self.rate)
-        if not match:
-            raise ValueError(f"bad rate {self.rate!r}: expected e.g. '60/m' (per s, m or h)")
-        unit = {"s": timedelta(seconds=1), "m": timedelta(minutes=1), "h": timedelta(hours=1)}
-        if int(match.group(1)) < 1:
-            raise ValueError(f"bad rate {self.rate!r}: the count must be at least 1")
-        return Rate(int(match.group(1)), unit[match.group(2)])
+        return None if self.rate is None else Rate.parse(self.rate)
 
 
 class NoInput(BaseModel, extra="forbid"):
@@ -156,6 +142,8 @@ class TaskDefinition:
     while_active: WhileActive = WhileActive.JOIN
     # Runs at once per key, keys taking turns (`orchestrator.hooks.keyed`).
     concurrency: Concurrency | None = None
+    # The named limits (`tasks.limits.define_limit`) each run takes at pickup.
+    limits: tuple[str, ...] = ()
 
     def stage(self, name: str) -> Stage:
         for stage in self.pipeline:
@@ -206,6 +194,7 @@ def define_task(
     throttle: Throttle | None = None,
     while_active: WhileActive | str = WhileActive.JOIN,
     concurrency: Concurrency | None = None,
+    limits: Sequence[str] = (),
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
     task_id = id
@@ -309,6 +298,8 @@ def define_task(
     limited_otherwise = quotas is not None and quotas.max_concurrent is not None
     if found := declared.problem(identity_for is not None, bool(pipeline), limited_otherwise):
         raise fail(*found)
+    if isinstance(limits, str) or not all(isinstance(name, str) for name in limits):
+        raise fail("limits", 'must be a sequence of limit ids, e.g. ("tmdb",)')
     if isinstance(covers_stages, CoveredStage):
         raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
     for covered_stage in covers_stages:
@@ -346,6 +337,7 @@ def define_task(
         throttle=throttle,
         while_active=follow,
         concurrency=concurrency,
+        limits=tuple(limits),
     )
 
 

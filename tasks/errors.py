@@ -20,6 +20,7 @@ class ErrorKind(Enum):
     STALLED = "stalled"  # no progress for its stall limit (LUMASTRA_STALL_FAIL_S_<CLASS>)
     WORKER_LOST = "worker_lost"  # its worker died mid-run, or its message kept coming back
     WINDOW_CLOSED = "window_closed"  # stopped as its run window closed; put back, not failed
+    LIMITED = "limited"  # `ctx.limit` waited past its limit's wait_s; put back, not failed
 
 
 class TaskError(Exception):
@@ -38,6 +39,14 @@ class PermanentError(TaskError):
 
 class FatalError(TaskError):
     kind = ErrorKind.FATAL
+
+
+class LimitReached(TaskError):
+    """Raised by `TaskContext.limit` when the limit has no room within its `wait_s`: the run
+    goes back to pending until it may have, its attempt not spent (a pipeline stage: retried as
+    a transient failure)."""
+
+    kind = ErrorKind.LIMITED
 
 
 class RunCancelled(TaskError):

@@ -12,8 +12,30 @@ from typing import Any
 
 from pydantic import BaseModel
 
-MAX_CONCURRENCY_KEY = 200
+MAX_KEY = 200
 _KEY_BREAKS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+_RATE = re.compile(r"^(\d+)/(\d*)(s|m|h)$")
+_UNITS = {"s": timedelta(seconds=1), "m": timedelta(minutes=1), "h": timedelta(hours=1)}
+
+
+@dataclass(frozen=True)
+class Rate:
+    """At most `count` per `per`: "60/m", "40/10s", "1000/h"."""
+
+    count: int
+    per: timedelta
+
+    @classmethod
+    def parse(cls, text: str) -> Rate:
+        match = _RATE.match(text)
+        if not match:
+            raise ValueError(f"bad rate {text!r}: expected e.g. '60/m' or '40/10s' (s, m or h)")
+        count, span = int(match.group(1)), int(match.group(2) or 1)
+        if count < 1 or span < 1:
+            raise ValueError(f"bad rate {text!r}: the count and the span must be at least 1")
+        return cls(count, span * _UNITS[match.group(3)])
 
 
 @dataclass(frozen=True)
@@ -88,20 +110,24 @@ class Concurrency:
     key: Callable[[Any], str] | None = None
 
     def key_of(self, validated_input: BaseModel) -> str:
-        """The run's key; ValueError when the key function fails on the input or answers what
-        is not a key (a str of at most MAX_CONCURRENCY_KEY characters, no control characters)."""
-        if self.key is None:
-            return ""
-        try:
-            key = self.key(validated_input)
-        except Exception as exc:
-            raise ValueError(f"the concurrency key function failed: {exc!r}") from None
-        if not isinstance(key, str) or len(key) > MAX_CONCURRENCY_KEY or _KEY_BREAKS.search(key):
-            raise ValueError(
-                f"the concurrency key must be a str of at most {MAX_CONCURRENCY_KEY} characters "
-                f"without control characters, not {key!r}"
-            )
-        return key
+        """The run's key (ValueError: see `key_from`)."""
+        return "" if self.key is None else key_from(self.key, validated_input, "concurrency")
+
+
+def key_from(function: Callable[[Any], str], validated_input: object, what: str) -> str:
+    """A key function's key for an input; ValueError when the function fails on it or answers
+    what is not a key (a str of at most MAX_KEY characters, no control
+    characters)."""
+    try:
+        key = function(validated_input)
+    except Exception as exc:
+        raise ValueError(f"the key function of {what} failed: {exc!r}") from None
+    if not isinstance(key, str) or len(key) > MAX_KEY or _KEY_BREAKS.search(key):
+        raise ValueError(
+            f"{what}: a key is a str of at most {MAX_KEY} characters without "
+            f"control characters, not {key!r}"
+        )
+    return key
 
 
 def _whole(value: object) -> bool:

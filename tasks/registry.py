@@ -1,8 +1,9 @@
 """The registry: imports the definition modules named in settings, validates, then freezes.
 
-Definitions are module-level `TaskDefinition` (or `WatchSync`) values, and inbound triggers
-`TriggerDefinition` ones (`Registry.triggers`); importing a module is all it takes to declare
-them. After `load` the registry is read-only.
+Definitions are module-level `TaskDefinition` (or `WatchSync`) values, inbound triggers
+`TriggerDefinition` ones (`Registry.triggers`) and named limits `LimitDefinition` ones
+(`Registry.limits`); importing a module is all it takes to declare them. After `load` the
+registry is read-only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from types import MappingProxyType
 
 from tasks.definition import TaskDefinition, WatchSync
 from tasks.errors import ManifestError
+from tasks.limits import LimitDefinition
 from tasks.triggers import TriggerDefinition
 
 
@@ -44,6 +46,7 @@ class Registry(Mapping[str, TaskDefinition]):
         self,
         definitions: Iterable[TaskDefinition],
         triggers: Iterable[TriggerDefinition] = (),
+        limits: Iterable[LimitDefinition] = (),
     ) -> None:
         by_id: dict[str, TaskDefinition] = {}
         for definition in definitions:
@@ -67,6 +70,7 @@ class Registry(Mapping[str, TaskDefinition]):
                 covering[stage.id] = definition.id
         self._by_id = MappingProxyType(by_id)
         self._triggers = MappingProxyType(_checked_triggers(triggers, by_id))
+        self._limits = MappingProxyType(_checked_limits(limits, by_id))
 
     def __getitem__(self, task_id: str) -> TaskDefinition:
         try:
@@ -84,6 +88,11 @@ class Registry(Mapping[str, TaskDefinition]):
     def triggers(self) -> Mapping[str, TriggerDefinition]:
         """The inbound triggers, by name (read-only)."""
         return self._triggers
+
+    @property
+    def limits(self) -> Mapping[str, LimitDefinition]:
+        """The named limits, by id (read-only)."""
+        return self._limits
 
     def trigger(self, name: str) -> TriggerDefinition:
         try:
@@ -108,7 +117,28 @@ def _checked_triggers(
     return by_name
 
 
-def _declared_in(module_name: str) -> tuple[list[TaskDefinition], list[TriggerDefinition]]:
+def _checked_limits(
+    limits: Iterable[LimitDefinition], tasks: Mapping[str, TaskDefinition]
+) -> dict[str, LimitDefinition]:
+    by_id: dict[str, LimitDefinition] = {}
+    for limit in limits:
+        if limit.id in by_id and by_id[limit.id] is not limit:
+            raise RegistryError(
+                str(ManifestError(limit.id, "id", "is defined more than once", what="limit"))
+            )
+        by_id[limit.id] = limit
+    for task in tasks.values():
+        for name in task.limits:
+            if name not in by_id:
+                problem = f"{name!r} is not a declared limit (define_limit)"
+                raise RegistryError(str(ManifestError(task.id, "limits", problem)))
+    return by_id
+
+
+Declared = tuple[list[TaskDefinition], list[TriggerDefinition], list[LimitDefinition]]
+
+
+def _declared_in(module_name: str) -> Declared:
     try:
         module = importlib.import_module(module_name)
     except ManifestError as exc:
@@ -117,6 +147,7 @@ def _declared_in(module_name: str) -> tuple[list[TaskDefinition], list[TriggerDe
         raise RegistryError(f"cannot import task module {module_name!r}: {exc}") from exc
     found: list[TaskDefinition] = []
     triggers: list[TriggerDefinition] = []
+    limits: list[LimitDefinition] = []
     for value in vars(module).values():
         if isinstance(value, TaskDefinition):
             found.append(value)
@@ -124,7 +155,9 @@ def _declared_in(module_name: str) -> tuple[list[TaskDefinition], list[TriggerDe
             found.extend((value.push, value.pull))
         elif isinstance(value, TriggerDefinition):
             triggers.append(value)
-    return found, triggers
+        elif isinstance(value, LimitDefinition):
+            limits.append(value)
+    return found, triggers, limits
 
 
 # Registered in every process before the configured modules (LUMASTRA_TASK_MODULES): the
@@ -135,11 +168,13 @@ BUILT_IN_MODULES = ("tasks.definitions.maintenance",)
 def load(module_names: Iterable[str]) -> Registry:
     definitions: list[TaskDefinition] = []
     triggers: list[TriggerDefinition] = []
+    limits: list[LimitDefinition] = []
     for name in module_names:
-        tasks, declared_triggers = _declared_in(name)
+        tasks, declared_triggers, declared_limits = _declared_in(name)
         definitions.extend(tasks)
         triggers.extend(declared_triggers)
-    return Registry(definitions, triggers)
+        limits.extend(declared_limits)
+    return Registry(definitions, triggers, limits)
 
 
 _registry: Registry | None = None

@@ -171,8 +171,8 @@ class Worker:
         "LUMASTRA_PENDING_CHECK_AFTER_S",
         "60",
         env.positive_int,
-        "pending this long: check the broker for its message",
-        roles=env.WORKER,
+        "pending this long: check the broker for its message (and a keyed run's turn lapses)",
+        roles=env.STARTERS,
     )
     pending_deadline_s: int = env.variable(
         "LUMASTRA_PENDING_DEADLINE_S",

@@ -20,6 +20,7 @@ The operator pages:
 - `force_enable`: the Tasks page's force-enable of a task's circuit (operate, a POST)
 - `pause`: the Tasks page's pause and resume of a task or its class (operate, a POST)
 - `nodes`: "Cluster" (view): the live nodes, the leader, each pool's queue depth and runs
+- `limits_page`: "Limits" (view): named limits and keyed concurrency, each key's use now
 - `dead_letters`: "Dead letters": all that stopped being retried, a section per kind, with actions
 - `schedules`: "Schedules": every static and dynamic schedule, switched on or off (operate)
 

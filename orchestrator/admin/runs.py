@@ -22,6 +22,7 @@ from django.utils.timezone import localtime
 from orchestrator.admin import (
     dead_letters,
     force_enable,
+    limits_page,
     nodes,
     pages,
     pause,
@@ -302,6 +303,7 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
                 force_enable,
                 pause,
                 nodes,
+                limits_page,
                 run_detail,
                 dead_letters,
                 schedules,

@@ -20,6 +20,7 @@ The API and its operations:
 - `cluster`: `/cluster/nodes`, `/cluster/leaders`: the roster and the leader seat (read-only)
 - `pauses`: `/pauses`, `/tasks/{id}/pause|resume`, `/classes/{class}/pause|resume`
 - `windows`: `/windows`, `/tasks/{id}/window`, `/classes/{class}/window`: run windows (PUT, DELETE)
+- `limit_usage`: `/limits`: named limits and keyed concurrency, each key's use now
 
 What the operations share:
 - `errors`: the one JSON shape of every API error, ninja's own and unknown paths included

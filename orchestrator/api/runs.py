@@ -96,8 +96,8 @@ class LiveState(Schema):
 
 
 class HeldOut(Schema):
-    by: str = Field(description="pause, window, debounce, follow_up or concurrency")
-    scope: str = Field(description="task or class; run for a follow-up; key for concurrency")
+    by: str = Field(description="pause, window, debounce, follow_up, concurrency or limit")
+    scope: str = Field(description="task or class; run; key (concurrency); limit")
     name: str = Field(description="the task id or the resource class; the run followed up; the key")
     opens_at: datetime | None = Field(
         None, description="a window: when it opens; a debounce: when the run is due"

@@ -16,6 +16,7 @@ from orchestrator.api import (
     dead_letters,
     errors,
     events,
+    limit_usage,
     logs,
     pauses,
     runs,
@@ -67,6 +68,7 @@ api.add_router("", schedules.router)
 api.add_router("", cluster.router)
 api.add_router("", pauses.router)
 api.add_router("", windows.router)
+api.add_router("", limit_usage.router)
 
 
 def urls() -> tuple[list[URLPattern | URLResolver], str, str]:

@@ -20,6 +20,8 @@ The hooks, in the order of the chain (`orchestrator.apps.hook_chain`):
 - `concurrency`: per-task `max_concurrent` across every worker and host, a lease semaphore
 - `keyed`: keyed concurrency (`Concurrency(key=, max=)`): at most `max` runs per key, the keys'
   runs published in turns
+- `limits`: named limits (`define_limit`) a task's runs take at pickup and handlers take with
+  `ctx.limit`: a rate and a concurrency per key, shared across tasks
 - `ratelimit`: per-task rate limit (`quotas.rate`) across the cluster, a sliding window
 
 For operators:

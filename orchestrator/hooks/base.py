@@ -96,6 +96,9 @@ class Pickup:
     # The admission's `notes`, as the message carried them; empty for a message published
     # again (a retry, a put back, the reconciler's), which carries none.
     notes: Mapping[str, bool] = field(default_factory=dict)
+    # The run's input when the runner has it before the claim (its first message carried it,
+    # or its row was read); None: a hook that needs it reads the row.
+    input: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -3,52 +3,64 @@
 `define_task(..., concurrency=Concurrency(key=lambda params: str(params.library_id), max=1))`
 lets at most `max` runs of one key run at once across the cluster, and the keys take turns.
 One Lua script (`lua/keyed.lua`) keeps, per task, the registered runs and, per key, its holders
-(leases), its waiting runs (by priority, then age) and its one dispatched run:
+(leases), its waiting runs (by priority, then age) and its one dispatched run (its turn):
 
 - A start's run is not published on commit: it is registered with its key (`enqueue`, from
-  `runs.turns`), and published only when its key has room and no dispatched run of its own.
-  Every key then has at most one message in the broker, so a backlog of one key never holds
-  back another's: queued A,A,A,B,B,B,C,C,C start A,B,C,A,B,C,... (within a key, priority,
-  then age).
+  `runs.publish`), and published only when its key has room and no turn of its own. A key's
+  turns put one message at a time in the broker, so a backlog of one key never holds back
+  another's: queued A,A,A,B,B,B,C,C,C start A,B,C,A,B,C,... (within a key, priority, then age).
 - At pickup (`before_claim`) the run takes a lease on one of its key's places, and the key's
   next waiting run is dispatched if a place remains. A run that finds its key full (its message
-  published by a retry, a redelivery or the reconciler, not by its turn) waits: `Parked`, its
-  message acknowledged unrun, pending, no attempt spent, dispatched when a place frees.
+  published by a retry, a pause's release or the reconciler, not by its turn) waits: `Parked`,
+  its message acknowledged unrun, pending, no attempt spent, dispatched when a place frees.
 - A run's end (`finished`), a claim given back (`release`: a put back, a retry, a refused
   claim) frees its place and dispatches the key's next run. A lease is the task's hard timeout
   plus LEASE_MARGIN, renewed by each heartbeat; a holder that died (SIGKILL, a lost host) frees
   its place when its put back releases it, or when its lease runs out.
-- The leader's `keyed` loop (`runs.turns.sweep`, every second) dispatches for the keys whose
-  leases ran out or whose dispatched run's message was not claimed within TURN_STALE (lost).
-- The runs are published by the composition root's `publish` (`runs.turns.publish`): this
-  layer does not send messages.
+- The leader's `turns` loop (`runs.due.release_turns`, every second) dispatches for the keys
+  whose leases ran out, and puts back in line a turn whose message was not claimed within
+  LUMASTRA_PENDING_CHECK_AFTER_S (its publish failed, or the message was lost), a slice of
+  SWEEP_KEYS keys per pass, resuming where the last stopped.
+- The reconciler's pending check leaves the runs Valkey tracks for their keys (waiting, a live
+  turn, a live lease: `tracked`) and publishes any other pending run, which its pickup
+  registers again.
+- The runs are published by the composition root's `publish` (`runs.publish.publish_turns`).
 
-The key is the task's function of the validated input (`TaskDefinition.concurrency_key`),
+The key is the task's function of the validated input (`tasks.policies.Concurrency.key_of`),
 computed at start (a function that fails, or answers what is not a key, refuses the start: a 422
-naming `concurrency.key`) and recorded in the run's trigger (`concurrencyKey`), where a pickup
-that finds the run unknown to Valkey (Valkey restarted empty) reads it.
+naming `concurrency.key`, `trigger_fields`) and recorded in the run's trigger
+(`concurrencyKey`), where a pickup that finds the run unknown to Valkey (Valkey restarted
+empty) reads it.
 
 Not guaranteed:
-- Strict turns when messages come back out of order: a retry's delayed message, or two workers
-  taking messages at once, may start a key's run out of its turn; the limit per key still holds.
+- Strict turns when messages come another way: a retry's delayed message, a pause's release,
+  the reconciler's publish, or two workers taking messages at once may start a key's run out of
+  its turn; the limit per key still holds.
 - A holder that outlives its lease (frozen past it, no heartbeat) runs beside the run that took
-  its place.
+  its place; after Valkey lost these keys, the runs still running are not counted, so a key may
+  run up to twice its `max` until they end.
+- A keyed run's first message carries neither its admission's notes nor its row (it is read
+  at pickup): a half-open circuit's probe that waits its turn does not renew its probe slot.
 - A run waits at most LUMASTRA_PENDING_DEADLINE_S, as any pending run, before the reconciler
   fails it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
+from pydantic import BaseModel
 
 from orchestrator.clock import span_ms
 from orchestrator.hooks.base import Beat, Outcome, Parked, Part, Pickup, RunHook
+from orchestrator.hooks.limits import KeyUse
 from orchestrator.models import TaskHistory
+from orchestrator.states import RunState
 from orchestrator.stores import broker, keys, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
@@ -56,8 +68,10 @@ from tasks.definition import TaskDefinition
 # The run's trigger field that records its key.
 KEY_FIELD = "concurrencyKey"
 LEASE_MARGIN = timedelta(seconds=10)
-# The most keys one sweep looks at.
+# The most keys one sweep looks at; the next resumes after the last (`CURSOR`).
 SWEEP_KEYS = 1000
+# The field of the turns' hash that keeps where the sweep stopped (no key holds a newline).
+CURSOR = "\n"
 
 
 class Dispatched(NamedTuple):
@@ -80,6 +94,32 @@ class Registered(NamedTuple):
 
 
 Publish = Callable[[TaskDefinition, Sequence[Dispatched]], None]
+
+
+class KeyFailed(ValueError):
+    """A key function failed on a start's input; `loc` names the declaration."""
+
+    def __init__(self, loc: list[str], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def trigger_fields(definition: TaskDefinition, validated_input: BaseModel) -> dict[str, str]:
+    """What a start records of its keys (the concurrency key, `KEY_FIELD`), after checking
+    every key function of the task on the input: its named limits' too, which a pickup
+    computes again (`hooks.limits`). KeyFailed names the one that failed."""
+    fields = {}
+    if definition.concurrency is not None:
+        try:
+            fields[KEY_FIELD] = definition.concurrency.key_of(validated_input)
+        except ValueError as exc:
+            raise KeyFailed(["concurrency", "key"], str(exc)) from None
+    for name in definition.limits:
+        try:
+            registry.get().limits[name].key_of(validated_input)
+        except ValueError as exc:
+            raise KeyFailed(["limits", name, "key"], str(exc)) from None
+    return fields
 
 
 def _fixed(definition: TaskDefinition) -> list[object]:
@@ -125,13 +165,29 @@ def sweep(definition: TaskDefinition) -> list[Dispatched]:
     return _call(definition, "sweep", SWEEP_KEYS)[1]
 
 
-def registered(task_ids: Iterable[str]) -> set[str]:
-    """The runs Valkey knows for their keys (waiting, dispatched or holding): the reconciler
-    does not publish them again."""
+def tracked(task_ids: Iterable[str]) -> set[str]:
+    """The runs Valkey keeps moving for their keys: waiting, a turn not yet stale, a live lease.
+    The reconciler does not publish them again; any other pending run it does."""
+    ids = list(task_ids)
     pipe = valkey.client().pipeline(transaction=False)
-    for task_id in task_ids:
-        pipe.hkeys(keys.keyed(task_id)[0])
-    return {str(run_id) for ids in valkey.execute(pipe) for run_id in ids}
+    pipe.time()
+    for task_id in ids:
+        _, waiting, holders, _, queued = keys.keyed(task_id)
+        pipe.zrange(waiting, 0, -1)
+        pipe.zrange(holders, 0, -1, withscores=True)
+        pipe.hgetall(queued)
+    server_time, *replies = valkey.execute(pipe)
+    now = valkey.time_ms(server_time)
+    stale = span_ms(timedelta(seconds=settings.CONFIG.pending_check_after_s))
+    found: set[str] = set()
+    for waiting, holders, turns in zip(replies[::3], replies[1::3], replies[2::3], strict=True):
+        found |= {str(member).rsplit("\n", 1)[1] for member in waiting}
+        found |= {str(m).split("\n", 1)[1].split("|")[0] for m, until in holders if until > now}
+        for key, turn in turns.items():
+            run, _, since = str(turn).partition("\t")
+            if str(key) != CURSOR and now - int(since) < stale:
+                found.add(run)
+    return found
 
 
 def waiting_under(definition: TaskDefinition, run_id: str) -> str | None:
@@ -182,12 +238,12 @@ class KeyedConcurrency(RunHook):
         """A run Valkey does not know (lost with a restart, or published before it was
         registered): registered from its row, then taken."""
         row = (
-            TaskHistory.objects.filter(id=pickup.run_id)
+            TaskHistory.objects.filter(id=pickup.run_id, state=RunState.PENDING)
             .values_list("trigger", "priority", "identity", "processing_version")
             .first()
         )
         if row is None:
-            return 1, []  # the claim finds nothing to run
+            return 1, []  # ended, or gone: the claim refuses it, and nothing is registered
         trigger, priority, identity, version = row
         key = str(trigger.get(KEY_FIELD, ""))
         job = broker.job_id(pickup.definition.id, identity, pickup.run_id)
@@ -226,3 +282,23 @@ class KeyedConcurrency(RunHook):
             self.publish(definition, _read(reply)[1])
 
         return Part(receive, lambda pipe: valkey.queue_script(pipe, "keyed", script_keys, args))
+
+
+def usage(definition: TaskDefinition) -> list[KeyUse]:
+    """Each key with runs held, waiting or published for its turn: its places in use (live
+    leases), its waiting runs and its turn."""
+    _, waiting, holders, _, queued = keys.keyed(definition.id)
+    pipe = valkey.client().pipeline(transaction=False)
+    pipe.time()
+    pipe.zrange(waiting, 0, -1)
+    pipe.zrange(holders, 0, -1, withscores=True)
+    pipe.hgetall(queued)
+    server_time, waiters, held, turns = valkey.execute(pipe)
+    now = valkey.time_ms(server_time)
+    in_use: Counter[str] = Counter(
+        str(member).split("\n", 1)[0] for member, until in held if until > now
+    )
+    waits: Counter[str] = Counter(str(member).split("\n", 1)[0] for member in waiters)
+    turn_of = {str(k): str(v).partition("\t")[0] for k, v in turns.items() if str(k) != CURSOR}
+    found = sorted(set(in_use) | set(waits) | set(turn_of))
+    return [KeyUse(key, in_use[key], waits[key], turn=turn_of.get(key)) for key in found]

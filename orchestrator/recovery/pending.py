@@ -228,7 +228,7 @@ def _look_for_messages(
     in_broker = in_broker_lists(queues)
     in_broker |= held_by_workers(taken_within_s=stranded_after_s())
     # Keyed-concurrency runs wait for their key's turn, not in the broker (`hooks.keyed`).
-    in_broker |= keyed.registered({d.id for _, d in to_look_for if d.concurrency is not None})
+    in_broker |= keyed.tracked({d.id for _, d in to_look_for if d.concurrency is not None})
     for candidate, definition in to_look_for:
         run_id = candidate.run_id
         has_hash = _has_hash(views[run_id])

@@ -56,7 +56,7 @@ from redis.client import Pipeline
 from orchestrator import windows
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence
-from orchestrator.hooks import keyed
+from orchestrator.hooks import keyed, limits
 from orchestrator.hooks import pause as gate
 from orchestrator.models import PauseScope, RunWindow, TaskHistory
 from orchestrator.recovery import pauses
@@ -202,9 +202,10 @@ def _apply_now() -> None:
 class Hold:
     """What holds a pending run: a pause or a closed window, of its task or its class, the
     debounce of its task, the running run it follows up (scope "run", named), or its key's
-    turn under keyed concurrency (scope "key", named)."""
+    turn under keyed concurrency (scope "key", named), or named limits that had no room
+    (scope "limit", their ids)."""
 
-    by: str  # "pause", "window", "debounce", "follow_up" or "concurrency"
+    by: str  # "pause", "window", "debounce", "follow_up", "concurrency" or "limit"
     scope: str
     name: str
     opens_at: datetime | None = None  # a window: when it opens; a debounce: when it is due
@@ -215,6 +216,8 @@ class Hold:
             return f"follows up run {self.name}: starts when it ends"
         if self.by == "concurrency":
             return f"waits its turn: key {self.name!r} runs its limit"
+        if self.by == "limit":
+            return f"waits for limit {self.name}"
         if self.opens_at is None or self.tz is None:
             return f"held by the pause of {self.scope} {self.name}"
         local = self.opens_at.astimezone(ZoneInfo(self.tz))
@@ -235,7 +238,10 @@ def held(run: TaskHistory, at: datetime | None = None) -> Hold | None:
     definition = registry.get().get(run.task_id)
     if hold is None and definition is not None and definition.concurrency is not None:
         key = keyed.waiting_under(definition, run.id)
-        return None if key is None else Hold("concurrency", "key", key)
+        hold = None if key is None else Hold("concurrency", "key", key)
+    if hold is None and definition is not None and definition.limits:
+        spent = limits.waiting_for(definition, run.id)
+        hold = Hold("limit", "limit", ", ".join(spent)) if spent else None
     return hold
 
 

@@ -35,8 +35,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from orchestrator.hooks import dispatch as hooks
-from orchestrator.hooks import keyed
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Refused
+from orchestrator.hooks.keyed import KEY_FIELD
 from orchestrator.runs import coalesce
 from orchestrator.runs.admission import admit
 from orchestrator.runs.coalesce import live_run_with_key
@@ -342,7 +342,7 @@ def _publish(entries: Sequence[_Admitted]) -> None:
                     sheet=carried(
                         e.start.definition, e.start.input, e.start.identity, e.start.handle.priority
                     ),
-                    concurrency_key=e.start.trigger.get(keyed.KEY_FIELD),
+                    concurrency_key=e.start.trigger.get(KEY_FIELD),
                 )
                 for e in entries
             ]

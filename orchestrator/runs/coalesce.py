@@ -63,6 +63,7 @@ from django.utils import timezone
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.stores import queries
 from orchestrator.stores.broker import job_id
+from orchestrator.triggers import TriggerKind
 from tasks.definition import TaskDefinition
 from tasks.policies import WhileActive
 
@@ -146,17 +147,22 @@ def join(start: Start) -> Joined | None:
     if debounce is not None and MARK in start.trigger:
         query = queries.DEBOUNCE_RUN
         params |= {"period_s": debounce.period_s, "max_wait_s": debounce.max_wait_s}
-    elif definition.while_active is WhileActive.FOLLOW_UP:
+    elif follows_up(start):
         query = queries.JOIN_FOLLOW_UP
     else:
         return None
     with connection.cursor() as cursor:
         cursor.execute(query, params)
         row = cursor.fetchone()
+    return None if row is None else _joined(start, row, followed=query is queries.JOIN_FOLLOW_UP)
+
+
+def follows_up(start: Start) -> bool:
+    """Whether the start coalesces with its identity's running run: a follow-up task's, not an
+    operator's retry (which is a run of its own, linked to the run it retries)."""
     return (
-        None
-        if row is None
-        else _joined(start, row, followed=definition.while_active is WhileActive.FOLLOW_UP)
+        start.definition.while_active is WhileActive.FOLLOW_UP
+        and start.trigger.get("kind") != TriggerKind.OPERATOR_RETRY.value
     )
 
 
@@ -164,7 +170,7 @@ def follow(start: Start, holder: str) -> Joined | None:
     """The follow-up of `holder`, the live run of the start's identity, recorded or given this
     start's input; None when the start does not follow up, or when the holder has not started
     (the start joins it)."""
-    if start.definition.while_active is not WhileActive.FOLLOW_UP:
+    if not follows_up(start):
         return None
     with connection.cursor() as cursor:
         cursor.execute(queries.FOLLOW_RUN, {**start.row(), "holder": holder, "waits": WAITS})

@@ -31,6 +31,7 @@ import math
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -44,12 +45,13 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from orchestrator.clock import SYSTEM, Clock, span_ms
-from orchestrator.hooks import costs
+from orchestrator.hooks import costs, limits
 from orchestrator.runs import process
 from orchestrator.runs.progress import Progress
 from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
-from tasks.errors import ErrorKind, RunCancelled
+from tasks import registry
+from tasks.errors import ErrorKind, LimitReached, PermanentError, RunCancelled
 from tasks.process import ProcessResult
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,8 @@ class RunContext:
         self._cancel = threading.Event()
         # Set with it when the run's window closed (on_close="stop"): put back, not cancelled.
         self.stopped_for_window = False
+        # Set when `limit` gave up waiting: the run goes back to pending for this long.
+        self.limited_for: timedelta | None = None
         # monotonic time of the last sign of progress, read by the stall watchdog.
         self.progressed_at = time.monotonic()
         self._state_read_at = 0.0
@@ -211,6 +215,31 @@ class RunContext:
         """Sleep, but wake and raise RunCancelled as soon as the run is cancelled."""
         if self.cancelled or self._cancel.wait(seconds):
             raise RunCancelled(f"run {self._run_id} was cancelled")
+
+    @contextmanager
+    def limit(self, limit_id: str, units: int = 1) -> Iterator[None]:
+        """`TaskContext.limit`: this run's units of a named limit (`hooks.limits`)."""
+        declared = registry.get().limits
+        if limit_id not in declared:
+            raise PermanentError(f"limit {limit_id!r} is not declared (define_limit)")
+        limit = declared[limit_id]
+        most = min(n for n in (limit.concurrency, limit.rate and limit.rate.count) if n)
+        if isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= most:
+            raise PermanentError(f"limit {limit_id!r}: units must be from 1 to {most}")
+        held = [limits.Held(limit, limit.key_of(self._input))]
+        token = f"{self._run_id}|{uuid.uuid4().hex}"
+        lease = limits.lease_of(registry.get()[self._task_id])
+        deadline = time.monotonic() + limit.wait_s
+        while not (answer := limits.take(held, token, units, lease, self._run_id)).taken:
+            delay = answer.delay()
+            if time.monotonic() + delay.total_seconds() > deadline:
+                self.limited_for = delay
+                raise LimitReached(f"limit {limit_id!r} had no room within {limit.wait_s:g} s")
+            self.sleep(delay.total_seconds())
+        try:
+            yield
+        finally:
+            limits.give_back(held, token, units, admissions=False)
 
     def run_process(
         self,

@@ -89,6 +89,12 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
         error = retries.error_doc(ErrorKind.WINDOW_CLOSED, message)
         _retry_later(definition, run, pickup, error, timedelta(0), message, refund=True)
         return
+    if outcome.kind == ErrorKind.LIMITED and context.limited_for is not None:
+        error = retries.error_doc(ErrorKind.LIMITED, outcome.message)
+        _retry_later(
+            definition, run, pickup, error, context.limited_for, outcome.message, refund=True
+        )
+        return
     decision = retries.decide(
         outcome.kind,
         outcome.message,

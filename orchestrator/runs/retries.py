@@ -9,8 +9,9 @@ Plain runs, pipeline stages, and runs or stages whose worker was lost (found by 
 the reconciler or a stopping worker's hand-back) all ask `decide`, so one failure reads the
 same whichever path met it:
 
-- A **retryable** failure is a `transient` error, or a lost worker (`worker_lost`,
-  `orphaned`) of a task that takes runs back (`retry_on_worker_loss`, the default).
+- A **retryable** failure is a `transient` error (or a stage's `limited`), or a lost worker
+  (`worker_lost`, `orphaned`) of a task that takes runs back (`retry_on_worker_loss`, the
+  default).
 - While attempts are left (`Retry.max_attempts` counts every attempt, whatever ended it), it
   is tried again after the policy's jittered backoff; its error says the attempt and the wait.
 - On the last attempt it fails **exhausted**: its error says so and carries
@@ -53,6 +54,9 @@ def error_doc(kind: ErrorKind, message: str, **extra: Any) -> dict[str, Any]:
 
 # What a worker's loss reports: tried again only for a task that takes runs back.
 LOST_WORKER = frozenset({ErrorKind.WORKER_LOST, ErrorKind.ORPHANED})
+# A stage's `ctx.limit` that waited past its bound is retried as a transient failure (a plain
+# run's goes back to pending unspent before this rule: `runs.execute`).
+RETRIED = frozenset({ErrorKind.TRANSIENT, ErrorKind.LIMITED})
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class Decision:
 
 
 def retryable(kind: ErrorKind, *, retry_on_worker_loss: bool) -> bool:
-    return kind is ErrorKind.TRANSIENT or (kind in LOST_WORKER and retry_on_worker_loss)
+    return kind in RETRIED or (kind in LOST_WORKER and retry_on_worker_loss)
 
 
 def may_retry(kind: ErrorKind, attempt: int, policy: Retry, *, retry_on_worker_loss: bool) -> bool:

@@ -111,7 +111,7 @@ def _run(
         _run_from_row(definition, run_id, processing_version, redelivered, notes)
         return
     # A first delivery of a current message: claim without reading the row.
-    pickup = Pickup(definition, run_id, instance_id(), notes)
+    pickup = Pickup(definition, run_id, instance_id(), notes, carried and carried["input"])
     claim = _LiveClaim(run_id, pickup.owner, definition)
     plan = hooks.plans.get(definition.id)
     if plan is None or plan.definition is not definition:
@@ -183,7 +183,7 @@ def _run_from_row(
         republish(definition, row.id, row.identity, row.priority, delay, notes)
         return
 
-    pickup = Pickup(definition, row.id, instance_id(), notes)
+    pickup = Pickup(definition, row.id, instance_id(), notes, row.input)
     try:
         hooks.before_claim(pickup)
     except Postpone as wait:

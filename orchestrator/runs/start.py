@@ -234,13 +234,11 @@ def prepare(
     if due is not None:
         trigger_doc["notBefore"] = due.isoformat()
     resolved = int(resolve_priority(priority, definition, kind))
-    if definition.concurrency is not None:
+    if definition.concurrency is not None or definition.limits:
         try:
-            trigger_doc[keyed.KEY_FIELD] = definition.concurrency.key_of(model)
-        except ValueError as exc:
-            raise InvalidInput(
-                task_id, [{"loc": ["concurrency", "key"], "msg": str(exc)}]
-            ) from None
+            trigger_doc |= keyed.trigger_fields(definition, model)
+        except keyed.KeyFailed as exc:
+            raise InvalidInput(task_id, [{"loc": exc.loc, "msg": str(exc)}]) from None
     identity = definition.identity(model)
     run_id = new_run_id()
     handle = RunHandle(run_id, task_id, job_id(task_id, identity, run_id), resolved)

@@ -195,13 +195,26 @@ def concurrency_postponed(task_id: str) -> str:
 
 def keyed(task_id: str) -> list[str]:
     """The keys of a task's keyed concurrency (`hooks.keyed`, `lua/keyed.lua`), in the script's
-    order: the registered runs (hash run id → `<version>\t<jobId>\t<member>`), the waiting runs
+    order: the registered runs (hash run id → `<version>\t<member>\t<jobId>`), the waiting runs
     (members `<key>\n<priority><first wait ms>\n<runId>`, scores 0: ordered by key, then
     priority, then age), the holders (`<key>\n<runId>|<owner>` → lease expiry, ms), the same
     holders by key (scores 0, counted by lex range), and each key's dispatched run (hash key →
-    `<runId>\t<when, ms>`)."""
+    `<runId>\t<when, ms>`; its field `\n` is where the last sweep stopped)."""
     base = f"task:keyed:{task_id}"
     return [f"{base}:runs", f"{base}:waiting", f"{base}:holders", f"{base}:held", f"{base}:queued"]
+
+
+def limit(limit_id: str, key: str) -> list[str]:
+    """The keys of one key of a named limit (`hooks.limits`, `lua/limit_take.lua`), in the
+    script's order: its rate's window (sorted set `<token>#<unit>` → admission, ms), its
+    holders (the same → lease expiry, ms), the limit's keys seen (key → last use, ms) and the
+    limit's waiting runs (`<key>\n<runId>` → when it last found no room, ms)."""
+    return [
+        f"limit:{limit_id}:{key}:window",
+        f"limit:{limit_id}:{key}:holders",
+        f"limit:{limit_id}:keys",
+        f"limit:{limit_id}:waiting",
+    ]
 
 
 def rate_window(task_id: str) -> str:

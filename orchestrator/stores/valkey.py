@@ -181,6 +181,7 @@ PINNED_SCRIPT_VERSIONS = {
     "circuit_restore": 1,
     "concurrency_take": 1,
     "keyed": 1,
+    "limit_take": 1,
     "concurrency_refresh": 1,
     "rate_take": 1,
     "lock_renew": 1,

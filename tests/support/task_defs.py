@@ -36,6 +36,7 @@ from tasks import (
     Throttle,
     Timeout,
     TransientError,
+    define_limit,
     define_task,
     define_trigger,
     skipped,
@@ -1014,6 +1015,88 @@ keyed_badly = define_task(
     execute=_keyed,
     input_model=KeyedInput,
     concurrency=Concurrency(key=_bad_key, max=1),
+)
+
+
+# Named limits (issue 39, tests/integration/test_named_limits.py): a rate two tasks share, one
+# run at a time per library inside handlers, and one that gives up waiting at once.
+shared_rate = define_limit("test-shared-rate", rate="40/10s")
+per_library = define_limit("test-per-library", concurrency=1, key=lambda params: params.library)
+impatient = define_limit("test-impatient", concurrency=1, wait_s=0.2)
+LIMITED_KEY = "test:limited"  # one JSON entry per handler event: run, what, library, at_ms
+
+
+def _note(ctx: TaskContext, params: KeyedInput, what: str) -> None:
+    entry = {"run": ctx.run_id, "what": what, "library": params.library, "at_ms": _server_ms()}
+    valkey.client().rpush(LIMITED_KEY, json.dumps(entry))
+
+
+def _rated(ctx: TaskContext, params: KeyedInput) -> None:
+    _note(ctx, params, "start")
+
+
+rated_a = define_task(
+    id="test-rated-a",
+    resource_class="io",
+    execute=_rated,
+    input_model=KeyedInput,
+    limits=("test-shared-rate",),
+)
+rated_b = define_task(
+    id="test-rated-b",
+    resource_class="io",
+    execute=_rated,
+    input_model=KeyedInput,
+    limits=("test-shared-rate",),
+)
+
+
+def _library_key(params: KeyedInput) -> str:
+    if not params.library:
+        raise ValueError("no library")
+    return params.library
+
+
+# A limit whose key function fails on an empty library: such a start is refused (a 422).
+keyed_rate = define_limit("test-keyed-rate", rate="100/s", key=_library_key)
+rated_by_key = define_task(
+    id="test-rated-by-key",
+    resource_class="io",
+    execute=_rated,
+    input_model=KeyedInput,
+    limits=("test-keyed-rate",),
+)
+
+
+one_at_a_time = define_limit("test-one-at-a-time", concurrency=1)
+
+
+def _hold_limit(ctx: TaskContext, params: KeyedInput) -> None:
+    _note(ctx, params, "start")
+    time.sleep(params.seconds)
+
+
+# Takes the one place of its limit at pickup: a second run waits for it.
+limited_pickup = define_task(
+    id="test-limited-pickup",
+    resource_class="io",
+    execute=_hold_limit,
+    input_model=KeyedInput,
+    limits=("test-one-at-a-time",),
+)
+
+
+def _in_limit(ctx: TaskContext, params: KeyedInput) -> None:
+    name = "test-impatient" if params.n < 0 else "test-per-library"
+    with ctx.limit(name):
+        _note(ctx, params, "enter")
+        time.sleep(params.seconds)
+        _note(ctx, params, "exit")
+
+
+# Takes a limit inside its handler: per library, or the impatient one for a negative n.
+in_limit = define_task(
+    id="test-in-limit", resource_class="io", execute=_in_limit, input_model=KeyedInput
 )
 
 

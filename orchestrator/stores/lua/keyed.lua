@@ -7,7 +7,8 @@
 -- KEYS[2] task:keyed:<taskId>:waiting  ZSET, scores 0: "<key>\n<priority><ms, 13 digits>\n<runId>"
 -- KEYS[3] task:keyed:<taskId>:holders  ZSET "<key>\n<runId>|<owner>" → lease expiry (ms)
 -- KEYS[4] task:keyed:<taskId>:held     ZSET, scores 0: the holders' members, counted by key
--- KEYS[5] task:keyed:<taskId>:queued   HASH key → "<runId>\t<ms>": the key's dispatched run
+-- KEYS[5] task:keyed:<taskId>:queued   HASH key → "<runId>\t<ms>": the key's dispatched run;
+--                                       its field "\n" is the key where the last sweep stopped
 -- ARGV[1] verb  ARGV[2] max  ARGV[3] lease (ms)  ARGV[4] a dispatched run not claimed within
 -- this (ms) no longer holds its key's turn (its message may be lost)
 -- enqueue  ARGV[5] runId  ARGV[6] key  ARGV[7] priority  ARGV[8] jobId  ARGV[9] version
@@ -15,7 +16,8 @@
 -- release  ARGV[5] runId  ARGV[6] owner   (a claim given back: the run comes back later)
 -- finish   ARGV[5] runId  ARGV[6] owner   (the run ended: it is forgotten)
 -- renew    ARGV[5] runId  ARGV[6] owner   (a holder's heartbeat)
--- sweep    ARGV[5] the most keys to look at (the leader's, for leases run out and lost turns)
+-- sweep    ARGV[5] the most keys to look at, after where the last sweep stopped (the leader's,
+--          for leases run out and lost turns)
 -- Times are Valkey's (TIME). Returns {verdict, dispatched...}: verdict 1 (done; taken), 0
 -- (take: the run waits; renew: it holds no live lease) or -1 (take: the run is not registered
 -- and no key was given); then runId, jobId, priority, version of each run dispatched now.
@@ -65,11 +67,18 @@ local function register(run, key, priority, job, version)
   return member
 end
 
--- The key's next waiting run is dispatched when the key has room and no run dispatched.
+-- The key's next waiting run is dispatched when the key has room and no run dispatched. A turn
+-- not claimed in time (its publish failed, its message was lost) goes back in line first.
 local function dispatch(key)
   local turn, since = turn_of(key)
   if turn and now - since < stale then
     return
+  end
+  if turn then
+    local _, member = entry(turn)
+    if member then
+      redis.call("ZADD", waiting, "NX", 0, member)
+    end
   end
   if holding(key) >= max then
     return
@@ -98,12 +107,17 @@ local function let_go(run, owner, forget)
     return
   end
   local key = key_of(member)
-  local holder = key .. "\n" .. run .. "|" .. owner
-  redis.call("ZREM", holders, holder)
-  redis.call("ZREM", held, holder)
+  local mine = {key .. "\n" .. run .. "|" .. owner}
   if forget then
+    -- An end lets go of every place the run holds, whichever delivery took it.
+    mine = redis.call("ZRANGEBYLEX", held, "[" .. key .. "\n" .. run .. "|",
+      "[" .. key .. "\n" .. run .. "|\255")
     redis.call("ZREM", waiting, member)
     redis.call("HDEL", runs, run)
+  end
+  for _, holder in ipairs(mine) do
+    redis.call("ZREM", holders, holder)
+    redis.call("ZREM", held, holder)
   end
   if turn_of(key) == run then
     redis.call("HDEL", queued, key)
@@ -158,15 +172,24 @@ elseif verb == "renew" then
   end
 elseif verb == "sweep" then
   expire()
-  local from = "-"
+  local last = redis.call("HGET", queued, "\n")
+  local from = last and ("(" .. last .. "\n\255") or "-"
+  local key = nil
   for _ = 1, tonumber(ARGV[5]) do
     local first = redis.call("ZRANGEBYLEX", waiting, from, "+", "LIMIT", 0, 1)[1]
     if not first then
+      key = nil
       break
     end
-    local key = key_of(first)
+    key = key_of(first)
     dispatch(key)
     from = "(" .. key .. "\n\255"
+  end
+  -- A pass that reached the last key starts the next from the first.
+  if key then
+    redis.call("HSET", queued, "\n", key)
+  else
+    redis.call("HDEL", queued, "\n")
   end
 else
   return redis.error_reply("BAD_ARGS keyed: unknown verb " .. tostring(verb))
