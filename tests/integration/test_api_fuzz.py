@@ -88,6 +88,7 @@ OWN_ERRORS = {
     ("post", "/api/v1/tasks/{task_id}/circuit/force-enable"): {404},
     ("get", "/api/v1/pauses"): set(),
     ("get", "/api/v1/windows"): set(),
+    ("get", "/api/v1/limits"): set(),
     ("put", "/api/v1/tasks/{task_id}/window"): {404, 422},
     ("delete", "/api/v1/tasks/{task_id}/window"): {404},
     ("put", "/api/v1/classes/{resource_class}/window"): {404, 422},

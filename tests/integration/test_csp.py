@@ -102,6 +102,7 @@ def _admin_pages(client: Client) -> list[str]:
         reverse("admin:orchestrator_taskhistory_start"),
         reverse("admin:orchestrator_tasks"),
         reverse("admin:orchestrator_nodes"),
+        reverse("admin:orchestrator_limits"),
     ]
     for model, model_admin in admin.site._registry.items():
         name = f"admin:{model._meta.app_label}_{model._meta.model_name}"
