@@ -20,7 +20,8 @@ from coverage.stages import Covered, covered, find, sync
 from coverage.sweep import heal_batch, run_key, seed
 from orchestrator.clock import EPOCH, Clock, SystemClock
 from orchestrator.models import TaskHistory
-from orchestrator.runs.start import RunHandle, start_run
+from orchestrator.runs.handle import RunHandle
+from orchestrator.runs.start import start_run
 from tasks.coverage import ItemFacts
 from tasks.definition import Priority
 

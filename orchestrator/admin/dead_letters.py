@@ -40,9 +40,9 @@ from orchestrator.models import DeliveryStatus, TaskHistory
 from orchestrator.recovery import drain_poison as poison_list
 from orchestrator.runs import drain
 from orchestrator.runs.cancel import UnknownRun
+from orchestrator.runs.handle import StartRefused
 from orchestrator.runs.rerun import dead_letters as exhausted
 from orchestrator.runs.rerun import requeued_as, rerun
-from orchestrator.runs.start import StartRefused
 from orchestrator.text import is_ascii_digits
 from orchestrator.webhooks.delivery import dead as dead_deliveries
 from orchestrator.webhooks.delivery import redeliver

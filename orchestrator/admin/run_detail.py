@@ -38,8 +38,8 @@ from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.recovery import windows
 from orchestrator.routing import queue_name
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.handle import StartRefused
 from orchestrator.runs.rerun import RETRYABLE, rerun
-from orchestrator.runs.start import StartRefused
 from orchestrator.states import TERMINAL_RUN_STATES, RunState, StageState
 from orchestrator.stores import live
 from orchestrator.text import is_run_id

@@ -44,8 +44,8 @@ from orchestrator.api.access import Access
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.handle import StartRefused
 from orchestrator.runs.rerun import rerun
-from orchestrator.runs.start import StartRefused
 from orchestrator.states import RunState
 from orchestrator.stores import live
 from tasks import registry

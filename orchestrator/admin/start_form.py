@@ -26,7 +26,8 @@ from django.urls import URLPattern, path, reverse
 from orchestrator.admin import input_fields, pages
 from orchestrator.api.access import Access
 from orchestrator.hooks.base import Refused
-from orchestrator.runs.start import InvalidInput, StartRefused, start_run
+from orchestrator.runs.handle import InvalidInput, StartRefused
+from orchestrator.runs.start import start_run
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.definition import Priority, TaskDefinition

@@ -39,8 +39,8 @@ from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
 from orchestrator.recovery import drain_poison
 from orchestrator.runs.cancel import UnknownRun
+from orchestrator.runs.handle import StartRefused
 from orchestrator.runs.rerun import dead_letters, requeued_as, rerun
-from orchestrator.runs.start import StartRefused
 from orchestrator.text import is_ascii_digits
 from orchestrator.webhooks import delivery
 from tasks.registry import UnknownTaskError

@@ -91,6 +91,7 @@ class EngineCollector(Collector):
                 counters.RECOVERY,
                 counters.SCHEDULE_SKIPS,
                 counters.SCHEDULE_PAUSES,
+                counters.START_OUTCOMES,
             )
         )
         yield _counter(
@@ -123,6 +124,12 @@ class EngineCollector(Collector):
         yield _counter(
             "lumastra_schedule_paused", "Schedules switched off by pause_on_failure (issue 38)",
             ["task"], found, counters.SCHEDULE_PAUSES,
+        )  # fmt: skip
+        yield _counter(
+            "lumastra_start_outcomes",
+            "Starts by what they were answered: started (a new run), deduplicated, debounced, "
+            "coalesced, throttled, dropped (issue 39)",
+            ["task", "outcome"], found, counters.START_OUTCOMES,
         )  # fmt: skip
         yield self._queue_depth()
         yield self._active_runs()

@@ -25,14 +25,9 @@ from orchestrator.api.errors import ApiError
 from orchestrator.api.fields import PriorityIn, Storable, StorableStr
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
+from orchestrator.runs.handle import InvalidInput, KeyContended, RunHandle, StartRefused
 from orchestrator.runs.rerun import NotRetryable
-from orchestrator.runs.start import (
-    MAX_IDEMPOTENCY_KEY,
-    InvalidInput,
-    KeyContended,
-    RunHandle,
-    StartRefused,
-)
+from orchestrator.runs.start import MAX_IDEMPOTENCY_KEY
 from orchestrator.states import RunState
 from tasks.registry import UnknownTaskError
 
@@ -167,18 +162,6 @@ def answered(handle: RunHandle) -> Status[StartedRun]:
     return Status(202, started(handle, RunState.PENDING))
 
 
-def outcome_of(handle: RunHandle) -> str:
-    if handle.dropped:
-        return "dropped"
-    if handle.debounced:
-        return "debounced"
-    if handle.coalesced:
-        return "coalesced"
-    if handle.next_start_at is not None:
-        return "throttled"
-    return "deduplicated" if handle.deduplicated else "started"
-
-
 def started(
     handle: RunHandle, state: str, *, result: Any = None, error: dict[str, Any] | None = None
 ) -> StartedRun:
@@ -190,7 +173,7 @@ def started(
         job_id=handle.job_id,
         deduplicated=handle.deduplicated,
         dropped=handle.dropped,
-        outcome=outcome_of(handle),
+        outcome=handle.outcome,
         next_start_at=handle.next_start_at,
         result=result,
         error=error,

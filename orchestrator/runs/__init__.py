@@ -12,11 +12,14 @@ Its modules, by role.
 
 The path, in the order a run takes it:
 - `start`: `start_run`, the one way to create a run: admission, the INSERT, publish on commit
+- `handle`: what a start answers (`RunHandle`, its outcome counted for /metrics) and how it
+  refuses (`StartRefused`, `InvalidInput`, `KeyContended`)
 - `admission`: whether a start may be recorded: the admission script, the task's admission
   hooks when it has any, then the queue cap (backpressure: drop, fail fast, shed the oldest)
 - `batch`: `start_runs`, many starts in one call: each admitted, one INSERT, one publish
 - `coalesce`: a start that meets an existing run: its idempotency key's live run, a debounced
-  task's waiting run of its identity (which takes the start's input)
+  task's waiting run of its identity (which takes the start's input), a follow-up task's
+  follow-up of its running run
 - `due`: delayed starts, published by the cluster leader once their `not_before` has come
 - `publish`: builds a run's or a stage's Celery message and sends it to its queue
 - `celery_tasks`: registers one Celery task per task id and per pipeline stage, body the runner

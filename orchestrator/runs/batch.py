@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
@@ -40,19 +42,11 @@ from orchestrator.hooks.keyed import KEY_FIELD
 from orchestrator.runs import coalesce
 from orchestrator.runs.admission import admit
 from orchestrator.runs.coalesce import live_run_with_key
+from orchestrator.runs.handle import InvalidInput, RunHandle, StartRefused
 from orchestrator.runs.publish import Outgoing, carried, seed_and_publish_many
-from orchestrator.runs.start import (
-    InvalidInput,
-    Prepared,
-    RunHandle,
-    StartRefused,
-    after_insert,
-    deduplicated,
-    joined,
-    prepare,
-)
+from orchestrator.runs.start import Prepared, after_insert, deduplicated, joined, prepare
 from orchestrator.states import RunState
-from orchestrator.stores import queries
+from orchestrator.stores import counters, queries
 from orchestrator.triggers import TriggerKind
 from tasks.errors import ErrorKind
 from tasks.registry import UnknownTaskError
@@ -152,7 +146,32 @@ def start_runs(
         for entry in published:
             after_insert(entry.admission)
         transaction.on_commit(lambda: _publish([e for e in published if not e.start.not_before]))
+        transaction.on_commit(partial(_count, requests, outcomes))
     return _answered(outcomes)
+
+
+# A batch's outcomes as /metrics counts them (`lumastra_start_outcomes_total`).
+_COUNTED = {
+    Result.STARTED: "started",
+    Result.JOINED: "deduplicated",
+    Result.DEBOUNCED: "debounced",
+    Result.COALESCED: "coalesced",
+    Result.THROTTLED: "throttled",
+    Result.DROPPED: "dropped",
+}
+
+
+def _count(requests: Sequence[StartRequest], outcomes: Sequence[Outcome | None]) -> None:
+    """The batch's outcomes counted for /metrics, in one round trip, once it committed."""
+    counted: Counter[tuple[str, ...]] = Counter(
+        (request.task_id, _COUNTED[outcome.result])
+        for request, outcome in zip(requests, outcomes, strict=True)
+        if outcome is not None and outcome.result in _COUNTED
+    )
+    try:
+        counters.add_many(counters.START_OUTCOMES, dict(counted))
+    except Exception:
+        log.exception("a batch's start outcomes were not counted for /metrics")
 
 
 def _admit(

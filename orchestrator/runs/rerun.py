@@ -20,7 +20,8 @@ from django.db.models.fields.json import KT
 from orchestrator.models import TaskHistory
 from orchestrator.runs import pipeline
 from orchestrator.runs.cancel import UnknownRun
-from orchestrator.runs.start import RunHandle, StartRefused, start_run
+from orchestrator.runs.handle import RunHandle, StartRefused
+from orchestrator.runs.start import start_run
 from orchestrator.states import RunState
 from orchestrator.triggers import TriggerKind
 from tasks import registry

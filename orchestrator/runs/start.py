@@ -34,6 +34,7 @@ from orchestrator.models import TaskHistory
 from orchestrator.runs import cancel, coalesce
 from orchestrator.runs.admission import admit
 from orchestrator.runs.coalesce import LiveRun
+from orchestrator.runs.handle import InvalidInput, KeyContended, RunHandle, StartRefused, answered
 from orchestrator.runs.publish import carried, publish
 from orchestrator.states import RunState, StageState
 from orchestrator.stores import durable, live, queries
@@ -51,42 +52,6 @@ log = logging.getLogger(__name__)
 _KEY_RACE_ATTEMPTS = 5
 # A bound on the key keeps it well inside what the unique index on it can hold.
 MAX_IDEMPOTENCY_KEY = 200
-
-
-class StartRefused(ValueError):
-    """`start_run` refused its arguments; nothing was written."""
-
-
-class KeyContended(StartRefused):
-    """Runs with this idempotency key kept starting and ending while this start tried to
-    insert its own; trying again later will either join a live run or start one."""
-
-
-class InvalidInput(StartRefused):
-    def __init__(self, task_id: str, errors: list[dict[str, Any]]) -> None:
-        super().__init__(f"input invalid for task {task_id!r}: {errors}")
-        self.task_id = task_id
-        self.errors = errors
-
-
-@dataclass(frozen=True)
-class RunHandle:
-    run_id: str
-    task_id: str
-    job_id: str
-    priority: int
-    deduplicated: bool = False  # a live run already does this work: that run is answered
-    dropped: bool = False  # backpressure dropped the start: recorded cancelled, never enqueued
-    debounced: bool = False  # joined the waiting run of its identity (`runs.coalesce`)
-    coalesced: bool = False  # recorded or joined the follow-up of its identity's running run
-    next_start_at: datetime | None = None  # throttled: the run met is answered (`hooks.throttle`)
-
-    def wait(self, timeout: float) -> Any:
-        """Block until the run ends: its result, or `RunFailed` (failed, cancelled) or
-        `TimeoutError` (the run goes on). Works from any process (`runs.wait`)."""
-        from orchestrator.runs.wait import wait
-
-        return wait(self.run_id, timeout)
 
 
 def new_run_id() -> str:
@@ -292,11 +257,11 @@ def start_run(
 
     if key is not None and (duplicate := coalesce.live_run_with_key(task_id, key)):
         # Answered before admission, so a duplicate consumes no quota and counts nothing.
-        return joined(task_id, duplicate)
+        return answered(joined(task_id, duplicate))
     if (
         start.definition.while_active is not WhileActive.JOIN or coalesce.MARK in start.trigger
     ) and (found := coalesce.join(start)):
-        return coalesced(task_id, found)
+        return answered(coalesced(task_id, found))
 
     admission = start.admission()
 
@@ -315,13 +280,13 @@ def start_run(
             admit(admission)
         except Deduplicated as dup:
             if found := coalesce.follow(start, dup.run_id):
-                return coalesced(task_id, found)
-            return deduplicated(task_id, dup, identity, handle.priority)
+                return answered(coalesced(task_id, found))
+            return answered(deduplicated(task_id, dup, identity, handle.priority))
         except Dropped as drop:
             # Recorded, never enqueued: the row is born terminal, no transition involved.
             error = {"kind": ErrorKind.DROPPED.value, "message": drop.reason}
             insert(RunState.CANCELLED, error, timezone.now())
-            return dataclasses.replace(handle, dropped=True)
+            return answered(dataclasses.replace(handle, dropped=True))
         try:
             taken = _insert_unless_taken(insert, start.definition, key)
         except Exception:
@@ -332,14 +297,18 @@ def start_run(
             transaction.set_rollback(True)  # give back what admission took
         else:
             after_insert(admission)
-            if start.not_before is None:
-                transaction.on_commit(lambda: _publish(start, admission.notes))
+            # A delayed start's run is counted now; any other's with its live hash (`live.seed`).
+            delayed, publish_it = (
+                start.not_before is not None,
+                partial(_publish, start, admission.notes),
+            )
+            transaction.on_commit(partial(answered, handle) if delayed else publish_it)
             return handle
     if isinstance(taken, LiveRun):
-        return joined(task_id, taken)
+        return answered(joined(task_id, taken))
     # Rolled back: now join the waiting run that won the identity.
     if found := coalesce.join(start):
-        return coalesced(task_id, found)
+        return answered(coalesced(task_id, found))
     raise KeyContended(f"debounced starts of {identity!r} kept racing; try again")
 
 
@@ -440,7 +409,9 @@ def _publish(start: Prepared, notes: Mapping[str, bool]) -> None:
     sheet = carried(definition, start.input, start.identity, handle.priority)
     run, turn = (handle.run_id, handle.job_id, handle.priority), start.trigger.get(keyed.KEY_FIELD)
     try:
-        live.seed(handle.run_id, definition.id, handle.priority, definition.stage_order)
+        live.seed(
+            handle.run_id, definition.id, handle.priority, definition.stage_order, started=True
+        )
         publish(definition, *run, notes=notes, sheet=sheet, concurrency_key=turn)
     except Exception:
         # The run is committed and pending; the reconciler re-publishes runs whose message

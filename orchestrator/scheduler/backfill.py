@@ -32,7 +32,8 @@ from django.db.models.fields.json import KT
 
 from orchestrator.hooks.base import Refused
 from orchestrator.models import SchedulerState, TaskHistory
-from orchestrator.runs.start import StartRefused, start_run
+from orchestrator.runs.handle import StartRefused
+from orchestrator.runs.start import start_run
 from orchestrator.scheduler import overview
 from orchestrator.scheduler.fire import FireRequest, still_live, trigger_of
 from orchestrator.scheduler.names import state_key

@@ -39,7 +39,8 @@ from orchestrator import sql
 from orchestrator.cluster.instance import instance_id
 from orchestrator.hooks.base import Refused
 from orchestrator.models import SchedulerState, TaskHistory
-from orchestrator.runs.start import StartRefused, start_run
+from orchestrator.runs.handle import StartRefused
+from orchestrator.runs.start import start_run
 from orchestrator.scheduler.names import BUCKET_LOCK_TTL_S, bucket_label, state_key
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.stores import counters, keys, valkey

@@ -25,6 +25,8 @@ DELIVERY = "delivery_total"  # event: published, redelivered, duplicate_dropped
 RECOVERY = "recovery_total"
 SCHEDULE_SKIPS = "schedule_skips_total"  # task: slots skipped, the previous fire's run live
 SCHEDULE_PAUSES = "schedule_paused_total"  # task: switched off by pause_on_failure
+# task, outcome: started, deduplicated, debounced, coalesced, throttled, dropped
+START_OUTCOMES = "start_outcomes_total"
 # Upper bounds (seconds) of the run duration histogram's buckets.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 

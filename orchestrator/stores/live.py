@@ -74,10 +74,18 @@ def _translate(exc: ResponseError, run_id: str, target: str) -> Exception:
 
 
 def seed(
-    run_id: str, task_id: str, priority: int, stages: tuple[str, ...], clock: Clock = SYSTEM
+    run_id: str,
+    task_id: str,
+    priority: int,
+    stages: tuple[str, ...],
+    started: bool = False,
+    clock: Clock = SYSTEM,
 ) -> bool:
-    """The run's live hash, and its message counted as published (/metrics), in one call."""
-    script_keys, args = _seed_call(run_id, task_id, priority, stages, clock, published=True)
+    """The run's live hash, and its message counted as published (/metrics), in one call;
+    `started`: the run counted as its start's outcome too (`start_run`'s own)."""
+    script_keys, args = _seed_call(
+        run_id, task_id, priority, stages, clock, published=True, started=started
+    )
     return bool(valkey.script("seed_run", script_keys, args))
 
 
@@ -109,9 +117,14 @@ def _seed_call(
     clock: Clock,
     *,
     published: bool,
+    started: bool = False,
 ) -> tuple[list[str], list[Any]]:
     return (
-        [keys.run_active(run_id), keys.metrics(counters.DELIVERY)],
+        [
+            keys.run_active(run_id),
+            keys.metrics(counters.DELIVERY),
+            keys.metrics(counters.START_OUTCOMES),
+        ],
         [
             run_id,
             task_id,
@@ -119,6 +132,7 @@ def _seed_call(
             valkey.to_ms(clock.now()),
             settings.CONFIG.run_active_ttl_s,
             int(published),
+            int(started),
             *stages,
         ],
     )
@@ -139,7 +153,7 @@ def reseed(
     (`task:run:reseeded:<runId>`) for `reseed_settle_s()`: until then nobody claims it but a
     handler that held a claim Postgres had not heard of yet (a plain run's first second:
     `claim_again`), and the pending check does not publish it. False when the hash exists."""
-    seeded = seed(run_id, task_id, priority, stages, clock)
+    seeded = seed(run_id, task_id, priority, stages, clock=clock)
     if seeded:
         valkey.client().set(keys.run_reseeded(run_id), 1, ex=reseed_settle_s())
     return seeded

@@ -159,7 +159,7 @@ def time_ms(reply: tuple[int | str, int | str]) -> int:
 
 LUA_DIR = Path(__file__).parent / "lua"
 PINNED_SCRIPT_VERSIONS = {
-    "seed_run": 2,
+    "seed_run": 3,
     "claim_run": 5,
     "transition_run": 4,
     "transition_stage": 3,

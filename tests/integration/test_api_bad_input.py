@@ -24,7 +24,8 @@ from django.test import Client
 from orchestrator.api import tokens
 from orchestrator.models import TaskHistory
 from orchestrator.runs.cancel import NotCancellable, request_cancel
-from orchestrator.runs.start import InvalidInput, StartRefused, start_run
+from orchestrator.runs.handle import InvalidInput, StartRefused
+from orchestrator.runs.start import start_run
 from orchestrator.states import LIVE_RUN_STATES
 from orchestrator.triggers import TriggerKind
 

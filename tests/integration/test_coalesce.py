@@ -22,6 +22,7 @@ from orchestrator.stores import valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process
 from tests.support.messages import empty_queues
+from tests.support.metrics import scrape
 from tests.support.runs import due_loop
 from tests.support.task_defs import DEBOUNCED_KEY
 from tests.support.users import operator
@@ -155,3 +156,21 @@ def test_two_first_starts_at_once_make_one_run() -> None:
     run = TaskHistory.objects.get(task_id=TASK)
     assert {a.run_id for a in answers} == {run.id}  # type: ignore[attr-defined]
     assert sorted(a.debounced for a in answers) == [False, True]  # type: ignore[attr-defined]
+
+
+def test_start_outcomes_are_counted_for_metrics(client: Client) -> None:
+    def counted(task: str, outcome: str) -> float:
+        labels = (("outcome", outcome), ("task", task))
+        return scrape().get(("lumastra_start_outcomes_total", labels), 0.0)
+
+    start_run(TASK, {"key": "m", "n": 1}, trigger=TriggerKind.EVENT)  # a delayed start: started
+    start_run(TASK, {"key": "m", "n": 2}, trigger=TriggerKind.EVENT)  # debounced
+    start_run("test-throttled", {}, trigger=TriggerKind.EVENT)  # started, published at once
+    start_run("test-throttled", {}, trigger=TriggerKind.EVENT)  # throttled
+    starts = [{"task": "test-throttled"}, {"task": TASK, "input": {"key": "m", "n": 3}}]
+    client.post("/api/v1/runs:batch", json.dumps({"runs": starts}), content_type="application/json")
+
+    assert counted(TASK, "started") == 1
+    assert counted(TASK, "debounced") == 2  # one of them in the batch
+    assert counted("test-throttled", "started") == 1
+    assert counted("test-throttled", "throttled") == 2

@@ -17,7 +17,8 @@ from django.test import Client
 from orchestrator.api import tokens
 from orchestrator.models import TaskHistory
 from orchestrator.runs.cancel import request_cancel
-from orchestrator.runs.start import RunHandle, start_run
+from orchestrator.runs.handle import RunHandle
+from orchestrator.runs.start import start_run
 from orchestrator.stores import valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process

@@ -18,7 +18,8 @@ from django.test import Client
 from orchestrator.api import tokens
 from orchestrator.models import TaskHistory
 from orchestrator.runs import due
-from orchestrator.runs.start import InvalidInput, RunHandle, start_run
+from orchestrator.runs.handle import InvalidInput, RunHandle
+from orchestrator.runs.start import start_run
 from orchestrator.stores import keys, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process

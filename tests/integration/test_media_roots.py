@@ -21,7 +21,8 @@ from django.test import Client
 
 from orchestrator.api import tokens
 from orchestrator.models import TaskHistory
-from orchestrator.runs.start import InvalidInput, start_run
+from orchestrator.runs.handle import InvalidInput
+from orchestrator.runs.start import start_run
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for
 

@@ -15,7 +15,8 @@ from orchestrator.hooks.base import Admission, Part, Refused, RunHook
 from orchestrator.hooks.pause import Paused
 from orchestrator.hooks.quotas import QuotaExceeded
 from orchestrator.models import TaskHistory, TaskQuotaUsage
-from orchestrator.runs.start import RunHandle, start_run
+from orchestrator.runs.handle import RunHandle
+from orchestrator.runs.start import start_run
 from orchestrator.runs.terminal import settle
 from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey

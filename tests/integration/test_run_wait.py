@@ -10,7 +10,8 @@ import pytest
 from django.test import Client
 
 from orchestrator.api import tokens
-from orchestrator.runs.start import StartRefused, run_and_wait, start_run
+from orchestrator.runs.handle import StartRefused
+from orchestrator.runs.start import run_and_wait, start_run
 from orchestrator.runs.wait import RunFailed
 from orchestrator.triggers import TriggerKind
 from tests.support.round_trips import recording

@@ -15,7 +15,7 @@ LUA_FILES = sorted(path.stem for path in valkey.LUA_DIR.glob("*.lua"))
 
 # The argument contract of each script: (keys, fewest args, most args or None for "any more").
 CONTRACTS: dict[str, tuple[int, int, int | None]] = {
-    "seed_run": (2, 6, None),
+    "seed_run": (3, 7, None),
     "claim_run": (4, 5, 5),
     "transition_run": (2, 4, 4),
     "transition_stage": (2, 3, 3),
