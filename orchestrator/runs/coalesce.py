@@ -11,8 +11,9 @@
   marks it `trigger.debounce`), through admission like any other; the due loop releases it
   (`runs.due`). Postgres holds the input and the time, so a restart loses neither.
 - Two first starts at once: the partial unique index `task_history_debounce_one` (task,
-  identity, while waiting) lets one INSERT through; the other conflicts, gives back what its
-  admission took and joins the winner (`joined_after_conflict`).
+  identity, while waiting) lets one INSERT through; the other's INSERT meets it and joins the
+  winner in the same statement (`insert_or_join`, `ON CONFLICT ... DO UPDATE`), then gives back
+  what its admission took. No transaction or savepoint is paid for it.
 
 The same in Python (`start_run`), `POST /runs`, `POST /runs:batch` (a later start of the same
 identity in one batch joins the earlier one) and the inbound triggers (they call `start_run`).
@@ -95,14 +96,6 @@ def live_run_with_key(task_id: str, key: str | None) -> LiveRun | None:
     return None if row is None else LiveRun(*row)
 
 
-class Conflict:
-    """A debounced start's INSERT that lost its identity to another start's waiting run: it is
-    rolled back, then joins that run."""
-
-
-CONFLICT = Conflict()
-
-
 @dataclasses.dataclass(frozen=True)
 class Joined:
     run_id: str
@@ -155,6 +148,19 @@ def join(start: Start) -> Joined | None:
         cursor.execute(query, params)
         row = cursor.fetchone()
     return None if row is None else _joined(start, row, followed=query is queries.JOIN_FOLLOW_UP)
+
+
+def insert_or_join(start: Start) -> Joined | None:
+    """A debounced start's run inserted (None), or, when a concurrent first start's waiting run
+    won the identity meanwhile, that run given this start's input and time (`insert_debounced.sql`:
+    one statement, no savepoint or transaction of its own)."""
+    debounce = start.definition.debounce
+    assert debounce is not None
+    params = {**start.row(), "period_s": debounce.period_s, "max_wait_s": debounce.max_wait_s}
+    with connection.cursor() as cursor:
+        cursor.execute(queries.INSERT_DEBOUNCED, params)
+        run_id, priority, inserted = cursor.fetchone()
+    return None if inserted else _joined(start, (run_id, priority), followed=False)
 
 
 def follows_up(start: Start) -> bool:

@@ -269,9 +269,12 @@ def start_run(
         state: RunState = RunState.PENDING,
         error: Mapping[str, str] | None = None,
         finished_at: datetime | None = None,
-    ) -> None:
+    ) -> coalesce.Joined | None:
+        if coalesce.MARK in start.trigger and state is RunState.PENDING:
+            return coalesce.insert_or_join(start)
         with connection.cursor() as cursor:
             durable.send(cursor, queries.INSERT_RUN, start.row(state, error, finished_at))
+        return None
 
     with _transaction(start.definition, key):
         try:
@@ -292,6 +295,9 @@ def start_run(
         except Exception:
             hooks.abandon(admission)
             raise
+        if isinstance(taken, coalesce.Joined):
+            hooks.abandon(admission)  # joined a waiting run: it was admitted when recorded
+            return answered(coalesced(task_id, taken))
         if taken is not None:
             hooks.abandon(admission)
             transaction.set_rollback(True)  # give back what admission took
@@ -304,21 +310,16 @@ def start_run(
             )
             transaction.on_commit(partial(answered, handle) if delayed else publish_it)
             return handle
-    if isinstance(taken, LiveRun):
-        return answered(joined(task_id, taken))
-    # Rolled back: now join the waiting run that won the identity.
-    if found := coalesce.join(start):
-        return answered(coalesced(task_id, found))
-    raise KeyContended(f"debounced starts of {identity!r} kept racing; try again")
+    return answered(joined(task_id, taken))
 
 
 def _transaction(definition: TaskDefinition, key: str | None) -> AbstractContextManager[object]:
-    """The start's transaction: the caller's; else its own when an idempotency key or a
-    debounce may roll it back, or when admission writes Postgres (a capped quota's unit); else
-    none: the INSERT commits by itself, one round trip. Without one, the hooks give back what
-    admission took before a failed INSERT (`abandoned`), and their `committed` waits for it."""
+    """The start's transaction: the caller's; else its own when an idempotency key may roll it
+    back, or when admission writes Postgres (a capped quota's unit); else none: the INSERT
+    commits by itself, one round trip. Without one, the hooks give back what admission took
+    before a failed INSERT (`abandoned`), and their `committed` waits for it."""
     if key is None and not connection.in_atomic_block and not definition.quotas.capped:
-        return transaction.atomic() if definition.debounce else contextlib.nullcontext()
+        return contextlib.nullcontext()
     return transaction.atomic()
 
 
@@ -354,27 +355,23 @@ def run_and_wait(
 
 
 def _insert_unless_taken(
-    insert: Callable[[], None], definition: TaskDefinition, key: str | None
-) -> LiveRun | coalesce.Conflict | None:
-    """Insert the run, or return the live run that holds its idempotency key, or the conflict
-    of a debounced start whose identity another's waiting run took meanwhile."""
-    if key is None and definition.debounce is None:
-        insert()
-        return None
+    insert: Callable[[], coalesce.Joined | None], definition: TaskDefinition, key: str | None
+) -> LiveRun | coalesce.Joined | None:
+    """Insert the run, or return the live run that holds its idempotency key, or the waiting
+    run a debounced start joined instead (`coalesce.insert_or_join`)."""
+    if key is None:
+        return insert()
     for _ in range(_KEY_RACE_ATTEMPTS):
         try:
             # Only an idempotency key can collide (the live-key unique index); the savepoint
             # that lets this transaction go on after the collision is paid only then.
             with transaction.atomic(savepoint=True):
-                insert()
-            return None
+                return insert()
         except IntegrityError:
             # A concurrent start with the same key won the unique index...
             duplicate = coalesce.live_run_with_key(definition.id, key)
             if duplicate is not None:
                 return duplicate
-            if definition.debounce is not None:
-                return coalesce.CONFLICT
             # ...and its run has already ended, which frees the key: try again.
     raise KeyContended(
         f"idempotency key {key!r}: runs with it kept starting and ending while this start "

@@ -62,6 +62,7 @@ LIVE_RUN_WITH_KEY = sql.load(__file__, "live_run_with_key")
 RELEASE_DUE = sql.load(__file__, "release_due")
 INSERT_RUNS = sql.load(__file__, "insert_runs")
 DEBOUNCE_RUN = sql.load(__file__, "debounce_run")
+INSERT_DEBOUNCED = sql.load(__file__, "insert_debounced")
 FOLLOW_RUN = sql.load(__file__, "follow_run")
 JOIN_FOLLOW_UP = sql.load(__file__, "join_follow_up")
 # Operator reads (the admin's Tasks page, `admin/stats.py`): not on a run's path.

@@ -159,10 +159,10 @@ def test_two_first_starts_at_once_make_one_run() -> None:
 
 
 def test_start_outcomes_are_counted_for_metrics(client: Client) -> None:
-    def counted(task: str, outcome: str) -> float:
-        labels = (("outcome", outcome), ("task", task))
-        return scrape().get(("lumastra_start_outcomes_total", labels), 0.0)
-
+    store = valkey.client()
+    store.delete(*store.keys("task:throttle:test-throttled:*") or ["none"])  # a new period
+    counted = ("lumastra_start_outcomes_total",)
+    before = {k: v for k, v in scrape().items() if k[0] in counted}
     start_run(TASK, {"key": "m", "n": 1}, trigger=TriggerKind.EVENT)  # a delayed start: started
     start_run(TASK, {"key": "m", "n": 2}, trigger=TriggerKind.EVENT)  # debounced
     start_run("test-throttled", {}, trigger=TriggerKind.EVENT)  # started, published at once
@@ -170,7 +170,13 @@ def test_start_outcomes_are_counted_for_metrics(client: Client) -> None:
     starts = [{"task": "test-throttled"}, {"task": TASK, "input": {"key": "m", "n": 3}}]
     client.post("/api/v1/runs:batch", json.dumps({"runs": starts}), content_type="application/json")
 
-    assert counted(TASK, "started") == 1
-    assert counted(TASK, "debounced") == 2  # one of them in the batch
-    assert counted("test-throttled", "started") == 1
-    assert counted("test-throttled", "throttled") == 2
+    after = scrape()
+
+    def added(task: str, outcome: str) -> float:
+        key = ("lumastra_start_outcomes_total", (("outcome", outcome), ("task", task)))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert added(TASK, "started") == 1
+    assert added(TASK, "debounced") == 2  # one of them in the batch
+    assert added("test-throttled", "started") == 1
+    assert added("test-throttled", "throttled") == 2
