@@ -25,8 +25,9 @@ def hook_chain() -> tuple[RunHook, ...]:
     answers first, a pause that refuses starts and the circuit before a capped quota takes a
     unit; the queue cap (`runs.admission`, not a hook: every start meets it) judges after the
     chain, so a refused start consumes nothing and nothing is shed for a start the quota would
-    refuse. At pickup: the concurrency slot (or a keyed concurrency's place, whose turns the
-    runs' publishing follows), then the named limits, then the rate limit, so a run a later
+    refuse. At pickup: the concurrency slot, the named limits, the rate limit, then a keyed
+    concurrency's place (whose turns the runs' publishing follows: taken last, once the others
+    said yes, so a run they postpone keeps its key's line waiting for it), so a run a later
     hook postpones gives back what the earlier took (the dispatcher releases the hooks that
     passed); the pause is read by the claim's own script, after them, and a parked run gives
     back what they took.
@@ -51,9 +52,9 @@ def hook_chain() -> tuple[RunHook, ...]:
         DailyQuota(),
         CostQuota(),
         ConcurrencyLimit(),
-        KeyedConcurrency(publish=publish_turns),
         NamedLimits(),
         RateLimit(),
+        KeyedConcurrency(publish=publish_turns),
     )
 
 

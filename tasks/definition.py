@@ -300,6 +300,8 @@ def define_task(
         raise fail(*found)
     if isinstance(limits, str) or not all(isinstance(name, str) for name in limits):
         raise fail("limits", 'must be a sequence of limit ids, e.g. ("tmdb",)')
+    if limits and pipeline:
+        raise fail("limits", "a pipeline task's stages take limits inside them (ctx.limit)")
     if isinstance(covers_stages, CoveredStage):
         raise fail("covers_stages", "must be a sequence of CoveredStage, not one")
     for covered_stage in covers_stages:

@@ -9,18 +9,22 @@ One Lua script (`lua/keyed.lua`) keeps, per task, the registered runs and, per k
   `runs.publish`), and published only when its key has room and no turn of its own. A key's
   turns put one message at a time in the broker, so a backlog of one key never holds back
   another's: queued A,A,A,B,B,B,C,C,C start A,B,C,A,B,C,... (within a key, priority, then age).
-- At pickup (`before_claim`) the run takes a lease on one of its key's places, and the key's
-  next waiting run is dispatched if a place remains. A run that finds its key full (its message
-  published by a retry, a pause's release or the reconciler, not by its turn) waits: `Parked`,
-  its message acknowledged unrun, pending, no attempt spent, dispatched when a place frees.
-- A run's end (`finished`), a claim given back (`release`: a put back, a retry, a refused
-  claim) frees its place and dispatches the key's next run. A lease is the task's hard timeout
-  plus LEASE_MARGIN, renewed by each heartbeat; a holder that died (SIGKILL, a lost host) frees
-  its place when its put back releases it, or when its lease runs out.
+- At pickup (`before_claim`, after the other pickup hooks said yes: a run they postpone takes
+  no place) the run takes a lease on one of its key's places, and the key's next waiting run is
+  dispatched if a place remains. A run that finds its key full (its message published by a
+  retry, a pause's release or the reconciler, not by its turn) waits: `Parked`, its message
+  acknowledged unrun, pending, no attempt spent, dispatched when a place frees.
+- A run's end (`finished`) frees every place it holds and dispatches the key's next run. A
+  claim given back (`release`: a retry, a put back, a pause that parked it, a refused claim)
+  frees its place and makes the run its key's turn again: the key's line waits for it to come
+  back rather than pour into the broker meanwhile. A lease is the task's hard timeout plus
+  LEASE_MARGIN, renewed by each heartbeat; a holder that died (SIGKILL, a lost host) frees its
+  place when its put back releases it, or when its lease runs out.
 - The leader's `turns` loop (`runs.due.release_turns`, every second) dispatches for the keys
-  whose leases ran out, and puts back in line a turn whose message was not claimed within
-  LUMASTRA_PENDING_CHECK_AFTER_S (its publish failed, or the message was lost), a slice of
-  SWEEP_KEYS keys per pass, resuming where the last stopped.
+  whose leases ran out or whose turn was not claimed within LUMASTRA_PENDING_CHECK_AFTER_S (its
+  run ended meanwhile, or its message was lost: the reconciler's pending check, which looks in
+  the broker, publishes such a run again), a slice of SWEEP_KEYS keys per pass, resuming where
+  the last stopped.
 - The reconciler's pending check leaves the runs Valkey tracks for their keys (waiting, a live
   turn, a live lease: `tracked`) and publishes any other pending run, which its pickup
   registers again.
@@ -232,7 +236,12 @@ class KeyedConcurrency(RunHook):
                     "keyed",
                 )
 
-        return Part(receive, lambda pipe: valkey.queue_script(pipe, "keyed", script_keys, args))
+        # After the hooks before it answered (limits, rates): a run they postpone takes no place.
+        return Part(
+            receive,
+            lambda pipe: valkey.queue_script(pipe, "keyed", script_keys, args),
+            after_replies=True,
+        )
 
     def _take_unknown(self, pickup: Pickup) -> tuple[int, list[Dispatched]]:
         """A run Valkey does not know (lost with a restart, or published before it was

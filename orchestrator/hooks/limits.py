@@ -19,12 +19,24 @@ What a pickup took is remembered by the pool process that took it (`_held`), whi
 that ends the run: a run ended elsewhere (the reconciler's orphan check, the drain's replay)
 gives its concurrency units back when their leases run out.
 
-Not guaranteed: order among waiting runs (as `hooks.ratelimit`: the first back takes the place);
-a holder frozen past its lease runs beside the run that took its place.
+Only the limits that refused note the run as waiting. A key function that fails at pickup (its
+code changed since the start checked it) counts the run under the limit's one key, "", and logs
+it. A pipeline task takes limits inside its stages (`ctx.limit`), not with `limits=`.
+
+Not guaranteed:
+- Order among waiting runs (as `hooks.ratelimit`: the first back takes the place).
+- A holder frozen past its lease runs beside the run that took its place; `ctx.limit`'s units
+  are not renewed by heartbeats (a block longer than the task's hard timeout would be killed
+  anyway).
+- A claim given back (a retry, a put back) gives its rate admission back too, as
+  `hooks.ratelimit` does, though the run may have called the API it guards.
+- A handler's `ctx.limit` of a limit its task also takes at pickup needs a second unit: with
+  `concurrency=1` it never gets one (it is put back until the pending deadline).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,12 +53,16 @@ from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.limits import LimitDefinition
 
+log = logging.getLogger(__name__)
+
 MARGIN = timedelta(milliseconds=50)
 LEASE_MARGIN = timedelta(seconds=10)
 # A concurrency that refused: asked again after about this long.
 FULL_BACKOFF = timedelta(seconds=1)
-# Waiting runs not seen again for this long have left (cancelled, or taken another way).
-WAITING_STALE = timedelta(seconds=60)
+# A waiting run not back this long after it was due to ask again has left (cancelled, or taken
+# another way); keys unused and waiting runs are forgotten after FORGET.
+WAITING_GRACE = timedelta(seconds=60)
+FORGET = timedelta(hours=1)
 
 
 class Held(NamedTuple):
@@ -61,6 +77,7 @@ class Take(NamedTuple):
 
     wait: timedelta  # until the rates that refused could admit (zero: none refused)
     full: bool  # a concurrency refused
+    refused: tuple[int, ...] = ()  # the positions of the limits that refused
 
     @property
     def taken(self) -> bool:
@@ -83,7 +100,7 @@ def _script_args(
     held: Sequence[Held], token: str, units: int, lease: timedelta, run_id: str
 ) -> tuple[list[str], list[object]]:
     script_keys: list[str] = []
-    args: list[object] = [token, units, span_ms(lease), span_ms(MARGIN), run_id]
+    args: list[object] = [token, units, span_ms(lease), span_ms(MARGIN), run_id, span_ms(FORGET)]
     for limit, key in held:
         script_keys += keys.limit(limit.id, key)
         rate = limit.rate
@@ -97,8 +114,9 @@ def _script_args(
 
 
 def _taken(reply: list[Any]) -> Take:
-    wait_ms, full = reply
-    return Take(timedelta(milliseconds=int(wait_ms)), bool(int(full)))
+    wait_ms, full, *refused = reply
+    positions = tuple(int(i) - 1 for i in refused)
+    return Take(timedelta(milliseconds=int(wait_ms)), bool(int(full)), positions)
 
 
 def take(held: Sequence[Held], token: str, units: int, lease: timedelta, run_id: str) -> Take:
@@ -145,14 +163,16 @@ class NamedLimits(RunHook):
         definition = pickup.definition
         if not definition.limits:
             return None
-        held = keyed(definition, definition.input_model.model_validate(_input_of(pickup)))
+        held = _held_at_pickup(pickup)
+        if held is None:
+            return None  # the run is gone: its claim refuses it
         token = pickup_token(pickup.run_id, pickup.owner)
         script_keys, args = _script_args(held, token, 1, lease_of(definition), pickup.run_id)
 
         def receive(replies: list[Any]) -> None:
             answer = _taken(valkey.script_replied("limit_take", script_keys, args, replies[0]))
             if not answer.taken:
-                names = ", ".join(limit.id for limit, _ in held)
+                names = ", ".join(held[i].limit.id for i in answer.refused)
                 raise Postpone(answer.delay(), f"waits for limit {names}")
             self._held[(pickup.run_id, pickup.owner)] = held
 
@@ -200,10 +220,25 @@ class NamedLimits(RunHook):
         return Part(checked, send) if holders else None
 
 
-def _input_of(pickup: Pickup) -> object:
-    if pickup.input is not None:
-        return pickup.input
-    return TaskHistory.objects.filter(id=pickup.run_id).values_list("input", flat=True).first()
+def _held_at_pickup(pickup: Pickup) -> list[Held] | None:
+    """The task's limits under the keys of the run's input (the message's, else the row's);
+    None when the row is gone. A key function that fails on it now (its code changed since the
+    start checked it) counts the run under the limit's one key, "", and says so."""
+    definition = pickup.definition
+    data = pickup.input
+    if data is None:
+        rows = TaskHistory.objects.filter(id=pickup.run_id).values_list("input", flat=True)
+        data = rows.first()
+        if data is None:
+            return None
+    try:
+        return keyed(definition, definition.input_model.model_validate(data))
+    except ValueError:
+        log.exception(
+            "run %s: a limit's key failed on its input; counted under key ''", pickup.run_id
+        )
+        limits = registry.get().limits
+        return [Held(limits[name], "") for name in definition.limits]
 
 
 def waiting_for(definition: TaskDefinition, run_id: str) -> list[str]:
@@ -215,12 +250,12 @@ def waiting_for(definition: TaskDefinition, run_id: str) -> list[str]:
         pipe.zrange(keys.limit(name, "")[3], 0, -1, withscores=True)
     now_ms, *found = valkey.execute(pipe)
     now = valkey.time_ms(now_ms)
-    stale = span_ms(WAITING_STALE)
+    grace = span_ms(WAITING_GRACE)
     return [
         name
         for name, entries in zip(definition.limits, found, strict=True)
         if name in limits
-        and any(m.endswith(f"\n{run_id}") and now - at < stale for m, at in entries)
+        and any(m.endswith(f"\n{run_id}") and at + grace > now for m, at in entries)
     ]
 
 
@@ -230,18 +265,16 @@ class KeyUse:
 
     key: str
     in_use: int  # concurrency units held under live leases
-    waiting: int  # runs that found no room (within WAITING_STALE)
+    waiting: int  # runs that found no room and are not overdue (WAITING_GRACE)
     rate_used: int | None = None  # admissions within the rate's window; None: no rate
     turn: str | None = None  # keyed concurrency: the run published for the key's turn
 
 
-# The keys of a limit shown: those used within this long.
-KEYS_SHOWN_FOR = timedelta(hours=1)
 MOST_KEYS_SHOWN = 200
 
 
 def usage(limit: LimitDefinition) -> list[KeyUse]:
-    """Each key of `limit` used within KEYS_SHOWN_FOR (at most MOST_KEYS_SHOWN, most recent
+    """Each key of `limit` used within FORGET (at most MOST_KEYS_SHOWN, most recent
     first): its units in use, its rate's admissions in the window, its waiting runs."""
     _, _, seen, waiting = keys.limit(limit.id, "")
     pipe = valkey.client().pipeline(transaction=False)
@@ -250,10 +283,10 @@ def usage(limit: LimitDefinition) -> list[KeyUse]:
     pipe.zrange(waiting, 0, -1, withscores=True)
     server_time, recent, waiters = valkey.execute(pipe)
     now = valkey.time_ms(server_time)
-    shown = [str(key) for key, used in recent if now - used < span_ms(KEYS_SHOWN_FOR)]
+    shown = [str(key) for key, used in recent if now - used < span_ms(FORGET)]
     waits: dict[str, int] = {}
     for member, at in waiters:
-        if now - at < span_ms(WAITING_STALE):
+        if at + span_ms(WAITING_GRACE) > now:
             key = str(member).rsplit("\n", 1)[0]
             waits[key] = waits.get(key, 0) + 1
     pipe = valkey.client().pipeline(transaction=False)

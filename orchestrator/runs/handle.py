@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from orchestrator.stores import counters
+
+log = logging.getLogger(__name__)
 
 
 class StartRefused(ValueError):
@@ -63,5 +66,9 @@ class RunHandle:
 def answered(handle: RunHandle) -> RunHandle:
     """A start answered without a new run of its own (or with one born cancelled), counted for
     /metrics by its outcome; a new run's start is counted with its live hash (`live.seed`)."""
-    counters.add(counters.START_OUTCOMES, (handle.task_id, handle.outcome))
+    try:
+        counters.add(counters.START_OUTCOMES, (handle.task_id, handle.outcome))
+    except Exception:
+        # The start stands (it may have committed): a count lost is not worth its caller's retry.
+        log.exception("run %s: its start's outcome was not counted for /metrics", handle.run_id)
     return handle

@@ -17,7 +17,8 @@ from django.test import Client
 
 from orchestrator.api import tokens
 from orchestrator.models import TaskHistory
-from orchestrator.runs.start import start_run
+from orchestrator.runs import coalesce
+from orchestrator.runs.start import prepare, start_run
 from orchestrator.stores import valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import wait_for, worker_process
@@ -180,3 +181,17 @@ def test_start_outcomes_are_counted_for_metrics(client: Client) -> None:
     assert added(TASK, "debounced") == 2  # one of them in the batch
     assert added("test-throttled", "started") == 1
     assert added("test-throttled", "throttled") == 2
+
+
+def test_a_first_start_that_meets_a_waiting_run_joins_it_in_its_insert() -> None:
+    # The race two first starts run: the second's INSERT meets the first's waiting run (the
+    # partial unique index) and gives it its input in the same statement.
+    waiting = start_run(TASK, {"key": "upsert", "n": 1}, trigger=TriggerKind.EVENT)
+    second = prepare(TASK, {"key": "upsert", "n": 2}, trigger=TriggerKind.EVENT)
+    joined = coalesce.insert_or_join(second)
+    assert joined is not None and joined.run_id == waiting.run_id
+    row = TaskHistory.objects.get(task_id=TASK)  # one row: nothing inserted
+    assert (row.input["n"], row.trigger["debounced"]) == (2, 1)
+    third = prepare(TASK, {"key": "another", "n": 1}, trigger=TriggerKind.EVENT)
+    assert coalesce.insert_or_join(third) is None  # no waiting run of its identity: inserted
+    assert TaskHistory.objects.filter(task_id=TASK).count() == 2

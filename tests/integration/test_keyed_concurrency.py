@@ -153,3 +153,44 @@ def test_a_key_function_that_fails_refuses_the_start_naming_the_field() -> None:
     )
     row = TaskHistory.objects.get(id=started.run_id)
     assert row.trigger["concurrencyKey"] == "fine"
+
+
+def _script(
+    verb: str, *args: object, most: int = 1, lease_ms: int = 60_000, stale_ms: int = 60_000
+) -> list[Any]:
+    """One call of lua/keyed.lua on test-keyed's keys, with this call's max, lease and staleness."""
+    return valkey.script("keyed", keys.keyed(TASK), [verb, most, lease_ms, stale_ms, *args])
+
+
+def _enqueue(run_id: str, key: str, **limits: int) -> list[Any]:
+    return _script("enqueue", run_id, key, 5, f"job-{run_id}", 1, **limits)
+
+
+def test_a_turn_not_claimed_in_time_no_longer_holds_its_key() -> None:
+    assert _enqueue("r1", "A")[1] == "r1"  # dispatched: its key's turn
+    assert _enqueue("r2", "A") == [1]  # waits behind r1's turn
+    time.sleep(0.01)
+    assert _script("sweep", 10, stale_ms=5)[1] == "r2"  # r1's turn went stale: r2 goes
+
+
+def test_the_sweep_resumes_after_the_last_key_it_looked_at() -> None:
+    for key in "AB":
+        _enqueue(f"{key}-holder", key)
+        _script("take", f"{key}-holder", "gone-host:1:X", lease_ms=1)
+        _enqueue(f"{key}-waits", key)
+    time.sleep(0.01)  # the holders' leases run out
+    assert _script("sweep", 1)[1::4] == ["A-waits"]
+    assert _script("sweep", 1)[1::4] == ["B-waits"]  # not A again: it resumed after A
+
+
+def test_an_end_frees_every_place_of_its_run_and_a_release_keeps_its_turn() -> None:
+    _enqueue("r1", "K", most=2)
+    for owner in ("one:1:X", "two:1:X"):  # two deliveries of one run, a place each
+        assert _script("take", "r1", owner, most=2)[0] == 1
+    _enqueue("r2", "K", most=2)
+    assert _script("finish", "r1", "one:1:X", most=2)[1] == "r2"  # both places freed
+    assert valkey.client().zcard(keys.keyed(TASK)[3]) == 0
+    assert _script("take", "r2", "one:1:X")[0] == 1
+    _enqueue("r3", "K")
+    assert _script("release", "r2", "one:1:X") == [1]  # r3 not dispatched: r2's turn again
+    assert valkey.client().hget(keys.keyed(TASK)[4], "K").split("\t")[0] == "r2"

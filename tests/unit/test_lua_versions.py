@@ -37,7 +37,7 @@ CONTRACTS: dict[str, tuple[int, int, int | None]] = {
     "circuit_restore": (1, 10, 10),
     "concurrency_take": (3, 5, 5),
     "keyed": (5, 5, None),
-    "limit_take": (4, 9, 9),
+    "limit_take": (4, 10, 10),
     "concurrency_refresh": (1, 2, 2),
     "rate_take": (1, 3, 3),
     "lock_renew": (1, 2, 2),

@@ -13,8 +13,10 @@
 -- this (ms) no longer holds its key's turn (its message may be lost)
 -- enqueue  ARGV[5] runId  ARGV[6] key  ARGV[7] priority  ARGV[8] jobId  ARGV[9] version
 -- take     ARGV[5] runId  ARGV[6] owner, then enqueue's ARGV[6..9] to register a run not known
--- release  ARGV[5] runId  ARGV[6] owner   (a claim given back: the run comes back later)
--- finish   ARGV[5] runId  ARGV[6] owner   (the run ended: it is forgotten)
+-- release  ARGV[5] runId  ARGV[6] owner   (a claim given back, the run to come back: a retry, a
+--          put back, a pause that parked it; its place is freed and it is its key's turn again,
+--          so the key's line waits for it rather than pour into the broker meanwhile)
+-- finish   ARGV[5] runId  ARGV[6] owner   (the run ended: every place of it freed, it is forgotten)
 -- renew    ARGV[5] runId  ARGV[6] owner   (a holder's heartbeat)
 -- sweep    ARGV[5] the most keys to look at, after where the last sweep stopped (the leader's,
 --          for leases run out and lost turns)
@@ -68,17 +70,12 @@ local function register(run, key, priority, job, version)
 end
 
 -- The key's next waiting run is dispatched when the key has room and no run dispatched. A turn
--- not claimed in time (its publish failed, its message was lost) goes back in line first.
+-- not claimed in time no longer holds the key (its run, if its message was lost, is published
+-- again by the reconciler's pending check, which looks in the broker first).
 local function dispatch(key)
   local turn, since = turn_of(key)
   if turn and now - since < stale then
     return
-  end
-  if turn then
-    local _, member = entry(turn)
-    if member then
-      redis.call("ZADD", waiting, "NX", 0, member)
-    end
   end
   if holding(key) >= max then
     return
@@ -101,20 +98,17 @@ local function dispatch(key)
   end
 end
 
-local function let_go(run, owner, forget)
+-- An end lets go of every place the run holds, whichever delivery took it, and forgets it.
+local function let_go(run)
   local _, member = entry(run)
   if not member then
     return
   end
   local key = key_of(member)
-  local mine = {key .. "\n" .. run .. "|" .. owner}
-  if forget then
-    -- An end lets go of every place the run holds, whichever delivery took it.
-    mine = redis.call("ZRANGEBYLEX", held, "[" .. key .. "\n" .. run .. "|",
-      "[" .. key .. "\n" .. run .. "|\255")
-    redis.call("ZREM", waiting, member)
-    redis.call("HDEL", runs, run)
-  end
+  local mine = redis.call("ZRANGEBYLEX", held, "[" .. key .. "\n" .. run .. "|",
+    "[" .. key .. "\n" .. run .. "|\255")
+  redis.call("ZREM", waiting, member)
+  redis.call("HDEL", runs, run)
   for _, holder in ipairs(mine) do
     redis.call("ZREM", holders, holder)
     redis.call("ZREM", held, holder)
@@ -159,8 +153,18 @@ elseif verb == "take" then
     redis.call("ZADD", waiting, 0, member)
     out[1] = 0
   end
-elseif verb == "release" or verb == "finish" then
-  let_go(ARGV[5], ARGV[6], verb == "finish")
+elseif verb == "finish" then
+  let_go(ARGV[5])
+elseif verb == "release" then
+  local run = ARGV[5]
+  local _, member = entry(run)
+  if member then
+    local key = key_of(member)
+    local holder = key .. "\n" .. run .. "|" .. ARGV[6]
+    redis.call("ZREM", holders, holder)
+    redis.call("ZREM", held, holder)
+    redis.call("HSET", queued, key, run .. "\t" .. now)
+  end
 elseif verb == "renew" then
   local _, member = entry(ARGV[5])
   local holder = member and (key_of(member) .. "\n" .. ARGV[5] .. "|" .. ARGV[6])

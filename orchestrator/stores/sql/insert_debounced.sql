@@ -3,7 +3,9 @@
 -- of the identity won the partial unique index task_history_debounce_one meanwhile: then that
 -- run takes this start's input and time as debounce_run.sql gives them, and `inserted` is
 -- false (this start joined it; its admission is given back).
--- Parameters: insert_run.sql's, and period_s, max_wait_s.
+-- Parameters: id, task_id, state, stages, trigger, input (JSON text), error (JSON text or NULL),
+-- priority, identity, processing_version, not_before, now, finished_at (as insert_run.sql's),
+-- period_s, max_wait_s.
 INSERT INTO task_history
     (id, task_id, state, stages, trigger, input, result, error, priority, identity,
      processing_version, owner_instance_id, attempts, cost_breakdown, stage_results, steps, heartbeat_at,
