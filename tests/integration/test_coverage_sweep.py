@@ -311,7 +311,9 @@ def test_a_new_processing_version_makes_completed_rows_obsolete() -> None:
     installed = registry.get()
     bumped = dataclasses.replace(installed["test-cover"], processing_version=2)
     tasks = {**installed, "test-cover": bumped}
-    registry.install(registry.Registry(tasks.values(), installed.triggers.values()))
+    registry.install(
+        registry.Registry(tasks.values(), installed.triggers.values(), installed.limits.values())
+    )
     try:
         report = _tick(starts_per_stage=0)
     finally:

@@ -147,16 +147,22 @@ def test_a_task_that_declares_nothing_runs_none_of_the_limits_hooks() -> None:
 def test_a_task_with_every_limit_runs_every_hook_in_chain_order() -> None:
     limited = registry.get()[LIMITED]
     # test-rt-limited declares no cost cap (its start would read Postgres for it): one is added.
+    # ...and a named limit.
     capped = dataclasses.replace(
-        limited, quotas=dataclasses.replace(limited.quotas, max_cost_per_day={"tokens": 1e9})
+        limited,
+        quotas=dataclasses.replace(limited.quotas, max_cost_per_day={"tokens": 1e9}),
+        limits=("test-one-at-a-time",),
     )
 
-    # Every hook but the throttle (a task debounces, throttles or neither: issue 39).
+    # Every hook but the throttle (a task debounces, throttles or neither: issue 39) and the
+    # keyed concurrency (a task limits its runs at once one way: its max_concurrent here).
     assert _names(dispatch.plan(capped).hooks()) == [
-        name for name in _names(dispatch.installed()) if name != "throttle"
+        name for name in _names(dispatch.installed()) if name not in ("throttle", "keyed")
     ]
     assert _names(dispatch.plan(limited).hooks()) == [
-        name for name in _names(dispatch.installed()) if name not in ("cost-quota", "throttle")
+        name
+        for name in _names(dispatch.installed())
+        if name not in ("cost-quota", "throttle", "keyed", "limits")
     ]
     plan = dispatch.plan(limited)
     assert _names(plan.before_claim) == ["concurrency", "rate"]
@@ -182,7 +188,11 @@ def test_a_chain_or_a_registry_installed_again_compiles_plans_again() -> None:
     # A registry installed again (a test's): its definitions' plans are compiled against it
     # (dedup's scope reads the registry's exclusive groups).
     installed = registry.get()
-    registry.install(registry.Registry(installed.values(), installed.triggers.values()))
+    registry.install(
+        registry.Registry(
+            installed.values(), installed.triggers.values(), installed.limits.values()
+        )
+    )
     try:
         assert dispatch.plan(definition) is not again
     finally:

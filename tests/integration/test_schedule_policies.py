@@ -43,7 +43,7 @@ HOUR = 3600
 def _install(definition: TaskDefinition) -> None:
     found = registry.get()
     swapped = [definition if d.id == definition.id else d for d in found.values()]
-    registry.install(Registry(swapped, found.triggers.values()))
+    registry.install(Registry(swapped, found.triggers.values(), found.limits.values()))
 
 
 @pytest.fixture
