@@ -5,8 +5,9 @@ lets at most `max` runs of one key run at once across the cluster, and the keys 
 One Lua script (`lua/keyed.lua`) keeps, per task, the registered runs and, per key, its holders
 (leases), its waiting runs (by priority, then age) and its one dispatched run (its turn):
 
-- A start's run is not published on commit: it is registered with its key (`enqueue`, from
-  `runs.publish`), and published only when its key has room and no turn of its own. A key's
+- A start's run is not published on commit: it is registered with its key (`enqueue`, in the
+  round trip that seeds its live hash), and published only when its key has room and no turn
+  of its own. A key's
   turns put one message at a time in the broker, so a backlog of one key never holds back
   another's: queued A,A,A,B,B,B,C,C,C start A,B,C,A,B,C,... (within a key, priority, then age).
 - At pickup (`before_claim`, after the other pickup hooks said yes: a run they postpone takes
@@ -65,7 +66,7 @@ from orchestrator.hooks.base import Beat, Outcome, Parked, Part, Pickup, RunHook
 from orchestrator.hooks.limits import KeyUse
 from orchestrator.models import TaskHistory
 from orchestrator.states import RunState
-from orchestrator.stores import broker, keys, valkey
+from orchestrator.stores import broker, keys, live, valkey
 from tasks import registry
 from tasks.definition import TaskDefinition
 
@@ -148,9 +149,14 @@ def _read(reply: list[Any]) -> tuple[int, list[Dispatched]]:
     return int(verdict), runs
 
 
-def enqueue(definition: TaskDefinition, runs: Iterable[Registered]) -> list[Dispatched]:
-    """Register runs with their keys, in one round trip; the runs whose turn came now."""
+def enqueue(
+    definition: TaskDefinition, runs: Iterable[Registered], *, seed: live.Seed | None = None
+) -> list[Dispatched]:
+    """Register runs with their keys, in one round trip (with `seed`: a new run's live hash
+    seeded first in it, and counted as its start, `live.queue_seed`); the runs whose turn came
+    now."""
     pipe = valkey.client().pipeline(transaction=False)
+    read_seed = None if seed is None else live.queue_seed(pipe, seed, started=True)
     script_keys, fixed = keys.keyed(definition.id), _fixed(definition)
     calls = [
         ["enqueue", *fixed, run.run_id, run.key, run.priority, run.job_id, run.version]
@@ -158,8 +164,11 @@ def enqueue(definition: TaskDefinition, runs: Iterable[Registered]) -> list[Disp
     ]
     for args in calls:
         valkey.queue_script(pipe, "keyed", script_keys, args)
+    replies = valkey.execute(pipe, raise_on_error=False)
+    if read_seed is not None:
+        read_seed(replies.pop(0))
     dispatched: list[Dispatched] = []
-    for args, reply in zip(calls, valkey.execute(pipe, raise_on_error=False), strict=True):
+    for args, reply in zip(calls, replies, strict=True):
         dispatched += _read(valkey.script_replied("keyed", script_keys, args, reply))[1]
     return dispatched
 

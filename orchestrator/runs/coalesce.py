@@ -62,7 +62,7 @@ from django.db import connection
 from django.utils import timezone
 
 from orchestrator.states import LIVE_RUN_STATES
-from orchestrator.stores import queries
+from orchestrator.stores import durable, queries
 from orchestrator.stores.broker import job_id
 from orchestrator.triggers import TriggerKind
 from tasks.definition import TaskDefinition
@@ -137,6 +137,7 @@ def join(start: Start) -> Joined | None:
         "input": json.dumps(start.input),
         "processing_version": definition.processing_version,
     }
+    query: queries.Prepared | str
     if debounce is not None and MARK in start.trigger:
         query = queries.DEBOUNCE_RUN
         params |= {"period_s": debounce.period_s, "max_wait_s": debounce.max_wait_s}
@@ -145,7 +146,7 @@ def join(start: Start) -> Joined | None:
     else:
         return None
     with connection.cursor() as cursor:
-        cursor.execute(query, params)
+        durable.send(cursor, query, params)
         row = cursor.fetchone()
     return None if row is None else _joined(start, row, followed=query is queries.JOIN_FOLLOW_UP)
 
@@ -158,7 +159,7 @@ def insert_or_join(start: Start) -> Joined | None:
     assert debounce is not None
     params = {**start.row(), "period_s": debounce.period_s, "max_wait_s": debounce.max_wait_s}
     with connection.cursor() as cursor:
-        cursor.execute(queries.INSERT_DEBOUNCED, params)
+        durable.send(cursor, queries.INSERT_DEBOUNCED, params)
         run_id, priority, inserted = cursor.fetchone()
     return None if inserted else _joined(start, (run_id, priority), followed=False)
 

@@ -98,20 +98,14 @@ def publish(
     delay: timedelta | None = None,
     notes: Mapping[str, bool] | None = None,
     sheet: Carried | None = None,
-    concurrency_key: str | None = None,
+    version: int | None = None,
 ) -> None:
     """Enqueue the run; with `delay`, a worker holds the message until then (Celery's eta);
     `notes`: what the admission's hooks asked its pickup to be told; `sheet`: what a first
-    message carries of the row (`carried`); `concurrency_key`: a keyed-concurrency run's key,
-    under which it waits for its turn (`hooks.keyed`)."""
-    if concurrency_key is not None:
-        run = keyed.Registered(
-            run_id, concurrency_key, priority, job_id, definition.processing_version
-        )
-        publish_turns(definition, keyed.enqueue(definition, [run]))
-        return
+    message carries of the row (`carried`); `version`: the processing version the run was
+    recorded for, when not this deploy's."""
     queue = task_queue(definition.id, definition.resource_class, settings.CONFIG.per_task_queues)
-    args = [run_id, definition.processing_version]
+    args = [run_id, definition.processing_version if version is None else version]
     kwargs: dict[str, object] = {} if sheet is None else {"carried": sheet}
     # `_send`'s three steps, inline: a call less on every start's path (test_footprint).
     message, sent = _message(definition.id, args, queue, job_id, priority, delay, notes, kwargs)
@@ -187,8 +181,12 @@ def publish_many(runs: Sequence[Outgoing]) -> None:
 
 
 def publish_turns(definition: TaskDefinition, runs: Sequence[keyed.Dispatched]) -> None:
-    """The runs whose key's turn came (`hooks.keyed`), published."""
-    if runs:
+    """The runs whose key's turn came (`hooks.keyed`), published. One run, the common case (a
+    start, a pickup, an end), goes as `publish` sends it: one LPUSH, no pipeline."""
+    if len(runs) == 1:
+        run = runs[0]
+        publish(definition, run.run_id, run.job_id, run.priority, version=run.version)
+    elif runs:
         publish_many([_turn(definition, run) for run in runs])
 
 

@@ -35,7 +35,7 @@ from orchestrator.runs import cancel, coalesce
 from orchestrator.runs.admission import admit
 from orchestrator.runs.coalesce import LiveRun
 from orchestrator.runs.handle import InvalidInput, KeyContended, RunHandle, StartRefused, answered
-from orchestrator.runs.publish import carried, publish
+from orchestrator.runs.publish import carried, publish, publish_turns
 from orchestrator.states import RunState, StageState
 from orchestrator.stores import durable, live, queries
 from orchestrator.stores.broker import job_id
@@ -404,13 +404,28 @@ def deduplicated(task_id: str, dup: Deduplicated, identity: str, fallback: int) 
 def _publish(start: Prepared, notes: Mapping[str, bool]) -> None:
     definition, handle = start.definition, start.handle
     sheet = carried(definition, start.input, start.identity, handle.priority)
-    run, turn = (handle.run_id, handle.job_id, handle.priority), start.trigger.get(keyed.KEY_FIELD)
+    turn = start.trigger.get(keyed.KEY_FIELD)
     try:
-        live.seed(
-            handle.run_id, definition.id, handle.priority, definition.stage_order, started=True
-        )
-        publish(definition, *run, notes=notes, sheet=sheet, concurrency_key=turn)
+        if turn is None:
+            live.seed(
+                handle.run_id, definition.id, handle.priority, definition.stage_order, started=True
+            )
+            publish(
+                definition, handle.run_id, handle.job_id, handle.priority, notes=notes, sheet=sheet
+            )
+        else:
+            _take_turn(start, turn)
     except Exception:
         # The run is committed and pending; the reconciler re-publishes runs whose message
         # is missing. The caller still gets its run id.
         log.exception("run %s recorded but not published", handle.run_id)
+
+
+def _take_turn(start: Prepared, key: str) -> None:
+    """A keyed-concurrency run seeded and registered under its key in one round trip, and
+    published if its turn came (`hooks.keyed`)."""
+    definition, handle = start.definition, start.handle
+    seed = live.Seed(handle.run_id, definition.id, handle.priority, definition.stage_order)
+    version = definition.processing_version
+    run = keyed.Registered(handle.run_id, key, handle.priority, handle.job_id, version)
+    publish_turns(definition, keyed.enqueue(definition, [run], seed=seed))

@@ -96,6 +96,16 @@ class Seed(NamedTuple):
     stages: tuple[str, ...]
 
 
+def queue_seed(
+    pipe: Pipeline, run: Seed, *, started: bool, clock: Clock = SYSTEM
+) -> Callable[[Any], None]:
+    """`seed` queued on `pipe` beside other commands (one round trip for all); the returned
+    function reads its reply."""
+    script_keys, args = _seed_call(*run, clock, published=True, started=started)
+    valkey.queue_script(pipe, "seed_run", script_keys, args)
+    return lambda reply: valkey.script_replied("seed_run", script_keys, args, reply)
+
+
 def seed_many(runs: Sequence[Seed], clock: Clock = SYSTEM) -> None:
     """`seed` for many runs in one round trip (`start_runs`, the release of delayed starts)."""
     if not runs:
