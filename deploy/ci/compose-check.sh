@@ -470,14 +470,16 @@ metrics="$(web_curl -f -H "Authorization: Bearer $LUMASTRA_METRICS_TOKEN" "${url
 grep -q '^lumastra_' <<<"$metrics" || die "/metrics has no lumastra_ series"
 say "/metrics with its token: HTTP 200, $(grep -c '^lumastra_' <<<"$metrics") lumastra_ samples"
 
-# history-retention every 20 s (deploy/ci/compose.ci.yml): beat fires it.
+# history-retention every 20 s (deploy/ci/compose.ci.yml): beat fires it. The worker's boot
+# catch-up may start the first scheduled run before beat's first send (20 s after beat starts),
+# so beat's own send is waited for, not read once.
 scheduled() {
   [[ "$(api "${urls[0]}" GET "/runs?trigger_kind=schedule&limit=5" | jq '.items | length')" -gt 0 ]]
 }
 until_true 90 "a run started by a schedule" scheduled
 beat="$(replicas_of beat | head -1)"
-"$engine" logs "$beat" 2>&1 | grep -q 'Sending due task history-retention' \
-  || die "beat's log shows no history-retention sent"
+beat_sent() { "$engine" logs "$beat" 2>&1 | grep -q 'Sending due task history-retention'; }
+until_true 60 "beat's log shows history-retention sent" beat_sent
 say "schedule fired: $(api "${urls[0]}" GET "/runs?trigger_kind=schedule&limit=1" \
   | jq -c '.items[0] | {task, state, trigger}')"
 
