@@ -5,7 +5,7 @@ waiting, a rate's admissions in its window, a keyed concurrency's turn. Read fro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
@@ -37,48 +37,39 @@ class LimitOut(Schema):
     keys: list[KeyOut]
 
 
-@dataclass(frozen=True)
-class Overview:
-    """What the API and the Limits page show of one limit."""
-
-    name: str
-    kind: str
-    rate: str | None
-    concurrency: int | None
-    keyed: bool
-    wait_s: float | None
-    tasks: list[str]
-    keys: list[limits.KeyUse]
+def _keys(uses: list[limits.KeyUse]) -> list[KeyOut]:
+    return [KeyOut(**dataclasses.asdict(use)) for use in uses]
 
 
-def overview() -> list[Overview]:
-    """Every named limit, then every task's keyed concurrency, by name."""
+def overview() -> list[LimitOut]:
+    """Every named limit, then every task's keyed concurrency, by name: what the API answers and
+    the Limits page shows."""
     definitions = registry.get()
     found = [
-        Overview(
-            limit.id,
-            "limit",
-            limit.rate_text,
-            limit.concurrency,
-            limit.key is not None,
-            limit.wait_s,
-            sorted(d.id for d in definitions.values() if limit.id in d.limits),
-            limits.usage(limit),
+        LimitOut(
+            name=limit.id,
+            kind="limit",
+            rate=limit.rate_text,
+            concurrency=limit.concurrency,
+            keyed=limit.key is not None,
+            wait_s=limit.wait_s,
+            tasks=sorted(d.id for d in definitions.values() if limit.id in d.limits),
+            keys=_keys(limits.usage(limit)),
         )
         for limit in sorted(definitions.limits.values(), key=lambda limit: limit.id)
     ]
     for definition in sorted(definitions.values(), key=lambda d: d.id):
         if definition.concurrency is not None:
             found.append(
-                Overview(
-                    definition.id,
-                    "concurrency",
-                    None,
-                    definition.concurrency.max,
-                    definition.concurrency.key is not None,
-                    None,
-                    [definition.id],
-                    keyed.usage(definition),
+                LimitOut(
+                    name=definition.id,
+                    kind="concurrency",
+                    rate=None,
+                    concurrency=definition.concurrency.max,
+                    keyed=definition.concurrency.key is not None,
+                    wait_s=None,
+                    tasks=[definition.id],
+                    keys=_keys(keyed.usage(definition)),
                 )
             )
     return found
@@ -87,16 +78,4 @@ def overview() -> list[Overview]:
 @router.get("/limits", auth=VIEW, response=answers({200: list[LimitOut]}))
 def list_limits(request: HttpRequest) -> list[LimitOut]:
     """Every named limit and keyed concurrency, each key with what it uses now."""
-    return [
-        LimitOut(
-            name=o.name,
-            kind=o.kind,
-            rate=o.rate,
-            concurrency=o.concurrency,
-            keyed=o.keyed,
-            wait_s=o.wait_s,
-            tasks=o.tasks,
-            keys=[KeyOut(**use.__dict__) for use in o.keys],
-        )
-        for o in overview()
-    ]
+    return overview()
