@@ -64,6 +64,7 @@ from orchestrator.runs import cancel, coalesce
 from orchestrator.states import RunState
 from orchestrator.stores import keys, live, valkey
 from tasks import registry
+from tasks.definition import TaskDefinition
 from tasks.window import Window
 
 log = logging.getLogger(__name__)
@@ -229,26 +230,29 @@ class Hold:
 def held(run: TaskHistory, at: datetime | None = None) -> Hold | None:
     """What holds a pending run now: a pause, else a closed window (an operator's run, priority
     1, passes it), else its debounce (`runs.coalesce`: its time moves with each start that
-    joins it), else the running run it follows up; None for any other run."""
-    hold = _paused_or_windowed(run.task_id, run.priority, at)
-    if hold is None and coalesce.MARK in run.trigger and run.not_before is not None:
-        return Hold("debounce", "task", run.task_id, run.not_before, "UTC")
-    if hold is None and coalesce.WAITS_FOR in run.trigger:
-        return Hold("follow_up", "run", str(run.trigger[coalesce.WAITS_FOR]))
+    joins it), else the running run it follows up, else its key's turn under keyed concurrency,
+    else the named limits that had no room; None for any other run."""
     definition = registry.get().get(run.task_id)
-    if hold is None and definition is not None and definition.concurrency is not None:
-        key = keyed.waiting_under(definition, run.id)
-        hold = None if key is None else Hold("concurrency", "key", key)
-    if hold is None and definition is not None and definition.limits:
-        spent = limits.waiting_for(definition, run.id)
-        hold = Hold("limit", "limit", ", ".join(spent)) if spent else None
-    return hold
-
-
-def _paused_or_windowed(task_id: str, priority: int, at: datetime | None) -> Hold | None:
-    definition = registry.get().get(task_id)
+    if definition is not None and (hold := _paused_or_windowed(definition, run.priority, at)):
+        return hold
+    if coalesce.MARK in run.trigger and run.not_before is not None:
+        return Hold("debounce", "task", run.task_id, run.not_before, "UTC")
+    if coalesce.WAITS_FOR in run.trigger:
+        return Hold("follow_up", "run", str(run.trigger[coalesce.WAITS_FOR]))
     if definition is None:
         return None
+    if definition.concurrency is not None:
+        key = keyed.waiting_under(definition, run.id)
+        if key is not None:
+            return Hold("concurrency", "key", key)
+    if definition.limits and (spent := limits.waiting_for(definition, run.id)):
+        return Hold("limit", "limit", ", ".join(spent))
+    return None
+
+
+def _paused_or_windowed(
+    definition: TaskDefinition, priority: int, at: datetime | None
+) -> Hold | None:
     fields = gate.fields_of(definition)
     paused = {keys.pause_field(row.scope, row.name) for row in pauses.in_force()}
     for field in fields:
