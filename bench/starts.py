@@ -51,7 +51,8 @@ def one_by_one(runs: int) -> float:
 
 
 def batched(runs: int, size: int) -> float:
-    from orchestrator.runs.batch import Result, StartRequest, start_runs
+    from orchestrator.runs.batch import Result, start_runs
+    from orchestrator.runs.batches import StartRequest
 
     began = time.perf_counter()
     for first in range(0, runs, size):

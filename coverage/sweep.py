@@ -59,7 +59,8 @@ from coverage.models import CoverageStage, CoverageStatus, MediaItem, MediaItemS
 from coverage.stages import Covered, covered, sync
 from orchestrator.clock import Clock, SystemClock
 from orchestrator.routing import class_queues
-from orchestrator.runs.batch import INPUT_CODES, Outcome, Result, StartRequest, start_runs
+from orchestrator.runs.batch import INPUT_CODES, Outcome, Result, start_runs
+from orchestrator.runs.batches import StartRequest
 from orchestrator.stores import broker
 from orchestrator.triggers import TriggerKind
 from tasks import registry

@@ -15,6 +15,7 @@ class TriggerKind(Enum):
     EVENT = "event"  # a reaction to a catalog or external event
     SCHEDULE = "schedule"  # celery beat or the dynamic scheduler
     PIPELINE = "pipeline"  # a parent run advancing its stages
+    CHILD = "child"  # spawned by a parent run's step (`ctx.spawn`)
     SYSTEM = "system"  # demo, maintenance and backfills
     WEBHOOK = "webhook"  # an integration's inbound trigger, POST /api/v1/triggers/<name>
 
@@ -26,6 +27,7 @@ PRIORITY_BY_TRIGGER: dict[TriggerKind, Priority] = {
     TriggerKind.MANUAL: Priority.INTERACTIVE,
     TriggerKind.EVENT: Priority.EVENT,
     TriggerKind.PIPELINE: Priority.EVENT,
+    TriggerKind.CHILD: Priority.EVENT,  # its parent's priority, unless the spawn names one
     # Something just happened elsewhere (a download finished) and the caller is a program,
     # not a person waiting: as urgent as our own events.
     TriggerKind.WEBHOOK: Priority.EVENT,

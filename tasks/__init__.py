@@ -18,7 +18,8 @@ Declaring a task:
 - `limits`: `define_limit`, a named limit (a rate, a concurrency, per key) tasks share
 
 In the handler:
-- `context`: `TaskContext`, what a handler sees of its run (the engine implements it)
+- `context`: `TaskContext`, what a handler sees of its run (the engine implements it), and
+  `ChildRun`, a spawned child as `ctx.children` gives it
 - `errors`: the errors a task raises to tell the engine what went wrong, and their kinds
 - `media`: `MediaPath` and `open_folder`: media files read without leaving the media roots
 - `process`: `ProcessResult`, what `ctx.run_process` returns
@@ -29,7 +30,7 @@ Loading:
 - `apps`: the SDK's Django app
 """
 
-from tasks.context import TaskContext
+from tasks.context import ChildRun, TaskContext
 from tasks.coverage import CoverageBatch, CoverageItem, CoveredStage, ItemFacts, skipped
 from tasks.definition import (
     Backpressure,
@@ -64,6 +65,7 @@ from tasks.window import OnClose, Window
 __all__ = [
     "RESOURCE_CLASSES",
     "Backpressure",
+    "ChildRun",
     "Concurrency",
     "CoverageBatch",
     "CoverageItem",

@@ -5,10 +5,23 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from tasks.errors import ErrorKind
 from tasks.process import ProcessResult
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """A child run as its parent sees it (`ctx.children`)."""
+
+    run_id: str
+    task_id: str
+    state: str  # pending, active, cancelling, completed, failed or cancelled
+    result: Any  # its result once completed; None when over the stage result cap
+    error: dict[str, Any] | None
+    result_omitted: bool = False  # its result is over LUMASTRA_STAGE_RESULT_MAX_BYTES
 
 
 class TaskContext(Protocol):
@@ -63,6 +76,26 @@ class TaskContext(Protocol):
 
     def sleep(self, seconds: float) -> None:
         """Wait `seconds`, raising `RunCancelled` at once if the run is cancelled meanwhile."""
+        ...
+
+    def spawn(
+        self,
+        task_id: str,
+        inputs: Sequence[Mapping[str, Any]],
+        *,
+        on_failure: Literal["fail_parent", "continue"] = "fail_parent",
+        priority: int | None = None,
+    ) -> list[str]:
+        """Start child runs of `task_id`, one per input (at most 10,000 per step), and return
+        their run ids. They are written with this step's end, so a step that fails or is tried
+        again starts none; a bad input fails the step, naming its index and field. Children
+        take this run's priority unless `priority` is given. A later stage declared with
+        `await_children=True` waits until every child of its dependencies has ended; with
+        `on_failure="fail_parent"` the first child that does not complete fails this run."""
+        ...
+
+    def children(self, stage: str) -> list[ChildRun]:
+        """The children `stage` of this run spawned: each one's id, state, result and error."""
         ...
 
     def limit(self, limit_id: str, units: int = 1) -> AbstractContextManager[None]:

@@ -21,6 +21,7 @@ class ErrorKind(Enum):
     WORKER_LOST = "worker_lost"  # its worker died mid-run, or its message kept coming back
     WINDOW_CLOSED = "window_closed"  # stopped as its run window closed; put back, not failed
     LIMITED = "limited"  # `ctx.limit` waited past its limit's wait_s; put back, not failed
+    CHILD_FAILED = "child_failed"  # a child spawned with on_failure="fail_parent" did not complete
 
 
 class TaskError(Exception):

@@ -23,7 +23,9 @@ class Stage:
     `execute(ctx, input)` does the work and may return a JSON-serialisable value, which later
     stages read as `ctx.results[name]`. `when(ctx)` (synchronous) is asked just before the
     stage would start: False skips it, and every stage that depends only on skipped stages.
-    `resource_class`, `timeout` and `retry` default to the task's."""
+    `resource_class`, `timeout` and `retry` default to the task's. With `await_children`, it
+    starts only once every child run its `after` stages spawned (`ctx.spawn`) has ended,
+    holding no worker meanwhile; it reads them with `ctx.children(name)`."""
 
     name: str
     execute: Callable[[Any, Any], object]
@@ -32,6 +34,7 @@ class Stage:
     resource_class: str | None = None
     timeout: Timeout | None = None
     retry: Retry | None = None
+    await_children: bool = False
 
 
 class PipelineError(ValueError):
@@ -48,6 +51,10 @@ def stage_order(stages: Sequence[Stage]) -> list[str]:
             raise PipelineError(f"stage {stage.name!r} is declared twice")
         if not callable(stage.execute):
             raise PipelineError(f"stage {stage.name!r}: `execute` must be callable")
+        if stage.await_children and not stage.after:
+            raise PipelineError(
+                f"stage {stage.name!r}: `await_children` needs the stages it waits for in `after`"
+            )
         if isinstance(stage.after, str):
             raise PipelineError(f"stage {stage.name!r}: `after` must be a tuple of stage names")
         if stage.when is not None and (

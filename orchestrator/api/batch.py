@@ -20,7 +20,8 @@ from pydantic import ConfigDict, StrictBool
 from orchestrator.api.auth import OPERATE, current_user
 from orchestrator.api.errors import ApiError, FieldErrorOut, answers
 from orchestrator.api.starting import StartRunIn
-from orchestrator.runs.batch import MAX_BATCH, Outcome, Result, StartRequest, start_runs
+from orchestrator.runs.batch import MAX_BATCH, Outcome, Result, start_runs
+from orchestrator.runs.batches import StartRequest
 from orchestrator.triggers import TriggerKind
 
 router = Router(tags=["runs"])

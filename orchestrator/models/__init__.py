@@ -1,6 +1,7 @@
 """Durable state, one module per concern; every model is importable from here.
 
 - `runs`: every run (`TaskHistory`) and its audit trail, kept by triggers on the row
+- `batches`: batches of runs (`RunBatch`): a step's children, a caller's batch with callbacks
 - `tokens`: the API's bearer tokens, as digests
 - `admission`: per task: daily quota usage, the circuit's copy, pauses of tasks and classes
 - `schedules`: the scheduler's state, one row per schedule it fires, and operators' cadences
@@ -15,6 +16,7 @@ from orchestrator.models.admission import (
     TaskPause,
     TaskQuotaUsage,
 )
+from orchestrator.models.batches import OnFailure, RunBatch
 from orchestrator.models.runs import TaskHistory, TaskHistoryAudit
 from orchestrator.models.schedules import ScheduleOverride, SchedulerState
 from orchestrator.models.tokens import ApiToken
@@ -29,7 +31,9 @@ __all__ = [
     "ApiToken",
     "CircuitState",
     "DeliveryStatus",
+    "OnFailure",
     "PauseScope",
+    "RunBatch",
     "RunEventOutbox",
     "RunWindow",
     "ScheduleOverride",

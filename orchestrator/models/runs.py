@@ -70,6 +70,10 @@ RETURN NULL;
 _RELEASE_FOLLOW_UP = sql.load(
     str(Path(__file__).parents[1] / "stores" / "__init__.py"), "release_follow_up"
 )
+# A batch's run's end is counted on its batch (`runs.children`), kept with the writer's SQL too.
+_COUNT_BATCH_END = sql.load(
+    str(Path(__file__).parents[1] / "stores" / "__init__.py"), "count_batch_end"
+)
 
 
 class TaskHistory(models.Model):
@@ -105,6 +109,9 @@ class TaskHistory(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # A child's parent (`ctx.spawn`) and the batch it belongs to (`models.batches`).
+    parent_run_id = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001
+    batch_id = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "task_history"
@@ -144,6 +151,17 @@ class TaskHistory(models.Model):
                 fields=["not_before"],
                 name="task_history_due",
                 condition=Q(state="pending", attempts=0, not_before__isnull=False),
+            ),
+            # A run's children (its page, `parent=`, the cancel's cascade) and a batch's runs.
+            models.Index(
+                fields=["parent_run_id"],
+                name="task_history_parent",
+                condition=Q(parent_run_id__isnull=False),
+            ),
+            models.Index(
+                fields=["batch_id", "state"],
+                name="task_history_batch",
+                condition=Q(batch_id__isnull=False),
             ),
         ]
         constraints = [
@@ -220,6 +238,18 @@ class TaskHistory(models.Model):
                     " AND NEW.state IN ('completed', 'failed', 'cancelled')"
                 ),
                 func=_RELEASE_FOLLOW_UP + ";\nRETURN NULL;",
+            ),
+            # The end of a batch's run is counted on its batch, in the same transaction.
+            pgtrigger.Trigger(
+                name="run_batch_count",
+                when=pgtrigger.After,
+                operation=pgtrigger.UpdateOf("state"),  # type: ignore[no-untyped-call]
+                condition=pgtrigger.Condition(
+                    "NEW.batch_id IS NOT NULL"
+                    " AND OLD.state NOT IN ('completed', 'failed', 'cancelled')"
+                    " AND NEW.state IN ('completed', 'failed', 'cancelled')"
+                ),
+                func=_COUNT_BATCH_END + ";\nRETURN NULL;",
             ),
         ]
 

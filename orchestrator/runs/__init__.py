@@ -17,6 +17,8 @@ The path, in the order a run takes it:
 - `admission`: whether a start may be recorded: the admission script, the task's admission
   hooks when it has any, then the queue cap (backpressure: drop, fail fast, shed the oldest)
 - `batch`: `start_runs`, many starts in one call: each admitted, one INSERT, one publish
+- `batches`: a start's request (`StartRequest`), a caller's batch with callbacks (`Batch`), and
+  the batch's row written with its runs
 - `coalesce`: a start that meets an existing run: its idempotency key's live run, a debounced
   task's waiting run of its identity (which takes the start's input), a follow-up task's
   follow-up of its running run
@@ -38,6 +40,9 @@ While the handler runs:
 - `steps`: step telemetry: each step's status, timings, attempts, cost, counters, warnings
 - `pipeline`: a pipeline run's DAG: its first stages, the advance after each end, cancel
 - `stage_attempts`: one stage's attempt (claim, execute, end), and stages whose worker was lost
+- `spawn`: `ctx.spawn` and `ctx.children`: a step's children admitted, written with its end
+- `children`: a batch's ends acted on once (a stage that awaits children, a batch's callbacks,
+  a child that fails its parent)
 
 Recovery helpers, when a write or a worker is lost:
 - `drain`: terminal writes and stage moves Postgres refused on a transient error, pushed to wait
@@ -53,7 +58,8 @@ Recovery helpers, when a write or a worker is lost:
 - `leftovers`: finds processes a run's command left behind (by their environment) and kills them
 
 Asked from outside the run:
-- `cancel`: an operator's cancel (or kill now), and the waiting runs backpressure sheds
+- `cancel`: an operator's cancel (or kill now), reaching the run's children too
+- `shed`: the waiting runs backpressure sheds, and the cancel signal every cancel sends
 - `rerun`: an operator's retry: a new run of the same work; a pipeline reuses completed stages
 - `wait`: waits for a run's end from any process (`handle.wait`, `run_and_wait`, `?wait=`)
 

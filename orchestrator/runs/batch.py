@@ -26,9 +26,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from functools import partial
 from typing import Any
@@ -41,13 +41,13 @@ from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Refused
 from orchestrator.hooks.keyed import KEY_FIELD
 from orchestrator.runs import coalesce
 from orchestrator.runs.admission import admit
+from orchestrator.runs.batches import Batch, Group, StartRequest, insert_batch, new_batch_id
 from orchestrator.runs.coalesce import live_run_with_key
 from orchestrator.runs.handle import InvalidInput, RunHandle, StartRefused
 from orchestrator.runs.publish import Outgoing, carried, seed_and_publish_many
 from orchestrator.runs.start import Prepared, after_insert, deduplicated, joined, prepare
 from orchestrator.states import RunState
 from orchestrator.stores import counters, queries
-from orchestrator.triggers import TriggerKind
 from tasks.errors import ErrorKind
 from tasks.registry import UnknownTaskError
 
@@ -66,18 +66,6 @@ class Result(StrEnum):
     DROPPED = "dropped"  # recorded cancelled: the task's queue was full (backpressure `drop`)
     REFUSED = "refused"  # nothing written for this start: `code` and `detail` say why
     NOT_STARTED = "not_started"  # not tried, or given back: another start stopped the batch
-
-
-@dataclass(frozen=True)
-class StartRequest:
-    """One start of a batch: `start_run`'s arguments."""
-
-    task_id: str
-    input: Mapping[str, Any] | None = None
-    trigger: TriggerKind | Mapping[str, Any] = TriggerKind.MANUAL
-    priority: int | None = None
-    idempotency_key: str | None = None
-    not_before: datetime | timedelta | None = None
 
 
 @dataclass
@@ -101,39 +89,63 @@ class _Admitted:
 
 
 def start_runs(
-    requests: Sequence[StartRequest], *, atomic: bool = False, stop_at_refusal: bool = False
+    requests: Sequence[StartRequest],
+    *,
+    atomic: bool = False,
+    stop_at_refusal: bool = False,
+    batch: Batch | None = None,
 ) -> list[Outcome]:
-    """Start many runs: one outcome per request, in order (see the module's docstring)."""
+    """Start many runs: one outcome per request, in order (see the module's docstring). With
+    `batch`, the runs it records are one batch (`runs.children`), whose callbacks start once
+    every one of them has ended."""
     if len(requests) > MAX_BATCH:
         raise StartRefused(f"{len(requests)} starts in one batch; at most {MAX_BATCH}")
-    outcomes: list[Outcome | None] = [None] * len(requests)
-    admitted: list[_Admitted] = []
-    keyed: dict[tuple[str, str], Prepared] = {}
+    if batch is not None:
+        batch.check()
     with transaction.atomic():
-        outcome = None
-        try:
-            for index, request in enumerate(requests):
-                outcome = outcomes[index] = _admit(request, index, keyed, admitted)
-                if _stops(outcome, atomic, stop_at_refusal):
-                    break
-            else:
-                outcome = None
-        except BaseException:
-            _abandon(admitted)  # a store failed mid-batch: nothing of it will be written
-            raise
-        if atomic and outcome is not None and outcome.result is Result.REFUSED:
-            _give_back(admitted, outcomes)
+        starts = admit_all(requests, atomic=atomic, stop_at_refusal=stop_at_refusal)
+        if starts.refused_all:
             transaction.set_rollback(True)
-            return _answered(outcomes)
-        inserted = _insert(admitted)
+            return starts.answered()
+        if not starts.record(batch.group(new_batch_id()) if batch else None):
+            transaction.set_rollback(True)
+    return starts.answered()
+
+
+@dataclass
+class Starts:
+    """Starts admitted and not yet written (`admit_all`): `record` writes them in the caller's
+    transaction, `abandon` gives back what admission took."""
+
+    requests: Sequence[StartRequest]
+    outcomes: list[Outcome | None]
+    admitted: list[_Admitted]
+    atomic: bool
+    refused_all: bool = False  # an atomic batch refused: nothing will be written
+
+    def answered(self) -> list[Outcome]:
+        return _answered(self.outcomes)
+
+    def abandon(self) -> None:
+        _abandon(self.admitted)
+
+    def record(self, group: Group | None = None) -> bool:
+        """One INSERT for the admitted runs (and their batch's row), in the caller's
+        transaction; published and counted once it commits. False: an atomic batch lost an
+        idempotency key to a concurrent start, and nothing of it may be kept (the caller rolls
+        back; admission gave back what it took)."""
+        admitted, outcomes = self.admitted, self.outcomes
+        inserted = _insert(admitted, group)
         # A concurrent start took a key between its read and this insert.
         raced = [e for e in admitted if e.start.handle.run_id not in inserted]
-        if raced and atomic:
+        if raced and self.atomic:
             for entry in raced:
                 outcomes[entry.index] = _key_taken(entry.start)
             _give_back(admitted, outcomes)
-            transaction.set_rollback(True)
-            return _answered(outcomes)
+            return False
+        if group is not None:
+            kept = [e for e in admitted if e.start.handle.run_id in inserted]
+            insert_batch(group, len(kept), sum(1 for e in kept if e.dropped is not None))
         for entry in raced:
             hooks.abandon(entry.admission)
             lost = entry.start.handle.run_id
@@ -146,8 +158,37 @@ def start_runs(
         for entry in published:
             after_insert(entry.admission)
         transaction.on_commit(lambda: _publish([e for e in published if not e.start.not_before]))
-        transaction.on_commit(partial(_count, requests, outcomes))
-    return _answered(outcomes)
+        transaction.on_commit(partial(_count, self.requests, outcomes))
+        return True
+
+
+def admit_all(
+    requests: Sequence[StartRequest],
+    *,
+    atomic: bool = False,
+    stop_at_refusal: bool = False,
+    priority: int | None = None,
+) -> Starts:
+    """Each start checked and admitted, nothing written (`Starts.record` writes them). An atomic
+    batch with a refusal gives back what admission took (`refused_all`); so does a store that
+    failed mid-batch, before its error goes up. `priority`: the default of requests naming none."""
+    outcomes: list[Outcome | None] = [None] * len(requests)
+    admitted: list[_Admitted] = []
+    keyed: dict[tuple[str, str], Prepared] = {}
+    try:
+        for index, request in enumerate(requests):
+            if priority is not None and request.priority is None:
+                request = dataclasses.replace(request, priority=priority)
+            outcome = outcomes[index] = _admit(request, index, keyed, admitted)
+            if _stops(outcome, atomic, stop_at_refusal):
+                if atomic and outcome.result is Result.REFUSED:
+                    _give_back(admitted, outcomes)
+                    return Starts(requests, outcomes, [], atomic, refused_all=True)
+                break
+    except BaseException:
+        _abandon(admitted)  # a store failed mid-batch: nothing of it will be written
+        raise
+    return Starts(requests, outcomes, admitted, atomic)
 
 
 # A batch's outcomes as /metrics counts them (`lumastra_start_outcomes_total`).
@@ -249,8 +290,9 @@ def _stops(outcome: Outcome, atomic: bool, stop_at_refusal: bool) -> bool:
 INPUT_CODES = frozenset({"unknown_task", "invalid_input", "invalid"})
 
 
-def _insert(admitted: Sequence[_Admitted]) -> set[str]:
-    """One INSERT for every admitted run; the ids it recorded."""
+def _insert(admitted: Sequence[_Admitted], group: Group | None = None) -> set[str]:
+    """One INSERT for every admitted run (each naming `group`'s batch and parent, if any); the
+    ids it recorded."""
     if not admitted:
         return set()
     rows = []
@@ -277,6 +319,8 @@ def _insert(admitted: Sequence[_Admitted]) -> set[str]:
     }
     params: dict[str, Any] = {name: [row[c] for row in rows] for name, c in columns.items()}
     params["now"] = now
+    params["batch_ids"] = [group.batch_id if group else None] * len(rows)
+    params["parent_run_ids"] = [group.parent_run_id if group else None] * len(rows)
     try:
         # In a savepoint, so a failed INSERT leaves the transaction usable for the give-backs
         # (a quota's is an UPDATE) before the error goes up.

@@ -26,16 +26,17 @@ kills its process as soon as it hears, as the escalation would.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 
 from django.conf import settings
-from redis.exceptions import ResponseError
 
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
 from orchestrator.runs import catch_up, pipeline, retries, terminal
-from orchestrator.states import IllegalTransition, RunState, StageState
+from orchestrator.runs.shed import signal
+from orchestrator.states import LIVE_RUN_STATES, IllegalTransition, RunState, StageState
 from orchestrator.stores import broker, durable, keys, live, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
@@ -75,8 +76,9 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
                 _kill_now(run_id)
             return RunState.CANCELLING
         raise NotCancellable(run_id, exc.current) from None
-    _signal(run_id, actor)
+    signal(run_id, actor)
     error = retries.error_doc(ErrorKind.CANCELLED, f"cancelled by {actor}")
+    _cascade(run_id, actor, kill)
     if not was_pending:
         state = None
         if definition.pipeline:
@@ -92,18 +94,12 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
     return RunState.CANCELLED
 
 
-def _signal(run_id: str, actor: str) -> None:
-    """Valkey follows Postgres: the hash goes cancelling and the process that owns the run is
-    told, on its own cancel channel (nobody, if no process has claimed it)."""
-    try:
-        valkey.script(
-            "request_cancel",
-            [keys.run_active(run_id), keys.run_terminal(run_id), keys.cancel_channel_prefix()],
-            [actor, settings.CONFIG.run_active_ttl_s],
-        )
-    except ResponseError as exc:
-        # A lost hash cannot stop the cancel Postgres has recorded; the heartbeat re-reads it.
-        log.warning("run %s: cancel recorded in Postgres, live hash refused: %s", run_id, exc)
+def _cascade(run_id: str, actor: str, kill: bool) -> None:
+    """A parent's cancel reaches its live children (`ctx.spawn`), and theirs."""
+    live = TaskHistory.objects.filter(parent_run_id=run_id, state__in=LIVE_RUN_STATES)
+    for child_id in live.values_list("id", flat=True):
+        with contextlib.suppress(NotCancellable):  # it ended meanwhile
+            request_cancel(child_id, actor=f"{actor}, with its parent {run_id}", kill=kill)
 
 
 def _kill_now(run_id: str) -> None:
@@ -146,23 +142,3 @@ def tell(owners: Iterable[str], message: str) -> int:
     for channel in channels:
         pipe.publish(channel, message)
     return sum(int(heard) for heard in valkey.execute(pipe))
-
-
-def cancel_waiting(run_ids: Iterable[str], kind: ErrorKind, message: str) -> int:
-    """Cancel runs whose messages were taken out of the broker (shed); returns how many.
-
-    A run that is no longer pending (a worker took it meanwhile) is left alone."""
-    cancelled = 0
-    for run_id in run_ids:
-        task_id = TaskHistory.objects.filter(id=run_id).values_list("task_id", flat=True).first()
-        if task_id is None:
-            continue
-        try:
-            durable.request_cancel(run_id, sources=(RunState.PENDING,))
-        except IllegalTransition as exc:
-            log.info("run %s: not cancelled (%s): %s", run_id, kind.value, exc)
-            continue
-        _signal(run_id, kind.value)
-        terminal.cancel(registry.get()[task_id], run_id, error=retries.error_doc(kind, message))
-        cancelled += 1
-    return cancelled

@@ -46,11 +46,12 @@ from redis.exceptions import RedisError
 
 from orchestrator.clock import SYSTEM, Clock, span_ms
 from orchestrator.hooks import costs, limits
-from orchestrator.runs import process
+from orchestrator.runs import process, spawn
 from orchestrator.runs.progress import Progress
 from orchestrator.states import RunState
 from orchestrator.stores import keys, valkey
 from tasks import registry
+from tasks.context import ChildRun
 from tasks.errors import ErrorKind, LimitReached, PermanentError, RunCancelled
 from tasks.process import ProcessResult
 
@@ -72,8 +73,13 @@ class RunContext:
         task_id: str = "",
         results: Mapping[str, Any] | None = None,
         stage: str | None = None,
+        priority: int | None = None,
     ) -> None:
         self._run_id = run_id
+        self._stage = stage
+        self._priority = priority
+        # The children this attempt spawned, written with its step's end (`runs.spawn`).
+        self.spawned: list[spawn.Spawn] = []
         self._task_id = task_id
         self._input = input
         # What this attempt recorded on its step (`orchestrator/runs/steps.py` keeps them).
@@ -215,6 +221,22 @@ class RunContext:
         """Sleep, but wake and raise RunCancelled as soon as the run is cancelled."""
         if self.cancelled or self._cancel.wait(seconds):
             raise RunCancelled(f"run {self._run_id} was cancelled")
+
+    def spawn(
+        self,
+        task_id: str,
+        inputs: Sequence[Mapping[str, Any]],
+        *,
+        on_failure: str = "fail_parent",
+        priority: int | None = None,
+    ) -> list[str]:
+        """`TaskContext.spawn` (`runs.spawn`)."""
+        parent = spawn.Parent(self._run_id, self._stage or "", self._priority)
+        return spawn.spawn(parent, self.spawned, task_id, inputs, on_failure, priority)
+
+    def children(self, stage: str) -> list[ChildRun]:
+        """`TaskContext.children` (`runs.spawn`)."""
+        return spawn.children_of(self._run_id, stage)
 
     @contextmanager
     def limit(self, limit_id: str, units: int = 1) -> Iterator[None]:

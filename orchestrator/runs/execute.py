@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
-from orchestrator.runs import catch_up, pipeline, retries, terminal
+from orchestrator.runs import catch_up, pipeline, retries, spawn, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import republish
 from orchestrator.runs.watch import watching
@@ -62,7 +62,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
         error = retries.error_doc(ErrorKind.VALIDATION, str(exc))
         _end(definition, run, pickup, RunState.FAILED, error=error)
         return
-    context = RunContext(run.run_id, model, task_id=definition.id)
+    context = RunContext(run.run_id, model, task_id=definition.id, priority=run.priority)
     handler = definition.execute
     assert handler is not None  # a task without a pipeline has one
 
@@ -121,6 +121,12 @@ def _end(
 ) -> None:
     """The run's terminal write, with its step's telemetry and last progress when it ran."""
     step, progress = context.extras() if context is not None else (None, None)
+    spawned = context.spawned if context is not None else []
+    children = None
+    if spawned and target is RunState.COMPLETED:
+        children = spawn.Children(spawn.Parent(run.run_id, "", run.priority), spawned)
+    else:
+        spawn.abandon(spawned)
     end = terminal.End(
         run.run_id,
         definition.id,
@@ -132,6 +138,7 @@ def _end(
         progress=progress,
         attempt=run.attempts,
         started_at=run.deferred_since,
+        children=children,
     )
     terminal.finish(end)
 

@@ -74,6 +74,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
@@ -83,7 +84,7 @@ from orchestrator.runs import retries, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.publish import publish_stage, stage_message_id
 from orchestrator.states import IllegalTransition, RunState, StageState
-from orchestrator.stores import broker, durable, live
+from orchestrator.stores import broker, durable, live, queries
 from orchestrator.stores.durable import Stages
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
@@ -213,6 +214,7 @@ def advance(
     ended_now = set(ended)
     starting = not ended_now
     moves = 0
+    waits: dict[str, Settled] | None = None  # read once, for a stage awaiting children
     for name in definition.stage_order:
         if stages.states.get(name) != StageState.WAITING:
             continue
@@ -220,6 +222,10 @@ def advance(
         due = starting or bool(ended_now.intersection(after))
         if not due or any(stages.states.get(dep) not in _ENDED for dep in after):
             continue
+        if definition.stage(name).await_children:
+            waits = settled(run.run_id) if waits is None else waits
+            if not _children_ended(waits, after):
+                continue
         try:
             reason = _skip_reason(run, name, stages)
         except Exception as exc:
@@ -250,6 +256,30 @@ def advance(
         terminal.end(definition, run.run_id, run.owner, RunState.COMPLETED, result=stages.results)
         moves += 1
     return moves
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A stage's children as its waiting dependants see them."""
+
+    ended: bool  # every child of every batch it spawned has ended
+    failed_parent: bool  # a `fail_parent` child ended otherwise than completed
+
+
+def settled(run_id: str) -> dict[str, Settled]:
+    """By spawning stage: whether its children have all ended, and whether one failed its
+    parent. A stage that spawned nothing is not in it."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries.BATCHES_OF_PARENT, {"parent_run_id": run_id})
+        return {stage: Settled(ended, failed) for stage, ended, failed in cursor.fetchall()}
+
+
+def _children_ended(waits: dict[str, Settled], after: Iterable[str]) -> bool:
+    """Every child its dependencies spawned has ended, and none failed its parent (that
+    failure ends the run instead: `runs.children`)."""
+    return all(
+        dep not in waits or (waits[dep].ended and not waits[dep].failed_parent) for dep in after
+    )
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ The pipeline's whole story, and what is not guaranteed, is `runs.pipeline`'s doc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -25,6 +26,7 @@ from typing import Any
 
 from celery.exceptions import Reject
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from pydantic import BaseModel
 
@@ -33,7 +35,7 @@ from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Parked, StagePickup
 from orchestrator.models import TaskHistory
 from orchestrator.routing import stage_class
-from orchestrator.runs import drain, execute, retries, steps, terminal
+from orchestrator.runs import drain, execute, retries, spawn, steps, terminal
 from orchestrator.runs.context import RunContext
 from orchestrator.runs.pipeline import PipelineRun, advance, end_cancelled_if_idle, follow
 from orchestrator.runs.publish import publish_stage
@@ -81,7 +83,14 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
     follow(run_id, name, StageState.ACTIVE)
     model = definition.input_model.model_validate(claimed.input)
     run = PipelineRun(definition, run_id, claimed.owner, claimed.identity, claimed.priority, model)
-    context = RunContext(run_id, model, task_id=definition.id, results=claimed.results, stage=name)
+    context = RunContext(
+        run_id,
+        model,
+        task_id=definition.id,
+        results=claimed.results,
+        stage=name,
+        priority=claimed.priority,
+    )
     attempt = _Attempt(run, stage, claimed.step, context)
     if processing_version < definition.processing_version:
         message = (
@@ -275,12 +284,24 @@ def _end_stage(attempt: _Attempt, target: StageState, then: dict[str, Any], **ar
     run, name = attempt.run, attempt.stage.name
     call = {"stage": name, "cost": attempt.context.cost, "claimer": attempt.claimer, **args}
     ids = (run.run_id, name, target.value)
+    # The children it spawned are written with its completion, and only with it.
+    spawned = attempt.context.spawned if target is StageState.COMPLETED else []
+    spawn.abandon(attempt.context.spawned if not spawned else [])
     try:
-        stages = durable.move_stage(run.run_id, target=target, **call)
+        with transaction.atomic() if spawned else contextlib.nullcontext():
+            stages = durable.move_stage(run.run_id, target=target, **call)
+            spawn.record(spawn.Parent(run.run_id, name, run.priority), spawned)
     except IllegalTransition as exc:
+        spawn.abandon(spawned)
         log.info("run %s: stage %s %s not recorded (%s)", *ids, exc)
         return False
     except drain.TRANSIENT_ERRORS as exc:
+        if spawned:
+            # Its children cannot wait in the drain: nothing is written, and the stage is
+            # found lost and tried again (`put_back_lost_stages`).
+            spawn.abandon(spawned)
+            log.error("run %s: stage %s %s and its children not written: %s", *ids, exc)
+            return True
         # Postgres is away: the drain makes this same move, then what follows it, so Valkey
         # is never ahead of Postgres.
         log.warning("run %s: stage %s %s deferred to the drain: %s", *ids, exc)

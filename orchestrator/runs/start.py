@@ -31,7 +31,8 @@ from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks import keyed
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Throttled
 from orchestrator.models import TaskHistory
-from orchestrator.runs import cancel, coalesce
+from orchestrator.runs import coalesce
+from orchestrator.runs import shed as shed_runs
 from orchestrator.runs.admission import admit
 from orchestrator.runs.coalesce import LiveRun
 from orchestrator.runs.handle import InvalidInput, KeyContended, RunHandle, StartRefused, answered
@@ -328,7 +329,7 @@ def after_insert(admission: Admission) -> None:
     shed to make room, and do what its hooks asked (`Admission.committed`)."""
     for shed in admission.shed:
         transaction.on_commit(
-            partial(cancel.cancel_waiting, shed.run_ids, ErrorKind.SHED, shed.reason)
+            partial(shed_runs.cancel_waiting, shed.run_ids, ErrorKind.SHED, shed.reason)
         )
     for action in admission.committed:
         transaction.on_commit(action)

@@ -42,12 +42,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
+from django.db import transaction
 from django.utils import timezone
-from redis.client import Pipeline
-from redis.exceptions import ConnectionError as ValkeyConnectionError
-from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
@@ -57,7 +55,6 @@ from orchestrator.runs import catch_up, drain
 from orchestrator.runs.retries import MESSAGE_MAX_CHARS, error_doc
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import durable, live
-from orchestrator.stores.live import FencedWrite
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
@@ -81,6 +78,9 @@ class Written(Enum):
     CANCELLED = "cancelled"  # a cancel request won: the run ended cancelled; settled
     SUPERSEDED = "superseded"  # the run ended otherwise, moved on, or is another claim's now
     DEFERRED = "deferred"  # Postgres away: the end waits in the drain, whose replay settles it
+    # Postgres away and the end carries children, which cannot wait in the drain: nothing is
+    # written, and the orphan check puts the run back.
+    UNWRITTEN = "unwritten"
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,14 @@ class End:
     finished_at: datetime = field(default_factory=timezone.now)
     guard: Guard = Guard.CLAIM
     stale_after_s: float = 0.0
+    # Written in the end's own transaction when it lands (a run's spawned children).
+    children: WrittenWith | None = None
+
+
+class WrittenWith(Protocol):
+    def write(self) -> None: ...
+
+    def abandon(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -137,8 +145,10 @@ def finish(end: End, *, replay: Replay | None = None, clock: Clock = SYSTEM) -> 
         capped = {**error, "message": str(error["message"])[:MESSAGE_MAX_CHARS]}
         end = dataclasses.replace(end, error=capped)
     args = {name: getattr(end, name) for name in drain.END_ARGS}  # `durable.end`'s
+    children = end.children
+    within = transaction.atomic if children else contextlib.nullcontext
     try:
-        with replay.transaction() if replay else contextlib.nullcontext():
+        with replay.transaction() if replay else within():
             try:
                 if end.guard is Guard.ORPHAN:
                     source = (
@@ -155,6 +165,9 @@ def finish(end: End, *, replay: Replay | None = None, clock: Clock = SYSTEM) -> 
                     durable.end_cancelled(end.run_id, finished_at=end.finished_at, error=end.error)
                 else:
                     durable.end(end.run_id, end.target, owner=end.owner, **args)
+                    if children is not None:
+                        children.write()
+                        children = None
                 ended = Ended(Written.APPLIED, end.target)
             except IllegalTransition as exc:
                 if not _cancel_wins(end, exc):
@@ -164,11 +177,17 @@ def finish(end: End, *, replay: Replay | None = None, clock: Clock = SYSTEM) -> 
     except drain.TRANSIENT_ERRORS:
         if replay is not None or end.guard is not Guard.CLAIM:
             raise
+        if children is not None:
+            log.error("run %s: its end and its children not written; Postgres away", end.run_id)
+            return Ended(Written.UNWRITTEN, None)  # given back below
         return _deferred(end, args)
     except IllegalTransition as exc:
         ended = _refused(end, exc, replay)
         if ended.written is not Written.ALREADY:
             return ended
+    finally:
+        if children is not None:
+            children.abandon()  # not written with the end: a cancel won, or it was refused
     kind = None
     if ended.written is not Written.CANCELLED and end.error:
         kind = ErrorKind(end.error["kind"])
@@ -289,7 +308,7 @@ def settle(
         return True
     # The common end: the hash's move (counted and announced by its script) alone, or with the
     # hooks' commands in one round trip; the excusable hooks after it, if the script asks.
-    move = _Move(run_id, target, fence, counted, clock)
+    move = catch_up.EndMove(run_id, target, fence, counted, clock)
     if with_move:
         hooks.finished(outcome, with_move, first=Part(send=move.send, receive=move.receive))
     else:
@@ -310,67 +329,6 @@ def settle(
     elif ended is None or ended.circuit:
         hooks.finished(outcome, excusable)
     return ended is not None
-
-
-class _Move:
-    """The live hash's move: alone, or as the first command of the end-of-run pipeline."""
-
-    def __init__(
-        self, run_id: str, target: RunState, owner: str, counted: live.EndCount, clock: Clock
-    ) -> None:
-        self.run_id, self.target, self.owner, self.clock = run_id, target, owner, clock
-        self.counted = counted
-        self.ended: live.Ended | None = None  # moved, and what the script said
-        self.moved: bool | None = None  # None: not decided here (see `settle`)
-        self.unreachable = False
-        self._read: Callable[[Any], live.Ended] | None = None
-
-    def alone(self) -> None:
-        try:
-            reply = live.end(
-                self.run_id, self.target, self.counted, owner=self.owner, clock=self.clock
-            )
-        except Exception as exc:
-            self._refused(exc)
-            return
-        self.ended = reply
-
-    def send(self, pipe: Pipeline) -> None:
-        self._read = live.queue_end(
-            pipe, self.run_id, self.target, self.counted, owner=self.owner, clock=self.clock
-        )
-
-    def receive(self, replies: list[Any]) -> None:
-        assert self._read is not None
-        (reply,) = replies
-        try:
-            self.ended = self._read(reply)  # raises what the reply says, an outage included
-        except Exception as exc:
-            self._refused(exc)
-
-    def _refused(self, exc: Exception) -> None:
-        """The move did not happen: why decides what `settle` does next (`moved`)."""
-        if isinstance(exc, ValkeyConnectionError | ValkeyTimeoutError):
-            self.unreachable = True
-        elif isinstance(exc, IllegalTransition):
-            if self.target == RunState.CANCELLED and exc.current in (
-                RunState.PENDING,
-                RunState.ACTIVE,
-            ):
-                return  # the two steps, by `catch_up.follow`
-            catch_up.disagreed(self.run_id, self.target, exc)
-            self.moved = False
-        elif isinstance(exc, FencedWrite):
-            log.warning("run %s: %s; live hash left to its owner", self.run_id, exc)
-            self.moved = False
-        else:
-            log.error(
-                "run %s: %s in Postgres; live hash not updated",
-                self.run_id,
-                self.target,
-                exc_info=exc,
-            )
-            self.moved = False
 
 
 def end(

@@ -64,6 +64,12 @@ REUSE_STAGES = sql.load(__file__, "reuse_stages")
 LIVE_RUN_WITH_KEY = sql.load(__file__, "live_run_with_key")
 RELEASE_DUE = sql.load(__file__, "release_due")
 INSERT_RUNS = sql.load(__file__, "insert_runs")
+# Batches and children (`runs.batch`, `runs.children`).
+INSERT_BATCH = sql.load(__file__, "insert_batch")
+RELEASE_BATCHES = sql.load(__file__, "release_batches")
+BATCH_CALLBACKS = sql.load(__file__, "batch_callbacks")
+BATCHES_OF_PARENT = sql.load(__file__, "batches_of_parent")
+CHILDREN_OF = sql.load(__file__, "children_of")
 FOLLOW_RUN = sql.load(__file__, "follow_run")
 JOIN_FOLLOW_UP = sql.load(__file__, "join_follow_up")
 # Operator reads (the admin's Tasks page, `admin/stats.py`): not on a run's path.

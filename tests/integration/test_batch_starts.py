@@ -9,7 +9,8 @@ from django.test import Client
 from orchestrator.api import tokens
 from orchestrator.api.access import Access
 from orchestrator.models import TaskHistory
-from orchestrator.runs.batch import MAX_BATCH, Result, StartRequest, start_runs
+from orchestrator.runs.batch import MAX_BATCH, Result, start_runs
+from orchestrator.runs.batches import StartRequest
 from orchestrator.runs.start import start_run
 from orchestrator.stores import broker
 from orchestrator.triggers import TriggerKind

@@ -13,7 +13,8 @@ from django.test import Client
 
 from orchestrator.api import tokens
 from orchestrator.models import TaskHistory
-from orchestrator.runs.batch import StartRequest, start_runs
+from orchestrator.runs.batch import start_runs
+from orchestrator.runs.batches import StartRequest
 from orchestrator.runs.start import start_run
 from orchestrator.stores import valkey
 from orchestrator.triggers import TriggerKind

@@ -30,7 +30,8 @@ from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.recovery.pending import in_broker_lists
 from orchestrator.routing import queue_name
 from orchestrator.runs import terminal
-from orchestrator.runs.batch import StartRequest, start_runs
+from orchestrator.runs.batch import start_runs
+from orchestrator.runs.batches import StartRequest
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.publish import CARRY_MAX_CHARS
 from orchestrator.runs.runner import run_message

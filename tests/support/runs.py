@@ -4,13 +4,13 @@ loop for tests that need delayed starts released."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from django.db import connection, connections
 
 from orchestrator.models import TaskHistory
-from orchestrator.runs import due
+from orchestrator.runs import children, due
 from orchestrator.runs.start import new_run_id
 from orchestrator.stores import durable, keys, live, valkey
 
@@ -82,12 +82,26 @@ def clear_scheduler_locks() -> None:
 @contextmanager
 def due_loop() -> Iterator[None]:
     """The leader's `due` loop, as `orchestrator.loops` runs it, every 0.1 s."""
+    with leader_loop(due.release):
+        yield
+
+
+@contextmanager
+def batches_loop() -> Iterator[None]:
+    """The leader's `batches` loop (`runs.children.release`), every 0.1 s."""
+    with leader_loop(children.release):
+        yield
+
+
+@contextmanager
+def leader_loop(tick: Callable[[], object]) -> Iterator[None]:
+    """One of the leader's loops in a thread of the test process, every 0.1 s."""
     stop = threading.Event()
 
     def loop() -> None:
         try:
             while not stop.wait(0.1):
-                due.release()
+                tick()
         finally:
             connections.close_all()
 

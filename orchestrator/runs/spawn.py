@@ -1,0 +1,147 @@
+"""`ctx.spawn` and `ctx.children` (issue 40): a step's children checked and admitted when the
+handler spawns them, written with the step's end, given back when the step writes none; and
+what a parent reads of them. The whole story is `runs.children`'s docstring."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from pydantic import ValidationError
+
+from orchestrator.models import OnFailure
+from orchestrator.runs.batch import Starts, admit_all
+from orchestrator.runs.batches import Group, StartRequest, new_batch_id
+from orchestrator.stores import durable, queries
+from orchestrator.triggers import TriggerKind
+from tasks import registry
+from tasks.context import ChildRun
+from tasks.errors import PermanentError, TransientError
+from tasks.registry import UnknownTaskError
+
+log = logging.getLogger(__name__)
+
+# The most children one step may spawn, over all its `spawn` calls.
+MAX_CHILDREN = 10_000
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """One `spawn` call's children, admitted and not yet written."""
+
+    starts: Starts
+    on_failure: OnFailure
+
+
+@dataclass(frozen=True)
+class Parent:
+    """The step spawning: its run, its stage ('' for a plain run), its run's priority."""
+
+    run_id: str
+    stage: str
+    priority: int | None
+
+
+def spawn(
+    parent: Parent,
+    spawned: list[Spawn],
+    task_id: str,
+    inputs: Sequence[Mapping[str, Any]],
+    on_failure: str,
+    priority: int | None,
+) -> list[str]:
+    """`ctx.spawn`: check and admit the children, to be written with the step's end (`record`);
+    their run ids (a child that joined a live run: that run's)."""
+    try:
+        mode = OnFailure(on_failure)
+    except ValueError:
+        raise PermanentError(
+            f"spawn: on_failure {on_failure!r} is not one of {[m.value for m in OnFailure]}"
+        ) from None
+    already = sum(len(s.starts.requests) for s in spawned)
+    if already + len(inputs) > MAX_CHILDREN:
+        raise PermanentError(
+            f"spawn: {already + len(inputs)} children in one step; at most {MAX_CHILDREN}"
+        )
+    try:
+        definition = registry.get()[task_id]
+    except UnknownTaskError as exc:
+        raise PermanentError(f"spawn: {exc}") from None
+    for index, input_ in enumerate(inputs):
+        try:
+            definition.input_model.model_validate(input_)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "(input)"
+            raise PermanentError(
+                f"spawn: child {index} of {task_id}: field {field}: {first['msg']}"
+            ) from None
+    trigger = {"kind": TriggerKind.CHILD.value, "parentRunId": parent.run_id}
+    if parent.stage:
+        trigger["stage"] = parent.stage
+    requests = [
+        StartRequest(task_id, dict(input_), trigger=trigger, priority=priority) for input_ in inputs
+    ]
+    starts = admit_all(requests, atomic=True, priority=parent.priority)
+    if starts.refused_all:
+        index, refused = next((i, o) for i, o in enumerate(starts.answered()) if o.code is not None)
+        raise TransientError(f"spawn: child {index} of {task_id} refused: {refused.detail}")
+    spawned.append(Spawn(starts, mode))
+    return [str(outcome.run_id) for outcome in starts.answered()]
+
+
+def record(parent: Parent, spawned: Iterable[Spawn]) -> None:
+    """The step's children written, in the transaction of the step's end: a batch per
+    `spawn` call, its runs naming it and their parent."""
+    for one in spawned:
+        row = {
+            "parent_run_id": parent.run_id,
+            "parent_stage": parent.stage,
+            "on_failure": one.on_failure.value,
+            "on_complete": None,
+            "on_success": None,
+        }
+        one.starts.record(Group(new_batch_id(), row, parent.run_id))
+
+
+@dataclass(frozen=True)
+class Children:
+    """A plain run's children, written with its end (`terminal.End.children`)."""
+
+    parent: Parent
+    spawned: list[Spawn]
+
+    def write(self) -> None:
+        record(self.parent, self.spawned)
+
+    def abandon(self) -> None:
+        abandon(self.spawned)
+
+
+def abandon(spawned: Iterable[Spawn]) -> None:
+    """A step that ends without writing its children: admission gives back what it took."""
+    for one in spawned:
+        one.starts.abandon()
+
+
+def children_of(run_id: str, stage: str) -> list[ChildRun]:
+    """`ctx.children(stage)`: every child the stage spawned, with its state, result and error.
+    A result over LUMASTRA_STAGE_RESULT_MAX_BYTES comes as None, `result_omitted`."""
+    cap = settings.CONFIG.stage_result_max_bytes
+    with connection.cursor() as cursor:
+        cursor.execute(queries.CHILDREN_OF, {"parent_run_id": run_id, "stage": stage, "cap": cap})
+        return [
+            ChildRun(
+                run_id=child_id,
+                task_id=task_id,
+                state=state,
+                result=durable.json_value(result) if not omitted else None,
+                error=durable.json_value(error),
+                result_omitted=omitted,
+            )
+            for child_id, task_id, state, result, error, omitted in cursor.fetchall()
+        ]

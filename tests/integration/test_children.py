@@ -1,0 +1,144 @@
+"""Child runs (issue 40): a stage spawns children with `ctx.spawn`, written with its end; a stage
+declared `await_children=True` runs once every child has ended, with their results; the first
+failure of a `fail_parent` child fails the parent and cancels the others, `continue` runs the
+stage with the failure seen; a cancel of the parent reaches its children. Real workers, the
+leader's `batches` loop as `orchestrator.loops` runs it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator.models import RunBatch, TaskHistory
+from orchestrator.runs.cancel import request_cancel
+from orchestrator.runs.handle import RunHandle
+from orchestrator.runs.start import start_run
+from orchestrator.stores import valkey
+from orchestrator.triggers import TriggerKind
+from tests.support.child_defs import CHILD_RECORD, WAITED_RECORD
+from tests.support.fixtures import wait_for, worker_process
+from tests.support.messages import empty_queues
+from tests.support.runs import batches_loop
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+QUEUES = ["task.t.test-fan-out", "task.t.test-child"]
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> Iterator[None]:
+    valkey.client().delete(CHILD_RECORD, WAITED_RECORD)
+    empty_queues(*QUEUES)
+    yield
+    valkey.client().delete(CHILD_RECORD, WAITED_RECORD)
+
+
+@pytest.fixture
+def workers() -> Iterator[None]:
+    with worker_process(QUEUES, concurrency=4, name="children"), batches_loop():
+        yield
+
+
+def _fan_out(input_: dict[str, Any]) -> RunHandle:
+    return start_run("test-fan-out", input_, trigger=TriggerKind.API)
+
+
+def _waited() -> list[dict[str, Any]]:
+    return [json.loads(entry) for entry in valkey.client().lrange(WAITED_RECORD, 0, -1)]
+
+
+def _ended(run_id: str, timeout: float = 60) -> TaskHistory:
+    terminal = ("completed", "failed", "cancelled")
+    wait_for(
+        lambda: TaskHistory.objects.filter(id=run_id, state__in=terminal).exists(),
+        timeout=timeout,
+    )
+    return TaskHistory.objects.get(id=run_id)
+
+
+def test_the_waiting_stage_runs_once_after_every_child_with_their_results(workers: None) -> None:
+    handle = _fan_out({"count": 20, "seconds": 0.05})
+    run = _ended(handle.run_id)
+    assert run.state == "completed", run.error
+    children = TaskHistory.objects.filter(parent_run_id=handle.run_id)
+    assert children.count() == 20
+    assert set(children.values_list("state", flat=True)) == {"completed"}
+    assert all(c.trigger["kind"] == "child" and c.trigger["stage"] == "scan" for c in children)
+    assert {c.priority for c in children} == {run.priority}
+    (waited,) = _waited()
+    assert waited["states"] == {"completed": 20} and waited["sum"] == sum(range(20))
+    last_child_end = max(c.finished_at for c in children)
+    collections = run.steps["collections"]
+    assert collections["started_at"] >= last_child_end.isoformat()
+    batch = RunBatch.objects.get(parent_run_id=handle.run_id)
+    assert (batch.total, batch.open, batch.counts, batch.parent_stage) == (
+        20,
+        0,
+        {"completed": 20},
+        "scan",
+    )
+    assert run.result["collections"] == {"children": 20, "sum": sum(range(20))}
+
+
+def test_a_failed_child_fails_its_parent_and_the_others_are_cancelled(workers: None) -> None:
+    handle = start_run(
+        "test-fan-out", {"count": 6, "fail": [0], "seconds": 3}, trigger=TriggerKind.API
+    )
+    run = _ended(handle.run_id)
+    assert run.state == "failed"
+    assert run.error["kind"] == "child_failed" and run.error["stage"] == "collections"
+    assert _waited() == []
+    children = TaskHistory.objects.filter(parent_run_id=handle.run_id)
+    wait_for(lambda: not children.filter(state__in=("pending", "active", "cancelling")).exists())
+    states = sorted(children.values_list("state", flat=True))
+    assert states.count("failed") == 1
+    assert "completed" not in states  # each takes 3 s: the cancel reached them first
+    assert set(states) == {"failed", "cancelled"}
+
+
+def test_continue_runs_the_waiting_stage_and_it_sees_the_failure(workers: None) -> None:
+    handle = start_run(
+        "test-fan-out", {"count": 5, "fail": [2], "on_failure": "continue"}, trigger=TriggerKind.API
+    )
+    run = _ended(handle.run_id)
+    assert run.state == "completed", run.error
+    (waited,) = _waited()
+    assert waited["states"] == {"completed": 4, "failed": 1}
+
+
+def test_a_bad_child_input_fails_the_step_and_writes_nothing(workers: None) -> None:
+    handle = start_run(
+        "test-fan-out", {"count": 3, "fail": [], "grandchildren": -1}, trigger=TriggerKind.API
+    )
+    run = _ended(handle.run_id)
+    assert run.state == "failed"
+    assert "spawn: child 0 of test-child: field grandchildren" in run.error["message"]
+    assert not TaskHistory.objects.filter(parent_run_id=handle.run_id).exists()
+    assert not RunBatch.objects.filter(parent_run_id=handle.run_id).exists()
+
+
+def test_children_spawn_their_own_and_a_cancel_reaches_every_level(workers: None) -> None:
+    handle = start_run(
+        "test-fan-out",
+        {"count": 2, "grandchildren": 2, "on_failure": "continue"},
+        trigger=TriggerKind.API,
+    )
+    run = _ended(handle.run_id)
+    assert run.state == "completed", run.error
+    children = list(TaskHistory.objects.filter(parent_run_id=handle.run_id))
+    grandchildren = TaskHistory.objects.filter(parent_run_id__in=[c.id for c in children])
+    wait_for(lambda: grandchildren.filter(state="completed").count() == 4)
+
+    slow = start_run(
+        "test-fan-out",
+        {"count": 4, "seconds": 20, "on_failure": "continue"},
+        trigger=TriggerKind.API,
+    )
+    wait_for(lambda: TaskHistory.objects.filter(parent_run_id=slow.run_id).count() == 4)
+    request_cancel(slow.run_id, actor="tester")
+    assert _ended(slow.run_id).state == "cancelled"
+    live = TaskHistory.objects.filter(parent_run_id=slow.run_id)
+    wait_for(lambda: set(live.values_list("state", flat=True)) == {"cancelled"}, timeout=30)
