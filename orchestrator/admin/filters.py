@@ -88,3 +88,18 @@ class ResourceClassFilter(admin.SimpleListFilter):
             return queryset
         tasks = [d.id for d in registry.get().values() if d.resource_class == value]
         return queryset.filter(task_id__in=tasks)
+
+
+class ParentFilter(admin.SimpleListFilter):
+    """`?parent=<run id>`: a run's children (`ctx.spawn`), linked from its page; no choices to
+    list, so it is not shown among the filters."""
+
+    title = "parent run"
+    parameter_name = "parent"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(parent_run_id=value) if value else queryset

@@ -38,6 +38,7 @@ from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.recovery import windows
 from orchestrator.routing import queue_name
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.children import batches_of
 from orchestrator.runs.handle import StartRefused
 from orchestrator.runs.rerun import RETRYABLE, rerun
 from orchestrator.states import TERMINAL_RUN_STATES, RunState, StageState
@@ -177,6 +178,7 @@ def detail_view(request: HttpRequest, run_id: str) -> HttpResponse:
         held=windows.held(run) if state == RunState.PENDING else None,
         retry_of=run.trigger.get("retryOf"),
         retries=_retries(run.id),
+        children=batches_of(run.id),
         cost=run.cost_breakdown or {},
         can_operate=can_operate,
         can_cancel=can_operate and state in CANCELLABLE,

@@ -33,6 +33,7 @@ from orchestrator.admin import (
 )
 from orchestrator.admin.filters import (
     OutcomeFilter,
+    ParentFilter,
     PriorityFilter,
     ResourceClassFilter,
     TaskFilter,
@@ -90,6 +91,7 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
         ResourceClassFilter,
         TriggerKindFilter,
         PriorityFilter,
+        ParentFilter,
         ("created_at", admin.DateFieldListFilter),
     ]
     search_fields = ["task_id", "identity"]

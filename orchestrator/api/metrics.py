@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterator
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Case, Count, Sum, Value, When
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.module_loading import import_string
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -38,7 +38,7 @@ from prometheus_client.registry import Collector
 from orchestrator.api import throttle
 from orchestrator.cluster import leaders
 from orchestrator.hooks import circuit
-from orchestrator.models import CircuitState, TaskHistory
+from orchestrator.models import CircuitState, RunBatch, TaskHistory
 from orchestrator.recovery import pauses
 from orchestrator.routing import class_queues
 from orchestrator.states import RunState
@@ -133,6 +133,7 @@ class EngineCollector(Collector):
         )  # fmt: skip
         yield self._queue_depth()
         yield self._active_runs()
+        yield self._live_children()
         yield self._circuits()
         yield from self._pauses()
         yield from self._leaders()
@@ -166,6 +167,27 @@ class EngineCollector(Collector):
         )
         for task_id in registry.get():
             gauge.add_metric([task_id], running.get(task_id, 0))
+        return gauge
+
+    @staticmethod
+    def _live_children() -> GaugeMetricFamily:
+        # The batches' own counts of runs not yet ended (`runs.children`), not a count of rows.
+        gauge = GaugeMetricFamily(
+            "lumastra_live_children",
+            "Child runs (ctx.spawn) not yet ended, and runs of callers' batches not yet ended",
+            labels=["of"],
+        )
+        open_by = dict(
+            RunBatch.objects.filter(open__gt=0)
+            .annotate(of=Case(When(parent_run_id__isnull=True, then=Value("batch")),
+                              default=Value("parent")))
+            .values_list("of")
+            .order_by()
+            .annotate(n=Sum("open"))
+            .values_list("of", "n")
+        )  # fmt: skip
+        for of in ("parent", "batch"):
+            gauge.add_metric([of], open_by.get(of, 0))
         return gauge
 
     @staticmethod

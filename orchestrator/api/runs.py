@@ -35,6 +35,7 @@ from orchestrator.api.starting import StartedRun, StartRunIn, answered, start_re
 from orchestrator.models import TaskHistory
 from orchestrator.recovery import windows
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.children import batches_of
 from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import start_run
 from orchestrator.runs.wait import ended
@@ -74,6 +75,8 @@ class RunSummary(Schema):
     state: RunState
     priority: int
     trigger: dict[str, Any]
+    parent_run_id: str | None = Field(description="the run whose step spawned it (`ctx.spawn`)")
+    batch_id: str | None = Field(description="the batch it belongs to: GET /batches/{id}")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -115,6 +118,15 @@ def _held(row: TaskHistory) -> HeldOut | None:
     return HeldOut(**dataclasses.asdict(hold), says=hold.describe())
 
 
+class ChildBatchOut(Schema):
+    batch_id: str
+    stage: str = Field(description="the stage that spawned them ('' for a plain run)")
+    total: int
+    ended: int
+    counts: dict[str, int] = Field(description="the ended ones by state")
+    says: str = Field(description='for people: "412 of 500 done"')
+
+
 class RunDetail(RunSummary):
     input: dict[str, Any]
     result: Any
@@ -131,6 +143,9 @@ class RunDetail(RunSummary):
     live: LiveState | None = Field(description="null once the live hash has expired")
     held: HeldOut | None = Field(
         None, description="a pending run a pause, a closed run window or its debounce holds"
+    )
+    children: list[ChildBatchOut] = Field(
+        description="the batches of children its steps spawned, with their progress"
     )
 
 
@@ -149,6 +164,7 @@ class RunFilters(Schema):
     task: StorableStr | None = None
     state: RunState | None = None
     trigger_kind: TriggerKind | None = None
+    parent: StorableStr | None = Field(None, description="a run's id: its children")
     cursor: Cursor = None
     limit: int = Field(default=50, ge=1, le=MAX_PAGE)
 
@@ -282,6 +298,10 @@ def get_run(request: HttpRequest, run_id: str) -> RunDetail:
         cost=row.cost_breakdown,
         live=_live_state(found),
         held=_held(row),
+        children=[
+            ChildBatchOut(**dataclasses.asdict(batch), says=batch.says)
+            for batch in batches_of(row.id)
+        ],
     )
 
 
@@ -309,6 +329,8 @@ def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> RunPage:
         runs = runs.filter(task_id=filters.task)
     if filters.state is not None:
         runs = runs.filter(state=filters.state)
+    if filters.parent is not None:
+        runs = runs.filter(parent_run_id=filters.parent)
     if filters.trigger_kind is not None:
         # `->>` as an alias matches the expression index on trigger kind.
         runs = runs.alias(trigger_kind=KT("trigger__kind")).filter(
@@ -332,6 +354,8 @@ def _summary(row: TaskHistory, live_progress: str | None = None) -> RunSummary:
         state=RunState(row.state),
         priority=row.priority,
         trigger=row.trigger,
+        parent_run_id=row.parent_run_id,
+        batch_id=row.batch_id,
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,

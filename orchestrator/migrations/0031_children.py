@@ -2,6 +2,7 @@
 batch, the trigger that counts a batch's ends, and task_history's two indexes built concurrently
 (a plain CREATE INDEX would hold off every run's writes for the whole build)."""
 
+import django.contrib.postgres.fields
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.contrib.postgres.operations import AddIndexConcurrently
@@ -26,6 +27,7 @@ class Migration(migrations.Migration):
                 ('total', models.PositiveIntegerField()),
                 ('open', models.PositiveIntegerField()),
                 ('counts', models.JSONField(blank=True, default=dict)),
+                ('reused_from', django.contrib.postgres.fields.ArrayField(base_field=models.CharField(max_length=40), blank=True, default=list, size=None)),
                 ('on_complete', models.JSONField(blank=True, null=True)),
                 ('on_success', models.JSONField(blank=True, null=True)),
                 ('callbacks', models.JSONField(blank=True, default=dict)),
@@ -62,6 +64,10 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name='runbatch',
             index=models.Index(condition=models.Q(('parent_run_id__isnull', False)), fields=['parent_run_id', 'parent_stage'], name='run_batches_parent'),
+        ),
+        migrations.AddIndex(
+            model_name='runbatch',
+            index=models.Index(condition=models.Q(('open__gt', 0)), fields=['parent_run_id'], name='run_batches_open'),
         ),
         migrations.AddIndex(
             model_name='runbatch',

@@ -4,6 +4,7 @@ counted here by a trigger on task_history in the same transaction (`runs.childre
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
@@ -26,6 +27,9 @@ class RunBatch(models.Model):
     # write changes the state once), so duplicates and replays cannot count twice.
     open = models.PositiveIntegerField()
     counts = models.JSONField(default=dict, blank=True)  # ended runs by their state
+    # A resume's batch (`runs.spawn.reuse`): the original batches whose completed runs it
+    # keeps as its own (counted completed in `total` and `counts`), the original's first.
+    reused_from = ArrayField(models.CharField(max_length=40), default=list, blank=True)
     # The callbacks' start requests (`Batch`), and the runs they became.
     on_complete = models.JSONField(null=True, blank=True)
     on_success = models.JSONField(null=True, blank=True)
@@ -43,6 +47,10 @@ class RunBatch(models.Model):
                 fields=["parent_run_id", "parent_stage"],
                 name="run_batches_parent",
                 condition=Q(parent_run_id__isnull=False),
+            ),
+            # /metrics' live children: the batches with runs not yet ended.
+            models.Index(
+                fields=["parent_run_id"], name="run_batches_open", condition=Q(open__gt=0)
             ),
             # The leader's release loop: what is done and not yet acted on.
             models.Index(

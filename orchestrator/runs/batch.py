@@ -41,7 +41,7 @@ from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Refused
 from orchestrator.hooks.keyed import KEY_FIELD
 from orchestrator.runs import coalesce
 from orchestrator.runs.admission import admit
-from orchestrator.runs.batches import Batch, Group, StartRequest, insert_batch, new_batch_id
+from orchestrator.runs.batches import Batch, Group, StartRequest, insert_batch
 from orchestrator.runs.coalesce import live_run_with_key
 from orchestrator.runs.handle import InvalidInput, RunHandle, StartRefused
 from orchestrator.runs.publish import Outgoing, carried, seed_and_publish_many
@@ -96,8 +96,8 @@ def start_runs(
     batch: Batch | None = None,
 ) -> list[Outcome]:
     """Start many runs: one outcome per request, in order (see the module's docstring). With
-    `batch`, the runs it records are one batch (`runs.children`), whose callbacks start once
-    every one of them has ended."""
+    `batch`, the runs it records are one batch (`batch.id`, `runs.children`), whose callbacks
+    start once every one of them has ended; a run a start joined is not the batch's."""
     if len(requests) > MAX_BATCH:
         raise StartRefused(f"{len(requests)} starts in one batch; at most {MAX_BATCH}")
     if batch is not None:
@@ -107,7 +107,7 @@ def start_runs(
         if starts.refused_all:
             transaction.set_rollback(True)
             return starts.answered()
-        if not starts.record(batch.group(new_batch_id()) if batch else None):
+        if not starts.record(batch.group() if batch else None):
             transaction.set_rollback(True)
     return starts.answered()
 

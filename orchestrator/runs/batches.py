@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,8 +41,11 @@ class Group:
     child's `parent_run_id` too."""
 
     batch_id: str
-    row: dict[str, Any]  # insert_batch.sql's parameters but `open` and `total`
+    row: dict[str, Any]  # insert_batch.sql's parameters but the counts
     parent_run_id: str | None = None
+    # A resume's batch: the original batches whose completed runs it keeps, and how many.
+    reused_from: tuple[str, ...] = ()
+    kept: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,29 +56,32 @@ class Batch:
 
     on_complete: StartRequest | None = None
     on_success: StartRequest | None = None
+    id: str = field(default_factory=lambda: new_batch_id())  # `GET /api/v1/batches/{id}`
 
     def check(self) -> None:
         """A callback that could not start is refused now (InvalidInput, UnknownTaskError)."""
         for request in (self.on_complete, self.on_success):
             if request is not None:
-                prepare(
-                    request.task_id,
-                    callback_input(request, "batch_", {}),
-                    trigger=request.trigger,
-                    priority=request.priority,
-                )
+                check_callback(request)
 
-    def group(self, batch_id: str) -> Group:
+    def group(self) -> Group:
         return Group(
-            batch_id,
+            self.id,
             {
-                "parent_run_id": None,
-                "parent_stage": "",
-                "on_failure": "continue",
                 "on_complete": _request_doc(self.on_complete),
                 "on_success": _request_doc(self.on_success),
             },
         )
+
+
+def check_callback(request: StartRequest) -> None:
+    """Refuses (as `start_run` would) a callback that could not start with the input it gets."""
+    prepare(
+        request.task_id,
+        callback_input(request, new_batch_id(), {}),
+        trigger=request.trigger,
+        priority=request.priority,
+    )
 
 
 def callback_input(
@@ -107,10 +113,22 @@ def request_of(doc: Mapping[str, Any]) -> StartRequest:
     )
 
 
-def insert_batch(group: Group, total: int, ended: int) -> None:
-    """The batch's row: `total` runs recorded, `ended` of them recorded ended (done at once when
-    none is open)."""
-    params = {**group.row, "id": group.batch_id, "total": total, "open": total - ended}
-    params["counts"] = json.dumps({RunState.CANCELLED.value: ended} if ended else {})
+def insert_batch(group: Group, recorded: int, ended: int) -> None:
+    """The batch's row: `recorded` runs, `ended` of them recorded ended, beside the runs a
+    resume keeps (`Group.kept`); done at once when none is open."""
+    counts = {RunState.CANCELLED.value: ended, RunState.COMPLETED.value: group.kept}
+    params = {
+        "parent_run_id": None,
+        "parent_stage": "",
+        "on_failure": "continue",
+        "on_complete": None,
+        "on_success": None,
+        **group.row,
+        "id": group.batch_id,
+        "total": recorded + group.kept,
+        "open": recorded - ended,
+        "counts": json.dumps({state: n for state, n in counts.items() if n}),
+        "reused_from": list(group.reused_from),
+    }
     with connection.cursor() as cursor:
         cursor.execute(queries.INSERT_BATCH, params)

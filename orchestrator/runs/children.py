@@ -39,12 +39,13 @@ import contextlib
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
 
 from orchestrator.cluster.locks import Fence
-from orchestrator.models import OnFailure, TaskHistory
+from orchestrator.models import OnFailure, RunBatch, TaskHistory
 from orchestrator.runs import retries, terminal
 from orchestrator.runs.batch import start_runs
 from orchestrator.runs.batches import StartRequest, callback_input, request_of
@@ -61,6 +62,31 @@ log = logging.getLogger(__name__)
 
 # Batches one release looks at; more wait for the next tick.
 RELEASE_BATCH = 100
+
+
+@dataclass(frozen=True)
+class ChildBatch:
+    """One batch a run's step spawned, as its page shows it."""
+
+    batch_id: str
+    stage: str
+    total: int
+    ended: int
+    counts: dict[str, int]  # its ended runs by state
+
+    @property
+    def says(self) -> str:
+        return f"{self.ended} of {self.total} done"
+
+
+def batches_of(run_id: str) -> list[ChildBatch]:
+    """The batches of children a run's steps spawned, oldest first (their counts, kept by the
+    trigger: no read of the children themselves)."""
+    rows = RunBatch.objects.filter(parent_run_id=run_id).order_by("created_at", "id")
+    return [
+        ChildBatch(row.id, row.parent_stage, row.total, row.total - row.open, row.counts)
+        for row in rows
+    ]
 
 
 def release(fence: Fence | None = None, limit: int = RELEASE_BATCH) -> int:

@@ -18,7 +18,7 @@ from django.db.models import QuerySet
 from django.db.models.fields.json import KT
 
 from orchestrator.models import TaskHistory
-from orchestrator.runs import pipeline
+from orchestrator.runs import pipeline, spawn
 from orchestrator.runs.cancel import UnknownRun
 from orchestrator.runs.handle import RunHandle, StartRefused
 from orchestrator.runs.start import start_run
@@ -73,7 +73,8 @@ def rerun(run_id: str, *, actor: str, reuse: bool | None = None) -> RunHandle:
             and not (handle.deduplicated or handle.dropped)
         ):
             original = pipeline.ReusableRun(version, stages, results, steps)
-            pipeline.reuse_completed(definition, handle.run_id, run_id, original)
+            reused = pipeline.reuse_completed(definition, handle.run_id, run_id, original)
+            spawn.reuse(handle.run_id, run_id, reused, handle.priority)
     return handle
 
 

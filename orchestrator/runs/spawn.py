@@ -13,9 +13,11 @@ from django.conf import settings
 from django.db import connection
 from pydantic import ValidationError
 
-from orchestrator.models import OnFailure
+from orchestrator.models import OnFailure, RunBatch, TaskHistory
 from orchestrator.runs.batch import Starts, admit_all
 from orchestrator.runs.batches import Group, StartRequest, new_batch_id
+from orchestrator.runs.handle import StartRefused
+from orchestrator.states import RunState
 from orchestrator.stores import durable, queries
 from orchestrator.triggers import TriggerKind
 from tasks import registry
@@ -102,10 +104,43 @@ def record(parent: Parent, spawned: Iterable[Spawn]) -> None:
             "parent_run_id": parent.run_id,
             "parent_stage": parent.stage,
             "on_failure": one.on_failure.value,
-            "on_complete": None,
-            "on_success": None,
         }
         one.starts.record(Group(new_batch_id(), row, parent.run_id))
+
+
+def reuse(run_id: str, original_id: str, stages: Iterable[str], priority: int | None) -> None:
+    """A resume (`runs.rerun`), in its transaction: for each batch of children the original's
+    reused `stages` spawned, a batch of the new run keeps the children that completed and
+    starts the others again (same task, input and priority). StartRefused when one of those
+    is refused: nothing is started."""
+    batches = RunBatch.objects.filter(parent_run_id=original_id, parent_stage__in=list(stages))
+    for batch in batches.order_by("created_at", "id"):
+        kept = sum(
+            1
+            for child in children_of(original_id, batch.parent_stage)
+            if child.state == RunState.COMPLETED
+        )
+        again = (
+            TaskHistory.objects.filter(batch_id=batch.id)
+            .exclude(state=RunState.COMPLETED)
+            .order_by("id")
+            .values_list("task_id", "input", "priority")
+        )
+        trigger = {"kind": TriggerKind.CHILD.value, "parentRunId": run_id}
+        if batch.parent_stage:
+            trigger["stage"] = batch.parent_stage
+        requests = [StartRequest(t, i, trigger=trigger, priority=p) for t, i, p in again]
+        starts = admit_all(requests, atomic=True, priority=priority)
+        if starts.refused_all:
+            refused = next(o for o in starts.answered() if o.code is not None)
+            raise StartRefused(f"a child of stage {batch.parent_stage} refused: {refused.detail}")
+        row = {
+            "parent_run_id": run_id,
+            "parent_stage": batch.parent_stage,
+            "on_failure": batch.on_failure,
+        }
+        reused_from = (batch.id, *batch.reused_from)
+        starts.record(Group(new_batch_id(), row, run_id, reused_from, kept))
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ def _refused_only(response: Any, fields: set[tuple[str, ...]]) -> bool:
 OWN_ERRORS = {
     ("get", "/api/v1/runs"): {422},
     ("post", "/api/v1/runs"): {404, 409, 422, 503},
-    ("post", "/api/v1/runs:batch"): {409, 422},
+    ("post", "/api/v1/runs:batch"): {404, 409, 422},
+    ("get", "/api/v1/batches/{batch_id}"): {404},
     ("get", "/api/v1/coverage/outbox/dead-letters"): {422},
     ("post", "/api/v1/coverage/outbox/dead-letters/redeliver"): {422},
     ("get", "/api/v1/runs/{run_id}"): {404},

@@ -11,17 +11,23 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.test import Client
+from django.urls import reverse
 
+from orchestrator.api import tokens
 from orchestrator.models import RunBatch, TaskHistory
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.handle import RunHandle
+from orchestrator.runs.rerun import rerun
 from orchestrator.runs.start import start_run
 from orchestrator.stores import valkey
 from orchestrator.triggers import TriggerKind
-from tests.support.child_defs import CHILD_RECORD, WAITED_RECORD
+from tests.support.child_defs import CHILD_RECORD, FAILING, WAITED_RECORD
 from tests.support.fixtures import wait_for, worker_process
 from tests.support.messages import empty_queues
+from tests.support.metrics import scrape
 from tests.support.runs import batches_loop
+from tests.support.users import operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -31,6 +37,7 @@ QUEUES = ["task.t.test-fan-out", "task.t.test-child"]
 @pytest.fixture(autouse=True)
 def _clean() -> Iterator[None]:
     valkey.client().delete(CHILD_RECORD, WAITED_RECORD)
+    valkey.client().set(FAILING, 1)
     empty_queues(*QUEUES)
     yield
     valkey.client().delete(CHILD_RECORD, WAITED_RECORD)
@@ -99,6 +106,24 @@ def test_a_failed_child_fails_its_parent_and_the_others_are_cancelled(workers: N
     assert set(states) == {"failed", "cancelled"}
 
 
+def test_a_resume_keeps_the_children_that_completed_and_runs_the_others(workers: None) -> None:
+    failed = _ended(_fan_out({"count": 6, "fail": [1, 4]}).run_id)
+    assert failed.state == "failed"
+    first = TaskHistory.objects.filter(parent_run_id=failed.id)
+    wait_for(lambda: not first.filter(state__in=("pending", "active", "cancelling")).exists())
+    completed = set(first.filter(state="completed").values_list("id", flat=True))
+    valkey.client().delete(FAILING)  # what failed them is fixed
+    resumed = rerun(failed.id, actor="tester", reuse=True)
+    run = _ended(resumed.run_id)
+    assert run.state == "completed", run.error
+    again = TaskHistory.objects.filter(parent_run_id=resumed.run_id)
+    assert again.count() == 6 - len(completed)
+    assert {c.input["n"] for c in again} >= {1, 4}
+    (waited,) = _waited()
+    assert waited["states"] == {"completed": 6} and waited["sum"] == sum(range(6))
+    assert run.result["collections"]["children"] == 6
+
+
 def test_continue_runs_the_waiting_stage_and_it_sees_the_failure(workers: None) -> None:
     handle = start_run(
         "test-fan-out", {"count": 5, "fail": [2], "on_failure": "continue"}, trigger=TriggerKind.API
@@ -142,3 +167,25 @@ def test_children_spawn_their_own_and_a_cancel_reaches_every_level(workers: None
     assert _ended(slow.run_id).state == "cancelled"
     live = TaskHistory.objects.filter(parent_run_id=slow.run_id)
     wait_for(lambda: set(live.values_list("state", flat=True)) == {"cancelled"}, timeout=30)
+
+
+def _seen_as_a_tree(run_id: str, children: int) -> None:
+    """The run's page and the API show its children's progress, the runs list filters by
+    parent, and /metrics counts them live."""
+    client = Client(headers={"Authorization": f"Bearer {tokens.issue(operator())[1]}"})
+    detail = client.get(f"/api/v1/runs/{run_id}").json()
+    (batch,) = detail["children"]
+    assert (batch["stage"], batch["total"], batch["says"]) == ("scan", 4, "0 of 4 done")
+    listed = client.get("/api/v1/runs", {"parent": run_id}).json()["items"]
+    assert len(listed) == children and {i["parent_run_id"] for i in listed} == {run_id}
+    assert {i["batch_id"] for i in listed} == {batch["batch_id"]}
+    assert client.get(f"/api/v1/batches/{batch['batch_id']}").json()["total"] == children
+    assert scrape()[("lumastra_live_children", (("of", "parent"),))] >= children
+    client.force_login(operator())
+    page = client.get(
+        reverse("admin:orchestrator_taskhistory_change", args=[run_id])
+    ).content.decode()
+    assert "0 of 4 done" in page and f"?parent={run_id}" in page
+    changelist = reverse("admin:orchestrator_taskhistory_changelist")
+    rows = client.get(changelist, {"parent": run_id}).content.decode()
+    assert rows.count("test-child") >= children

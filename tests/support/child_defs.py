@@ -14,6 +14,7 @@ from tasks import PermanentError, Stage, TaskContext, define_task
 CHILD_RECORD = "test:children:ran"  # one entry per child handler call: its n
 WAITED_RECORD = "test:children:waited"  # one JSON entry per `collections` call
 CALLBACK_RECORD = "test:children:callback"  # one JSON entry per callback call
+FAILING = "test:children:failing"  # while it exists, a child whose input says `fail` fails
 
 
 class FanOut(BaseModel, extra="forbid"):
@@ -69,7 +70,7 @@ fan_out = define_task(
 
 def _child(ctx: TaskContext, params: ChildInput) -> dict[str, int]:
     valkey.client().rpush(CHILD_RECORD, params.n)
-    if params.fail:
+    if params.fail and valkey.client().exists(FAILING):
         raise PermanentError(f"child {params.n} fails as asked")
     ctx.sleep(params.seconds)
     if params.grandchildren:
