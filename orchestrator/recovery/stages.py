@@ -8,12 +8,16 @@ their last stage move is older than LUMASTRA_PIPELINE_RECOVER_AFTER_S:
 
 - every stage ended (a crash between the last stage's end and the run's end): the run ends
   `completed` with the stages' results;
-- a stage that is due (all its dependencies completed or skipped) and still waiting, whose
+- a child spawned with `on_failure="fail_parent"` did not complete and the release that fails
+  the parent was lost (`runs.children`): it fails now;
+- a stage that is due (all its dependencies completed or skipped, and, when it awaits
+  children, every child of theirs ended) and still waiting, whose
   message is neither in its queue nor held by a worker (a crash between a stage's end and
   the dispatch of the next, a message the broker lost): published again, its `when` asked
   again first, unless a pause holds it (`recovery.pauses`: its resume publishes it).
 
-A second message of a stage does no harm: its claim is one guarded UPDATE, and the later
+A parent whose children are still running waits on purpose and is not looked at (its batch
+is open). A second message of a stage does no harm: its claim is one guarded UPDATE, and the later
 delivery finds the stage no longer waiting and is dropped. Options: the threshold above and
 the batch (`BATCH` runs per tick, the longest-stalled first).
 
@@ -34,7 +38,7 @@ from orchestrator.cluster.locks import Fence
 from orchestrator.recovery.pauses import Holds
 from orchestrator.recovery.pending import held_by_workers, in_broker_lists, stranded_after_s
 from orchestrator.routing import stage_queue
-from orchestrator.runs import pipeline
+from orchestrator.runs import children, pipeline
 from orchestrator.stores import queries
 from orchestrator.stores.durable import Stages, json_value
 from tasks import registry
@@ -77,6 +81,9 @@ class AdvanceStalledPipelines:
             fence.check()
             stages = Stages(json_value(states), json_value(results))
             try:
+                if children.fail_if_a_child_failed(definition, run_id, owner):
+                    moved += 1
+                    continue
                 moved += pipeline.advance_stalled(
                     definition,
                     run_id,

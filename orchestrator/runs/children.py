@@ -179,6 +179,25 @@ def wake_parent(parent_run_id: str, stage: str, *, failed_batch: str | None = No
     advance(run, Stages(states, results), ended=(stage,))
 
 
+def fail_if_a_child_failed(definition: TaskDefinition, run_id: str, owner: str) -> bool:
+    """A stalled parent (`recovery.stages`) whose `fail_parent` child did not complete, the
+    release that fails it lost: it fails now. Says whether it did."""
+    found = next(
+        (
+            (batch.id, batch.parent_stage)
+            for batch in RunBatch.objects.filter(
+                parent_run_id=run_id, on_failure=OnFailure.FAIL_PARENT
+            ).exclude(done_at=None)
+            if set(batch.counts) - {RunState.COMPLETED.value}
+        ),
+        None,
+    )
+    if found is None:
+        return False
+    _fail_parent(definition, run_id, owner, found[1], found[0])
+    return True
+
+
 def _fail_parent(
     definition: TaskDefinition, run_id: str, owner: str, stage: str, batch_id: str
 ) -> None:

@@ -6,16 +6,25 @@ leader's `batches` loop as `orchestrator.loops` runs it."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.db.models import Count
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from orchestrator.api import tokens
-from orchestrator.models import RunBatch, TaskHistory
+from orchestrator.models import RunBatch, TaskHistory, TaskHistoryAudit
+from orchestrator.recovery.reconciler import Reconciler
 from orchestrator.runs.cancel import request_cancel
 from orchestrator.runs.handle import RunHandle
 from orchestrator.runs.rerun import rerun
@@ -90,6 +99,50 @@ def test_the_waiting_stage_runs_once_after_every_child_with_their_results(worker
     assert run.result["collections"] == {"children": 20, "sum": sum(range(20))}
 
 
+def test_500_children_through_10_sigkills_end_once_and_the_stage_runs_once_after_them() -> None:
+    with worker_process(QUEUES, concurrency=4, name="children-kills"), batches_loop():
+        handle = _fan_out({"count": 500, "seconds": 0.1, "on_failure": "continue"})
+        killed = _kill_pool_children(10)
+        run = _ended(handle.run_id, timeout=240)
+    assert len(killed) == 10
+    assert run.state == "completed", run.error
+    children = TaskHistory.objects.filter(parent_run_id=handle.run_id)
+    assert children.count() == 500
+    assert set(children.values_list("state", flat=True)) == {"completed"}
+    assert children.filter(attempts__gt=1).exists()  # some were killed mid-run and put back
+    ends = (
+        TaskHistoryAudit.objects.filter(run_id__in=children.values("id"))
+        .filter(to_state__in=("completed", "failed", "cancelled"))
+        .values_list("run_id")
+        .annotate(n=Count("id"))
+    )
+    assert {n for _, n in ends} == {1} and len(ends) == 500  # every child ended once
+    (waited,) = _waited()  # the waiting stage ran once
+    assert waited["states"] == {"completed": 500} and waited["sum"] == sum(range(500))
+    last_child_end = max(children.values_list("finished_at", flat=True))
+    assert run.steps["collections"]["started_at"] >= last_child_end.isoformat()
+    batch = RunBatch.objects.get(parent_run_id=handle.run_id)
+    assert (batch.open, batch.counts) == (0, {"completed": 500})
+
+
+def _kill_pool_children(kills: int) -> set[int]:
+    """SIGKILL `kills` pool processes, each while it runs a child (the child's own record
+    names it), half a second apart."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + 120
+    while len(killed) < kills and time.monotonic() < deadline:
+        entries = [json.loads(e) for e in valkey.client().lrange(CHILD_RECORD, -4, -1)]
+        pids = [e["pid"] for e in entries if e["pid"] not in killed]
+        if not pids:
+            time.sleep(0.05)
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[-1], signal.SIGKILL)
+            killed.add(pids[-1])
+        time.sleep(0.5)
+    return killed
+
+
 def test_a_failed_child_fails_its_parent_and_the_others_are_cancelled(workers: None) -> None:
     handle = start_run(
         "test-fan-out", {"count": 6, "fail": [0], "seconds": 3}, trigger=TriggerKind.API
@@ -122,6 +175,32 @@ def test_a_resume_keeps_the_children_that_completed_and_runs_the_others(workers:
     (waited,) = _waited()
     assert waited["states"] == {"completed": 6} and waited["sum"] == sum(range(6))
     assert run.result["collections"]["children"] == 6
+
+
+@pytest.mark.parametrize("on_failure", ["continue", "fail_parent"])
+def test_a_wake_the_release_lost_is_the_stalled_pipeline_recoverys(on_failure: str) -> None:
+    with worker_process(QUEUES, concurrency=4, name="children-lost-wake"):
+        handle = _fan_out({"count": 3, "fail": [1], "on_failure": on_failure})
+        batches = RunBatch.objects.filter(parent_run_id=handle.run_id)
+        wait_for(lambda: batches.exclude(done_at=None).exists(), timeout=30)
+        # The release marked it and died before waking the parent.
+        batches.update(released_at=timezone.now())
+        config = settings.CONFIG
+        settings.CONFIG = dataclasses.replace(config, pipeline_recover_after_s=0)
+        try:
+            wait_for(lambda: not batches.filter(open__gt=0).exists() or on_failure != "continue")
+            reconciler = Reconciler()
+            assert reconciler.tick().chores["pipelines"] == 1
+            reconciler.release()
+        finally:
+            settings.CONFIG = config
+        run = _ended(handle.run_id)
+    if on_failure == "continue":
+        assert run.state == "completed", run.error
+        assert _waited()[0]["states"] == {"completed": 2, "failed": 1}
+    else:
+        assert (run.state, run.error["kind"]) == ("failed", "child_failed")
+        assert _waited() == []
 
 
 def test_continue_runs_the_waiting_stage_and_it_sees_the_failure(workers: None) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from pydantic import BaseModel, Field
@@ -11,7 +12,7 @@ from pydantic import BaseModel, Field
 from orchestrator.stores import valkey
 from tasks import PermanentError, Stage, TaskContext, define_task
 
-CHILD_RECORD = "test:children:ran"  # one entry per child handler call: its n
+CHILD_RECORD = "test:children:ran"  # one JSON entry per child handler call: its n and pid
 WAITED_RECORD = "test:children:waited"  # one JSON entry per `collections` call
 CALLBACK_RECORD = "test:children:callback"  # one JSON entry per callback call
 FAILING = "test:children:failing"  # while it exists, a child whose input says `fail` fails
@@ -69,7 +70,7 @@ fan_out = define_task(
 
 
 def _child(ctx: TaskContext, params: ChildInput) -> dict[str, int]:
-    valkey.client().rpush(CHILD_RECORD, params.n)
+    valkey.client().rpush(CHILD_RECORD, json.dumps({"n": params.n, "pid": os.getpid()}))
     if params.fail and valkey.client().exists(FAILING):
         raise PermanentError(f"child {params.n} fails as asked")
     ctx.sleep(params.seconds)
