@@ -4,7 +4,8 @@ They do nothing, so what a benchmark measures is the engine around them: start_r
 broker, the worker pool and the runner's reads and writes; for `bench-pipe4`, a pipeline's
 stage claims, ends and advances (bench/pipeline.py); for `bench-chatty`, the live log and
 progress (bench/observability.py); for the `bench-keyed-*` four, what a debounce, a throttle
-and a keyed concurrency add to a start (bench/coalescing.py).
+and a keyed concurrency add to a start (bench/coalescing.py); for `bench-fan-out`, children
+spawned by a stage and a stage that awaits them (bench/children.py).
 """
 
 from __future__ import annotations
@@ -87,4 +88,24 @@ limited = define_task(
     execute=_noop_keyed,
     input_model=Keyed,
     concurrency=Concurrency(key=lambda params: params.key, max=1),
+)
+
+
+class FanOut(BaseModel):
+    count: int
+
+
+def _scan(ctx: TaskContext, params: FanOut) -> None:
+    ctx.spawn("bench-noop", [{}] * params.count, on_failure="continue")
+
+
+# A stage that spawns `count` no-op children, and one that waits for them (bench/children.py).
+fan_out = define_task(
+    id="bench-fan-out",
+    resource_class="io",
+    input_model=FanOut,
+    pipeline=[
+        Stage(name="scan", execute=_scan),
+        Stage(name="collect", execute=_noop, after=("scan",), await_children=True),
+    ],
 )
