@@ -40,7 +40,7 @@ from tests.support.users import operator
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-QUEUES = ["task.t.test-fan-out", "task.t.test-child"]
+QUEUES = ["task.t.test-fan-out", "task.t.test-child", "task.t.test-spawner"]
 
 
 @pytest.fixture(autouse=True)
@@ -211,6 +211,24 @@ def test_continue_runs_the_waiting_stage_and_it_sees_the_failure(workers: None) 
     assert run.state == "completed", run.error
     (waited,) = _waited()
     assert waited["states"] == {"completed": 4, "failed": 1}
+
+
+def test_a_plain_handler_spawns_with_its_end_and_a_failed_one_spawns_nothing(
+    workers: None,
+) -> None:
+    plain = _ended(start_run("test-spawner", {"count": 3}, trigger=TriggerKind.API).run_id)
+    assert plain.state == "completed", plain.error
+    children = TaskHistory.objects.filter(parent_run_id=plain.id)
+    assert sorted(children.values_list("id", flat=True)) == sorted(plain.result["children"])
+    assert {c.priority for c in children} == {5}
+    assert all("stage" not in c.trigger for c in children)
+    wait_for(lambda: children.filter(state="completed").count() == 3)
+    (batch,) = RunBatch.objects.filter(parent_run_id=plain.id)
+    assert batch.parent_stage == ""
+    failed = start_run("test-spawner", {"count": 3, "then_fail": True}, trigger=TriggerKind.API)
+    assert _ended(failed.run_id).state == "failed"
+    assert not TaskHistory.objects.filter(parent_run_id=failed.run_id).exists()
+    assert not RunBatch.objects.filter(parent_run_id=failed.run_id).exists()
 
 
 def test_a_bad_child_input_fails_the_step_and_writes_nothing(workers: None) -> None:

@@ -97,3 +97,21 @@ def _callback(ctx: TaskContext, params: CallbackInput) -> None:
 callback = define_task(
     id="test-batch-callback", resource_class="io", execute=_callback, input_model=CallbackInput
 )
+
+
+class SpawnerInput(BaseModel, extra="forbid"):
+    count: int
+    then_fail: bool = False  # the handler fails after spawning: its children are not written
+
+
+def _spawner(ctx: TaskContext, params: SpawnerInput) -> dict[str, list[str]]:
+    ids = ctx.spawn("test-child", [{"n": n} for n in range(params.count)], priority=5)
+    if params.then_fail:
+        raise PermanentError("fails after spawning, as asked")
+    return {"children": ids}
+
+
+# A plain task (no pipeline) whose handler spawns children, written with its run's end.
+spawner = define_task(
+    id="test-spawner", resource_class="io", execute=_spawner, input_model=SpawnerInput
+)
