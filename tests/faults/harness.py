@@ -49,6 +49,9 @@ QUEUES = (
     "task.t.test-fault-pipe.b",
     "task.t.test-fault-resume",
     "task.t.test-fault-encode",
+    # The children scenario's (tests/faults/cluster_tasks.py).
+    "task.t.test-fault-fan",
+    "task.t.test-fault-child",
 )
 LOG_DIR = ROOT / ".pytest_cache"
 # What a writer logs when a fence refuses its late write (`Harness.late_writes_refused`):

@@ -25,8 +25,8 @@ from django.conf import settings
 from django.db import connection
 
 from orchestrator.cluster.leaders import CLUSTER, instance_of
-from orchestrator.models import TaskHistory
-from orchestrator.runs import leftovers
+from orchestrator.models import RunBatch, TaskHistory
+from orchestrator.runs import celery_tasks, leftovers
 from orchestrator.runs.cancel import NotCancellable, request_cancel
 from orchestrator.runs.publish import publish
 from orchestrator.states import TERMINAL_RUN_STATES
@@ -708,6 +708,254 @@ def pipeline_valkey_restart(h: Harness) -> list[str]:
     return _expect_all_completed(h, "across the Valkey restart between stages")
 
 
+# --- children (issue 40) -------------------------------------------------------------------
+
+# The children scenario's tasks (tests/faults/cluster_tasks.py), which the test registry
+# (LUMASTRA_TASK_MODULES) does not name.
+CHILDREN_MODULE = "tests.faults.cluster_tasks"
+FAN_TASK = "test-fault-fan"
+# Each parent's children, and each child's work.
+CHILDREN_PER_PARENT = (40, 60)
+CHILD_MS = (20, 150)
+# The loops' connections, terminated with the workers' (the leader's `batches` loop releases).
+LOOPS_APP = "lumastra-faults-loops"
+TERMINAL = tuple(s.value for s in TERMINAL_RUN_STATES)
+
+
+def _children_registry() -> dict[str, str]:
+    """The registry with the children scenario's tasks, installed again in the driver (its
+    starts); returns the environment that names them to the scenario's workers and loops."""
+    modules = settings.CONFIG.task_modules
+    if CHILDREN_MODULE not in modules:
+        modules = (*modules, CHILDREN_MODULE)
+    if FAN_TASK not in registry.get():
+        registry.install(registry.load(registry.BUILT_IN_MODULES + modules))
+        celery_tasks.register_all(registry.get())
+    return {"LUMASTRA_TASK_MODULES": ",".join(modules)}
+
+
+@dataclass(frozen=True)
+class _Flight:
+    """The children of the scenario's parents, as Postgres has them now."""
+
+    batches: int  # parents whose scan wrote its batch
+    least_open: int  # the fewest children a batch still waits for
+    written: int
+    ended: int
+
+    @property
+    def live(self) -> int:
+        return self.written - self.ended
+
+
+def _flight(parents: list[str]) -> _Flight:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), coalesce(min(open), 0), coalesce(sum(total), 0), "
+            "coalesce(sum(total - open), 0) FROM run_batches WHERE parent_run_id = ANY(%s)",
+            [parents],
+        )
+        batches, least_open, written, ended = cursor.fetchone()
+    return _Flight(int(batches), int(least_open), int(written), int(ended))
+
+
+def _terminate(apps: list[str]) -> int:
+    """pg_terminate_backend on every connection of the named applications; how many."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = ANY(%s)",
+            [apps],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def children(h: Harness) -> list[str]:
+    """Fan-out pipelines (`test-fault-fan`: `scan` spawns 40-60 children of 20-150 ms each,
+    `on_failure="continue"`; `gather` awaits them) whose children are in flight when Valkey
+    crashes and comes back empty (the children's live hashes and queued messages gone), and
+    Postgres then terminates the workers' and the loops' connections again and again, once
+    the children run again (published anew by the pending check). The
+    counts that make `gather` due are Postgres's (`run_batches`, counted by a trigger on each
+    child's end), so: every parent and every child completes, each child enters a terminal
+    state once, and each parent's `gather` runs once, after its last child ended, seeing all
+    of its children completed (its result, kept in `task_history.stage_results`)."""
+    tasks_env = _children_registry()
+    workers = {**tasks_env, "DATABASE_URL": _worker_url(database_url())}
+    h.worker(env=workers)
+    h.worker(env=workers)
+    h.loops(env={**tasks_env, "DATABASE_URL": f"{database_url()}?application_name={LOOPS_APP}"})
+    tag = f"{time.time_ns():x}"  # no parent (nor child) meets the identity of an earlier one
+
+    def make(index: int) -> tuple[str, dict[str, Any]]:
+        count = h.rng.randint(*CHILDREN_PER_PARENT)
+        low, high = CHILD_MS
+        return FAN_TASK, {
+            "label": f"fan-{tag}-{index}",
+            "count": count,
+            "low_ms": low,
+            "high_ms": high,
+        }
+
+    with h.load(h.n(6), make):
+        pass
+    parents = list(h.started)
+
+    # Every scan has written its children, and some of them have ended while every parent
+    # still waits for some: the faults come with children of every parent in flight.
+    def in_flight() -> _Flight | None:
+        found = _flight(parents)
+        spawned = found.batches == len(parents)
+        return (
+            found if spawned and found.least_open and found.ended >= found.written // 20 else None
+        )
+
+    flight = h.wait(in_flight, 60, "every parent's children written, some ended")
+    h.notes["children written / ended / least a parent waited for, at the Valkey restart"] = [
+        flight.written,
+        flight.ended,
+        flight.least_open,
+    ]
+    h.notes["Valkey down (s)"] = round(h.valkey.restart(), 2)
+    h.fault("Valkey restart without AOF (children in flight)")
+    restarted = time.monotonic()
+    # The children's messages went with Valkey: they wait for the pending check to publish
+    # them again. The connections are terminated once children run again, while they run:
+    # once more have ended than the ones running at the restart (four pool processes) could.
+    h.pause(1.0)
+    after = _flight(parents).ended
+    h.wait(
+        lambda: _flight(parents).ended >= after + 8, 60, "children running again after the restart"
+    )
+    h.notes["children running again after the restart (s)"] = round(time.monotonic() - restarted, 1)
+    terminated, live_at = 0, []
+    for _ in range(h.n(4)):
+        live_at.append(_flight(parents).live)
+        terminated += _terminate([WORKER_APP, LOOPS_APP])
+        h.fault("pg_terminate_backend of the workers' and the loops' connections")
+        h.pause(1.0)
+    h.notes["children live at each pg_terminate_backend"] = live_at
+    h.notes["backends terminated"] = terminated
+    h.settle(SCENARIOS["children"].bound_s)
+    h.notes["published again by the pending check"] = h.log_count(
+        None, "its message is not in the broker"
+    )
+    h.notes["parents not moved on by their batch's release"] = h.log_count(
+        None, "not moved on after its batch"
+    )
+    h.notes["parents moved on by the stalled-pipeline recovery"] = h.log_count(
+        None, "stalled between stages"
+    )
+
+    problems = _expect_all_completed(h, "with their children across the faults")
+    problems += _children_ended_once(h, parents)
+    problems += _gathered_once(h, parents)
+    if not flight.live:
+        problems.append("no child was in flight at the Valkey restart")
+    if not any(live_at):
+        problems.append("no child was in flight at any pg_terminate_backend")
+    return problems
+
+
+def _children_ended_once(h: Harness, parents: list[str]) -> list[str]:
+    """Each parent has the children its input asked for, in one batch, each completed after
+    exactly one terminal transition (task_history_audit)."""
+    rows = TaskHistory.objects.filter(id__in=parents).values_list("id", "input")
+    asked = {run_id: int(input_["count"]) for run_id, input_ in rows}
+    kids = TaskHistory.objects.filter(parent_run_id__in=parents)
+    found = list(kids.values_list("id", "parent_run_id", "state", "attempts"))
+    by_parent = Counter(parent for _, parent, _, _ in found)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT run_id, count(*) FILTER (WHERE to_state = ANY(%s)), "
+            "array_agg(to_state ORDER BY id) FROM task_history_audit "
+            "WHERE run_id = ANY(%s) GROUP BY run_id",
+            [list(TERMINAL), [run_id for run_id, _, _, _ in found]],
+        )
+        trails = {run_id: (int(ends), trail) for run_id, ends, trail in cursor.fetchall()}
+    batches = {
+        b.parent_run_id: b
+        for b in RunBatch.objects.filter(parent_run_id__in=parents, parent_stage="scan")
+    }
+    h.notes["parents / children"] = [len(parents), len(found)]
+    h.notes["children that took more than one attempt"] = sum(1 for *_, n in found if n > 1)
+    h.notes["batches released by the leader"] = sum(
+        1 for b in batches.values() if b.released_at is not None
+    )
+    problems = []
+    wrong_count = {p: [by_parent[p], n] for p, n in asked.items() if by_parent[p] != n}
+    if wrong_count:
+        problems.append(
+            f"{len(wrong_count)} parents without the children they spawned "
+            f"(found, asked): {sorted(wrong_count.items())[:3]}"
+        )
+    not_done = [(r, p, s) for r, p, s, _ in found if s != "completed"]
+    if not_done:
+        problems.append(f"{len(not_done)} children did not complete: {not_done[:3]}")
+    not_once = {r: trails.get(r) for r, _, _, _ in found if trails.get(r, (0, []))[0] != 1}
+    if not_once:
+        problems.append(
+            f"{len(not_once)} children did not end exactly once (ends, trail): "
+            f"{sorted(not_once.items())[:3]}"
+        )
+    for parent, n in asked.items():
+        batch = batches.get(parent)
+        seen = None if batch is None else (batch.total, batch.open, batch.counts)
+        if seen != (n, 0, {"completed": n}):
+            problems.append(
+                f"parent {parent}: its batch (total, open, counts) is {seen}, not "
+                f"{(n, 0, {'completed': n})}"
+            )
+    return problems
+
+
+def _gathered_once(h: Harness, parents: list[str]) -> list[str]:
+    """Each parent's `gather` ran once (one entry, one claim), after its last child's terminal
+    transition, and returned every child completed."""
+    rows = TaskHistory.objects.filter(id__in=parents).values_list(
+        "id", "input", "stage_results", "steps"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT h.parent_run_id, max(a.at) FROM task_history_audit a "
+            "JOIN task_history h ON h.id = a.run_id "
+            "WHERE h.parent_run_id = ANY(%s) AND a.to_state = ANY(%s) GROUP BY h.parent_run_id",
+            [parents, list(TERMINAL)],
+        )
+        last_end = {parent: at.timestamp() for parent, at in cursor.fetchall()}
+    entries: dict[str, list[float]] = {}
+    for entry in read_effects(h.effects_path):
+        if entry.stage == "gather":
+            entries.setdefault(entry.run, []).append(entry.at)
+    problems = []
+    margins = []
+    for run_id, input_, results, steps in rows:
+        n = int(input_["count"])
+        seen = (results or {}).get("gather")
+        if seen != {"children": n, "completed": n}:
+            problems.append(f"parent {run_id}: gather saw {seen}, not all {n} children completed")
+        attempts = ((steps or {}).get("gather") or {}).get("attempts")
+        at = sorted(entries.get(run_id, []))
+        if len(at) != 1 or attempts != 1:
+            problems.append(
+                f"parent {run_id}: gather entered {len(at)} times under {attempts} claims, not once"
+            )
+        ended = last_end.get(run_id)
+        if at and ended is not None:
+            margins.append(at[0] - ended)
+            if at[0] < ended:
+                problems.append(
+                    f"parent {run_id}: gather entered {ended - at[0]:.3f} s before its last "
+                    "child ended"
+                )
+    if margins:
+        h.notes["gather entered after the last child's end (s, least / most)"] = [
+            round(min(margins), 3),
+            round(max(margins), 3),
+        ]
+    return problems
+
+
 # --- partitions between hosts (issue 26) ---------------------------------------------------
 
 # Longer than the orphan threshold (6 s here): host A's runs are resumed elsewhere meanwhile.
@@ -1160,6 +1408,11 @@ SCENARIOS: dict[str, Scenario] = {
             "pipeline-valkey-restart",
             "Valkey crash without AOF between pipeline stages",
             pipeline_valkey_restart,
+        ),
+        Scenario(
+            "children",
+            "children in flight while Valkey restarts empty and Postgres terminates connections",
+            children,
         ),
         Scenario(
             "partition-full",
