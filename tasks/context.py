@@ -18,6 +18,7 @@ class ChildRun:
 
     run_id: str
     task_id: str
+    input: dict[str, Any]  # as it was spawned: matches a result to the work it was given
     state: str  # pending, active, cancelling, completed, failed or cancelled
     result: Any  # its result once completed; None when over the stage result cap
     error: dict[str, Any] | None
@@ -91,11 +92,14 @@ class TaskContext(Protocol):
         again starts none; a bad input fails the step, naming its index and field. Children
         take this run's priority unless `priority` is given. A later stage declared with
         `await_children=True` waits until every child of its dependencies has ended; with
-        `on_failure="fail_parent"` the first child that does not complete fails this run."""
+        `on_failure="fail_parent"` the first child that does not complete fails this run while
+        it is still running (a pipeline awaiting them; a plain run has ended by then) and
+        cancels the others; with `"continue"` the awaiting stage sees the failures."""
         ...
 
     def children(self, stage: str) -> list[ChildRun]:
-        """The children `stage` of this run spawned: each one's id, state, result and error."""
+        """The children `stage` of this run spawned, in the order spawned (after a resume, the
+        kept ones first): each one's id, input, state, result and error."""
         ...
 
     def limit(self, limit_id: str, units: int = 1) -> AbstractContextManager[None]:

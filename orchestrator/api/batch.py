@@ -175,12 +175,15 @@ def get_batch(request: HttpRequest, batch_id: str) -> BatchStateOut:
     row = RunBatch.objects.filter(id=batch_id[:40]).first() if _BATCH_ID.match(batch_id) else None
     if row is None:
         raise ApiError(404, f"no batch {batch_id!r}")
-    by_state = dict(
+    by_state: dict[str, int] = dict(
         TaskHistory.objects.filter(batch_id=row.id)
         .values_list("state")
         .annotate(n=Count("id"))
         .values_list("state", "n")
     )
+    # A resume's batch keeps completed runs of the batches it reuses, counted in its total.
+    if kept := row.total - sum(by_state.values()):
+        by_state["completed"] = by_state.get("completed", 0) + kept
     return BatchStateOut(
         id=row.id,
         parent_run_id=row.parent_run_id,

@@ -24,6 +24,7 @@ class Migration(migrations.Migration):
                 ('parent_run_id', models.CharField(blank=True, max_length=40, null=True)),
                 ('parent_stage', models.CharField(blank=True, default='', max_length=64)),
                 ('on_failure', models.CharField(choices=[('fail_parent', 'Fail Parent'), ('continue', 'Continue')], default='continue', max_length=16)),
+                ('awaited', models.BooleanField(default=False)),
                 ('total', models.PositiveIntegerField()),
                 ('open', models.PositiveIntegerField()),
                 ('counts', models.JSONField(blank=True, default=dict)),

@@ -22,6 +22,8 @@ class RunBatch(models.Model):
     on_failure = models.CharField(
         max_length=16, choices=OnFailure.choices, default=OnFailure.CONTINUE
     )
+    # A later stage of the parent awaits these children (`Stage(await_children=True)`).
+    awaited = models.BooleanField(default=False)
     total = models.PositiveIntegerField()
     # Runs of the batch not yet ended; the trigger counts each end once (the end's guarded
     # write changes the state once), so duplicates and replays cannot count twice.

@@ -5,6 +5,7 @@
 - `pending`: pending runs whose message the broker lost: published again, or failed at a deadline
 - `repair`: a tick's step: live hashes left behind a terminal write, settled
 - `stages`: a tick's step: pipeline runs stalled between stages, moved on
+- `children`: a tick's step: live children of a parent that ended failed or cancelled, cancelled
 - `pauses`: pause and resume a task or class (`task_pause`, its Valkey mirror, the release)
 - `windows`: the leader's windows loop: the mirror kept true, what a window held released when
   it opens, running runs stopped when it closes; an operator's window set or removed

@@ -21,7 +21,8 @@ A tick, on one process of the cluster at a time:
    writer died between the two writes), and runs their `finished` hooks
    (`orchestrator.recovery.repair`);
 7. runs its chores under the same lock: the repair of chore 6 (`RepairHashes`), the pipelines
-   stalled between stages (`AdvanceStalledPipelines`), then any a caller adds (none today:
+   stalled between stages (`AdvanceStalledPipelines`), the live children of parents that ended
+   failed or cancelled (`recovery.children`), then any a caller adds (none today:
    coverage rows left `running` are the stage-sweep's to reclaim, `coverage.sweep`). The
    pauses' Valkey mirror is rebuilt by the leader's `windows` loop (`recovery.windows`).
 
@@ -73,6 +74,7 @@ from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.cluster.locks import Fence, FencedLock, LockLost, LoopLock
 from orchestrator.recovery import drain_replay, orphans, pauses, pending
+from orchestrator.recovery.children import CancelChildrenLeft
 from orchestrator.recovery.drain_replay import ReplayReport
 from orchestrator.recovery.orphans import SCAN_START, OrphanReport
 from orchestrator.recovery.pending import PendingReport
@@ -153,7 +155,12 @@ class Reconciler:
         config = settings.CONFIG
         # The repair of left-behind hashes and the pipelines stalled between stages are always
         # chores; a caller may add more.
-        self.chores: tuple[Chore, ...] = (RepairHashes(), AdvanceStalledPipelines(), *chores)
+        self.chores: tuple[Chore, ...] = (
+            RepairHashes(),
+            AdvanceStalledPipelines(),
+            CancelChildrenLeft(),
+            *chores,
+        )
         self.clock = clock
         self.batch = batch
         # The cluster seat: a leader's (never acquired here), or the same lock taken directly.

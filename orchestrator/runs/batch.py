@@ -122,12 +122,17 @@ class Starts:
     admitted: list[_Admitted]
     atomic: bool
     refused_all: bool = False  # an atomic batch refused: nothing will be written
+    given_back: bool = False
 
     def answered(self) -> list[Outcome]:
         return _answered(self.outcomes)
 
     def abandon(self) -> None:
-        _abandon(self.admitted)
+        """Give back what admission took, once (a step's end may ask again after a failed
+        write gave it back already)."""
+        if not self.given_back:
+            self.given_back = True
+            _abandon(self.admitted)
 
     def record(self, group: Group | None = None) -> bool:
         """One INSERT for the admitted runs (and their batch's row), in the caller's
@@ -135,7 +140,11 @@ class Starts:
         idempotency key to a concurrent start, and nothing of it may be kept (the caller rolls
         back; admission gave back what it took)."""
         admitted, outcomes = self.admitted, self.outcomes
-        inserted = _insert(admitted, group)
+        try:
+            inserted = _insert(admitted, group)
+        except Exception:
+            self.given_back = True  # by `_insert`
+            raise
         # A concurrent start took a key between its read and this insert.
         raced = [e for e in admitted if e.start.handle.run_id not in inserted]
         if raced and self.atomic:
@@ -145,7 +154,11 @@ class Starts:
             return False
         if group is not None:
             kept = [e for e in admitted if e.start.handle.run_id in inserted]
-            insert_batch(group, len(kept), sum(1 for e in kept if e.dropped is not None))
+            try:
+                insert_batch(group, len(kept), sum(1 for e in kept if e.dropped is not None))
+            except Exception:
+                self.abandon()
+                raise
         for entry in raced:
             hooks.abandon(entry.admission)
             lost = entry.start.handle.run_id

@@ -121,6 +121,7 @@ def insert_batch(group: Group, recorded: int, ended: int) -> None:
         "parent_run_id": None,
         "parent_stage": "",
         "on_failure": "continue",
+        "awaited": False,
         "on_complete": None,
         "on_success": None,
         **group.row,
@@ -130,5 +131,6 @@ def insert_batch(group: Group, recorded: int, ended: int) -> None:
         "counts": json.dumps({state: n for state, n in counts.items() if n}),
         "reused_from": list(group.reused_from),
     }
+    params["done"] = params["open"] == 0 or (params["on_failure"] == "fail_parent" and ended > 0)
     with connection.cursor() as cursor:
         cursor.execute(queries.INSERT_BATCH, params)

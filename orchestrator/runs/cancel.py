@@ -26,18 +26,18 @@ kills its process as soon as it hears, as the escalation would.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterable
 
 from django.conf import settings
+from django.db import connection
 
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
 from orchestrator.runs import catch_up, pipeline, retries, terminal
 from orchestrator.runs.shed import signal
-from orchestrator.states import LIVE_RUN_STATES, IllegalTransition, RunState, StageState
-from orchestrator.stores import broker, durable, keys, live, valkey
+from orchestrator.states import IllegalTransition, RunState, StageState
+from orchestrator.stores import broker, durable, keys, live, queries, valkey
 from tasks import registry
 from tasks.errors import ErrorKind
 
@@ -58,7 +58,35 @@ class NotCancellable(ValueError):
 def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
     """Ask a run to stop; returns its state afterwards (cancelled or cancelling). With `kill`,
     a running handler is not waited for: its watch ends the run and kills its process at once
-    (also for a run already cancelling)."""
+    (also for a run already cancelling). Its live descendants (`ctx.spawn`) are asked after it
+    (`cancel_descendants`)."""
+    state = _request_cancel(run_id, actor=actor, kill=kill)
+    cancel_descendants(run_id, f"{actor}, with its ancestor {run_id}", kill=kill)
+    return state
+
+
+def cancel_descendants(run_id: str, actor: str, *, kill: bool = False) -> int:
+    """Cancel every live run spawned under `run_id`, at any depth (one recursive query), each
+    as an ordinary cancel but for its queued message, left for its claim to refuse (a message
+    taken out one at a time would read a long queue once per child). A child that ended
+    meanwhile, or whose cancel fails, is skipped: the reconciler's `children` chore cancels
+    the live children of an ended parent later. Returns how many were asked."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries.LIVE_DESCENDANTS, {"run_id": run_id})
+        found = [child_id for (child_id,) in cursor.fetchall()]
+    asked = 0
+    for child_id in found:
+        try:
+            _request_cancel(child_id, actor=actor, kill=kill, take_message=False)
+            asked += 1
+        except NotCancellable:
+            pass  # it ended meanwhile
+        except Exception:
+            log.exception("run %s: the cancel of its descendant %s failed", run_id, child_id)
+    return asked
+
+
+def _request_cancel(run_id: str, *, actor: str, kill: bool, take_message: bool = True) -> RunState:
     row = TaskHistory.objects.filter(id=run_id).values_list("task_id", "state").first()
     if row is None:
         raise UnknownRun(run_id)
@@ -78,7 +106,6 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
         raise NotCancellable(run_id, exc.current) from None
     signal(run_id, actor)
     error = retries.error_doc(ErrorKind.CANCELLED, f"cancelled by {actor}")
-    _cascade(run_id, actor, kill)
     if not was_pending:
         state = None
         if definition.pipeline:
@@ -89,17 +116,10 @@ def request_cancel(run_id: str, *, actor: str, kill: bool = False) -> RunState:
         if kill and state != RunState.CANCELLED:
             _kill_now(run_id)
         return state or RunState.CANCELLING
-    broker.remove_waiting(queue_name(definition, settings.CONFIG.per_task_queues), run_id)
+    if take_message:
+        broker.remove_waiting(queue_name(definition, settings.CONFIG.per_task_queues), run_id)
     terminal.cancel(definition, run_id, error=error)
     return RunState.CANCELLED
-
-
-def _cascade(run_id: str, actor: str, kill: bool) -> None:
-    """A parent's cancel reaches its live children (`ctx.spawn`), and theirs."""
-    live = TaskHistory.objects.filter(parent_run_id=run_id, state__in=LIVE_RUN_STATES)
-    for child_id in live.values_list("id", flat=True):
-        with contextlib.suppress(NotCancellable):  # it ended meanwhile
-            request_cancel(child_id, actor=f"{actor}, with its parent {run_id}", kill=kill)
 
 
 def _kill_now(run_id: str) -> None:

@@ -26,16 +26,29 @@ transaction as that mark, so they start once; a parent's stage that awaits the c
 `settled` whether every child of its dependencies has ended. A failure of a `fail_parent` child
 fails the parent run, naming the stage that awaited it, and cancels the batch's live children.
 
-Not guaranteed: a crash between a spawn's admission and the step's end keeps the children's
-identities held for LUMASTRA_IDENTITY_PROVISIONAL_TTL_S (as a crash mid-`start_run` does); a
-step whose end Postgres refused on a transient error is not drained (its children cannot wait
-in Valkey): it is found lost and tried again. A parent advanced twice (the release and a
-recovery at once) publishes its due stage twice; the stage's claim takes one.
+A parent that ends failed or cancelled takes its live children with it: its cancel asks
+every live descendant at once (`runs.cancel.cancel_descendants`), a `fail_parent` failure too,
+and the reconciler's `children` chore (`recovery.children`) cancels those they missed. A
+parent's stage that completes while its run is being cancelled writes no children. A child of a
+parent that completed runs on: a plain handler's children outlive it by design. A resume keeps
+the children that completed (`runs.spawn.reuse`), and is refused while the original has live
+children. A task that coalesces its starts (debounce, follow-up) cannot be spawned: its starts
+write at once, not with the step's end.
+
+Not guaranteed: admission's identity holds are provisional until the step's end commits
+(LUMASTRA_IDENTITY_PROVISIONAL_TTL_S, 30 s): a step that ends later than that after its spawn
+may meet a second run of a child's identity, started meanwhile, and a crash keeps them held
+that long; a step whose end Postgres refused on a transient error is not drained (its children
+cannot wait in Valkey): it is found lost and tried again. A callback that admission refuses at
+the release (a quota, an open circuit, a full queue) is recorded as refused
+(`GET /batches/{id}`), not tried again; a batch that recorded no run starts none. A parent
+advanced twice (the release and a recovery at once) publishes its due stage twice; the stage's
+claim takes one. `fail_parent` fails a parent that is still running (a pipeline waiting for
+its children); a plain run has ended before its children.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Mapping
@@ -49,7 +62,7 @@ from orchestrator.models import OnFailure, RunBatch, TaskHistory
 from orchestrator.runs import retries, terminal
 from orchestrator.runs.batch import start_runs
 from orchestrator.runs.batches import StartRequest, callback_input, request_of
-from orchestrator.runs.cancel import NotCancellable, request_cancel
+from orchestrator.runs.cancel import cancel_descendants
 from orchestrator.runs.pipeline import PipelineRun, advance
 from orchestrator.states import LIVE_RUN_STATES, RunState
 from orchestrator.stores import durable, queries
@@ -98,15 +111,15 @@ def release(fence: Fence | None = None, limit: int = RELEASE_BATCH) -> int:
         with connection.cursor() as cursor:
             cursor.execute(queries.RELEASE_BATCHES, {"limit": limit})
             rows = cursor.fetchall()
-        for batch_id, _, _, _, counts, on_complete, on_success in rows:
-            if on_complete is not None or on_success is not None:
+        for batch_id, _, _, _, counts, on_complete, on_success, total in rows:
+            if total and (on_complete is not None or on_success is not None):
                 _start_callbacks(
                     batch_id,
                     durable.json_value(counts),
                     durable.json_value(on_complete),
                     durable.json_value(on_success),
                 )
-    for batch_id, parent_run_id, stage, on_failure, counts, _, _ in rows:
+    for batch_id, parent_run_id, stage, on_failure, counts, _, _, _ in rows:
         if parent_run_id is None:
             continue
         failed = on_failure == OnFailure.FAIL_PARENT and any(
@@ -126,7 +139,10 @@ def _start_callbacks(
     on_complete: Mapping[str, Any] | None,
     on_success: Mapping[str, Any] | None,
 ) -> None:
-    """A done batch's callbacks, started in the transaction that marks it released."""
+    """A done batch's callbacks, started in the transaction that marks it released, each in a
+    savepoint: one that fails (its task no longer registered) is recorded as an error, and the
+    release goes on. A callback admission refuses (a quota, an open circuit, a full queue) is
+    recorded as refused, not tried again."""
     callbacks = {"on_complete": on_complete}
     if set(counts) <= {RunState.COMPLETED.value}:
         callbacks["on_success"] = on_success
@@ -141,7 +157,13 @@ def _start_callbacks(
             trigger=request.trigger,
             priority=request.priority,
         )
-        (outcome,) = start_runs([request])
+        try:
+            with transaction.atomic():
+                (outcome,) = start_runs([request])
+        except Exception as exc:
+            log.exception("batch %s: its %s callback failed to start", batch_id, name)
+            started[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
         started[name] = outcome.run_id if outcome.run_id else {"refused": outcome.detail}
         if outcome.run_id is None:
             log.error("batch %s: its %s callback was refused: %s", batch_id, name, outcome.detail)
@@ -215,7 +237,5 @@ def _fail_parent(
     message = f"stage {named}: {child}, a child of stage {stage}, did not complete"
     error = retries.error_doc(ErrorKind.CHILD_FAILED, message, stage=named)
     terminal.end(definition, run_id, owner, RunState.FAILED, error=error)
-    live = TaskHistory.objects.filter(batch_id=batch_id, state__in=LIVE_RUN_STATES)
-    for child_id in live.values_list("id", flat=True):
-        with contextlib.suppress(NotCancellable):
-            request_cancel(child_id, actor=f"the failure of its parent {run_id}")
+    # The parent has failed: the rest of its children go with it, at any depth.
+    cancel_descendants(run_id, f"the failure of its ancestor {run_id}")

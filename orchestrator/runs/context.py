@@ -74,10 +74,12 @@ class RunContext:
         results: Mapping[str, Any] | None = None,
         stage: str | None = None,
         priority: int | None = None,
+        spawns: bool = True,
     ) -> None:
         self._run_id = run_id
         self._stage = stage
         self._priority = priority
+        self._spawns = spawns  # False: not a step (a stage's `when`), so no child can be written
         # The children this attempt spawned, written with its step's end (`runs.spawn`).
         self.spawned: list[spawn.Spawn] = []
         self._task_id = task_id
@@ -231,6 +233,8 @@ class RunContext:
         priority: int | None = None,
     ) -> list[str]:
         """`TaskContext.spawn` (`runs.spawn`)."""
+        if not self._spawns:
+            raise PermanentError("spawn: only a handler or a stage's `execute` may spawn")
         parent = spawn.Parent(self._run_id, self._stage or "", self._priority)
         return spawn.spawn(parent, self.spawned, task_id, inputs, on_failure, priority)
 

@@ -84,6 +84,7 @@ def _execute(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> Non
     if outcome.kind is None:
         _end(definition, run, pickup, RunState.COMPLETED, context, result=outcome.result)
         return
+    spawn.abandon(context.spawned)  # a failed attempt writes no children
     if outcome.kind == ErrorKind.CANCELLED and context.stopped_for_window:
         message = "stopped as its run window closed; it goes on in the next window"
         error = retries.error_doc(ErrorKind.WINDOW_CLOSED, message)

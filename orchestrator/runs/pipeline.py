@@ -298,7 +298,7 @@ def _skip_reason(run: PipelineRun, name: str, stages: Stages) -> str | None:
         return "every stage it depends on was skipped"
     if stage.when is not None:
         context = RunContext(
-            run.run_id, run.input, task_id=run.definition.id, results=stages.results
+            run.run_id, run.input, task_id=run.definition.id, results=stages.results, spawns=False
         )
         if not stage.when(context):
             return "its `when` said no"

@@ -22,7 +22,7 @@ from orchestrator.runs import pipeline, spawn
 from orchestrator.runs.cancel import UnknownRun
 from orchestrator.runs.handle import RunHandle, StartRefused
 from orchestrator.runs.start import start_run
-from orchestrator.states import RunState
+from orchestrator.states import LIVE_RUN_STATES, RunState
 from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.definition import Priority
@@ -59,6 +59,14 @@ def rerun(run_id: str, *, actor: str, reuse: bool | None = None) -> RunHandle:
             f"run {run_id} is not a pipeline run ({task_id!r} has no stages to reuse); "
             "nothing was started: retry it fresh"
         )
+    resumes = reuse is not False and bool(definition.pipeline)
+    live = TaskHistory.objects.filter(parent_run_id=run_id, state__in=LIVE_RUN_STATES)
+    if resumes and live.exists():
+        # The resume starts again the children that did not complete: not beside themselves.
+        raise NotRetryable(
+            f"run {run_id} still has {live.count()} live children; cancel them or wait for "
+            "them, then resume it"
+        )
     # One transaction: the new run's message is published only once it has its reused stages.
     with transaction.atomic():
         handle = start_run(
@@ -67,11 +75,7 @@ def rerun(run_id: str, *, actor: str, reuse: bool | None = None) -> RunHandle:
             trigger={"kind": TriggerKind.OPERATOR_RETRY.value, "actor": actor, "retryOf": run_id},
             priority=Priority.OPERATOR,
         )
-        if (
-            reuse is not False
-            and definition.pipeline
-            and not (handle.deduplicated or handle.dropped)
-        ):
+        if resumes and not (handle.deduplicated or handle.dropped):
             original = pipeline.ReusableRun(version, stages, results, steps)
             reused = pipeline.reuse_completed(definition, handle.run_id, run_id, original)
             spawn.reuse(handle.run_id, run_id, reused, handle.priority)

@@ -14,7 +14,7 @@ from django.db import connection
 from pydantic import ValidationError
 
 from orchestrator.models import OnFailure, RunBatch, TaskHistory
-from orchestrator.runs.batch import Starts, admit_all
+from orchestrator.runs.batch import INPUT_CODES, Starts, admit_all
 from orchestrator.runs.batches import Group, StartRequest, new_batch_id
 from orchestrator.runs.handle import StartRefused
 from orchestrator.states import RunState
@@ -23,6 +23,7 @@ from orchestrator.triggers import TriggerKind
 from tasks import registry
 from tasks.context import ChildRun
 from tasks.errors import PermanentError, TransientError
+from tasks.policies import WhileActive
 from tasks.registry import UnknownTaskError
 
 log = logging.getLogger(__name__)
@@ -41,11 +42,13 @@ class Spawn:
 
 @dataclass(frozen=True)
 class Parent:
-    """The step spawning: its run, its stage ('' for a plain run), its run's priority."""
+    """The step spawning: its run, its stage ('' for a plain run), its run's priority, and
+    whether a later stage awaits the children (known at the step's end)."""
 
     run_id: str
     stage: str
     priority: int | None
+    awaited: bool = False
 
 
 def spawn(
@@ -73,6 +76,9 @@ def spawn(
         definition = registry.get()[task_id]
     except UnknownTaskError as exc:
         raise PermanentError(f"spawn: {exc}") from None
+    if definition.debounce is not None or definition.while_active is WhileActive.FOLLOW_UP:
+        # Their starts write at once (`runs.coalesce`), not with the step's end.
+        raise PermanentError(f"spawn: {task_id} coalesces its starts; a child cannot be one")
     for index, input_ in enumerate(inputs):
         try:
             definition.input_model.model_validate(input_)
@@ -91,7 +97,9 @@ def spawn(
     starts = admit_all(requests, atomic=True, priority=parent.priority)
     if starts.refused_all:
         index, refused = next((i, o) for i, o in enumerate(starts.answered()) if o.code is not None)
-        raise TransientError(f"spawn: child {index} of {task_id} refused: {refused.detail}")
+        message = f"spawn: child {index} of {task_id} refused: {refused.detail}"
+        # Admission's refusals may pass (a quota, the circuit, a full queue); its input's not.
+        raise PermanentError(message) if refused.code in INPUT_CODES else TransientError(message)
     spawned.append(Spawn(starts, mode))
     return [str(outcome.run_id) for outcome in starts.answered()]
 
@@ -104,8 +112,11 @@ def record(parent: Parent, spawned: Iterable[Spawn]) -> None:
             "parent_run_id": parent.run_id,
             "parent_stage": parent.stage,
             "on_failure": one.on_failure.value,
+            "awaited": parent.awaited,
         }
-        one.starts.record(Group(new_batch_id(), row, parent.run_id))
+        if not one.starts.record(Group(new_batch_id(), row, parent.run_id)):
+            # Only a start with an idempotency key can lose it to a race; a child has none.
+            raise RuntimeError(f"run {parent.run_id}: a child lost its key; nothing written")
 
 
 def reuse(run_id: str, original_id: str, stages: Iterable[str], priority: int | None) -> None:
@@ -115,11 +126,10 @@ def reuse(run_id: str, original_id: str, stages: Iterable[str], priority: int | 
     is refused: nothing is started."""
     batches = RunBatch.objects.filter(parent_run_id=original_id, parent_stage__in=list(stages))
     for batch in batches.order_by("created_at", "id"):
-        kept = sum(
-            1
-            for child in children_of(original_id, batch.parent_stage)
-            if child.state == RunState.COMPLETED
-        )
+        reused_from = (batch.id, *batch.reused_from)
+        kept = TaskHistory.objects.filter(
+            batch_id__in=reused_from, state=RunState.COMPLETED
+        ).count()
         again = (
             TaskHistory.objects.filter(batch_id=batch.id)
             .exclude(state=RunState.COMPLETED)
@@ -138,9 +148,10 @@ def reuse(run_id: str, original_id: str, stages: Iterable[str], priority: int | 
             "parent_run_id": run_id,
             "parent_stage": batch.parent_stage,
             "on_failure": batch.on_failure,
+            "awaited": batch.awaited,
         }
-        reused_from = (batch.id, *batch.reused_from)
-        starts.record(Group(new_batch_id(), row, run_id, reused_from, kept))
+        if not starts.record(Group(new_batch_id(), row, run_id, reused_from, kept)):
+            raise RuntimeError(f"run {run_id}: a child lost its key; nothing written")
 
 
 @dataclass(frozen=True)
@@ -173,10 +184,11 @@ def children_of(run_id: str, stage: str) -> list[ChildRun]:
             ChildRun(
                 run_id=child_id,
                 task_id=task_id,
+                input=durable.json_value(input_),
                 state=state,
                 result=durable.json_value(result) if not omitted else None,
                 error=durable.json_value(error),
                 result_omitted=omitted,
             )
-            for child_id, task_id, state, result, error, omitted in cursor.fetchall()
+            for child_id, task_id, input_, state, result, error, omitted in cursor.fetchall()
         ]

@@ -126,6 +126,12 @@ class _Attempt:
         return int(self.step.get("attempts", 1))
 
     @property
+    def awaited(self) -> bool:
+        """A later stage awaits the children this stage spawns."""
+        stages = self.run.definition.pipeline
+        return any(s.await_children and self.stage.name in s.after for s in stages)
+
+    @property
     def retry(self) -> Retry:
         return self.stage.retry or self.run.definition.retry
 
@@ -289,10 +295,16 @@ def _end_stage(attempt: _Attempt, target: StageState, then: dict[str, Any], **ar
     spawn.abandon(attempt.context.spawned if not spawned else [])
     try:
         with transaction.atomic() if spawned else contextlib.nullcontext():
-            stages = durable.move_stage(run.run_id, target=target, **call)
-            spawn.record(spawn.Parent(run.run_id, name, run.priority), spawned)
+            stages = durable.move_stage(
+                run.run_id, target=target, active_only=bool(spawned), **call
+            )
+            spawn.record(spawn.Parent(run.run_id, name, run.priority, attempt.awaited), spawned)
     except IllegalTransition as exc:
         spawn.abandon(spawned)
+        if spawned:
+            # Its run is being cancelled: the stage ends, its children are not written.
+            attempt.context.spawned.clear()
+            return _end_stage(attempt, target, then, **args)
         log.info("run %s: stage %s %s not recorded (%s)", *ids, exc)
         return False
     except drain.TRANSIENT_ERRORS as exc:

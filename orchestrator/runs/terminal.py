@@ -147,6 +147,7 @@ def finish(end: End, *, replay: Replay | None = None, clock: Clock = SYSTEM) -> 
     args = {name: getattr(end, name) for name in drain.END_ARGS}  # `durable.end`'s
     children = end.children
     within = transaction.atomic if children else contextlib.nullcontext
+    wrote = False  # the children are in the end's transaction: kept once it commits
     try:
         with replay.transaction() if replay else within():
             try:
@@ -167,13 +168,15 @@ def finish(end: End, *, replay: Replay | None = None, clock: Clock = SYSTEM) -> 
                     durable.end(end.run_id, end.target, owner=end.owner, **args)
                     if children is not None:
                         children.write()
-                        children = None
+                        wrote = True
                 ended = Ended(Written.APPLIED, end.target)
             except IllegalTransition as exc:
                 if not _cancel_wins(end, exc):
                     raise
                 durable.end_cancelled(end.run_id, finished_at=end.finished_at)
                 ended = Ended(Written.CANCELLED, RunState.CANCELLED)
+        if wrote:
+            children = None  # committed with the end
     except drain.TRANSIENT_ERRORS:
         if replay is not None or end.guard is not Guard.CLAIM:
             raise

@@ -388,20 +388,22 @@ def move_stage(
     cost: dict[str, float] | None = None,
     claimer: str | None = None,
     stale_after_s: float | None = None,
+    active_only: bool = False,
 ) -> Stages:
     """Move one stage of a live run, with its result, its step record's new fields and this
     attempt's cost, if any; an illegal move raises IllegalTransition whose `current` is the
     stage's state, or None when the run is missing or ended or has no such stage. With
     `claimer`, only while that process's claim is the stage's latest (its step record's
     `owner`): a stage retried after its claimer was lost refuses the old claim's late end.
-    With `stale_after_s`, only while the run's heartbeat is at least that old."""
+    With `stale_after_s`, only while the run's heartbeat is at least that old. With
+    `active_only`, not while the run is being cancelled (a stage end that spawns children)."""
     live_states = sorted(s.value for s in LIVE_RUN_STATES)
     params = {
         "run_id": run_id,
         "stage": stage,
         "target": target.value,
         "sources": STAGE_SOURCES[target],
-        "live": live_states,
+        "live": [RunState.ACTIVE.value] if active_only else live_states,
         "result": _json_out(result),
         "step": _json_out(step),
         "cost": _json_out(cost or None),

@@ -70,6 +70,8 @@ RELEASE_BATCHES = sql.load(__file__, "release_batches")
 BATCH_CALLBACKS = sql.load(__file__, "batch_callbacks")
 BATCHES_OF_PARENT = sql.load(__file__, "batches_of_parent")
 CHILDREN_OF = sql.load(__file__, "children_of")
+LIVE_DESCENDANTS = sql.load(__file__, "live_descendants")
+CHILDREN_LEFT = sql.load(__file__, "children_left")
 FOLLOW_RUN = sql.load(__file__, "follow_run")
 JOIN_FOLLOW_UP = sql.load(__file__, "join_follow_up")
 # Operator reads (the admin's Tasks page, `admin/stats.py`): not on a run's path.

@@ -5,7 +5,8 @@ engine's tables and the catalog's own pruner (`coverage.retention`) for its outb
 `prune_in_batches`:
 
 - ended runs (`task_history`) finished, and state changes (`task_history_audit`) recorded,
-  more than `LUMASTRA_HISTORY_RETENTION_S` ago;
+  more than `LUMASTRA_HISTORY_RETENTION_S` ago, then the batches of runs (`run_batches`)
+  released that long ago whose runs are all gone;
 - webhook deliveries (`webhook_delivery`) delivered or dead and created more than
   `LUMASTRA_WEBHOOK_RETENTION_S` ago (pending ones are never deleted).
 
@@ -34,6 +35,7 @@ from orchestrator.states import TERMINAL_RUN_STATES
 
 PRUNE_RUNS = sql.load(__file__, "prune_runs")
 PRUNE_AUDIT = sql.load(__file__, "prune_audit")
+PRUNE_BATCHES = sql.load(__file__, "prune_batches")
 PRUNE_WEBHOOK_DELIVERIES = sql.load(__file__, "prune_webhook_deliveries")
 
 # Where the first batch of a table starts: before any id (an id cursor) or any moment.
@@ -81,6 +83,7 @@ class HistoryPruned:
     runs: int
     audit: int
     webhook_deliveries: int
+    batches: int
 
 
 def prune_history(*, batch: int | None = None) -> HistoryPruned:
@@ -94,10 +97,13 @@ def prune_history(*, batch: int | None = None) -> HistoryPruned:
         batch=batch,
     )
     audit = prune_in_batches(PRUNE_AUDIT, {"cutoff": history_cutoff}, start=FIRST_ID, batch=batch)
+    batches = prune_in_batches(
+        PRUNE_BATCHES, {"cutoff": history_cutoff}, start=FIRST_MOMENT, batch=batch
+    )
     deliveries = prune_in_batches(
         PRUNE_WEBHOOK_DELIVERIES,
         {"cutoff": seconds_ago(settings.CONFIG.webhook_retention_s)},
         start=FIRST_ID,
         batch=batch,
     )
-    return HistoryPruned(runs.deleted, audit.deleted, deliveries.deleted)
+    return HistoryPruned(runs.deleted, audit.deleted, deliveries.deleted, batches.deleted)

@@ -24,12 +24,14 @@ def history_retention(ctx: TaskContext, params: NoInput) -> dict[str, int]:
         f"deleted {history.runs} ended runs and {history.audit} state changes older than "
         f"{_days(config.history_retention_s)}, {history.webhook_deliveries} webhook deliveries "
         f"older than {_days(config.webhook_retention_s)}, {dead_events} outbox events dead "
-        f"for more than {_days(settings.COVERAGE.outbox_retention_s)}"
+        f"for more than {_days(settings.COVERAGE.outbox_retention_s)}, {history.batches} "
+        "batches of runs whose runs were all deleted"
     )
     return {
         "deleted": history.runs,
         "audit_deleted": history.audit,
         "webhook_deliveries_deleted": history.webhook_deliveries,
+        "batches_deleted": history.batches,
         "dead_events_deleted": dead_events,
     }
 

@@ -243,46 +243,71 @@ def test_a_bad_child_input_fails_the_step_and_writes_nothing(workers: None) -> N
 
 
 def test_children_spawn_their_own_and_a_cancel_reaches_every_level(workers: None) -> None:
-    handle = start_run(
-        "test-fan-out",
-        {"count": 2, "grandchildren": 2, "on_failure": "continue"},
-        trigger=TriggerKind.API,
-    )
+    handle = _fan_out({"count": 2, "grandchildren": 2, "on_failure": "continue"})
     run = _ended(handle.run_id)
     assert run.state == "completed", run.error
     children = list(TaskHistory.objects.filter(parent_run_id=handle.run_id))
     grandchildren = TaskHistory.objects.filter(parent_run_id__in=[c.id for c in children])
     wait_for(lambda: grandchildren.filter(state="completed").count() == 4)
 
-    slow = start_run(
-        "test-fan-out",
-        {"count": 4, "seconds": 20, "on_failure": "continue"},
-        trigger=TriggerKind.API,
-    )
-    wait_for(lambda: TaskHistory.objects.filter(parent_run_id=slow.run_id).count() == 4)
+    # Two levels of fan-outs, the grandchildren slow: the parent waits for its children, each
+    # child for its own.
+    slow = _fan_out({"count": 2, "nested": 2, "seconds": 20, "on_failure": "continue"})
+    children_of = TaskHistory.objects.filter(parent_run_id=slow.run_id)
+    wait_for(lambda: children_of.count() == 2)
+    grand = TaskHistory.objects.filter(parent_run_id__in=children_of.values("id"))
+    wait_for(lambda: grand.filter(state="active").count() >= 2, timeout=30)
+    _seen_as_a_tree(slow.run_id, 2)
     request_cancel(slow.run_id, actor="tester")
     assert _ended(slow.run_id).state == "cancelled"
-    live = TaskHistory.objects.filter(parent_run_id=slow.run_id)
-    wait_for(lambda: set(live.values_list("state", flat=True)) == {"cancelled"}, timeout=30)
+    wait_for(lambda: set(children_of.values_list("state", flat=True)) == {"cancelled"}, timeout=30)
+    wait_for(lambda: set(grand.values_list("state", flat=True)) == {"cancelled"}, timeout=30)
+    assert grand.count() == 4
+
+
+def test_a_stage_that_ends_after_its_runs_cancel_writes_no_children(workers: None) -> None:
+    handle = _fan_out({"count": 3, "linger": 2, "on_failure": "continue"})
+    wait_for(lambda: TaskHistory.objects.get(id=handle.run_id).stages.get("scan") == "active")
+    request_cancel(handle.run_id, actor="tester")
+    run = _ended(handle.run_id)
+    assert run.state == "cancelled"
+    assert run.stages["scan"] == "completed"  # it ended as it could, without its children
+    assert not TaskHistory.objects.filter(parent_run_id=handle.run_id).exists()
+
+
+def test_the_reconciler_cancels_the_live_children_of_an_ended_parent(workers: None) -> None:
+    handle = _fan_out({"count": 3, "seconds": 30, "on_failure": "continue"})
+    children = TaskHistory.objects.filter(parent_run_id=handle.run_id)
+    wait_for(lambda: children.filter(state="active").exists(), timeout=30)
+    # The parent ended without reaching its children (a crash between, say).
+    TaskHistory.objects.filter(id=handle.run_id).update(state="failed")
+    reconciler = Reconciler()
+    assert reconciler.tick().chores["children"] == 3
+    reconciler.release()
+    wait_for(lambda: set(children.values_list("state", flat=True)) == {"cancelled"}, timeout=30)
 
 
 def _seen_as_a_tree(run_id: str, children: int) -> None:
     """The run's page and the API show its children's progress, the runs list filters by
     parent, and /metrics counts them live."""
-    client = Client(headers={"Authorization": f"Bearer {tokens.issue(operator())[1]}"})
+    user = operator()
+    client = Client(headers={"Authorization": f"Bearer {tokens.issue(user)[1]}"})
     detail = client.get(f"/api/v1/runs/{run_id}").json()
     (batch,) = detail["children"]
-    assert (batch["stage"], batch["total"], batch["says"]) == ("scan", 4, "0 of 4 done")
+    says = f"0 of {children} done"
+    assert (batch["stage"], batch["total"], batch["says"]) == ("scan", children, says)
     listed = client.get("/api/v1/runs", {"parent": run_id}).json()["items"]
     assert len(listed) == children and {i["parent_run_id"] for i in listed} == {run_id}
     assert {i["batch_id"] for i in listed} == {batch["batch_id"]}
     assert client.get(f"/api/v1/batches/{batch['batch_id']}").json()["total"] == children
     assert scrape()[("lumastra_live_children", (("of", "parent"),))] >= children
-    client.force_login(operator())
+    client.force_login(user)
     page = client.get(
         reverse("admin:orchestrator_taskhistory_change", args=[run_id])
     ).content.decode()
-    assert "0 of 4 done" in page and f"?parent={run_id}" in page
+    assert says in page and f"?parent={run_id}" in page
     changelist = reverse("admin:orchestrator_taskhistory_changelist")
     rows = client.get(changelist, {"parent": run_id}).content.decode()
-    assert rows.count("test-child") >= children
+    listed_ids = TaskHistory.objects.filter(parent_run_id=run_id).values_list("id", flat=True)
+    assert all(child_id in rows for child_id in listed_ids)
+    assert reverse("admin:orchestrator_taskhistory_change", args=[run_id]) not in rows

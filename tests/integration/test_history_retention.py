@@ -17,6 +17,7 @@ from django.utils import timezone
 from coverage.models import EventOutbox
 from orchestrator.models import (
     DeliveryStatus,
+    RunBatch,
     TaskHistory,
     TaskHistoryAudit,
     WebhookDelivery,
@@ -95,6 +96,7 @@ def test_each_kind_of_history_goes_past_its_own_retention() -> None:
         "audit_deleted": 1,
         "webhook_deliveries_deleted": 2,
         "dead_events_deleted": 1,
+        "batches_deleted": 0,
     }
     assert set(TaskHistory.objects.values_list("id", flat=True)) == {
         "run_01NEW000000000000000000000",
@@ -107,6 +109,32 @@ def test_each_kind_of_history_goes_past_its_own_retention() -> None:
         "delivered-new",
     }
     assert set(EventOutbox.objects.values_list("kind", flat=True)) == {"dead-new", "due-old"}
+
+
+def test_a_batch_goes_once_released_past_retention_and_its_runs_are_gone() -> None:
+    def batch(batch_id: str, released_days_ago: int | None) -> None:
+        released = None if released_days_ago is None else _days_ago(released_days_ago)
+        RunBatch.objects.create(id=batch_id, total=1, open=0, released_at=released)
+
+    batch("batch_old_gone", 400)  # released long ago, its run deleted below: goes
+    batch("batch_old_kept_run", 400)  # its run is still kept: stays
+    batch("batch_new", 1)
+    batch("batch_unreleased", None)
+    _run("run_01OLDBATCH000000000000000", RunState.COMPLETED, 400)
+    _run("run_01KEPT000000000000000000", RunState.PENDING, None)
+    TaskHistory.objects.filter(id="run_01OLDBATCH000000000000000").update(batch_id="batch_old_gone")
+    TaskHistory.objects.filter(id="run_01KEPT000000000000000000").update(
+        batch_id="batch_old_kept_run"
+    )
+
+    pruned = prune_history()
+
+    assert pruned.batches == 1
+    assert set(RunBatch.objects.values_list("id", flat=True)) == {
+        "batch_old_kept_run",
+        "batch_new",
+        "batch_unreleased",
+    }
 
 
 def test_retention_settings_are_each_its_own(settings: LazySettings) -> None:

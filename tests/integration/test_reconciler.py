@@ -264,7 +264,7 @@ def test_boot_recovery_uses_the_boot_threshold() -> None:
     assert TaskHistory.objects.get(id=young).state == "active"
 
 
-def test_an_idle_tick_makes_three_indexed_queries() -> None:
+def test_an_idle_tick_makes_four_indexed_queries() -> None:
     from django.test.utils import CaptureQueriesContext
 
     _seed(Row("beating", "active", 10, 500, "fresh", "active"))
@@ -275,9 +275,10 @@ def test_an_idle_tick_makes_three_indexed_queries() -> None:
 
     assert report.acted == 0 and not report.skipped
     # The stale/pending candidates, the runs ended since the last tick (the hash repair chore,
-    # on the finished_at index) and the pipelines stalled between stages (on the state index);
-    # the pauses' mirror is the windows loop's (`recovery.windows`).
-    assert len(queries.captured_queries) == 3
+    # on the finished_at index), the pipelines stalled between stages (on the state index) and
+    # the live children of ended parents (on the open batches' index); the pauses' mirror is
+    # the windows loop's (`recovery.windows`).
+    assert len(queries.captured_queries) == 4
 
 
 def test_one_bad_row_does_not_stop_the_batch() -> None:
@@ -649,7 +650,7 @@ def test_extra_chores_run_under_the_lock_each_alone() -> None:
     report = reconciler.tick()
 
     assert probe.calls == 1
-    assert report.chores == {"repair": 0, "pipelines": 0, "probe": 2}
+    assert report.chores == {"repair": 0, "pipelines": 0, "children": 0, "probe": 2}
     assert report.errors == 1
     reconciler.release()
 

@@ -24,6 +24,8 @@ class FanOut(BaseModel, extra="forbid"):
     seconds: float = 0.0  # each child's work
     on_failure: str = "fail_parent"
     grandchildren: int = 0  # each child spawns this many of its own
+    nested: int = 0  # > 0: the children are fan-outs themselves, of this many slow children
+    linger: float = 0.0  # the scan's work after spawning, deaf to a cancel
 
 
 class ChildInput(BaseModel, extra="forbid"):
@@ -43,7 +45,12 @@ def _scan(ctx: TaskContext, params: FanOut) -> dict[str, int]:
         }
         for n in range(params.count)
     ]
-    ids = ctx.spawn("test-child", inputs, on_failure=params.on_failure)  # type: ignore[arg-type]
+    if params.nested:
+        nested = {"count": params.nested, "seconds": params.seconds, "on_failure": "continue"}
+        ids = ctx.spawn("test-fan-out", [nested] * params.count, on_failure="continue")
+    else:
+        ids = ctx.spawn("test-child", inputs, on_failure=params.on_failure)  # type: ignore[arg-type]
+    time.sleep(params.linger)
     return {"spawned": len(ids)}
 
 

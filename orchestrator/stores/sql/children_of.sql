@@ -1,8 +1,9 @@
--- The children a parent's stage spawned (`ctx.children`), by id: each one's id, task, state,
+-- The children a parent's stage spawned (`ctx.children`), by id (the order they were spawned in,
+-- but a resume's new children come after those it kept): each one's id, task, input, state,
 -- result (NULL when its JSON is over `cap` bytes), error, and whether its result was left out for
 -- its size. A resume's batch has the completed children of the batches it reuses too.
 -- Parameters: parent_run_id, stage, cap.
-SELECT run.id, run.task_id, run.state,
+SELECT run.id, run.task_id, run.input, run.state,
        CASE WHEN octet_length(run.result::text) > %(cap)s THEN NULL ELSE run.result END,
        run.error,
        COALESCE(octet_length(run.result::text) > %(cap)s, false)

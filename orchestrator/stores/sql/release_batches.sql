@@ -12,4 +12,4 @@ UPDATE run_batches AS batch
            FOR UPDATE SKIP LOCKED) AS done
  WHERE batch.id = done.id
 RETURNING batch.id, batch.parent_run_id, batch.parent_stage, batch.on_failure, batch.counts,
-          batch.on_complete, batch.on_success
+          batch.on_complete, batch.on_success, batch.total
