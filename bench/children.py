@@ -11,8 +11,9 @@ start, so its scan, the children's admission and their INSERT are counted).
 
 Then `--waits` fan-outs of 20 children each, one after another, give the delay from the last
 child's end to the waiting stage's start (its step record's `started_at`): the leader's
-`batches` loop (run here as `orchestrator.loops` runs it, every LUMASTRA_DUE_POLL_S) finds the
-done batch, the parent's advance publishes the stage, a worker claims it.
+`batches` loop (run here as `orchestrator.loops` runs it: woken by the trigger's notification,
+and looking every LUMASTRA_DUE_POLL_S besides) finds the done batch, the parent's advance
+publishes the stage, a worker claims it.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     delays = _delays(args)
     print(
         f"last child's end -> waiting stage's start over {len(delays)} fan-outs: "
-        f"p50 {percentile(delays, 50) * 1000:.0f} ms, p99 {percentile(delays, 99) * 1000:.0f} ms"
+        f"p50 {percentile(delays, 0.5) * 1000:.0f} ms, p99 {percentile(delays, 0.99) * 1000:.0f} ms"
     )
     return 0
 
@@ -129,7 +130,7 @@ def _delays(args: argparse.Namespace) -> list[float]:
 
 @contextmanager
 def _working(args: argparse.Namespace) -> Iterator[None]:
-    """A fresh worker consuming the io queue, and the leader's `batches` loop beside it."""
+    """A fresh worker consuming both tasks' queues, and the leader's `batches` loop beside it."""
     from celery import current_app
     from django.conf import settings
     from django.db import connections
@@ -139,20 +140,24 @@ def _working(args: argparse.Namespace) -> Iterator[None]:
     from orchestrator.runs import children
     from tasks import registry
 
-    queue = queue_name(registry.get()["bench-noop"], settings.CONFIG.per_task_queues)
+    per_task = settings.CONFIG.per_task_queues
+    queues = {
+        queue_name(registry.get()[task], per_task) for task in ("bench-noop", "bench-fan-out")
+    }
     stop = threading.Event()
 
     def loop() -> None:
         try:
-            while not stop.wait(settings.CONFIG.due_poll_s):
-                children.release()
+            while not stop.is_set():
+                children.release_when_done(wait_s=settings.CONFIG.due_poll_s)
         finally:
             connections.close_all()
 
     with workers.worker(
         current_app, "lumastra", "lumastra", concurrency=args.concurrency, loglevel=args.loglevel
     ) as worker:
-        workers.open_queue(current_app, worker, queue)
+        for queue in sorted(queues):
+            workers.open_queue(current_app, worker, queue)
         looping = threading.Thread(target=loop, daemon=True)
         looping.start()
         try:

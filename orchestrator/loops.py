@@ -16,9 +16,11 @@ that races for `lock:orch:cluster`, the one leader seat:
   keyed-concurrency runs whose key's turn came when a holder's lease ran out or a dispatched
   run's message was lost (`orchestrator.hooks.keyed`), every `due.TURNS_S` (1 s); one Valkey
   call per task that declares `concurrency=`, none for the others.
-- `batches` (`orchestrator.runs.children.release`), on the cluster leader only: acts once on
-  each batch of runs whose runs have all ended (a parent's stage that awaits its children, a
-  batch's callbacks), every LUMASTRA_DUE_POLL_S (0.25 s); one indexed query when none is.
+- `batches` (`orchestrator.runs.children.release_when_done`), on the cluster leader only: acts
+  once on each batch of runs whose runs have all ended (a parent's stage that awaits its
+  children, a batch's callbacks), woken by a Postgres notification when a batch is done, and
+  looking every LUMASTRA_DUE_POLL_S (0.25 s) besides; an idle tick is LISTEN, one indexed
+  query, a wait on the connection and UNLISTEN.
 - `windows` (`orchestrator.recovery.windows.tick`), on the cluster leader only: makes the
   pauses' Valkey mirror say which pauses are in force and which run windows are closed,
   publishes what a window held when it opens, and asks the running runs of a closed `stop`
@@ -196,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         ),
         Loop("due", config.due_poll_s, lambda: due.release(fence=cluster), leader=True),
         Loop("turns", due.TURNS_S, lambda: due.release_turns(fence=cluster), leader=True),
-        Loop("batches", config.due_poll_s, lambda: children.release(fence=cluster), leader=True),
+        Loop(
+            "batches",
+            config.due_poll_s,
+            lambda: children.release_when_done(fence=cluster, wait_s=config.due_poll_s),
+            leader=True,
+        ),
         Loop("windows", TICK_S, lambda: windows.tick(fence=cluster), leader=True),
         Loop(
             "quota-rollup",

@@ -250,6 +250,7 @@ class TaskHistory(models.Model):
                     " AND NEW.state IN ('completed', 'failed', 'cancelled')"
                 ),
                 func=_COUNT_BATCH_END + ";\nRETURN NULL;",
+                declare=[("done", "boolean")],
             ),
         ]
 

@@ -19,8 +19,9 @@ Each end of a batch's run is counted on the batch's row by a trigger on task_his
 cancel, the orphan check, the drain's replay): a run leaves the live states once, so a
 duplicate end cannot count twice, and the batch's row lock makes exactly one end see the last.
 The batch is then done (or at the first child that did not complete, for `on_failure=
-"fail_parent"`), and the leader's `batches` loop (`release`, every LUMASTRA_DUE_POLL_S) acts on
-it once (`released_at`): a batch's callbacks (`runs.batch.Batch`) are started in the same
+"fail_parent"`), and the leader's `batches` loop (`release_when_done`: woken by the trigger's
+notification at the end's commit, and looking every LUMASTRA_DUE_POLL_S besides) acts on it
+once (`released_at`): a batch's callbacks (`runs.batch.Batch`) are started in the same
 transaction as that mark, so they start once; a parent's stage that awaits the children
 (`Stage(await_children=True)`) is made due by the parent's advance (`runs.pipeline`), which asks
 `settled` whether every child of its dependencies has ended. A failure of a `fail_parent` child
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +102,45 @@ def batches_of(run_id: str) -> list[ChildBatch]:
         ChildBatch(row.id, row.parent_stage, row.total, row.total - row.open, row.counts)
         for row in rows
     ]
+
+
+# Where the trigger announces a batch done (count_batch_end.sql), at its commit.
+DONE_CHANNEL = "lumastra_batch_done"
+
+
+def release_when_done(fence: Fence | None = None, wait_s: float = 0.25) -> int:
+    """The leader's `batches` loop's tick: `release`, then, if nothing was done, wait up to
+    `wait_s` for the trigger's notification that a batch is done and release it at once. It
+    listens only within the tick (LISTEN, UNLISTEN): a process that stops leading leaves no
+    listener that nobody reads (Postgres's notification queue would fill behind it). A
+    notification between two ticks is not lost: the next tick's `release` reads the batch."""
+    raw = _listening()
+    try:
+        released = release(fence)
+        if not released and _notified(raw, wait_s):
+            released = release(fence)
+        return released
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"UNLISTEN {DONE_CHANNEL}")
+
+
+def _listening() -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute(f"LISTEN {DONE_CHANNEL}")
+    return connection.connection
+
+
+def _notified(raw: Any, wait_s: float) -> bool:
+    """Whether a notification came within `wait_s` (each is read and dropped: the release
+    reads what is done)."""
+    if not raw.notifies:
+        ready, _, _ = select.select([raw], [], [], wait_s)
+        if ready:
+            raw.poll()
+    heard = bool(raw.notifies)
+    raw.notifies.clear()
+    return heard
 
 
 def release(fence: Fence | None = None, limit: int = RELEASE_BATCH) -> int:

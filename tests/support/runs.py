@@ -88,8 +88,8 @@ def due_loop() -> Iterator[None]:
 
 @contextmanager
 def batches_loop() -> Iterator[None]:
-    """The leader's `batches` loop (`runs.children.release`), every 0.1 s."""
-    with leader_loop(children.release):
+    """The leader's `batches` loop (`runs.children.release_when_done`), as the loops run it."""
+    with leader_loop(lambda: children.release_when_done(wait_s=0.25)):
         yield
 
 
