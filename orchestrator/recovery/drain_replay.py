@@ -77,6 +77,7 @@ from orchestrator.recovery import drain_poison
 from orchestrator.runs import terminal
 from orchestrator.runs.drain import END_ARGS, MOVE_STAGE, TRANSIENT_ERRORS, Entry
 from orchestrator.runs.drain import stage_follow_up as registered_stage_follow_up
+from orchestrator.runs.ending import End, Replay, Written
 from orchestrator.states import IllegalTransition, RunState, StageState
 from orchestrator.stores import counters, durable, keys, queries, valkey
 from orchestrator.stores.durable import Stages
@@ -267,20 +268,20 @@ def _apply_end(entry: Entry, lock_timeout: timedelta) -> Applied:
     claim, so a run put back to pending after that claim's worker was lost, and claimed anew,
     is not ended by it (`runs.put_back`); a cancel that raced the handler's end wins there."""
     args = entry.call_args()
-    end = terminal.End(
+    end = End(
         entry.run_id,
         "",
         RunState(entry.target),
         entry.owner,
         **{name: args[name] for name in END_ARGS if name in args},
     )
-    replay = terminal.Replay(
+    replay = Replay(
         transaction=functools.partial(_bounded, lock_timeout),
         landed=functools.partial(_landed, entry.run_id, args),
     )
     # Settled inside `finish`: nothing follows it here.
     ended = terminal.finish(end, replay=replay)
-    if ended.written is terminal.Written.SUPERSEDED:
+    if ended.written is Written.SUPERSEDED:
         log.warning(
             "run %s: drained write %s dropped: the run is %s now",
             entry.run_id,

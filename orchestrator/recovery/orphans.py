@@ -64,6 +64,7 @@ from django.db import connection
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence, LockLost
 from orchestrator.runs import put_back, retries, stage_attempts, terminal
+from orchestrator.runs.ending import End, Guard, Written
 from orchestrator.states import RunState
 from orchestrator.stores import keys, queries, valkey
 from tasks import registry
@@ -242,18 +243,18 @@ def _end(candidate: Candidate, threshold_s: int, reason: str, clock: Clock) -> R
             return RunState.PENDING
         if done is _PutBack.MOVED_ON:
             return None
-    end = terminal.End(
+    end = End(
         candidate.run_id,
         candidate.task_id,
         target,
         candidate.owner,
         error=_final_error(candidate, message),
-        guard=terminal.Guard.ORPHAN,
+        guard=Guard.ORPHAN,
         stale_after_s=threshold_s,
     )
     # Its owner is gone, so the live hash follows without a fence (`Guard.ORPHAN`).
     ended = terminal.finish(end, clock=clock)
-    if ended.written is terminal.Written.SUPERSEDED:
+    if ended.written is Written.SUPERSEDED:
         log.info("run %s: changed since it was judged an orphan; left alone", candidate.run_id)
         return None
     log.warning("run %s: orphan %s: %s", candidate.run_id, target.value, message)

@@ -80,6 +80,7 @@ from orchestrator.recovery.orphans import Candidate, LiveView, live_views
 from orchestrator.routing import queue_name
 from orchestrator.runs import retries, terminal
 from orchestrator.runs.catch_up import write_live_claim
+from orchestrator.runs.ending import End, Guard, Written
 from orchestrator.runs.publish import MAX_BROKER_DELAY, publish
 from orchestrator.states import RunState
 from orchestrator.stores import broker, keys, live, valkey
@@ -367,15 +368,15 @@ def _write_silent_claim(run_id: str, view: LiveView) -> bool:
 def _fail(failure: _Failure, clock: Clock) -> bool:
     """pending → failed by compare-and-set, Postgres first; False when the run moved on."""
     candidate = failure.candidate
-    end = terminal.End(
+    end = End(
         candidate.run_id,
         candidate.task_id,
         RunState.FAILED,
         error=retries.error_doc(failure.kind, failure.message),
-        guard=terminal.Guard.PENDING_DEADLINE,
+        guard=Guard.PENDING_DEADLINE,
         stale_after_s=failure.older_than_s,
     )
-    if terminal.finish(end, clock=clock).written is terminal.Written.SUPERSEDED:
+    if terminal.finish(end, clock=clock).written is Written.SUPERSEDED:
         log.info("run %s: no longer pending as judged; left alone", candidate.run_id)
         return False
     log.warning("run %s: failed (%s): %s", candidate.run_id, failure.kind.value, failure.message)

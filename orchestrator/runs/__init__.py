@@ -30,6 +30,7 @@ The path, in the order a run takes it:
   reading for runs and stages), then its end, retry or dead letter
 - `terminal`: the terminal write, Postgres first, exactly once; the winning writer settles it:
   the live hash follows, then the `finished` hooks
+- `ending`: what an end is made of (`End`, `Guard`, `Replay`) and what it found (`Ended`)
 
 While the handler runs:
 - `context`: `RunContext`, the engine's implementation of the SDK's `TaskContext`, and the run's

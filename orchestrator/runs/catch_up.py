@@ -5,8 +5,6 @@
   (about three seconds, then the hash is left to the repair); a hash of a run Postgres
   cancelled that never heard of the cancel goes cancelling → cancelled; a hash that disagrees
   (lost, moved on by someone else) cannot undo the Postgres write: it is logged, never raised.
-- `EndMove`: the common way the hash follows, one call, alone or as the first command of the
-  end's pipeline (`runs.terminal.settle`); `follow` is its slow path.
 - `write_live_claim`: Valkey says a worker runs a run Postgres still calls pending: that
   claim is written to Postgres, as of Valkey's own times.
 """
@@ -15,11 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from redis.client import Pipeline
 from redis.exceptions import ConnectionError as ValkeyConnectionError
 from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
@@ -124,64 +119,3 @@ def write_live_claim(run_id: str, owner: str | None = None) -> ClaimedRun | None
 def _moment(valkey_ms: object) -> datetime | None:
     text = str(valkey_ms or "")
     return datetime.fromtimestamp(int(text) / 1000, tz=UTC) if text.isdigit() else None
-
-
-class EndMove:
-    """The live hash's move: alone, or as the first command of the end-of-run pipeline."""
-
-    def __init__(
-        self, run_id: str, target: RunState, owner: str, counted: live.EndCount, clock: Clock
-    ) -> None:
-        self.run_id, self.target, self.owner, self.clock = run_id, target, owner, clock
-        self.counted = counted
-        self.ended: live.Ended | None = None  # moved, and what the script said
-        self.moved: bool | None = None  # None: not decided here (see `settle`)
-        self.unreachable = False
-        self._read: Callable[[Any], live.Ended] | None = None
-
-    def alone(self) -> None:
-        try:
-            reply = live.end(
-                self.run_id, self.target, self.counted, owner=self.owner, clock=self.clock
-            )
-        except Exception as exc:
-            self._refused(exc)
-            return
-        self.ended = reply
-
-    def send(self, pipe: Pipeline) -> None:
-        self._read = live.queue_end(
-            pipe, self.run_id, self.target, self.counted, owner=self.owner, clock=self.clock
-        )
-
-    def receive(self, replies: list[Any]) -> None:
-        assert self._read is not None
-        (reply,) = replies
-        try:
-            self.ended = self._read(reply)  # raises what the reply says, an outage included
-        except Exception as exc:
-            self._refused(exc)
-
-    def _refused(self, exc: Exception) -> None:
-        """The move did not happen: why decides what `settle` does next (`moved`)."""
-        if isinstance(exc, ValkeyConnectionError | ValkeyTimeoutError):
-            self.unreachable = True
-        elif isinstance(exc, IllegalTransition):
-            if self.target == RunState.CANCELLED and exc.current in (
-                RunState.PENDING,
-                RunState.ACTIVE,
-            ):
-                return  # the two steps, by `follow`
-            disagreed(self.run_id, self.target, exc)
-            self.moved = False
-        elif isinstance(exc, FencedWrite):
-            log.warning("run %s: %s; live hash left to its owner", self.run_id, exc)
-            self.moved = False
-        else:
-            log.error(
-                "run %s: %s in Postgres; live hash not updated",
-                self.run_id,
-                self.target,
-                exc_info=exc,
-            )
-            self.moved = False

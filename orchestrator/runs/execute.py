@@ -31,6 +31,7 @@ from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
 from orchestrator.runs import catch_up, pipeline, retries, spawn, terminal
 from orchestrator.runs.context import RunContext
+from orchestrator.runs.ending import End
 from orchestrator.runs.publish import republish
 from orchestrator.runs.watch import watching
 from orchestrator.states import IllegalTransition, RunState
@@ -126,9 +127,9 @@ def _end(
     children = None
     if spawned and target is RunState.COMPLETED:
         children = spawn.Children(spawn.Parent(run.run_id, "", run.priority), spawned)
-    else:
+    elif spawned:
         spawn.abandon(spawned)
-    end = terminal.End(
+    end = End(
         run.run_id,
         definition.id,
         target,

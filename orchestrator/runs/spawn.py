@@ -156,7 +156,7 @@ def reuse(run_id: str, original_id: str, stages: Iterable[str], priority: int | 
 
 @dataclass(frozen=True)
 class Children:
-    """A plain run's children, written with its end (`terminal.End.children`)."""
+    """A plain run's children, written with its end (`End.children`)."""
 
     parent: Parent
     spawned: list[Spawn]

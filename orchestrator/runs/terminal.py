@@ -38,96 +38,29 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from datetime import datetime
-from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
+from redis.client import Pipeline
+from redis.exceptions import ConnectionError as ValkeyConnectionError
+from redis.exceptions import TimeoutError as ValkeyTimeoutError
 
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Outcome, Part, Pickup
 from orchestrator.models import TaskHistory
 from orchestrator.runs import catch_up, drain
+from orchestrator.runs.ending import End, Ended, Guard, Replay, Written
 from orchestrator.runs.retries import MESSAGE_MAX_CHARS, error_doc
 from orchestrator.states import TERMINAL_RUN_STATES, IllegalTransition, RunState
 from orchestrator.stores import durable, live
+from orchestrator.stores.live import FencedWrite
 from tasks import registry
 from tasks.definition import TaskDefinition
 from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
-
-
-class Guard(Enum):
-    """Who may end the run, as the Postgres statement checks it."""
-
-    CLAIM = "claim"  # the claim's own end (fenced by its owner), or a run no claim started
-    ORPHAN = "orphan"  # the reconciler's: only while the heartbeat is still stale
-    PENDING_DEADLINE = "pending deadline"  # the reconciler's: only while still pending that long
-
-
-class Written(Enum):
-    """What `finish` found."""
-
-    APPLIED = "applied"  # Postgres holds this end now; settled
-    ALREADY = "already"  # a replay: this very end was in Postgres (its reply was lost); settled
-    CANCELLED = "cancelled"  # a cancel request won: the run ended cancelled; settled
-    SUPERSEDED = "superseded"  # the run ended otherwise, moved on, or is another claim's now
-    DEFERRED = "deferred"  # Postgres away: the end waits in the drain, whose replay settles it
-    # Postgres away and the end carries children, which cannot wait in the drain: nothing is
-    # written, and the orphan check puts the run back.
-    UNWRITTEN = "unwritten"
-
-
-@dataclass(frozen=True)
-class End:
-    """One end of one run, as its writer asks for it. `target` is completed, failed or
-    cancelled; `owner` the claim ending it ('' for none). A claim's end names its `attempt`
-    (the count the claim returned) and `started_at`, so it also lands if Postgres has not
-    heard of the claim (`durable.end`). `stale_after_s`: the orphan's heartbeat age, or how
-    long the pending run has waited, that the reconciler judged it by."""
-
-    run_id: str
-    task_id: str  # '' to read it from the run's row when needed (the drain's replay)
-    target: RunState
-    owner: str = ""
-    error: dict[str, Any] | None = None
-    result: Any = None
-    step: dict[str, Any] | None = None
-    progress: dict[str, Any] | None = None
-    attempt: int | None = None
-    started_at: datetime | None = None
-    finished_at: datetime = field(default_factory=timezone.now)
-    guard: Guard = Guard.CLAIM
-    stale_after_s: float = 0.0
-    # Written in the end's own transaction when it lands (a run's spawned children).
-    children: WrittenWith | None = None
-
-
-class WrittenWith(Protocol):
-    def write(self) -> None: ...
-
-    def abandon(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Ended:
-    written: Written
-    state: RunState | None  # the run's state as this end left or found it
-
-
-@dataclass(frozen=True)
-class Replay:
-    """The drain's replay of an end (`recovery.drain_replay`): the write in the replay's
-    transaction, a transient error raised to it, and `landed` telling its own lost reply from
-    another writer's end."""
-
-    transaction: Callable[[], AbstractContextManager[None]]
-    landed: Callable[[], bool]
 
 
 def finish(end: End, *, replay: Replay | None = None, clock: Clock = SYSTEM) -> Ended:
@@ -311,7 +244,7 @@ def settle(
         return True
     # The common end: the hash's move (counted and announced by its script) alone, or with the
     # hooks' commands in one round trip; the excusable hooks after it, if the script asks.
-    move = catch_up.EndMove(run_id, target, fence, counted, clock)
+    move = _Move(run_id, target, fence, counted, clock)
     if with_move:
         hooks.finished(outcome, with_move, first=Part(send=move.send, receive=move.receive))
     else:
@@ -332,6 +265,67 @@ def settle(
     elif ended is None or ended.circuit:
         hooks.finished(outcome, excusable)
     return ended is not None
+
+
+class _Move:
+    """The live hash's move: alone, or as the first command of the end-of-run pipeline."""
+
+    def __init__(
+        self, run_id: str, target: RunState, owner: str, counted: live.EndCount, clock: Clock
+    ) -> None:
+        self.run_id, self.target, self.owner, self.clock = run_id, target, owner, clock
+        self.counted = counted
+        self.ended: live.Ended | None = None  # moved, and what the script said
+        self.moved: bool | None = None  # None: not decided here (see `settle`)
+        self.unreachable = False
+        self._read: Callable[[Any], live.Ended] | None = None
+
+    def alone(self) -> None:
+        try:
+            reply = live.end(
+                self.run_id, self.target, self.counted, owner=self.owner, clock=self.clock
+            )
+        except Exception as exc:
+            self._refused(exc)
+            return
+        self.ended = reply
+
+    def send(self, pipe: Pipeline) -> None:
+        self._read = live.queue_end(
+            pipe, self.run_id, self.target, self.counted, owner=self.owner, clock=self.clock
+        )
+
+    def receive(self, replies: list[Any]) -> None:
+        assert self._read is not None
+        (reply,) = replies
+        try:
+            self.ended = self._read(reply)  # raises what the reply says, an outage included
+        except Exception as exc:
+            self._refused(exc)
+
+    def _refused(self, exc: Exception) -> None:
+        """The move did not happen: why decides what `settle` does next (`moved`)."""
+        if isinstance(exc, ValkeyConnectionError | ValkeyTimeoutError):
+            self.unreachable = True
+        elif isinstance(exc, IllegalTransition):
+            if self.target == RunState.CANCELLED and exc.current in (
+                RunState.PENDING,
+                RunState.ACTIVE,
+            ):
+                return  # the two steps, by `catch_up.follow`
+            catch_up.disagreed(self.run_id, self.target, exc)
+            self.moved = False
+        elif isinstance(exc, FencedWrite):
+            log.warning("run %s: %s; live hash left to its owner", self.run_id, exc)
+            self.moved = False
+        else:
+            log.error(
+                "run %s: %s in Postgres; live hash not updated",
+                self.run_id,
+                self.target,
+                exc_info=exc,
+            )
+            self.moved = False
 
 
 def end(
