@@ -273,6 +273,23 @@ def test_bad_pipeline(stages: list[Stage], message: str) -> None:
     assert message in error.problem
 
 
+def test_a_stage_that_awaits_children_needs_what_it_awaits_and_no_diamond() -> None:
+    assert stage_order([S("scan"), S("collect", ("scan",), await_children=True)]) == [
+        "scan",
+        "collect",
+    ]
+    with pytest.raises(PipelineError, match="`await_children` needs the stages"):
+        stage_order([S("collect", await_children=True)])
+    diamond = [
+        S("scan"),
+        S("left", ("scan",)),
+        S("right", ("scan",)),
+        S("collect", ("left", "right"), await_children=True),
+    ]
+    with pytest.raises(PipelineError, match="diamond"):
+        stage_order(diamond)
+
+
 def test_an_async_when_predicate_is_rejected() -> None:
     async def decide(params: object) -> bool:
         return True
