@@ -31,7 +31,7 @@ RETRYABLE = (RunState.FAILED, RunState.CANCELLED)
 
 
 class NotRetryable(StartRefused):
-    """The run is live or completed."""
+    """The run is live or completed, or a resume of it would run its live children twice."""
 
 
 class NotResumable(NotRetryable):

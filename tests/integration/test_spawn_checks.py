@@ -9,6 +9,7 @@ from django.conf import settings
 
 from orchestrator.models import RunBatch, TaskHistory
 from orchestrator.runs.context import RunContext
+from orchestrator.runs.rerun import NotRetryable, rerun
 from tasks.errors import PermanentError
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -65,3 +66,18 @@ def test_children_come_in_order_with_results_over_the_cap_left_out() -> None:
     assert (small.input, small.result, small.result_omitted) == ({"n": 0}, {"n": 0}, False)
     assert (large.input, large.result, large.result_omitted) == ({"n": 1}, None, True)
     assert _context().children("other-stage") == []
+
+
+def test_a_resume_is_refused_while_the_original_has_live_children() -> None:
+    TaskHistory.objects.create(
+        id=PARENT, task_id="test-fan-out", priority=5, identity="p", state="failed",
+        input={"count": 1}, stages={"scan": "completed", "collections": "skipped"},
+    )  # fmt: skip
+    TaskHistory.objects.create(
+        id="run_01SPAWNLIVECHILD0000000000", task_id="test-child", priority=5, identity="c",
+        state="pending", input={"n": 0}, parent_run_id=PARENT,
+    )  # fmt: skip
+
+    with pytest.raises(NotRetryable, match="still has 1 live children"):
+        rerun(PARENT, actor="tester", reuse=True)
+    assert TaskHistory.objects.filter(trigger__retryOf=PARENT).count() == 0
