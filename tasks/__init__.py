@@ -16,6 +16,7 @@ Declaring a task:
 - `coverage`: the catalog stages a task covers (`CoveredStage`), and its runs' items
 - `triggers`: `define_trigger`, an inbound trigger: a name integrations POST to that starts a task
 - `limits`: `define_limit`, a named limit (a rate, a concurrency, per key) tasks share
+- `features`: `define_feature`, HTTP routes (a django-ninja Router) under /api/v1/features/<id>/
 
 In the handler:
 - `context`: `TaskContext`, what a handler sees of its run (the engine implements it), and
@@ -52,6 +53,7 @@ from tasks.errors import (
     RunCancelled,
     TransientError,
 )
+from tasks.features import FeatureDefinition, define_feature
 from tasks.limits import LimitDefinition, define_limit
 from tasks.media import MediaFolder, MediaPath, MediaPathError, open_folder
 from tasks.pipeline import Stage
@@ -73,6 +75,7 @@ __all__ = [
     "Debounce",
     "ErrorKind",
     "FatalError",
+    "FeatureDefinition",
     "ItemFacts",
     "LimitDefinition",
     "LimitReached",
@@ -102,6 +105,7 @@ __all__ = [
     "WhileActive",
     "Window",
     "cron",
+    "define_feature",
     "define_limit",
     "define_task",
     "define_trigger",

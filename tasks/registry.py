@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from tasks.definition import TaskDefinition, WatchSync
 from tasks.errors import ManifestError
+from tasks.features import FeatureDefinition
 from tasks.limits import LimitDefinition
 from tasks.triggers import TriggerDefinition
 
@@ -47,6 +48,7 @@ class Registry(Mapping[str, TaskDefinition]):
         definitions: Iterable[TaskDefinition],
         triggers: Iterable[TriggerDefinition] = (),
         limits: Iterable[LimitDefinition] = (),
+        features: Iterable[FeatureDefinition] = (),
     ) -> None:
         by_id: dict[str, TaskDefinition] = {}
         for definition in definitions:
@@ -71,6 +73,7 @@ class Registry(Mapping[str, TaskDefinition]):
         self._by_id = MappingProxyType(by_id)
         self._triggers = MappingProxyType(_checked_triggers(triggers, by_id))
         self._limits = MappingProxyType(_checked_limits(limits, by_id))
+        self._features = MappingProxyType(_checked_features(features))
 
     def __getitem__(self, task_id: str) -> TaskDefinition:
         try:
@@ -93,6 +96,11 @@ class Registry(Mapping[str, TaskDefinition]):
     def limits(self) -> Mapping[str, LimitDefinition]:
         """The named limits, by id (read-only)."""
         return self._limits
+
+    @property
+    def features(self) -> Mapping[str, FeatureDefinition]:
+        """The features (HTTP routes under /api/v1/features/<id>/), by id (read-only)."""
+        return self._features
 
     def trigger(self, name: str) -> TriggerDefinition:
         try:
@@ -135,7 +143,19 @@ def _checked_limits(
     return by_id
 
 
-Declared = tuple[list[TaskDefinition], list[TriggerDefinition], list[LimitDefinition]]
+def _checked_features(features: Iterable[FeatureDefinition]) -> dict[str, FeatureDefinition]:
+    by_id: dict[str, FeatureDefinition] = {}
+    for feature in features:
+        if feature.id in by_id and by_id[feature.id] is not feature:
+            problem = "is defined more than once: its routes would collide"
+            raise RegistryError(str(ManifestError(feature.id, "id", problem, what="feature")))
+        by_id[feature.id] = feature
+    return by_id
+
+
+Declared = tuple[
+    list[TaskDefinition], list[TriggerDefinition], list[LimitDefinition], list[FeatureDefinition]
+]
 
 
 def _declared_in(module_name: str) -> Declared:
@@ -148,6 +168,7 @@ def _declared_in(module_name: str) -> Declared:
     found: list[TaskDefinition] = []
     triggers: list[TriggerDefinition] = []
     limits: list[LimitDefinition] = []
+    features: list[FeatureDefinition] = []
     for value in vars(module).values():
         if isinstance(value, TaskDefinition):
             found.append(value)
@@ -157,7 +178,9 @@ def _declared_in(module_name: str) -> Declared:
             triggers.append(value)
         elif isinstance(value, LimitDefinition):
             limits.append(value)
-    return found, triggers, limits
+        elif isinstance(value, FeatureDefinition):
+            features.append(value)
+    return found, triggers, limits, features
 
 
 # Registered in every process before the configured modules (LUMASTRA_TASK_MODULES): the
@@ -169,12 +192,14 @@ def load(module_names: Iterable[str]) -> Registry:
     definitions: list[TaskDefinition] = []
     triggers: list[TriggerDefinition] = []
     limits: list[LimitDefinition] = []
+    features: list[FeatureDefinition] = []
     for name in module_names:
-        tasks, declared_triggers, declared_limits = _declared_in(name)
+        tasks, declared_triggers, declared_limits, declared_features = _declared_in(name)
         definitions.extend(tasks)
         triggers.extend(declared_triggers)
         limits.extend(declared_limits)
-    return Registry(definitions, triggers, limits)
+        features.extend(declared_features)
+    return Registry(definitions, triggers, limits, features)
 
 
 _registry: Registry | None = None

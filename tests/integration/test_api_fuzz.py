@@ -122,6 +122,7 @@ OWN_ERRORS = {
     ("post", "/api/v1/coverage/{stage}/items/{item_id}/rescan"): {404, 409, 422, 503},
     ("post", "/api/v1/coverage/{stage}/heal"): {404},
     ("post", "/api/v1/triggers/{name}"): {404, 409, 422, 503},
+    ("get", "/api/v1/features/test-feature/ping"): set(),
 }
 
 
