@@ -151,6 +151,10 @@ class TaskDefinition:
                 return stage
         raise KeyError(f"task {self.id!r} has no stage {name!r}")
 
+    def awaiting(self, name: str) -> list[str]:
+        """The stages that await the children stage `name` spawns (`await_children`)."""
+        return [s.name for s in self.pipeline if s.await_children and name in s.after]
+
     def identity(self, validated_input: BaseModel) -> str:
         """The run's identity. A long one (a deep path, say) is replaced by its digest so it
         fits the job id, the key and the column; equal identities still give equal digests."""

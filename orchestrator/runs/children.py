@@ -163,9 +163,7 @@ def release(fence: Fence | None = None, limit: int = RELEASE_BATCH) -> int:
     for batch_id, parent_run_id, stage, on_failure, counts, _, _, _ in rows:
         if parent_run_id is None:
             continue
-        failed = on_failure == OnFailure.FAIL_PARENT and any(
-            state != RunState.COMPLETED for state in durable.json_value(counts)
-        )
+        failed = on_failure == OnFailure.FAIL_PARENT and ended_otherwise(durable.json_value(counts))
         try:
             wake_parent(parent_run_id, stage, failed_batch=batch_id if failed else None)
         except Exception:
@@ -185,7 +183,7 @@ def _start_callbacks(
     release goes on. A callback admission refuses (a quota, an open circuit, a full queue) is
     recorded as refused, not tried again."""
     callbacks = {"on_complete": on_complete}
-    if set(counts) <= {RunState.COMPLETED.value}:
+    if not ended_otherwise(counts):
         callbacks["on_success"] = on_success
     started: dict[str, Any] = {}
     for name, doc in callbacks.items():
@@ -210,6 +208,11 @@ def _start_callbacks(
             log.error("batch %s: its %s callback was refused: %s", batch_id, name, outcome.detail)
     with connection.cursor() as cursor:
         cursor.execute(queries.BATCH_CALLBACKS, {"id": batch_id, "callbacks": json.dumps(started)})
+
+
+def ended_otherwise(counts: Mapping[str, int]) -> bool:
+    """A batch's counts by end state (`run_batches.counts`) hold a run that did not complete."""
+    return bool(set(counts) - {RunState.COMPLETED.value})
 
 
 def wake_parent(parent_run_id: str, stage: str, *, failed_batch: str | None = None) -> None:
@@ -251,7 +254,7 @@ def fail_if_a_child_failed(definition: TaskDefinition, run_id: str, owner: str) 
             for batch in RunBatch.objects.filter(
                 parent_run_id=run_id, on_failure=OnFailure.FAIL_PARENT
             ).exclude(done_at=None)
-            if set(batch.counts) - {RunState.COMPLETED.value}
+            if ended_otherwise(batch.counts)
         ),
         None,
     )
@@ -272,7 +275,7 @@ def _fail_parent(
         .values_list("id", "state")
         .first()
     )
-    waiting = [s.name for s in definition.pipeline if s.await_children and stage in s.after]
+    waiting = definition.awaiting(stage)
     named = waiting[0] if waiting else stage
     child = f"run {failed[0]} ({failed[1]})" if failed else "a child"
     message = f"stage {named}: {child}, a child of stage {stage}, did not complete"

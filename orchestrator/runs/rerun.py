@@ -61,10 +61,10 @@ def rerun(run_id: str, *, actor: str, reuse: bool | None = None) -> RunHandle:
         )
     resumes = reuse is not False and bool(definition.pipeline)
     live = TaskHistory.objects.filter(parent_run_id=run_id, state__in=LIVE_RUN_STATES)
-    if resumes and live.exists():
+    if resumes and (children := live.count()):
         # The resume starts again the children that did not complete: not beside themselves.
         raise NotRetryable(
-            f"run {run_id} still has {live.count()} live children; cancel them or wait for "
+            f"run {run_id} still has {children} live children; cancel them or wait for "
             "them, then resume it"
         )
     # One transaction: the new run's message is published only once it has its reused stages.

@@ -88,9 +88,7 @@ def spawn(
             raise PermanentError(
                 f"spawn: child {index} of {task_id}: field {field}: {first['msg']}"
             ) from None
-    trigger = {"kind": TriggerKind.CHILD.value, "parentRunId": parent.run_id}
-    if parent.stage:
-        trigger["stage"] = parent.stage
+    trigger = _trigger(parent.run_id, parent.stage)
     requests = [
         StartRequest(task_id, dict(input_), trigger=trigger, priority=priority) for input_ in inputs
     ]
@@ -108,15 +106,8 @@ def record(parent: Parent, spawned: Iterable[Spawn]) -> None:
     """The step's children written, in the transaction of the step's end: a batch per
     `spawn` call, its runs naming it and their parent."""
     for one in spawned:
-        row = {
-            "parent_run_id": parent.run_id,
-            "parent_stage": parent.stage,
-            "on_failure": one.on_failure.value,
-            "awaited": parent.awaited,
-        }
-        if not one.starts.record(Group(new_batch_id(), row, parent.run_id)):
-            # Only a start with an idempotency key can lose it to a race; a child has none.
-            raise RuntimeError(f"run {parent.run_id}: a child lost its key; nothing written")
+        row = _batch_row(parent.run_id, parent.stage, one.on_failure.value, parent.awaited)
+        _record(one.starts, Group(new_batch_id(), row, parent.run_id))
 
 
 def reuse(run_id: str, original_id: str, stages: Iterable[str], priority: int | None) -> None:
@@ -136,22 +127,38 @@ def reuse(run_id: str, original_id: str, stages: Iterable[str], priority: int | 
             .order_by("id")
             .values_list("task_id", "input", "priority")
         )
-        trigger = {"kind": TriggerKind.CHILD.value, "parentRunId": run_id}
-        if batch.parent_stage:
-            trigger["stage"] = batch.parent_stage
+        trigger = _trigger(run_id, batch.parent_stage)
         requests = [StartRequest(t, i, trigger=trigger, priority=p) for t, i, p in again]
         starts = admit_all(requests, atomic=True, priority=priority)
         if starts.refused_all:
             refused = next(o for o in starts.answered() if o.code is not None)
             raise StartRefused(f"a child of stage {batch.parent_stage} refused: {refused.detail}")
-        row = {
-            "parent_run_id": run_id,
-            "parent_stage": batch.parent_stage,
-            "on_failure": batch.on_failure,
-            "awaited": batch.awaited,
-        }
-        if not starts.record(Group(new_batch_id(), row, run_id, reused_from, kept)):
-            raise RuntimeError(f"run {run_id}: a child lost its key; nothing written")
+        row = _batch_row(run_id, batch.parent_stage, batch.on_failure, batch.awaited)
+        _record(starts, Group(new_batch_id(), row, run_id, reused_from, kept))
+
+
+def _trigger(parent_run_id: str, stage: str) -> dict[str, str]:
+    """A child's trigger document: its parent, and the stage that spawned it (if any)."""
+    trigger = {"kind": TriggerKind.CHILD.value, "parentRunId": parent_run_id}
+    if stage:
+        trigger["stage"] = stage
+    return trigger
+
+
+def _batch_row(parent_run_id: str, stage: str, on_failure: str, awaited: bool) -> dict[str, Any]:
+    """A batch of children's row (`insert_batch.sql`), but what its runs' count gives."""
+    return {
+        "parent_run_id": parent_run_id,
+        "parent_stage": stage,
+        "on_failure": on_failure,
+        "awaited": awaited,
+    }
+
+
+def _record(starts: Starts, group: Group) -> None:
+    if not starts.record(group):
+        # Only a start with an idempotency key can lose it to a race; a child has none.
+        raise RuntimeError(f"run {group.parent_run_id}: a child lost its key; nothing written")
 
 
 @dataclass(frozen=True)

@@ -126,12 +126,6 @@ class _Attempt:
         return int(self.step.get("attempts", 1))
 
     @property
-    def awaited(self) -> bool:
-        """A later stage awaits the children this stage spawns."""
-        stages = self.run.definition.pipeline
-        return any(s.await_children and self.stage.name in s.after for s in stages)
-
-    @property
     def retry(self) -> Retry:
         return self.stage.retry or self.run.definition.retry
 
@@ -298,7 +292,8 @@ def _end_stage(attempt: _Attempt, target: StageState, then: dict[str, Any], **ar
             stages = durable.move_stage(
                 run.run_id, target=target, active_only=bool(spawned), **call
             )
-            spawn.record(spawn.Parent(run.run_id, name, run.priority, attempt.awaited), spawned)
+            awaited = bool(run.definition.awaiting(name))
+            spawn.record(spawn.Parent(run.run_id, name, run.priority, awaited), spawned)
     except IllegalTransition as exc:
         spawn.abandon(spawned)
         if spawned:
