@@ -16,6 +16,7 @@ The composition root and the operator's doors:
 Below them:
 - `recovery`: bringing Postgres, Valkey and the broker back into agreement after a crash
 - `webhooks`: run events out to the endpoints that want them, signed, at least once
+- `notifications`: what needs an operator (dead letters, circuits opened, …), sent with Apprise
 - `runs`: one run's path from start to end, readable top to bottom
 - `windows`: run windows (quiet hours): which task's or class's window is open, and until when
 - `hooks`: the cross-cutting concerns plugged into every run (dedup, circuit, quotas, limits)

@@ -39,6 +39,9 @@ that races for `lock:orch:cluster`, the one leader seat:
   every LUMASTRA_RECONCILE_INTERVAL_S (the worker role also sweeps once as it starts).
 - `webhooks` (`orchestrator.webhooks.delivery`), on the cluster leader only: run events out to
   the webhook endpoints every LUMASTRA_WEBHOOK_INTERVAL_S.
+- `notifications` (`orchestrator.notifications.delivery`), on the cluster leader only: operators'
+  notifications out to LUMASTRA_NOTIFY_URLS every LUMASTRA_NOTIFY_INTERVAL_S; one indexed query
+  when none is due.
 - the loops of the apps above the engine, from `settings.LUMASTRA_LOOP_FACTORIES`: the coverage
   `stage-sweep` and `outbox-dispatcher` (`coverage.loops`), on the cluster leader only.
 
@@ -155,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from orchestrator.cluster import leaders, roster
     from orchestrator.hooks import costs, quotas
+    from orchestrator.notifications import targets
+    from orchestrator.notifications.delivery import Notifier
     from orchestrator.recovery import drain_replay, windows
     from orchestrator.recovery.reconciler import Reconciler
     from orchestrator.runs import children, due, leftovers
@@ -176,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         elector = leaders.Elector()
     except ValueError as exc:
         print(f"leader settings: {exc}", file=sys.stderr)
+        return 2
+    try:
+        notifier = Notifier(targets.parse(config.notify_urls))
+    except targets.InvalidTarget as exc:
+        print(str(exc), file=sys.stderr)
         return 2
     cluster = elector.fence()
     reconciler = Reconciler(lock=cluster)
@@ -217,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
             "webhooks",
             config.webhook_interval_s,
             lambda: deliverer.tick(fence=cluster),
+            leader=True,
+        ),
+        Loop(
+            "notifications",
+            config.notify_interval_s,
+            lambda: notifier.tick(fence=cluster),
             leader=True,
         ),
     ]

@@ -115,6 +115,18 @@ def parse_list(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
+def parse_words(raw: str) -> tuple[str, ...]:
+    # Space-separated: a URL may hold a comma (an e-mail URL's `to=a,b`), never a space.
+    return tuple(raw.split())
+
+
+def parse_url(raw: str) -> str:
+    value = raw.strip().rstrip("/")
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"expected an http:// or https:// URL, got {raw!r}")
+    return value
+
+
 def parse_paths(raw: str) -> tuple[Path, ...]:
     # Colon-separated like PATH: a comma is more likely than a colon in a media folder's name.
     parts = (part.strip() for part in raw.split(":"))

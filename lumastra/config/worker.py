@@ -1,5 +1,5 @@
 """The worker role's settings: running runs (logs, progress, heartbeats, cancels, pool children)
-and the loops that recover, schedule, send webhooks and clean up."""
+and the loops that recover, schedule, send webhooks and notifications and clean up."""
 
 from __future__ import annotations
 
@@ -88,6 +88,42 @@ class Worker:
         "10",
         env.positive_int,
         "seconds a webhook endpoint has to answer",
+        roles=env.WORKER,
+    )
+    notify_urls: tuple[str, ...] = env.variable(
+        "LUMASTRA_NOTIFY_URLS",
+        "",
+        env.parse_words,
+        "Apprise URLs operators' notifications go to, space-separated; "
+        "`kind,kind=URL` sends only those kinds there",
+        roles=env.WORKER,
+    )
+    notify_interval_s: int = env.variable(
+        "LUMASTRA_NOTIFY_INTERVAL_S",
+        "5",
+        env.positive_int,
+        "seconds between notification loop passes",
+        roles=env.WORKER,
+    )
+    notify_max_per_hour: int = env.variable(
+        "LUMASTRA_NOTIFY_MAX_PER_HOUR",
+        "20",
+        env.positive_int,
+        "messages of one kind sent in an hour; past it they wait and go as one digest",
+        roles=env.WORKER,
+    )
+    notify_max_attempts: int = env.variable(
+        "LUMASTRA_NOTIFY_MAX_ATTEMPTS",
+        "10",
+        env.positive_int,
+        "failed sends of a notification before it is dead",
+        roles=env.WORKER,
+    )
+    console_url: str = env.variable(
+        "LUMASTRA_CONSOLE_URL",
+        "http://localhost:8000",
+        env.parse_url,
+        "where operators reach the console: notifications link to its pages",
         roles=env.WORKER,
     )
     trickplay_root: Path = env.variable(

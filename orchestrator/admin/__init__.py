@@ -27,6 +27,7 @@ The operator pages:
 API tokens and webhooks:
 - `tokens`: API tokens, listed and revoked, never created or shown here
 - `webhooks`: webhook endpoints (the secret shown once) and their deliveries, with redeliver
+- `notifications`: the notifications operators receive, and "Send test notification" (operate)
 
 Every run page and action checks `orchestrator.api.access` like the API does: reading (the runs
 list and a run's page, Tasks, Cluster, Dead letters, Schedules) needs view, acting (start,
@@ -49,6 +50,6 @@ import django_stubs_ext
 django_stubs_ext.monkeypatch()
 
 # Importing the modules registers their model admins and the site's login wrapper.
-from orchestrator.admin import runs, site, tokens, webhooks  # noqa: E402
+from orchestrator.admin import notifications, runs, site, tokens, webhooks  # noqa: E402
 
-__all__ = ["runs", "site", "tokens", "webhooks"]
+__all__ = ["notifications", "runs", "site", "tokens", "webhooks"]

@@ -6,6 +6,7 @@
 - `admission`: per task: daily quota usage, the circuit's copy, pauses of tasks and classes
 - `schedules`: the scheduler's state, one row per schedule it fires, and operators' cadences
 - `webhooks`: webhook endpoints, the run events' outbox and each delivery
+- `notifications`: the notifications an operator receives, each event's row and its sends
 """
 
 from orchestrator.models.admission import (
@@ -17,6 +18,11 @@ from orchestrator.models.admission import (
     TaskQuotaUsage,
 )
 from orchestrator.models.batches import OnFailure, RunBatch
+from orchestrator.models.notifications import (
+    Notification,
+    NotificationKind,
+    NotificationStatus,
+)
 from orchestrator.models.runs import TaskHistory, TaskHistoryAudit
 from orchestrator.models.schedules import ScheduleOverride, SchedulerState
 from orchestrator.models.tokens import ApiToken
@@ -31,6 +37,9 @@ __all__ = [
     "ApiToken",
     "CircuitState",
     "DeliveryStatus",
+    "Notification",
+    "NotificationKind",
+    "NotificationStatus",
     "OnFailure",
     "PauseScope",
     "RunBatch",

@@ -3,9 +3,20 @@ pauses of tasks and resource classes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pgtrigger
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+
+from orchestrator import sql
+
+# A circuit that opens is an operator's notification (`orchestrator.notifications`), written with
+# its copy; the SQL is kept with the writers' (`stores/sql`).
+_NOTIFY_CIRCUIT_OPEN = sql.load(
+    str(Path(__file__).parents[1] / "stores" / "__init__.py"), "notify_circuit_open"
+)
 
 
 class TaskQuotaUsage(models.Model):
@@ -63,6 +74,15 @@ class TaskCircuitState(models.Model):
     class Meta:
         db_table = "task_circuit_state"
         verbose_name = "circuit state"
+        triggers = [
+            pgtrigger.Trigger(
+                name="notify_circuit_open",
+                when=pgtrigger.After,
+                operation=pgtrigger.Insert | pgtrigger.Update,
+                condition=pgtrigger.Condition("NEW.state = 'open'"),
+                func=_NOTIFY_CIRCUIT_OPEN + ";\nRETURN NULL;",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task_id}: {self.state}"

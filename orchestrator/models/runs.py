@@ -74,6 +74,10 @@ _RELEASE_FOLLOW_UP = sql.load(
 _COUNT_BATCH_END = sql.load(
     str(Path(__file__).parents[1] / "stores" / "__init__.py"), "count_batch_end"
 )
+# A dead letter is an operator's notification (`orchestrator.notifications`), written with it.
+_NOTIFY_DEAD_LETTER = sql.load(
+    str(Path(__file__).parents[1] / "stores" / "__init__.py"), "notify_dead_letter"
+)
 
 
 class TaskHistory(models.Model):
@@ -251,6 +255,16 @@ class TaskHistory(models.Model):
                 ),
                 func=_COUNT_BATCH_END + ";\nRETURN NULL;",
                 declare=[("done", "boolean")],
+            ),
+            pgtrigger.Trigger(
+                name="notify_dead_letter",
+                when=pgtrigger.After,
+                operation=pgtrigger.UpdateOf("state"),  # type: ignore[no-untyped-call]
+                condition=pgtrigger.Condition(
+                    "NEW.state = 'failed' AND OLD.state IS DISTINCT FROM 'failed'"
+                    " AND (NEW.error ->> 'exhausted') = 'true'"
+                ),
+                func=_NOTIFY_DEAD_LETTER + ";\nRETURN NULL;",
             ),
         ]
 

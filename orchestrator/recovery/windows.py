@@ -58,7 +58,8 @@ from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence
 from orchestrator.hooks import keyed, limits
 from orchestrator.hooks import pause as gate
-from orchestrator.models import PauseScope, RunWindow, TaskHistory
+from orchestrator.models import NotificationKind, PauseScope, RunWindow, TaskHistory
+from orchestrator.notifications import events
 from orchestrator.recovery import pauses
 from orchestrator.runs import cancel, coalesce
 from orchestrator.states import RunState
@@ -68,6 +69,8 @@ from tasks.definition import TaskDefinition
 from tasks.window import Window
 
 log = logging.getLogger(__name__)
+
+HELD_COUNTED = 10_000
 
 
 def tick(fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
@@ -94,6 +97,7 @@ def tick(fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
             log.warning("the pauses' Valkey mirror differed from task_pause; rebuilt")
         for field in closed.keys() - before.keys():
             log.info("window of %s closed", field.replace(":", " ", 1))
+            _notify_if_held(field)
     released = _release_opened(closed, now, fence)
     try:
         _stop_running(current.stopping())
@@ -125,6 +129,33 @@ def _release_opened(closed: Mapping[str, object], now: datetime, fence: Fence | 
             continue
         client.srem(keys.window_releases(), field)
     return released
+
+
+def _notify_if_held(field: str) -> None:
+    """A window that closes on runs still waiting for it (more work than fit) is an operator's
+    notification; counted up to HELD_COUNTED, at the closing edge only."""
+    scope, _, name = field.partition(":")
+    try:
+        task_ids = [d.id for d in pauses.tasks_of(PauseScope(scope), name)]
+        held = TaskHistory.objects.filter(state=RunState.PENDING, task_id__in=task_ids)[
+            :HELD_COUNTED
+        ].count()
+        if held:
+            many = f"{held}+" if held == HELD_COUNTED else str(held)
+            events.notify(
+                NotificationKind.WINDOW_HELD,
+                subject=field,
+                title=f"Run window of {scope} {name} closed with {many} runs waiting",
+                body=(
+                    f"The run window of {scope} {name} closed before its work was done: "
+                    f"{many} runs wait for it to open again."
+                ),
+                link="/admin/orchestrator/taskhistory/tasks/",
+            )
+    except pauses.UnknownScope:
+        pass
+    except Exception:
+        log.exception("window of %s closed; its notification was not recorded", field)
 
 
 def _pauses_of(mirror: Mapping[str, str]) -> dict[str, str]:

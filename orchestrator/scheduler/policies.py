@@ -31,7 +31,8 @@ from django.db.models.fields.json import KT
 from django_celery_beat.models import PeriodicTask
 
 from orchestrator.clock import EPOCH
-from orchestrator.models import ScheduleOverride, SchedulerState, TaskHistory
+from orchestrator.models import NotificationKind, ScheduleOverride, SchedulerState, TaskHistory
+from orchestrator.notifications import events
 from orchestrator.scheduler.names import state_key
 from orchestrator.scheduler.switch import PAUSED_PREFIX, switch_static
 from orchestrator.slots import Slots, jitter
@@ -112,5 +113,12 @@ def pause_failing(rows: Iterable[PeriodicTask]) -> list[str]:
             )
             counters.add(counters.SCHEDULE_PAUSES, (row.name,))
             log.warning("schedule %s %s", row.name, reason)
+            events.notify(
+                NotificationKind.SCHEDULE_PAUSED,
+                subject=row.name,
+                title=f"Schedule switched off: {row.name}",
+                body=f"The schedule {row.name} {reason}. Switch it on again once it is fixed.",
+                link="/admin/orchestrator/taskhistory/schedules/",
+            )
             paused.append(row.name)
     return paused

@@ -8,7 +8,9 @@ engine's tables and the catalog's own pruner (`coverage.retention`) for its outb
   more than `LUMASTRA_HISTORY_RETENTION_S` ago, then the batches of runs (`run_batches`)
   released that long ago whose runs are all gone;
 - webhook deliveries (`webhook_delivery`) delivered or dead and created more than
-  `LUMASTRA_WEBHOOK_RETENTION_S` ago (pending ones are never deleted).
+  `LUMASTRA_WEBHOOK_RETENTION_S` ago (pending ones are never deleted);
+- operators' notifications (`notification_outbox`) sent, dead or unsent and created more than
+  `LUMASTRA_HISTORY_RETENTION_S` ago (pending ones are never deleted).
 
 Each batch is one statement (`sql/prune_*.sql`): select up to `LUMASTRA_RETENTION_BATCH` rows
 `FOR UPDATE SKIP LOCKED`, delete them, report how many and where it stopped; the next batch
@@ -37,6 +39,7 @@ PRUNE_RUNS = sql.load(__file__, "prune_runs")
 PRUNE_AUDIT = sql.load(__file__, "prune_audit")
 PRUNE_BATCHES = sql.load(__file__, "prune_batches")
 PRUNE_WEBHOOK_DELIVERIES = sql.load(__file__, "prune_webhook_deliveries")
+PRUNE_NOTIFICATIONS = sql.load(__file__, "prune_notifications")
 
 # Where the first batch of a table starts: before any id (an id cursor) or any moment.
 FIRST_ID = 0
@@ -84,6 +87,7 @@ class HistoryPruned:
     audit: int
     webhook_deliveries: int
     batches: int
+    notifications: int
 
 
 def prune_history(*, batch: int | None = None) -> HistoryPruned:
@@ -106,4 +110,9 @@ def prune_history(*, batch: int | None = None) -> HistoryPruned:
         start=FIRST_ID,
         batch=batch,
     )
-    return HistoryPruned(runs.deleted, audit.deleted, deliveries.deleted, batches.deleted)
+    notifications = prune_in_batches(
+        PRUNE_NOTIFICATIONS, {"cutoff": history_cutoff}, start=FIRST_ID, batch=batch
+    )
+    return HistoryPruned(
+        runs.deleted, audit.deleted, deliveries.deleted, batches.deleted, notifications.deleted
+    )

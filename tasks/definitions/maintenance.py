@@ -25,13 +25,14 @@ def history_retention(ctx: TaskContext, params: NoInput) -> dict[str, int]:
         f"{_days(config.history_retention_s)}, {history.webhook_deliveries} webhook deliveries "
         f"older than {_days(config.webhook_retention_s)}, {dead_events} outbox events dead "
         f"for more than {_days(settings.COVERAGE.outbox_retention_s)}, {history.batches} "
-        "batches of runs whose runs were all deleted"
+        f"batches of runs whose runs were all deleted, {history.notifications} notifications"
     )
     return {
         "deleted": history.runs,
         "audit_deleted": history.audit,
         "webhook_deliveries_deleted": history.webhook_deliveries,
         "batches_deleted": history.batches,
+        "notifications_deleted": history.notifications,
         "dead_events_deleted": dead_events,
     }
 

@@ -17,6 +17,8 @@ from django.utils import timezone
 from coverage.models import EventOutbox
 from orchestrator.models import (
     DeliveryStatus,
+    Notification,
+    NotificationStatus,
     RunBatch,
     TaskHistory,
     TaskHistoryAudit,
@@ -88,6 +90,14 @@ def test_each_kind_of_history_goes_past_its_own_retention() -> None:
     _event("dead-old", dead_days_ago=keep_dead + 1, created_days_ago=keep_dead + 2)
     _event("dead-new", dead_days_ago=1, created_days_ago=keep_dead + 2)
     _event("due-old", dead_days_ago=None, created_days_ago=keep_dead + 2)  # still owed
+    for title, status, age in (
+        ("sent-old", NotificationStatus.SENT, keep + 1),
+        ("unsent-old", NotificationStatus.UNSENT, keep + 1),
+        ("pending-old", NotificationStatus.PENDING, keep + 1),  # still owed
+        ("sent-new", NotificationStatus.SENT, 1),
+    ):
+        made = Notification.objects.create(kind="test", title=title, status=status)
+        Notification.objects.filter(pk=made.pk).update(created_at=_days_ago(age))
 
     result = history_retention(RunContext("run_01RETENTION000000000000000", NoInput()), NoInput())
 
@@ -97,6 +107,7 @@ def test_each_kind_of_history_goes_past_its_own_retention() -> None:
         "webhook_deliveries_deleted": 2,
         "dead_events_deleted": 1,
         "batches_deleted": 0,
+        "notifications_deleted": 2,
     }
     assert set(TaskHistory.objects.values_list("id", flat=True)) == {
         "run_01NEW000000000000000000000",
@@ -109,6 +120,7 @@ def test_each_kind_of_history_goes_past_its_own_retention() -> None:
         "delivered-new",
     }
     assert set(EventOutbox.objects.values_list("kind", flat=True)) == {"dead-new", "due-old"}
+    assert set(Notification.objects.values_list("title", flat=True)) == {"pending-old", "sent-new"}
 
 
 def test_a_batch_goes_once_released_past_retention_and_its_runs_are_gone() -> None:

@@ -17,7 +17,7 @@ from django_celery_beat.models import PeriodicTask
 
 from orchestrator.api import tokens
 from orchestrator.clock import FrozenClock
-from orchestrator.models import SchedulerState, TaskHistory
+from orchestrator.models import Notification, SchedulerState, TaskHistory
 from orchestrator.runs.start import new_run_id
 from orchestrator.scheduler import policies
 from orchestrator.scheduler.catchup import catch_up
@@ -159,6 +159,8 @@ def test_a_schedule_whose_runs_fail_in_a_row_switches_itself_off(
     assert not PeriodicTask.objects.get(name=TASK).enabled
     reason = SchedulerState.objects.get(key=TASK).last_error
     assert reason == "switched off: its last 2 runs failed in a row (pause_on_failure)"
+    (told,) = Notification.objects.filter(kind="schedule_paused")
+    assert (told.subject, told.title) == (TASK, f"Schedule switched off: {TASK}")
     assert Scheduler().tick().paused == []  # off: not looked at again
 
     # Switched back on, it counts afresh: the failures that paused it do not pause it again.
