@@ -19,6 +19,7 @@ Below them:
 - `notifications`: what needs an operator (dead letters, circuits opened, …), sent with Apprise
 - `runs`: one run's path from start to end, readable top to bottom
 - `windows`: run windows (quiet hours): which task's or class's window is open, and until when
+- `providers`: a metadata provider's call: cached, under its circuit, limits and timeout
 - `hooks`: the cross-cutting concerns plugged into every run (dedup, circuit, quotas, limits)
 - `cluster`: who this process is, and who may act once for the cluster
 - `stores`: how the engine talks to Valkey, Postgres's run table and the broker

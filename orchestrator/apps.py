@@ -99,11 +99,14 @@ class OrchestratorConfig(AppConfig):
         # Imported here, not at the top: they use models, which Django loads after this module.
         from django.conf import settings
 
+        from orchestrator import providers
         from orchestrator.hooks import dispatch
         from orchestrator.runs import celery_tasks
+        from tasks import providers as sdk_providers
         from tasks import registry
 
         dispatch.install(hook_chain())
+        sdk_providers.install(providers.call)
         _refuse_unknown_classes(settings.CONFIG)
         registry.install(registry.load(registry.BUILT_IN_MODULES + settings.CONFIG.task_modules))
         _refuse_unknown_trigger_secrets(settings.CONFIG, registry.get().triggers)

@@ -17,6 +17,8 @@ Declaring a task:
 - `triggers`: `define_trigger`, an inbound trigger: a name integrations POST to that starts a task
 - `limits`: `define_limit`, a named limit (a rate, a concurrency, per key) tasks share
 - `features`: `define_feature`, HTTP routes (a django-ninja Router) under /api/v1/features/<id>/
+- `providers`: `define_provider` and `providers.call`: a remote API's answers, cached, under a
+  circuit breaker, named limits and a timeout
 
 In the handler:
 - `context`: `TaskContext`, what a handler sees of its run (the engine implements it), and
@@ -59,6 +61,7 @@ from tasks.media import MediaFolder, MediaPath, MediaPathError, open_folder
 from tasks.pipeline import Stage
 from tasks.policies import Concurrency, Debounce, Retry, Stall, Throttle, Timeout, WhileActive
 from tasks.process import ProcessResult
+from tasks.providers import ProviderDefinition, ProviderUnavailable, define_provider
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import ScheduleRow, cron, dynamic, every
 from tasks.triggers import TriggerDefinition, define_trigger
@@ -89,6 +92,8 @@ __all__ = [
     "Priority",
     "ProcessFailed",
     "ProcessResult",
+    "ProviderDefinition",
+    "ProviderUnavailable",
     "Quotas",
     "Retry",
     "RunCancelled",
@@ -107,6 +112,7 @@ __all__ = [
     "cron",
     "define_feature",
     "define_limit",
+    "define_provider",
     "define_task",
     "define_trigger",
     "define_watch_sync",

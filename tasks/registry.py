@@ -1,8 +1,9 @@
 """The registry: imports the definition modules named in settings, validates, then freezes.
 
 Definitions are module-level `TaskDefinition` (or `WatchSync`) values, inbound triggers
-`TriggerDefinition` ones (`Registry.triggers`) and named limits `LimitDefinition` ones
-(`Registry.limits`); importing a module is all it takes to declare them. After `load` the
+`TriggerDefinition` ones (`Registry.triggers`), named limits `LimitDefinition` ones
+(`Registry.limits`), features (`Registry.features`) and metadata providers
+(`Registry.providers`); importing a module is all it takes to declare them. After `load` the
 registry is read-only.
 """
 
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from tasks.definition import TaskDefinition, WatchSync
 from tasks.errors import ManifestError
 from tasks.features import FeatureDefinition
 from tasks.limits import LimitDefinition
+from tasks.providers import ProviderDefinition, UnknownProvider
 from tasks.triggers import TriggerDefinition
 
 
@@ -49,6 +52,7 @@ class Registry(Mapping[str, TaskDefinition]):
         triggers: Iterable[TriggerDefinition] = (),
         limits: Iterable[LimitDefinition] = (),
         features: Iterable[FeatureDefinition] = (),
+        providers: Iterable[ProviderDefinition] = (),
     ) -> None:
         by_id: dict[str, TaskDefinition] = {}
         for definition in definitions:
@@ -74,6 +78,7 @@ class Registry(Mapping[str, TaskDefinition]):
         self._triggers = MappingProxyType(_checked_triggers(triggers, by_id))
         self._limits = MappingProxyType(_checked_limits(limits, by_id))
         self._features = MappingProxyType(_checked_features(features))
+        self._providers = MappingProxyType(_checked_providers(providers, self._limits))
 
     def __getitem__(self, task_id: str) -> TaskDefinition:
         try:
@@ -101,6 +106,17 @@ class Registry(Mapping[str, TaskDefinition]):
     def features(self) -> Mapping[str, FeatureDefinition]:
         """The features (HTTP routes under /api/v1/features/<id>/), by id (read-only)."""
         return self._features
+
+    @property
+    def providers(self) -> Mapping[str, ProviderDefinition]:
+        """The metadata providers (`providers.call`), by id (read-only)."""
+        return self._providers
+
+    def provider(self, provider_id: str) -> ProviderDefinition:
+        try:
+            return self._providers[provider_id]
+        except KeyError:
+            raise UnknownProvider(provider_id) from None
 
     def trigger(self, name: str) -> TriggerDefinition:
         try:
@@ -153,34 +169,56 @@ def _checked_features(features: Iterable[FeatureDefinition]) -> dict[str, Featur
     return by_id
 
 
-Declared = tuple[
-    list[TaskDefinition], list[TriggerDefinition], list[LimitDefinition], list[FeatureDefinition]
-]
+def _checked_providers(
+    providers: Iterable[ProviderDefinition], limits: Mapping[str, LimitDefinition]
+) -> dict[str, ProviderDefinition]:
+    by_id: dict[str, ProviderDefinition] = {}
+    for provider in providers:
+        problem = None
+        if provider.id in by_id and by_id[provider.id] is not provider:
+            problem = ("id", "is defined more than once")
+        elif unknown := [name for name in provider.limits if name not in limits]:
+            problem = ("limits", f"{unknown[0]!r} is not a declared limit (define_limit)")
+        if problem is not None:
+            raise RegistryError(str(ManifestError(provider.id, *problem, what="provider")))
+        by_id[provider.id] = provider
+    return by_id
 
 
-def _declared_in(module_name: str) -> Declared:
+@dataclass
+class Declared:
+    """What the definition modules declare, by kind."""
+
+    tasks: list[TaskDefinition] = field(default_factory=list)
+    triggers: list[TriggerDefinition] = field(default_factory=list)
+    limits: list[LimitDefinition] = field(default_factory=list)
+    features: list[FeatureDefinition] = field(default_factory=list)
+    providers: list[ProviderDefinition] = field(default_factory=list)
+
+    def add(self, value: object) -> None:
+        if isinstance(value, TaskDefinition):
+            self.tasks.append(value)
+        elif isinstance(value, WatchSync):
+            self.tasks.extend((value.push, value.pull))
+        elif isinstance(value, TriggerDefinition):
+            self.triggers.append(value)
+        elif isinstance(value, LimitDefinition):
+            self.limits.append(value)
+        elif isinstance(value, FeatureDefinition):
+            self.features.append(value)
+        elif isinstance(value, ProviderDefinition):
+            self.providers.append(value)
+
+
+def _declare_from(module_name: str, declared: Declared) -> None:
     try:
         module = importlib.import_module(module_name)
     except ManifestError as exc:
         raise RegistryError(f"in {module_name}: {exc}") from exc
     except ImportError as exc:
         raise RegistryError(f"cannot import task module {module_name!r}: {exc}") from exc
-    found: list[TaskDefinition] = []
-    triggers: list[TriggerDefinition] = []
-    limits: list[LimitDefinition] = []
-    features: list[FeatureDefinition] = []
     for value in vars(module).values():
-        if isinstance(value, TaskDefinition):
-            found.append(value)
-        elif isinstance(value, WatchSync):
-            found.extend((value.push, value.pull))
-        elif isinstance(value, TriggerDefinition):
-            triggers.append(value)
-        elif isinstance(value, LimitDefinition):
-            limits.append(value)
-        elif isinstance(value, FeatureDefinition):
-            features.append(value)
-    return found, triggers, limits, features
+        declared.add(value)
 
 
 # Registered in every process before the configured modules (LUMASTRA_TASK_MODULES): the
@@ -189,17 +227,12 @@ BUILT_IN_MODULES = ("tasks.definitions.maintenance",)
 
 
 def load(module_names: Iterable[str]) -> Registry:
-    definitions: list[TaskDefinition] = []
-    triggers: list[TriggerDefinition] = []
-    limits: list[LimitDefinition] = []
-    features: list[FeatureDefinition] = []
+    declared = Declared()
     for name in module_names:
-        tasks, declared_triggers, declared_limits, declared_features = _declared_in(name)
-        definitions.extend(tasks)
-        triggers.extend(declared_triggers)
-        limits.extend(declared_limits)
-        features.extend(declared_features)
-    return Registry(definitions, triggers, limits, features)
+        _declare_from(name, declared)
+    return Registry(
+        declared.tasks, declared.triggers, declared.limits, declared.features, declared.providers
+    )
 
 
 _registry: Registry | None = None

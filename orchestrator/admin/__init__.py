@@ -21,6 +21,7 @@ The operator pages:
 - `pause`: the Tasks page's pause and resume of a task or its class (operate, a POST)
 - `nodes`: "Cluster" (view): the live nodes, the leader, each pool's queue depth and runs
 - `limits_page`: "Limits" (view): named limits and keyed concurrency, each key's use now
+- `providers_page`: "Providers" (view): metadata providers' calls, errors, latency and circuit
 - `dead_letters`: "Dead letters": all that stopped being retried, a section per kind, with actions
 - `schedules`: "Schedules": every static and dynamic schedule, switched on or off (operate)
 

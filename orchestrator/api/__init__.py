@@ -21,6 +21,7 @@ The API and its operations:
 - `pauses`: `/pauses`, `/tasks/{id}/pause|resume`, `/classes/{class}/pause|resume`
 - `windows`: `/windows`, `/tasks/{id}/window`, `/classes/{class}/window`: run windows (PUT, DELETE)
 - `limit_usage`: `/limits`: named limits and keyed concurrency, each key's use now
+- `providers`: `/providers`: metadata providers: calls, errors, latency, circuit
 
 What the operations share:
 - `errors`: the one JSON shape of every API error, ninja's own and unknown paths included

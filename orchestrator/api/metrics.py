@@ -92,6 +92,7 @@ class EngineCollector(Collector):
                 counters.SCHEDULE_SKIPS,
                 counters.SCHEDULE_PAUSES,
                 counters.START_OUTCOMES,
+                counters.PROVIDER_CALLS,
             )
         )
         yield _counter(
@@ -130,6 +131,12 @@ class EngineCollector(Collector):
             "Starts by what they were answered: started (a new run), deduplicated, debounced, "
             "coalesced, throttled, dropped (issue 39)",
             ["task", "outcome"], found, counters.START_OUTCOMES,
+        )  # fmt: skip
+        yield _counter(
+            "lumastra_provider_calls",
+            "Provider calls by how they were answered: fetched, cached, stale (an older answer "
+            "after a failure), failed (no answer) (issue 41)",
+            ["provider", "outcome"], found, counters.PROVIDER_CALLS,
         )  # fmt: skip
         yield self._queue_depth()
         yield self._active_runs()

@@ -108,7 +108,7 @@ def _schedule(schedule: Schedule | None) -> ScheduleOut | None:
     return None
 
 
-def _circuit(found: CircuitStatus) -> CircuitOut:
+def circuit_out(found: CircuitStatus) -> CircuitOut:
     wait = found.time_to_half_open
     return CircuitOut(
         state=found.state,
@@ -126,7 +126,7 @@ def _circuit(found: CircuitStatus) -> CircuitOut:
 def _status(found: TaskStatus) -> TaskStatusOut:
     quota = found.quota_today
     return TaskStatusOut(
-        circuit=_circuit(found.circuit),
+        circuit=circuit_out(found.circuit),
         quota_today=QuotaTodayOut(
             day=quota.day,
             started=quota.started,
@@ -194,4 +194,4 @@ def force_enable_circuit(request: HttpRequest, task_id: str) -> CircuitOut:
     """Close the task's circuit and keep it admitting for LUMASTRA_CIRCUIT_FORCE_ENABLE_TTL_S,
     recorded under the caller's username; answers with the circuit as it is now."""
     definition = _definition(task_id)
-    return _circuit(circuit.force_enable(definition.id, actor=current_user(request).username))
+    return circuit_out(circuit.force_enable(definition.id, actor=current_user(request).username))

@@ -19,6 +19,7 @@ from orchestrator.api import (
     limit_usage,
     logs,
     pauses,
+    providers,
     runs,
     schedules,
     tasks,
@@ -69,6 +70,7 @@ api.add_router("", cluster.router)
 api.add_router("", pauses.router)
 api.add_router("", windows.router)
 api.add_router("", limit_usage.router)
+api.add_router("", providers.router)
 
 
 def urls() -> tuple[list[URLPattern | URLResolver], str, str]:

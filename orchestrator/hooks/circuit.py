@@ -226,43 +226,65 @@ class CircuitBreaker(RunHook):
         if not outcome.final:
             return None
         task_id = outcome.definition.id
-        now = self.clock.now()
-        args: list[object] = [
-            valkey.to_ms(now),
-            outcome.run_id,
-            verdict(outcome).value,
-            settings.CONFIG.circuit_failure_threshold,
-            span_ms(WINDOW),
-            WINDOW_FAILURES,
-            *(span_ms(step) for step in BACKOFF),
-        ]
+        args = _record_args(self.clock.now(), outcome.run_id, verdict(outcome))
 
         def receive(replies: list[Any]) -> None:
             reply = _replied("circuit_record", task_id, args, replies[0], self.clock)
-            self._recorded(outcome, reply)
+            _recorded(task_id, outcome.run_id, reply)
 
         return Part(receive, partial(_queue, "circuit_record", task_id, args))
 
-    def _recorded(self, outcome: Outcome, reply: list[str]) -> None:
-        task_id = outcome.definition.id
-        event = reply[0]
-        if event == "unchanged":
-            return
-        circuit = _hash(reply[1:])
-        circuit_copy.persist(task_id, circuit)
-        if event in ("opened", "reopened"):
-            log.warning(
-                "task %s: circuit %s by run %s (%s consecutive failures, %s times in a row); "
-                "half-opens at %s",
-                task_id,
-                event,
-                outcome.run_id,
-                circuit.get("consecutive"),
-                circuit.get("reopen_count"),
-                circuit_copy.moment_of(circuit.get("half_open_at")),
-            )
-        elif event == "closed":
-            log.info("task %s: circuit closed by its probe run %s", task_id, outcome.run_id)
+
+# --- calls that are not runs ----------------------------------------------------------------
+
+
+def admit_call(owner: str, call_id: str, hold: timedelta, *, clock: Clock = SYSTEM) -> None:
+    """Admit one call of a circuit's owner that is not a task (a provider's call,
+    `orchestrator.providers`, owner `provider:<id>`), by the tasks' rules: raises CircuitOpen
+    while the circuit refuses; a half-open circuit admits it as its probe, its slot held for
+    `hold`."""
+    now = clock.now()
+    reply = _call("circuit_admit", owner, [valkey.to_ms(now), call_id, span_ms(hold)], clock)
+    if reply[0] not in ("closed", "probe"):
+        raise _refusal(owner, reply[0], _hash(reply[1:]), now)
+
+
+def record_call(owner: str, call_id: str, said: Verdict, *, clock: Clock = SYSTEM) -> None:
+    """An admitted call's outcome, counted as a run's final one is."""
+    args = _record_args(clock.now(), call_id, said)
+    _recorded(owner, call_id, _call("circuit_record", owner, args, clock))
+
+
+def _record_args(now: datetime, by: str, said: Verdict) -> list[object]:
+    return [
+        valkey.to_ms(now),
+        by,
+        said.value,
+        settings.CONFIG.circuit_failure_threshold,
+        span_ms(WINDOW),
+        WINDOW_FAILURES,
+        *(span_ms(step) for step in BACKOFF),
+    ]
+
+
+def _recorded(owner: str, by: str, reply: list[str]) -> None:
+    event = reply[0]
+    if event == "unchanged":
+        return
+    circuit = _hash(reply[1:])
+    circuit_copy.persist(owner, circuit)
+    if event in ("opened", "reopened"):
+        log.warning(
+            "%s: circuit %s by %s (%s consecutive failures, %s times in a row); half-opens at %s",
+            _named(owner),
+            event,
+            by,
+            circuit.get("consecutive"),
+            circuit.get("reopen_count"),
+            circuit_copy.moment_of(circuit.get("half_open_at")),
+        )
+    elif event == "closed":
+        log.info("%s: circuit closed by its probe %s", _named(owner), by)
 
 
 def force_enable(task_id: str, *, actor: str, clock: Clock = SYSTEM) -> CircuitStatus:
@@ -378,7 +400,7 @@ def _refusal(task_id: str, answer: str, circuit: CircuitHash, now: datetime) -> 
     if answer == "busy":
         probe_until = circuit_copy.moment_of(circuit.get("probe_until")) or now
         return CircuitOpen(
-            f"task {task_id!r} refused: its circuit is half-open and probe run "
+            f"{_named(task_id)} refused: its circuit is half-open and probe run "
             f"{circuit.get('probe_run')} is testing it; starts are admitted again once that "
             f"run succeeds (its probe slot expires at {probe_until.isoformat()})",
             retry_after=min(probe_until - now, BUSY_RETRY_AFTER),
@@ -386,7 +408,7 @@ def _refusal(task_id: str, answer: str, circuit: CircuitHash, now: datetime) -> 
     half_open_at = circuit_copy.moment_of(circuit.get("half_open_at")) or now
     opened_at = circuit_copy.moment_of(circuit.get("opened_at"))
     return CircuitOpen(
-        f"task {task_id!r} refused: its circuit opened at "
+        f"{_named(task_id)} refused: its circuit opened at "
         f"{opened_at.isoformat() if opened_at else '?'} after repeated failures "
         f"({circuit.get('consecutive', '0')} in a row, "
         f"{len(circuit_copy.recent_failures(circuit.get('recent', '')))} in the last "
@@ -394,3 +416,8 @@ def _refusal(task_id: str, answer: str, circuit: CircuitHash, now: datetime) -> 
         f"it half-opens at {half_open_at.isoformat()} (in {describe(half_open_at - now)})",
         retry_after=half_open_at - now,
     )
+
+
+def _named(owner: str) -> str:
+    kind, _, name = owner.rpartition(":")
+    return f"{kind or 'task'} {name!r}"

@@ -36,21 +36,36 @@ def client() -> redis.Redis:
 def remembered(key: str, ttl_s: float, compute: Callable[[], bytes]) -> bytes:
     """The value at `key` if the cache holds it, else `compute()`, kept for `ttl_s` seconds
     (0: never cached)."""
-    if ttl_s <= 0 or time.monotonic() < _down_until:
+    if ttl_s <= 0:
         return compute()
+    found = get(key)
+    if found is not None:
+        return found
+    value = compute()
+    put(key, value, ttl_s)
+    return value
+
+
+def get(key: str) -> bytes | None:
+    """The value at `key`; None when the cache does not hold it or cannot answer."""
+    if time.monotonic() < _down_until:
+        return None
     try:
         found = client().get(key)
     except redis.RedisError as exc:
         _went_down(exc)
-        return compute()
-    if isinstance(found, bytes):
-        return found
-    value = compute()
+        return None
+    return found if isinstance(found, bytes) else None
+
+
+def put(key: str, value: bytes, ttl_s: float) -> None:
+    """Keep `value` at `key` for `ttl_s` seconds, if the cache can."""
+    if time.monotonic() < _down_until:
+        return
     try:
         client().set(key, value, px=int(ttl_s * 1000))
     except redis.RedisError as exc:
         _went_down(exc)
-    return value
 
 
 def _went_down(exc: redis.RedisError) -> None:

@@ -25,6 +25,8 @@ DELIVERY = "delivery_total"  # event: published, redelivered, duplicate_dropped
 RECOVERY = "recovery_total"
 SCHEDULE_SKIPS = "schedule_skips_total"  # task: slots skipped, the previous fire's run live
 SCHEDULE_PAUSES = "schedule_paused_total"  # task: switched off by pause_on_failure
+# provider, outcome: fetched, cached, stale, failed (no answer given)
+PROVIDER_CALLS = "provider_calls_total"
 # task, outcome: started, deduplicated, debounced, coalesced, throttled, dropped
 START_OUTCOMES = "start_outcomes_total"
 # Upper bounds (seconds) of the run duration histogram's buckets.

@@ -154,9 +154,10 @@ def quota_counts(task_id: str, day: str) -> str:
     return f"task:quota:{task_id}:{day}"
 
 
-def circuit(task_id: str) -> str:
-    """Hash of one task's circuit breaker state (orchestrator/hooks/circuit.py); no TTL."""
-    return f"task:circuit:{task_id}"
+def circuit(owner: str) -> str:
+    """Hash of one task's circuit breaker state (orchestrator/hooks/circuit.py), or a
+    provider's (owner `provider:<id>`: a task id holds no colon); no TTL."""
+    return f"task:circuit:{owner}"
 
 
 def pauses() -> str:
@@ -259,6 +260,17 @@ def trigger_signature(trigger: str, digest: str) -> str:
     """An inbound trigger's signed request already accepted (SET NX), kept while its timestamp
     is within the tolerance (`webhooks.inbound`): the same request again is a replay."""
     return f"trigger:seen:{trigger}:{digest}"
+
+
+def provider_answer(provider_id: str, query_digest: str) -> str:
+    """A provider's answer to one query (`orchestrator.providers`), with when it was fetched;
+    only the cache Valkey holds these keys."""
+    return f"cache:provider:{provider_id}:{query_digest}"
+
+
+def provider_latency(provider_id: str) -> str:
+    """List of a provider's newest fetch latencies (ms), newest first, capped: its p50/p95."""
+    return f"provider:latency:{provider_id}"
 
 
 def cached(read_model: str) -> str:

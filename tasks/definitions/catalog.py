@@ -4,8 +4,9 @@ started by the stage-sweep so `make run` shows coverage filling up.
 - `checksum` (io): the SHA-256 of each movie's, episode's and track's present file, read
   below the media roots like any task input;
 - `artwork` (discovery): a poster for each movie and episode with an id at a metadata
-  provider, from a stand-in for the remote metadata API (the one fake: the demo has no
-  network);
+  provider, asked of the `metadata` provider (`define_provider`: cached, under its circuit
+  and the `metadata-api` limit), whose fetch is a stand-in for the remote metadata API (the
+  one fake: the demo has no network);
 - `season-summary` (analysis): per season, once its episodes have settled, how many episodes
   it has, how many with a file, and their size.
 """
@@ -13,6 +14,7 @@ started by the stage-sweep so `make run` shows coverage filling up.
 from __future__ import annotations
 
 import hashlib
+import random
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -22,9 +24,11 @@ from tasks import (
     CoveredStage,
     PermanentError,
     TaskContext,
-    TransientError,
+    define_limit,
+    define_provider,
     define_task,
     open_folder,
+    providers,
     skipped,
 )
 
@@ -75,16 +79,24 @@ checksum_task = define_task(
 )
 
 
-def poster_for(provider: str, value: str) -> str | None:
-    """The stand-in for a remote metadata API: a poster URL for most ids, none for some, and a
-    slow answer now and then."""
+def _poster(query: dict[str, Any]) -> dict[str, str | None]:
+    """The stand-in for a remote metadata API: a poster URL for most ids, none for some, a slow
+    answer now and then, and one call in a hundred failing as a 503 would."""
+    provider, value = str(query["provider"]), str(query["id"])
     digest = hashlib.sha256(f"{provider}:{value}".encode()).digest()
-    if digest[0] < 20:
-        return None
-    if digest[1] < 5:
-        raise TransientError(f"{provider} answered 503 for {value}")
+    if random.random() < 0.01:  # a stand-in's weather, not a secret
+        raise ConnectionError(f"{provider} answered 503 for {value}")
     time.sleep(digest[2] / 2550)  # up to 0.1 s, like a network round trip
-    return f"https://images.example.invalid/{provider}/{value}.jpg"
+    if digest[0] < 20:
+        return {"poster": None}
+    return {"poster": f"https://images.example.invalid/{provider}/{value}.jpg"}
+
+
+# The metadata API's budget, shared by every caller of its provider.
+metadata_api = define_limit("metadata-api", rate="100/s")
+metadata = define_provider(
+    "metadata", fetch=_poster, timeout_s=5, limits=("metadata-api",), cache_s=86_400
+)
 
 
 def _artwork(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
@@ -94,7 +106,7 @@ def _artwork(ctx: TaskContext, params: CoverageItem) -> dict[str, Any]:
     if not ids:
         return skipped("no-external-id")
     for provider, value in sorted(ids):
-        poster = poster_for(provider, value)
+        poster = providers.call("metadata", {"provider": provider, "id": value})["poster"]
         if poster is not None:
             return {"provider": provider, "poster": poster}
     return skipped("no-artwork")

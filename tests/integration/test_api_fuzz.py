@@ -90,6 +90,7 @@ OWN_ERRORS = {
     ("get", "/api/v1/pauses"): set(),
     ("get", "/api/v1/windows"): set(),
     ("get", "/api/v1/limits"): set(),
+    ("get", "/api/v1/providers"): set(),
     ("put", "/api/v1/tasks/{task_id}/window"): {404, 422},
     ("delete", "/api/v1/tasks/{task_id}/window"): {404},
     ("put", "/api/v1/classes/{resource_class}/window"): {404, 422},
