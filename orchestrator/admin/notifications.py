@@ -10,6 +10,7 @@ from django.urls import URLPattern, path, reverse
 from django.views.decorators.http import require_POST
 
 from orchestrator.admin import pages
+from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.models import Notification
 from orchestrator.notifications import events
@@ -23,6 +24,12 @@ class NotificationAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[Notification]):
     readonly_fields = ("body", "link", "sent_to", "last_error")
     show_full_result_count = False
     change_list_template = "admin/orchestrator/notification/change_list.html"
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, object] | None = None
+    ) -> HttpResponse:
+        can_test = access.allows(request.user, Access.OPERATE)
+        return super().changelist_view(request, {**(extra_context or {}), "can_test": can_test})
 
     def get_urls(self) -> list[URLPattern]:
         return [

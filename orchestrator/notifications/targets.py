@@ -1,22 +1,28 @@
 """Where notifications go: LUMASTRA_NOTIFY_URLS, Apprise URLs separated by spaces, each one
 optionally limited to some kinds with Apprise's own tag syntax, `dead_letter,circuit_open=URL`.
 
-A target is known by `key`, a digest of its URL: a notification records the keys that took it
-(so a retry sends to the others) without keeping a URL's credentials in Postgres. A URL that
-changes is a new target. Apprise is imported here only, by the worker role's loops process
-that sends.
+A target is known by `key`, an HMAC of its URL under SECRET_KEY: a notification records the
+keys that took it (so a retry sends to the others) without keeping a URL's credentials, or a
+digest one could test guesses against, in Postgres. A URL that changes (or a new SECRET_KEY)
+makes a new target. Logs and pages name a target by its service and key only (`shown`):
+Apprise's own privacy form still shows a `json://` URL's headers and a token given as a user.
+Apprise is imported only by the worker role's loops process, which sends.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from django.conf import settings
 
 from orchestrator.models import NotificationKind
 
 _KINDS = re.compile(r"^[a-z_]+(,[a-z_]+)*=")
+_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]{0,30})://")
 
 
 class InvalidTarget(ValueError):
@@ -25,7 +31,7 @@ class InvalidTarget(ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    url: str
+    url: str = field(repr=False)
     kinds: frozenset[str]  # empty: every kind
     key: str
 
@@ -33,11 +39,17 @@ class Target:
         return not self.kinds or kind in self.kinds
 
     def shown(self) -> str:
-        """The URL with its secrets masked (Apprise's privacy form), for logs and pages."""
-        import apprise
+        """The target as logs and pages may name it: its service and key, no credential."""
+        return f"{_scheme(self.url)} target {self.key}"
 
-        plugin = apprise.Apprise.instantiate(self.url)
-        return str(plugin.url(privacy=True)) if plugin else "(invalid URL)"  # type: ignore[no-untyped-call]
+
+def _scheme(url: str) -> str:
+    found = _SCHEME.match(url)
+    return found.group(1) if found else "(no scheme)"
+
+
+def _key(url: str) -> str:
+    return hmac.new(settings.SECRET_KEY.encode(), url.encode(), hashlib.sha256).hexdigest()[:16]
 
 
 def parse(entries: Iterable[str]) -> list[Target]:
@@ -46,7 +58,7 @@ def parse(entries: Iterable[str]) -> list[Target]:
     import apprise
 
     known = set(NotificationKind.values)
-    targets = []
+    targets: list[Target] = []
     for entry in entries:
         kinds: frozenset[str] = frozenset()
         url = entry
@@ -59,8 +71,11 @@ def parse(entries: Iterable[str]) -> list[Target]:
                 )
         if apprise.Apprise.instantiate(url) is None:
             raise InvalidTarget(
-                f"LUMASTRA_NOTIFY_URLS: Apprise cannot send to {url.split('://', 1)[0]}:// "
-                "URLs like the one given (see Apprise's list of services)"
+                f"LUMASTRA_NOTIFY_URLS: Apprise cannot send to the {_scheme(url)} URL given "
+                "(see Apprise's list of services)"
             )
-        targets.append(Target(url, kinds, hashlib.sha256(url.encode()).hexdigest()[:16]))
+        target = Target(url, kinds, _key(url))
+        if any(other.key == target.key for other in targets):
+            raise InvalidTarget(f"LUMASTRA_NOTIFY_URLS: {target.shown()} is listed twice")
+        targets.append(target)
     return targets

@@ -18,11 +18,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
-from django.db import DatabaseError
 from django.utils import timezone
 
-from orchestrator.models import NotificationKind
-from orchestrator.notifications import events
 from orchestrator.runs.drain import MAX_ENTRIES, Entry
 from orchestrator.stores import keys, valkey
 
@@ -141,15 +138,3 @@ def add(raw: str, entry: Entry | None, error: str) -> None:
     pipe.lpush(keys.drain_poison(), json.dumps(record))
     pipe.ltrim(keys.drain_poison(), 0, POISON_CAP - 1)
     valkey.execute(pipe)
-    run_id = entry.run_id if entry is not None else ""
-    try:
-        events.notify(
-            NotificationKind.POISON_GROWING,
-            subject=run_id,
-            title=f"Drain entry poisoned{f' (run {run_id})' if run_id else ''}",
-            body=f"A write Postgres kept refusing was set aside for an operator: {error[:500]}",
-            link="/admin/orchestrator/taskhistory/dead-letters/",
-        )
-    except DatabaseError:
-        # Postgres refusing is often why the entry was poisoned; the list itself is kept.
-        log.warning("drain entry poisoned; its notification was not recorded (Postgres refused)")

@@ -45,11 +45,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import cast
 from zoneinfo import ZoneInfo
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 from redis.client import Pipeline
 
@@ -71,6 +71,9 @@ from tasks.window import Window
 log = logging.getLogger(__name__)
 
 HELD_COUNTED = 10_000
+# A window that was open this long ago and is closed now has just closed (a leader's failover
+# takes less).
+CLOSING_SEEN_WITHIN = timedelta(minutes=1)
 
 
 def tick(fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
@@ -95,9 +98,14 @@ def tick(fence: Fence | None = None, clock: Clock = SYSTEM) -> int:
     if before is not None:
         if _pauses_of(before) != _pauses_of(truth):
             log.warning("the pauses' Valkey mirror differed from task_pause; rebuilt")
-        for field in closed.keys() - before.keys():
-            log.info("window of %s closed", field.replace(":", " ", 1))
-            _notify_if_held(field)
+        if newly := closed.keys() - before.keys():
+            # A window set while closed, or a mirror Valkey lost, is no closing: only one that
+            # was open a little while ago closed.
+            was_closed = windows.Now.at(now - CLOSING_SEEN_WITHIN).closed()
+            for field in newly:
+                log.info("window of %s closed", field.replace(":", " ", 1))
+                if field not in was_closed:
+                    _notify_if_held(field)
     released = _release_opened(closed, now, fence)
     try:
         _stop_running(current.stopping())
@@ -153,8 +161,9 @@ def _notify_if_held(field: str) -> None:
                 link="/admin/orchestrator/taskhistory/tasks/",
             )
     except pauses.UnknownScope:
-        pass
-    except Exception:
+        pass  # not registered here: another version's window
+    except DatabaseError:
+        # The mirror's change stands; the operator misses this one notification.
         log.exception("window of %s closed; its notification was not recorded", field)
 
 

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models.fields.json import KT
 from django_celery_beat.models import PeriodicTask
 
@@ -107,12 +108,14 @@ def pause_failing(rows: Iterable[PeriodicTask]) -> list[str]:
         if len(ended) < limit or any(state != RunState.FAILED for state in ended):
             continue
         reason = f"{PAUSED_PREFIX} its last {limit} runs failed in a row (pause_on_failure)"
-        if switch_static(row.name, enabled=False, actor=ACTOR):
+        # The switch, its reason and its notification stand or fall together: a schedule
+        # switched off is not looked at again.
+        with transaction.atomic():
+            if not switch_static(row.name, enabled=False, actor=ACTOR):
+                continue
             SchedulerState.objects.update_or_create(
                 key=state_key(row.name), defaults={"task_id": row.name, "last_error": reason}
             )
-            counters.add(counters.SCHEDULE_PAUSES, (row.name,))
-            log.warning("schedule %s %s", row.name, reason)
             events.notify(
                 NotificationKind.SCHEDULE_PAUSED,
                 subject=row.name,
@@ -120,5 +123,7 @@ def pause_failing(rows: Iterable[PeriodicTask]) -> list[str]:
                 body=f"The schedule {row.name} {reason}. Switch it on again once it is fixed.",
                 link="/admin/orchestrator/taskhistory/schedules/",
             )
-            paused.append(row.name)
+        counters.add(counters.SCHEDULE_PAUSES, (row.name,))
+        log.warning("schedule %s %s", row.name, reason)
+        paused.append(row.name)
     return paused

@@ -262,6 +262,12 @@ def trigger_signature(trigger: str, digest: str) -> str:
     return f"trigger:seen:{trigger}:{digest}"
 
 
+def poison_noticed() -> str:
+    """The drain poison list's length when the notification loop last looked
+    (`notifications.delivery`): it notifies each growth once."""
+    return "notify:poison:noticed"
+
+
 def provider_answer(provider_id: str, query_digest: str) -> str:
     """A provider's answer to one query (`orchestrator.providers`), with when it was fetched;
     only the cache Valkey holds these keys."""
