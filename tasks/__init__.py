@@ -19,6 +19,8 @@ Declaring a task:
 - `features`: `define_feature`, HTTP routes (a django-ninja Router) under /api/v1/features/<id>/
 - `providers`: `define_provider` and `providers.call`: a remote API's answers, cached, under a
   circuit breaker, named limits and a timeout
+- `trickplay`: `define_trickplay`: the task that makes an item's trickplay, and where its files
+  are, for the API that serves them to players
 
 In the handler:
 - `context`: `TaskContext`, what a handler sees of its run (the engine implements it), and
@@ -64,6 +66,7 @@ from tasks.process import ProcessResult
 from tasks.providers import ProviderDefinition, ProviderUnavailable, define_provider
 from tasks.resources import RESOURCE_CLASSES
 from tasks.schedule import ScheduleRow, cron, dynamic, every
+from tasks.trickplay import TrickplayDefinition, define_trickplay
 from tasks.triggers import TriggerDefinition, define_trigger
 from tasks.window import OnClose, Window
 
@@ -105,6 +108,7 @@ __all__ = [
     "Throttle",
     "Timeout",
     "TransientError",
+    "TrickplayDefinition",
     "TriggerDefinition",
     "WatchSync",
     "WhileActive",
@@ -114,6 +118,7 @@ __all__ = [
     "define_limit",
     "define_provider",
     "define_task",
+    "define_trickplay",
     "define_trigger",
     "define_watch_sync",
     "dynamic",

@@ -1,10 +1,10 @@
 """The registry: imports the definition modules named in settings, validates, then freezes.
 
-Definitions are module-level `TaskDefinition` (or `WatchSync`) values, inbound triggers
-`TriggerDefinition` ones (`Registry.triggers`), named limits `LimitDefinition` ones
-(`Registry.limits`), features (`Registry.features`) and metadata providers
-(`Registry.providers`); importing a module is all it takes to declare them. After `load` the
-registry is read-only.
+Definitions are module-level values: `TaskDefinition` (or `WatchSync`) ones, inbound triggers
+(`TriggerDefinition`, `Registry.triggers`), named limits (`LimitDefinition`,
+`Registry.limits`), features (`Registry.features`), metadata providers (`Registry.providers`)
+and the trickplay provider (`Registry.trickplay`); importing a module is all it takes to
+declare them. After `load` the registry is read-only.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tasks.errors import ManifestError
 from tasks.features import FeatureDefinition
 from tasks.limits import LimitDefinition
 from tasks.providers import ProviderDefinition, UnknownProvider
+from tasks.trickplay import TrickplayDefinition
 from tasks.triggers import TriggerDefinition
 
 
@@ -53,6 +54,7 @@ class Registry(Mapping[str, TaskDefinition]):
         limits: Iterable[LimitDefinition] = (),
         features: Iterable[FeatureDefinition] = (),
         providers: Iterable[ProviderDefinition] = (),
+        trickplay: Iterable[TrickplayDefinition] = (),
     ) -> None:
         by_id: dict[str, TaskDefinition] = {}
         for definition in definitions:
@@ -79,6 +81,7 @@ class Registry(Mapping[str, TaskDefinition]):
         self._limits = MappingProxyType(_checked_limits(limits, by_id))
         self._features = MappingProxyType(_checked_features(features))
         self._providers = MappingProxyType(_checked_providers(providers, self._limits))
+        self._trickplay = _checked_trickplay(trickplay, by_id)
 
     def __getitem__(self, task_id: str) -> TaskDefinition:
         try:
@@ -111,6 +114,11 @@ class Registry(Mapping[str, TaskDefinition]):
     def providers(self) -> Mapping[str, ProviderDefinition]:
         """The metadata providers (`providers.call`), by id (read-only)."""
         return self._providers
+
+    @property
+    def trickplay(self) -> TrickplayDefinition | None:
+        """The trickplay provider (`define_trickplay`), if a module declares one."""
+        return self._trickplay
 
     def provider(self, provider_id: str) -> ProviderDefinition:
         try:
@@ -185,6 +193,20 @@ def _checked_providers(
     return by_id
 
 
+def _checked_trickplay(
+    declared: Iterable[TrickplayDefinition], tasks: Mapping[str, TaskDefinition]
+) -> TrickplayDefinition | None:
+    found = list(dict.fromkeys(declared))
+    problem = None
+    if len(found) > 1:
+        problem = ("task", "a second trickplay provider is declared: there is one")
+    elif found and found[0].task not in tasks:
+        problem = ("task", f"{found[0].task!r} is not a registered task")
+    if problem is not None:
+        raise RegistryError(str(ManifestError("trickplay", *problem, what="trickplay provider")))
+    return found[0] if found else None
+
+
 @dataclass
 class Declared:
     """What the definition modules declare, by kind."""
@@ -194,6 +216,7 @@ class Declared:
     limits: list[LimitDefinition] = field(default_factory=list)
     features: list[FeatureDefinition] = field(default_factory=list)
     providers: list[ProviderDefinition] = field(default_factory=list)
+    trickplay: list[TrickplayDefinition] = field(default_factory=list)
 
     def add(self, value: object) -> None:
         if isinstance(value, TaskDefinition):
@@ -208,6 +231,8 @@ class Declared:
             self.features.append(value)
         elif isinstance(value, ProviderDefinition):
             self.providers.append(value)
+        elif isinstance(value, TrickplayDefinition):
+            self.trickplay.append(value)
 
 
 def _declare_from(module_name: str, declared: Declared) -> None:
@@ -231,7 +256,12 @@ def load(module_names: Iterable[str]) -> Registry:
     for name in module_names:
         _declare_from(name, declared)
     return Registry(
-        declared.tasks, declared.triggers, declared.limits, declared.features, declared.providers
+        declared.tasks,
+        declared.triggers,
+        declared.limits,
+        declared.features,
+        declared.providers,
+        declared.trickplay,
     )
 
 

@@ -131,7 +131,7 @@ class Worker:
         ".demo/trickplay",
         env.parse_path,
         "folder the demo's trickplay stage writes its sprites and WebVTT indexes below",
-        roles=env.WORKER,
+        roles=env.STARTERS,
     )
     history_retention_s: int = env.variable(
         "LUMASTRA_HISTORY_RETENTION_S",

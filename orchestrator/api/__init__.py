@@ -22,6 +22,7 @@ The API and its operations:
 - `windows`: `/windows`, `/tasks/{id}/window`, `/classes/{class}/window`: run windows (PUT, DELETE)
 - `limit_usage`: `/limits`: named limits and keyed concurrency, each key's use now
 - `providers`: `/providers`: metadata providers: calls, errors, latency, circuit
+- `trickplay`: `/items/{id}/trickplay.vtt` and its tiles, served to players; a missing one queued
 
 What the operations share:
 - `errors`: the one JSON shape of every API error, ninja's own and unknown paths included

@@ -23,6 +23,7 @@ from orchestrator.api import (
     runs,
     schedules,
     tasks,
+    trickplay,
     triggers,
     webhooks,
     windows,
@@ -71,6 +72,7 @@ api.add_router("", pauses.router)
 api.add_router("", windows.router)
 api.add_router("", limit_usage.router)
 api.add_router("", providers.router)
+api.add_router("", trickplay.router)
 
 
 def urls() -> tuple[list[URLPattern | URLResolver], str, str]:

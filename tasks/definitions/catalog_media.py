@@ -6,7 +6,8 @@ videos and audio with ffmpeg): two covered stages that run ffmpeg's own tools.
   is set, so the catalog's trigger emits `file.content_changed` and the outbox resets what
   depends on the probe (`trickplay`, `checksum`);
 - `trickplay` (`trickplay`, cpu): for a probed video, ffmpeg takes a frame every few seconds
-  into one JPEG tile sprite plus a WebVTT index of the tiles, below LUMASTRA_TRICKPLAY_ROOT.
+  into one JPEG tile sprite plus a WebVTT index of the tiles, below LUMASTRA_TRICKPLAY_ROOT;
+  players read them through the API (`define_trickplay`), which asks for one not made yet.
 
 Both run their command through `ctx.run_process`, so a cancel, a timeout, a dead pool child or
 a worker's stop takes ffmpeg with it. A file ffmpeg cannot read fails the run `permanent` with
@@ -44,6 +45,7 @@ from tasks import (
     ProcessResult,
     TaskContext,
     define_task,
+    define_trickplay,
     define_trigger,
     open_folder,
     skipped,
@@ -271,6 +273,36 @@ trickplay_task = define_task(
             invalidated_by=("file.linked", "file.unlinked", "file.content_changed"),
         )
     ],
+)
+
+
+def _can_have_trickplay(item_id: int) -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM media_items mi WHERE mi.id = %s"  # noqa: S608
+            f" AND mi.kind IN ('movie', 'episode') AND {HAS_PROBED_VIDEO})",
+            [item_id],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def _trickplay_key(item_id: int) -> str:
+    from coverage.sweep import run_key
+
+    return run_key("trickplay", item_id)
+
+
+# Players read an item's sprite and index through the API (`/items/{id}/trickplay.vtt`); one
+# asked for before the sweep made it is made at once, as the item's coverage run.
+trickplay_provider = define_trickplay(
+    task="trickplay",
+    folder=lambda item_id: settings.CONFIG.trickplay_root / str(item_id),
+    eligible=_can_have_trickplay,
+    input_for=lambda item_id: {"stage": "trickplay", "item_id": item_id},
+    key_for=_trickplay_key,
+    index=INDEX,
 )
 
 

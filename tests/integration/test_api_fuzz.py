@@ -91,6 +91,8 @@ OWN_ERRORS = {
     ("get", "/api/v1/windows"): set(),
     ("get", "/api/v1/limits"): set(),
     ("get", "/api/v1/providers"): set(),
+    ("get", "/api/v1/items/{item_id}/trickplay.vtt"): {404, 409, 422},
+    ("get", "/api/v1/items/{item_id}/trickplay/{name}"): {404, 422},
     ("put", "/api/v1/tasks/{task_id}/window"): {404, 422},
     ("delete", "/api/v1/tasks/{task_id}/window"): {404},
     ("put", "/api/v1/classes/{resource_class}/window"): {404, 422},

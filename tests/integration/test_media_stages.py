@@ -17,17 +17,21 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.core.management import call_command
+from django.test import Client
 from django.utils import timezone
 
 from coverage import sweep
 from coverage.dispatcher import Dispatcher
 from coverage.models import MediaFile, MediaItemStageState
 from coverage.sweep import Sweep
+from orchestrator.api import tokens
+from orchestrator.api.access import Access
 from orchestrator.models import TaskHistory
 from orchestrator.routing import queue_name
 from tasks import registry
 from tasks.definitions.catalog_media import INDEX, SPRITE
 from tests.support.fixtures import wait_for, worker_process
+from tests.support.users import account
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -169,3 +173,49 @@ def test_probe_then_trickplay_cover_the_catalog(folders: tuple[Path, Path]) -> N
         assert MediaItemStageState.objects.get(pk=again.pk).status == "pending"
         _settle("trickplay")
         assert MediaItemStageState.objects.get(pk=again.pk).status == "completed"
+
+
+def test_a_player_asking_for_trickplay_has_it_made_once_then_served(
+    folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    media, trickplay = folders
+    _load()
+    # Only the probe is swept: trickplay is made because a player asks for it.
+    probe_only = [stage for stage in sweep.covered() if stage.id == "probe"]
+    monkeypatch.setattr(sweep, "covered", lambda: probe_only)
+    queues = [
+        queue_name(registry.get()[task], settings.CONFIG.per_task_queues)
+        for task in ("media-probe", "trickplay")
+    ]
+    env = {"LUMASTRA_MEDIA_ROOTS": str(media), "LUMASTRA_TRICKPLAY_ROOT": str(trickplay)}
+    player = Client(
+        headers={"Authorization": f"Bearer {tokens.issue(account('player', Access.VIEW))[1]}"}
+    )
+
+    with worker_process(queues, concurrency=2, name="media", env=env):
+        _settle("probe")
+        videos = MediaItemStageState.objects.filter(stage="trickplay", status="pending")
+        items = list(videos.values_list("item_id", flat=True)[:4])
+        assert items
+        asked = [
+            {item: player.get(f"/api/v1/items/{item}/trickplay.vtt").json() for item in items}
+            for _ in range(2)
+        ]
+        assert asked[0] == asked[1]  # asked twice, made once
+        runs = {item: answer["queued"] for item, answer in asked[0].items()}
+        wait_for(
+            lambda: all(TaskHistory.objects.get(id=run).finished_at for run in runs.values()),
+            timeout=120,
+            interval=0.5,
+        )
+
+    made = [
+        item for item, run in runs.items() if TaskHistory.objects.get(id=run).state == "completed"
+    ]
+    assert made
+    for item in made:
+        index = player.get(f"/api/v1/items/{item}/trickplay.vtt")
+        assert index.status_code == 200
+        assert "trickplay/sprite.jpg#xywh=0,0," in index.content.decode()
+        tile = player.get(f"/api/v1/items/{item}/trickplay/{SPRITE}")
+        assert b"".join(tile.streaming_content)[:3] == b"\xff\xd8\xff"  # type: ignore[attr-defined]

@@ -1,5 +1,6 @@
-"""`define_provider` checks each option and names it; the registry refuses two providers with
-one id and a provider naming a limit nobody declared."""
+"""`define_provider` and `define_trickplay` check each option and name it; the registry refuses
+two providers with one id, a provider naming a limit nobody declared, a second trickplay provider
+and one whose task is not registered."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tasks import define_limit, define_provider
+from tasks import NoInput, define_limit, define_provider, define_task, define_trickplay
 from tasks.errors import ManifestError
 from tasks.providers import UnknownProvider
 from tasks.registry import Registry, RegistryError
@@ -51,3 +52,43 @@ def test_the_registry_refuses_a_second_provider_and_an_undeclared_limit() -> Non
     assert registry.provider("limited") is limited
     with pytest.raises(UnknownProvider):
         registry.provider("nope")
+
+
+def _trickplay(**options: Any) -> Any:
+    declared: dict[str, Any] = {
+        "task": "thumbs",
+        "folder": lambda item_id: f"/tmp/{item_id}",
+        "eligible": lambda item_id: True,
+        "input_for": lambda item_id: {"item_id": item_id},
+        **options,
+    }
+    return define_trickplay(**declared)
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"task": ""}, "field 'task'"),
+        ({"folder": "/tmp"}, "field 'folder'"),
+        ({"eligible": True}, "field 'eligible'"),
+        ({"input_for": {}}, "field 'input_for'"),
+        ({"key_for": "coverage"}, "field 'key_for'"),
+        ({"index": "index.txt"}, "field 'index'"),
+        ({"index": "../index.vtt"}, "field 'index'"),
+    ],
+)
+def test_each_bad_trickplay_option_is_named(options: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ManifestError, match=problem):
+        _trickplay(**options)
+
+
+def test_the_registry_holds_one_trickplay_provider_of_a_registered_task() -> None:
+    task = define_task(id="thumbs", resource_class="cpu", execute=lambda ctx, p: None,
+                       input_model=NoInput)  # fmt: skip
+    assert Registry([task]).trickplay is None
+    one = _trickplay()
+    assert Registry([task], trickplay=[one]).trickplay is one
+    with pytest.raises(RegistryError, match="a second trickplay provider"):
+        Registry([task], trickplay=[one, _trickplay()])
+    with pytest.raises(RegistryError, match="'thumbs' is not a registered task"):
+        Registry([], trickplay=[one])
