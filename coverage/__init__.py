@@ -8,6 +8,7 @@ The catalog:
 - `models`: the tables: the catalog (items, files, links, external ids), EPG sources, coverage
 - `catalog`: a realistic demo catalog, generated from a seed and bulk-loaded
 - `samples`: short real media rendered by ffmpeg, for the demo catalog's files
+- `library`: the catalog kept in step with the media roots' files (new, rewritten, gone)
 
 Keeping every stage's rows moving:
 - `stages`: the registry's covered stages, their `coverage_stage` rows, their conditions checked

@@ -5,6 +5,8 @@
   errors, in pages (follow `next_cursor`).
 - `POST /coverage/{stage}/items/{item}/rescan` (operate): the item's run now.
 - `POST /coverage/{stage}/heal` (operate): the stage's skipped rows looked at again now.
+- `POST /catalog/rescan {"path"}` (operate): a folder of a media root synced with the disk now
+  (`coverage.library`), as the file watcher does when files change.
 
 Views never write rows: they call `coverage.backlog`.
 """
@@ -18,11 +20,12 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 from ninja.responses import Status
 
-from coverage import backlog
+from coverage import backlog, library
 from coverage.models import CoverageStatus
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
-from orchestrator.api.starting import StartedRun, start_refusals, started
+from orchestrator.api.fields import StorableStr
+from orchestrator.api.starting import StartedRun, answered, start_refusals, started
 from orchestrator.models import TaskHistory
 from orchestrator.states import RunState
 from orchestrator.triggers import TriggerKind
@@ -160,3 +163,29 @@ def heal(request: HttpRequest, stage: str) -> Healed:
         return Healed(stage=stage, healed=backlog.heal(stage))
     except backlog.UnknownStage as exc:
         raise ApiError(404, str(exc)) from None
+
+
+class RescanIn(Schema):
+    path: StorableStr = Field(
+        max_length=1000,
+        description="a folder inside a media root (LUMASTRA_MEDIA_ROOTS), or a root",
+    )
+
+
+@router.post(
+    "/catalog/rescan",
+    auth=OPERATE,
+    response=answers({200: StartedRun, 202: StartedRun}, 409, 422),
+)
+def rescan_folder(request: HttpRequest, body: RescanIn) -> Status[StartedRun]:
+    """Sync the catalog's files below the folder with the disk now (priority 2): 202 with the
+    new `catalog-rescan` run, 200 with the one already queued or running for that folder; 422
+    for a path outside the media roots."""
+    trigger = {"kind": TriggerKind.API.value, "actor": current_user(request).username}
+    with start_refusals():
+        try:
+            handle = library.start_rescan(body.path, trigger)
+        except library.OutsideRoots as exc:
+            where = {"loc": ["body", "body", "path"], "msg": str(exc), "type": "value_error"}
+            raise ApiError(422, str(exc), [where]) from None
+    return answered(handle)

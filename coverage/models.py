@@ -10,11 +10,8 @@ from django.db.models.functions import Now
 
 
 class EpgSource(models.Model):
-    """An electronic programme guide feed, refreshed by the `epg-refresh` task.
-
-    Each enabled source is one row of that task's dynamic schedule (`schedule=dynamic(...)`):
-    it is refreshed every `interval_minutes`, on its own cadence. Edit them in the admin; the
-    scheduler sees a change at its next tick (10 s)."""
+    """An electronic programme guide feed: one row of `epg-refresh`'s dynamic schedule, refreshed
+    every `interval_minutes`; the scheduler sees an edit at its next tick (10 s)."""
 
     slug = models.SlugField(unique=True, max_length=80)
     name = models.CharField(max_length=200)
@@ -35,9 +32,15 @@ class EpgSource(models.Model):
 # --- the media catalog (a stand-in for the media server's own; the engine never imports it) ---
 
 # Each catalog change that can change what an item needs is written to `event_outbox` by a
-# trigger, in the transaction of the change (`coverage.dispatcher` reads them). Statement-level
-# triggers with transition tables: a bulk insert of a million items writes its events in one
-# statement, not a million.
+# trigger, in the change's transaction (`coverage.dispatcher` reads them); statement-level, with
+# transition tables: a bulk insert of a million items writes its events in one statement.
+
+
+_TRANSITION_TABLES = {
+    pgtrigger.Insert: {"new": "new_rows"},
+    pgtrigger.Delete: {"old": "old_rows"},
+    pgtrigger.Update: {"old": "old_rows", "new": "new_rows"},
+}
 
 
 def _outbox_trigger(name: str, operation: pgtrigger.Operation, body: str) -> pgtrigger.Trigger:
@@ -46,21 +49,12 @@ def _outbox_trigger(name: str, operation: pgtrigger.Operation, body: str) -> pgt
         level=pgtrigger.Statement,
         when=pgtrigger.After,
         operation=operation,
-        referencing=pgtrigger.Referencing(  # type: ignore[no-untyped-call]
-            **(
-                {"new": "new_rows"}
-                if operation is pgtrigger.Insert
-                else {"old": "old_rows"}
-                if operation is pgtrigger.Delete
-                else {"old": "old_rows", "new": "new_rows"}
-            )
-        ),
+        referencing=pgtrigger.Referencing(**_TRANSITION_TABLES[operation]),  # type: ignore[no-untyped-call]
         func=body + " RETURN NULL;",
     )
 
 
-# A child added or removed: its parent hears of it (an event, and `children_changed_at`, which
-# season-scoped stages wait on).
+# A child added or removed: its parent hears of it (an event, and `children_changed_at`).
 _CHILDREN_CHANGED = (
     " INSERT INTO event_outbox (kind, item_id)"
     " SELECT DISTINCT 'children.changed', parent_id FROM {rows} WHERE parent_id IS NOT NULL;"
@@ -154,6 +148,8 @@ class MediaFile(models.Model):
 
     path = models.CharField(max_length=1000, unique=True)
     size = models.BigIntegerField()
+    # Its last write, as the library scan saw it (`coverage.library`): a new one is a rewrite.
+    mtime = models.DateTimeField(null=True, blank=True)
     is_missing = models.BooleanField(default=False)  # was there, is gone from disk
     probed_at = models.DateTimeField(null=True, blank=True)
     # What the last probe (`media-probe`, ffprobe) found: the length and each stream's type
@@ -165,18 +161,24 @@ class MediaFile(models.Model):
 
     class Meta:
         db_table = "media_files"
+        indexes = [
+            # A folder's files (`coverage.library`): a path prefix, compared byte by byte.
+            models.Index(
+                fields=["path"], name="media_files_path_prefix", opclasses=["varchar_pattern_ops"]
+            ),
+        ]
         triggers = [
             _outbox_trigger(
                 "files_changed",
                 pgtrigger.Update,
-                "INSERT INTO event_outbox (kind, item_id)"
-                " SELECT CASE WHEN (n.probed_at, n.content_hash)"
-                " IS DISTINCT FROM (o.probed_at, o.content_hash)"
+                "INSERT INTO event_outbox (kind, item_id) SELECT CASE"
+                " WHEN (n.size, n.mtime) IS DISTINCT FROM (o.size, o.mtime) THEN 'file.modified'"
+                " WHEN (n.probed_at, n.content_hash) IS DISTINCT FROM (o.probed_at, o.content_hash)"
                 " THEN 'file.content_changed' ELSE 'file.presence_changed' END, fi.item_id"
-                " FROM new_rows n JOIN old_rows o USING (id)"
-                " JOIN media_file_items fi ON fi.file_id = n.id"
-                " WHERE (n.probed_at, n.content_hash, n.is_missing)"
-                " IS DISTINCT FROM (o.probed_at, o.content_hash, o.is_missing);",
+                " FROM new_rows n JOIN old_rows o USING (id) JOIN media_file_items fi"
+                " ON fi.file_id = n.id WHERE (n.size, n.mtime, n.probed_at, n.content_hash,"
+                " n.is_missing) IS DISTINCT FROM (o.size, o.mtime, o.probed_at, o.content_hash,"
+                " o.is_missing);",
             ),
         ]
 
@@ -406,8 +408,7 @@ class CoverageStageCount(models.Model):
 
 class CoverageStageCountDelta(models.Model):
     """A change to the counts by one statement on `media_item_stage_state`, appended by its
-    triggers (never an update of a shared row: concurrent runs' ends do not queue on a lock);
-    folded into `CoverageStageCount` by the stage-sweep's tick."""
+    triggers (no shared row for concurrent ends to queue on), folded by the stage-sweep."""
 
     id = models.BigAutoField(primary_key=True)
     stage = models.CharField(max_length=64)

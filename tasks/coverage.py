@@ -45,6 +45,7 @@ EVENT_KINDS: dict[str, bool] = {
     "external_id.changed": True,  # an id at a metadata provider added, changed or removed
     "file.linked": True,  # a file now holds the item
     "file.unlinked": True,  # a file no longer holds it
+    "file.modified": True,  # a file of the item was rewritten on disk (a new size or mtime)
     "file.content_changed": True,  # a file of the item was probed again or its hash changed
     "file.presence_changed": False,  # a file of the item went missing or came back
     "children.changed": True,  # an episode, season or track was added to or removed from it

@@ -13,11 +13,14 @@ started by the stage-sweep so `make run` shows coverage filling up.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from pydantic import BaseModel, Field
 
 from tasks import (
     CoverageItem,
@@ -71,6 +74,7 @@ checksum_task = define_task(
             invalidated_by=(
                 "file.linked",
                 "file.unlinked",
+                "file.modified",
                 "file.content_changed",
                 "file.presence_changed",
             ),
@@ -127,6 +131,36 @@ artwork_task = define_task(
             invalidated_by=("external_id.changed", "item.metadata_changed"),
         )
     ],
+)
+
+
+class RescanInput(BaseModel, extra="forbid"):
+    path: str = Field(description="a folder inside a media root, or a root")
+
+
+def _rescan(ctx: TaskContext, params: RescanInput) -> dict[str, Any]:
+    from django.conf import settings
+
+    from coverage import library
+
+    root = library.within(settings.CONFIG.media_roots, Path(params.path))
+    if root is None:
+        raise PermanentError(f"{params.path!r} is not a folder inside a media root")
+    synced = library.sync(root, Path(params.path).resolve())
+    ctx.log(
+        f"{params.path}: {synced.added} added, {synced.modified} modified, "
+        f"{synced.missing} missing, {synced.back} back"
+    )
+    return dataclasses.asdict(synced)
+
+
+rescan_task = define_task(
+    id="catalog-rescan",
+    resource_class="io",
+    execute=_rescan,
+    input_model=RescanInput,
+    description="brings the catalog's files below a folder in step with the disk "
+    "(an operator's rescan now; the file watcher does it as files change)",
 )
 
 

@@ -162,8 +162,14 @@ media_probe_task = define_task(
             applies_to=("movie", "episode", "track"),
             eligible_sql=HAS_PRESENT_FILE,
             recover_when_additional_reasons=("no-file",),
-            # Not `file.content_changed`: the probe's own write emits it.
-            invalidated_by=("file.linked", "file.unlinked", "file.presence_changed"),
+            # Not `file.content_changed`: the probe's own write emits it. A file rewritten on
+            # disk (`file.modified`) is probed again, and its new probe resets the rest.
+            invalidated_by=(
+                "file.linked",
+                "file.unlinked",
+                "file.modified",
+                "file.presence_changed",
+            ),
         )
     ],
 )

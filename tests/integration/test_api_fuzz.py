@@ -124,6 +124,7 @@ OWN_ERRORS = {
     ("get", "/api/v1/coverage/{stage}"): {404, 422},
     ("post", "/api/v1/coverage/{stage}/items/{item_id}/rescan"): {404, 409, 422, 503},
     ("post", "/api/v1/coverage/{stage}/heal"): {404},
+    ("post", "/api/v1/catalog/rescan"): {409, 422},
     ("post", "/api/v1/triggers/{name}"): {404, 409, 422, 503},
     ("get", "/api/v1/features/test-feature/ping"): set(),
 }

@@ -53,7 +53,8 @@ def test_each_catalog_change_writes_its_event() -> None:
     link = MediaFileItem.objects.create(file=found, item=movie)
     MediaFile.objects.filter(pk=found.pk).update(content_hash="abc")
     MediaFile.objects.filter(pk=found.pk).update(is_missing=True)
-    MediaFile.objects.filter(pk=found.pk).update(size=2)  # not a change anyone reads
+    MediaFile.objects.filter(pk=found.pk).update(size=2)  # rewritten on disk
+    MediaFile.objects.filter(pk=found.pk).update(path="/media/b.mkv")  # not read by a stage
     external = ExternalId.objects.create(item=movie, provider="tmdb", value="1")
     external.value = "2"
     external.save()
@@ -65,6 +66,7 @@ def test_each_catalog_change_writes_its_event() -> None:
         "file.linked",
         "file.content_changed",
         "file.presence_changed",
+        "file.modified",
         "external_id.changed",
         "external_id.changed",
         "external_id.changed",
