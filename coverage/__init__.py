@@ -9,6 +9,7 @@ The catalog:
 - `catalog`: a realistic demo catalog, generated from a seed and bulk-loaded
 - `samples`: short real media rendered by ffmpeg, for the demo catalog's files
 - `library`: the catalog kept in step with the media roots' files (new, rewritten, gone)
+- `watcher`: the file watcher, a child of the worker role: media roots' changes into the catalog
 
 Keeping every stage's rows moving:
 - `stages`: the registry's covered stages, their `coverage_stage` rows, their conditions checked

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import django_stubs_ext
+from django.conf import settings
 from django.contrib import admin, messages
 from django.db import connection
 from django.db.models import QuerySet
@@ -23,7 +24,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from coverage import backlog, dead_letters, dispatcher, queries
+from coverage import backlog, dead_letters, dispatcher, library, queries
 from coverage.models import (
     CoverageStatus,
     EpgSource,
@@ -41,6 +42,7 @@ from orchestrator.api import access
 from orchestrator.api.access import Access
 from orchestrator.clock import describe
 from orchestrator.hooks.base import Refused
+from orchestrator.runs.handle import StartRefused
 from orchestrator.triggers import TriggerKind
 
 # ModelAdmin[Model] is for the type checker; this makes it valid at run time too.
@@ -209,6 +211,11 @@ class MediaItemStageStateAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[MediaIte
                 pages.requires(Access.OPERATE, self.heal_view),
                 name="coverage_heal",
             ),
+            path(
+                "backlog/rescan/",
+                pages.requires(Access.OPERATE, require_POST(self.rescan_view)),
+                name="coverage_rescan",
+            ),
             *super().get_urls(),
         ]
 
@@ -231,8 +238,21 @@ class MediaItemStageStateAdmin(pages.ReadOnlyOperated, admin.ModelAdmin[MediaIte
                 for b in stages
             ],
             "can_operate": access.allows(request.user, Access.OPERATE),
+            "media_roots": [str(root) for root in settings.CONFIG.media_roots],
         }
         return TemplateResponse(request, "admin/coverage/backlog.html", page)
+
+    def rescan_view(self, request: HttpRequest) -> HttpResponse:
+        folder = request.POST.get("path", "")
+        trigger = {"kind": TriggerKind.ADMIN.value, "actor": request.user.get_username()}
+        try:
+            handle = library.start_rescan(folder, trigger)
+        except (library.OutsideRoots, StartRefused, Refused) as exc:
+            self.message_user(request, f"Not rescanned: {exc}", messages.WARNING)
+        else:
+            pages.log_action(request, f"rescanned {folder} (run {handle.run_id})")
+            self.message_user(request, f"{folder}: rescan run {handle.run_id} queued")
+        return HttpResponseRedirect(reverse("admin:coverage_backlog"))
 
     def heal_view(self, request: HttpRequest, stage: str) -> HttpResponse:
         if request.method != "POST":

@@ -32,6 +32,27 @@ class CoverageConfig:
         "comma-separated covered stages the stage-sweep starts runs for; * for every one",
         roles=env.WORKER,
     )
+    watch: bool = env.variable(
+        "LUMASTRA_WATCH",
+        "true",
+        env.parse_bool,
+        "the worker role runs the file watcher over LUMASTRA_MEDIA_ROOTS",
+        roles=env.WORKER,
+    )
+    watch_delay_s: float = env.variable(
+        "LUMASTRA_WATCH_DELAY_S",
+        "60",
+        env.positive_seconds,
+        "a folder with changes is synced once quiet this long",
+        roles=env.WORKER,
+    )
+    watch_rescan_s: int = env.variable(
+        "LUMASTRA_WATCH_RESCAN_S",
+        "3600",
+        env.positive_int,
+        "seconds between the watcher's reconcile scans of its roots",
+        roles=env.WORKER,
+    )
     sweep_interval_s: int = env.variable(
         "LUMASTRA_COVERAGE_SWEEP_INTERVAL_S",
         "60",

@@ -185,6 +185,10 @@ CELERY_TASK_ROUTES = {"*": {"priority": 5}}
 # (`orchestrator.loops`): dotted paths to `factory(cluster_seat) -> list[Loop]`.
 LUMASTRA_LOOP_FACTORIES = ["coverage.loops.loops"]
 
+# Children of the worker role beside its pools and loops, restarted with backoff when they die
+# (`lumastra.workers`) and required by its health check: name → the module run with -m.
+LUMASTRA_WORKER_CHILDREN = {"watcher": "coverage.watcher"} if COVERAGE.watch else {}
+
 # Prometheus collectors of the apps above the engine, added to /metrics at each scrape.
 LUMASTRA_METRICS_COLLECTORS = ["coverage.metrics.BacklogCollector"]
 

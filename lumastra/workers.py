@@ -27,7 +27,13 @@ once, their runs found lost as for any dead pool process (`orchestrator.runs.put
 
 It does not restart a dead worker: a role with a pool missing would look healthy while that
 pool's queues fill up, so the whole role ends and its supervisor (honcho, compose, systemd)
-restarts it.
+restarts it. Its other children (`settings.LUMASTRA_WORKER_CHILDREN`: the file watcher,
+`coverage.watcher`) are restarted instead, after RESTART_BACKOFF_S (1 s, then longer for each
+death in a row, up to 30 s; a child that ran STEADY_S starts from 1 s again): each death is
+printed and is an operator's notification (`watcher_down`), and the role's health check fails
+while the child is missing from the roster. They learn the role's pid from
+LUMASTRA_WORKER_ROLE_PID (the watcher's seats are the role's, so a restarted watcher takes
+them back at once).
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -59,6 +66,9 @@ POLL_INTERVAL_S = 0.5
 # is killed (with its pool processes).
 STOP_TIMEOUT_S = 15.0
 LOOPS = "loops"
+RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+STEADY_S = 60.0
+ROLE_PID = "LUMASTRA_WORKER_ROLE_PID"
 
 
 def plan() -> list[Pool]:
@@ -101,10 +111,22 @@ def loops_argv() -> list[str]:
 class Supervisor:
     """Runs the workers; `run` returns the exit status of the role."""
 
-    def __init__(self, commands: dict[str, list[str]], *, grace_s: float) -> None:
+    def __init__(
+        self,
+        commands: dict[str, list[str]],
+        *,
+        grace_s: float,
+        restarted: dict[str, list[str]] | None = None,
+        on_death: Callable[[str, int, float], None] | None = None,
+    ) -> None:
         self._commands = commands
+        self._restarted = restarted or {}
+        self._on_death = on_death
         self._grace_s = grace_s
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._started_at: dict[str, float] = {}
+        self._deaths: dict[str, int] = {}
+        self._restart_at: dict[str, float] = {}
         self._stopping = False
         self._signals = 0
         # Where the hand back marks the pool processes it kills (`orchestrator.runs.stopping`).
@@ -129,16 +151,48 @@ class Supervisor:
         finally:
             shutil.rmtree(self._marks, ignore_errors=True)
 
+    def _start(self, name: str, argv: list[str]) -> None:
+        env = {**os.environ, stopping.MARKS: str(self._marks), ROLE_PID: str(os.getpid())}
+        self._children[name] = subprocess.Popen(argv, env=env)  # noqa: S603 (our own argv)
+        self._started_at[name] = time.monotonic()
+        print(f"started {name} (pid {self._children[name].pid})", flush=True)
+
+    def _tend(self) -> None:
+        """Restart the restarted children that died, each after its backoff."""
+        now = time.monotonic()
+        for name, argv in self._restarted.items():
+            code = self._children[name].poll()
+            if code is None:
+                continue
+            if name in self._restart_at:
+                if now >= self._restart_at[name]:
+                    del self._restart_at[name]
+                    self._start(name, argv)
+                continue
+            steady = now - self._started_at[name] >= STEADY_S
+            deaths = 0 if steady else self._deaths.get(name, -1) + 1
+            self._deaths[name] = deaths
+            delay = RESTART_BACKOFF_S[min(deaths, len(RESTART_BACKOFF_S) - 1)]
+            self._restart_at[name] = now + delay
+            print(
+                f"{name} died with {code}; restarting it in {delay:g}s", file=sys.stderr, flush=True
+            )
+            if self._on_death is not None:
+                self._on_death(name, code, delay)
+
     def _run(self) -> int:
-        env = {**os.environ, stopping.MARKS: str(self._marks)}
-        for name, argv in self._commands.items():
+        for name, argv in {**self._commands, **self._restarted}.items():
             if self._stopping:
                 break
-            self._children[name] = subprocess.Popen(argv, env=env)  # noqa: S603 (our own argv)
-            print(f"started {name} (pid {self._children[name].pid})", flush=True)
+            self._start(name, argv)
         status = 0
         while not self._stopping:
-            dead = {n: c.returncode for n, c in self._children.items() if c.poll() is not None}
+            self._tend()
+            dead = {
+                n: c.returncode
+                for n, c in self._children.items()
+                if c.poll() is not None and n not in self._restarted
+            }
             if dead:
                 for name, code in dead.items():
                     print(f"{name} exited unexpectedly with {code}", file=sys.stderr)
@@ -158,7 +212,9 @@ class Supervisor:
         deadline = time.monotonic() + self._grace_s
         while self._alive() and time.monotonic() < deadline and self._signals < 2:
             time.sleep(POLL_INTERVAL_S / 5)
-        workers = {n: c for n, c in self._alive().items() if n != LOOPS}
+        workers = {
+            n: c for n, c in self._alive().items() if n != LOOPS and n not in self._restarted
+        }
         if workers:
             self._hand_back(workers)
         deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -297,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         f"outbox dispatcher every {settings.COVERAGE.dispatch_interval_s}s",
         flush=True,
     )
+    for name, module in settings.LUMASTRA_WORKER_CHILDREN.items():
+        print(f"{name}: python -m {module}, restarted when it dies", flush=True)
     if args.print_plan:
         return 0
     if cfg.worker_mode is not WorkerMode.ENABLED:
@@ -319,8 +377,32 @@ def main(argv: list[str] | None = None) -> int:
     left = leftovers.sweep()
     if left:
         print(f"killed {len(left)} processes earlier runs left behind", file=sys.stderr)
+    restarted = {
+        name: [sys.executable, "-m", module]
+        for name, module in settings.LUMASTRA_WORKER_CHILDREN.items()
+    }
     become_subreaper()
-    return Supervisor(commands, grace_s=cfg.shutdown_grace_s).run()
+    return Supervisor(
+        commands, grace_s=cfg.shutdown_grace_s, restarted=restarted, on_death=notify_death
+    ).run()
+
+
+def notify_death(name: str, code: int, delay_s: float) -> None:
+    """A restarted child's death, for the operator (the role carries on without Postgres)."""
+    from orchestrator.models import NotificationKind
+    from orchestrator.notifications import events
+
+    host = socket.gethostname()
+    try:
+        events.notify(
+            NotificationKind.WATCHER_DOWN,
+            subject=f"{name}@{host}",
+            title=f"The {name} of {host} died",
+            body=f"It exited with {code}; the worker role starts it again in {delay_s:g} s.",
+            link="/admin/orchestrator/taskhistory/nodes/",
+        )
+    except Exception as exc:
+        print(f"{name}'s death was not recorded as a notification: {exc!r}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,8 @@ class Node:
     started_at: str
     pools: tuple[str, ...] = ()
     version: str = ""
+    # A file watcher's media roots, the ones whose seats it holds (`coverage.watcher`).
+    watching: tuple[str, ...] = ()
 
     @property
     def started(self) -> datetime | None:
@@ -62,7 +64,7 @@ class Node:
 
 
 _FIELDS = {f.name for f in fields(Node)}
-_TUPLES = ("queues", "pools")
+_TUPLES = ("queues", "pools", "watching")
 
 
 @cache

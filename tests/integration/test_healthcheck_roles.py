@@ -56,7 +56,7 @@ def _node(role: str, pools: tuple[str, ...], n: int, host: str | None = None) ->
     )
 
 
-def test_a_worker_is_healthy_only_with_its_loops_and_every_pool_announced_here(
+def test_a_worker_is_healthy_only_with_its_loops_pools_and_watcher_announced_here(
     empty_roster: None,
 ) -> None:
     pools = roster.host_pools()
@@ -71,8 +71,12 @@ def test_a_worker_is_healthy_only_with_its_loops_and_every_pool_announced_here(
 
     roster.announce(_node("worker", (pools[-1],), len(pools)))
     code, out = _check("--role", "worker")
+    assert code == 1 and "watcher fail" in out  # the file watcher is down
+
+    roster.announce(_node("watcher", (), 100))
+    code, out = _check("--role", "worker")
     assert code == 0, out
-    assert "postgres ok" in out and f"pool {pools[0]} ok" in out
+    assert "postgres ok" in out and f"pool {pools[0]} ok" in out and "watcher ok" in out
 
 
 def test_beat_is_healthy_only_while_a_celery_beat_process_runs_here() -> None:

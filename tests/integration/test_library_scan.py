@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.test import Client
+from django.urls import reverse
 
 from coverage import library
 from coverage.models import EventOutbox, MediaFile, MediaItem
 from orchestrator.api import tokens
+from orchestrator.api.access import Access
 from orchestrator.models import TaskHistory
 from tests.support.messages import empty_queues
-from tests.support.users import operator
+from tests.support.users import account, operator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -116,3 +118,23 @@ def test_an_operators_rescan_is_one_run_per_folder_and_stays_inside_the_roots(
         refused = api.post("/api/v1/catalog/rescan", {"path": outside}, "application/json")
         assert refused.status_code == 422, outside
         assert refused.json()["errors"][0]["loc"] == ["body", "body", "path"]
+
+
+def test_the_backlog_pages_rescan_needs_operate_and_starts_the_folders_run(root: Path) -> None:
+    page, rescan = reverse("admin:coverage_backlog"), reverse("admin:coverage_rescan")
+    viewer = Client()
+    viewer.force_login(account("viewer", Access.VIEW))
+    assert b'id="rescan"' not in viewer.get(page).content
+    assert viewer.post(rescan, {"path": str(root)}).status_code == 403
+    ops = Client()
+    ops.force_login(operator("ops"))
+    assert b'id="rescan"' in ops.get(page).content
+
+    answered = ops.post(rescan, {"path": str(root)}, follow=True)
+
+    (run,) = TaskHistory.objects.filter(task_id="catalog-rescan")
+    assert run.input == {"path": str(root)} and run.trigger["actor"] == "ops"
+    assert f"rescan run {run.id} queued" in answered.content.decode()
+    refused = ops.post(rescan, {"path": "/etc"}, follow=True)
+    assert "Not rescanned" in refused.content.decode()
+    assert TaskHistory.objects.filter(task_id="catalog-rescan").count() == 1

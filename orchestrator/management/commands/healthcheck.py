@@ -6,8 +6,10 @@ migrations, the coordination Valkey and the broker. `--role` (implies `--ready`)
 that the role running beside it in this container does its work:
 
 - `web`: its own `/readyz` answers 200 on 127.0.0.1 (LUMASTRA_WEB_PORT);
-- `worker`: the roster (`cluster.roster`) holds, for this host, the loops process and a
-  Celery worker for every pool this host should run, each announced within the roster's TTL;
+- `worker`: the roster (`cluster.roster`) holds, for this host, the loops process, a Celery
+  worker for every pool this host should run and each of the role's restarted children
+  (`settings.LUMASTRA_WORKER_CHILDREN`: the file watcher), each announced within the roster's
+  TTL;
 - `beat`: a `celery beat` process runs on this host;
 - `flower`: Flower answers on 127.0.0.1 (`--flower-port`, 5555) and asks for credentials (401).
 
@@ -51,6 +53,12 @@ def worker_works() -> dict[str, bool]:
     here = [node for node in roster.roster() if node.host == socket.gethostname()]
     serving = {pool for node in here if node.role == "worker" for pool in node.pools}
     found = {"loops": any(node.role == "loops" for node in here)}
+    found.update(
+        {
+            child: any(node.role == child for node in here)
+            for child in settings.LUMASTRA_WORKER_CHILDREN
+        }
+    )
     found.update({f"pool {pool}": pool in serving for pool in roster.host_pools()})
     return found
 
