@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test screenshots lint typecheck check bench bench-peers bench-memory bench-pipeline bench-sweep bench-observability bench-console bench-media bench-starts bench-coalescing bench-children
+.PHONY: install run test screenshots lint typecheck check bench bench-peers bench-memory bench-pipeline bench-sweep bench-observability bench-console bench-media bench-starts bench-coalescing bench-children bench-watcher
 
 # The runtime lock (all the image installs) and what development and CI add; the dev lock
 # includes the runtime one (`-r requirements.lock`), so one install takes both.
@@ -122,3 +122,6 @@ bench-coalescing: install
 
 bench-children: install
 	$(BIN)/python bench/children.py
+
+bench-watcher: install
+	$(BIN)/python bench/watcher.py
