@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rewrites", type=int, default=1000)
     parser.add_argument("--delay", type=float, default=1.0, help="LUMASTRA_WATCH_DELAY_S")
     args = parser.parse_args(argv)
+    # The demo catalog's stages, `checksum` among them, instead of the bench's no-op tasks.
+    BENCH_ENV["LUMASTRA_TASK_MODULES"] = "tasks.definitions.catalog"
     setup()
     fresh_tables()
     fresh_redis()

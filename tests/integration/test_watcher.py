@@ -1,7 +1,8 @@
 """The file watcher (issue 41) on real files: `python -m coverage.watcher` alone turns copied,
 rewritten and deleted files into catalog changes and a burst into one sync; under a real worker
-role, copied files get their coverage done by the role's own sweep and pools, and a watcher
-SIGKILLed is restarted within 5 s, catching up on what changed while it was down."""
+role, copied files get their coverage done by the role's own sweep and pools, a rewritten one
+is done again, a deleted one's row disposed, and a watcher SIGKILLed is restarted within 5 s,
+catching up on what changed while it was down."""
 
 from __future__ import annotations
 
@@ -111,6 +112,23 @@ def test_under_the_worker_role_coverage_is_done_and_a_killed_watcher_catches_up(
             (media / f"Film {n} (2002).mkv").write_bytes(f"film {n}".encode())
         wait_for(lambda: _done("checksum", media) == 50, timeout=120, interval=0.5)
 
+        # Rewritten: its checksum is done again, by a new run. Deleted: missing, and never
+        # started again (its work stays done; no run is started for a file that is not there).
+        rewritten = _row("checksum", media / "Film 1 (2002).mkv")
+        deleted = _row("checksum", media / "Film 2 (2002).mkv")
+        (media / "Film 1 (2002).mkv").write_bytes(b"a new cut of film 1")
+        (media / "Film 2 (2002).mkv").unlink()
+        wait_for(
+            lambda: (
+                _row("checksum", media / "Film 1 (2002).mkv").run_id != rewritten.run_id
+                and _row("checksum", media / "Film 1 (2002).mkv").status == "completed"
+            ),
+            timeout=60,
+            interval=0.5,
+        )
+        assert MediaFile.objects.get(path=str(media / "Film 2 (2002).mkv")).is_missing
+        assert _row("checksum", media / "Film 2 (2002).mkv").run_id == deleted.run_id
+
         killed = _watcher_pid(media)
         assert killed is not None
         os.kill(killed, signal.SIGKILL)
@@ -120,8 +138,8 @@ def test_under_the_worker_role_coverage_is_done_and_a_killed_watcher_catches_up(
         (media / "Film 0 (2002).mkv").unlink()
         wait_for(lambda: _watcher_pid(media) not in (None, killed), timeout=5)
         assert time.monotonic() - died < 5
-        wait_for(lambda: _files(media) == 51 and _files(media, missing=True) == 1, timeout=30)
-        wait_for(lambda: _done("checksum", media) == 50, timeout=60, interval=0.5)
+        wait_for(lambda: _files(media) == 51 and _files(media, missing=True) == 2, timeout=30)
+        wait_for(lambda: _done("checksum", media) == 49, timeout=60, interval=0.5)
         assert _said(log, "watcher died with -9; restarting it in 1s") == 1
         assert Notification.objects.filter(kind="watcher_down").count() == 1
 
@@ -136,6 +154,10 @@ def _watcher_pid(media: Path) -> int | None:
                 continue
             return node.pid
     return None
+
+
+def _row(stage: str, path: Path) -> MediaItemStageState:
+    return MediaItemStageState.objects.get(stage=stage, item__file_links__file__path=str(path))
 
 
 def _done(stage: str, media: Path) -> int:
