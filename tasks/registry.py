@@ -13,6 +13,7 @@ import importlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol, TypeVar
 
 from tasks.definition import TaskDefinition, WatchSync
 from tasks.errors import ManifestError
@@ -149,16 +150,30 @@ def _checked_triggers(
     return by_name
 
 
+class _Declaration(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+D = TypeVar("D", bound=_Declaration)
+
+
+def _by_id(
+    declared: Iterable[D], what: str, twice: str = "is defined more than once"
+) -> dict[str, D]:
+    """Declarations by id; RegistryError naming the first id declared twice."""
+    by_id: dict[str, D] = {}
+    for one in declared:
+        if one.id in by_id and by_id[one.id] is not one:
+            raise RegistryError(str(ManifestError(one.id, "id", twice, what=what)))
+        by_id[one.id] = one
+    return by_id
+
+
 def _checked_limits(
     limits: Iterable[LimitDefinition], tasks: Mapping[str, TaskDefinition]
 ) -> dict[str, LimitDefinition]:
-    by_id: dict[str, LimitDefinition] = {}
-    for limit in limits:
-        if limit.id in by_id and by_id[limit.id] is not limit:
-            raise RegistryError(
-                str(ManifestError(limit.id, "id", "is defined more than once", what="limit"))
-            )
-        by_id[limit.id] = limit
+    by_id = _by_id(limits, "limit")
     for task in tasks.values():
         for name in task.limits:
             if name not in by_id:
@@ -168,28 +183,17 @@ def _checked_limits(
 
 
 def _checked_features(features: Iterable[FeatureDefinition]) -> dict[str, FeatureDefinition]:
-    by_id: dict[str, FeatureDefinition] = {}
-    for feature in features:
-        if feature.id in by_id and by_id[feature.id] is not feature:
-            problem = "is defined more than once: its routes would collide"
-            raise RegistryError(str(ManifestError(feature.id, "id", problem, what="feature")))
-        by_id[feature.id] = feature
-    return by_id
+    return _by_id(features, "feature", "is defined more than once: its routes would collide")
 
 
 def _checked_providers(
     providers: Iterable[ProviderDefinition], limits: Mapping[str, LimitDefinition]
 ) -> dict[str, ProviderDefinition]:
-    by_id: dict[str, ProviderDefinition] = {}
-    for provider in providers:
-        problem = None
-        if provider.id in by_id and by_id[provider.id] is not provider:
-            problem = ("id", "is defined more than once")
-        elif unknown := [name for name in provider.limits if name not in limits]:
-            problem = ("limits", f"{unknown[0]!r} is not a declared limit (define_limit)")
-        if problem is not None:
-            raise RegistryError(str(ManifestError(provider.id, *problem, what="provider")))
-        by_id[provider.id] = provider
+    by_id = _by_id(providers, "provider")
+    for provider in by_id.values():
+        if unknown := [name for name in provider.limits if name not in limits]:
+            problem = f"{unknown[0]!r} is not a declared limit (define_limit)"
+            raise RegistryError(str(ManifestError(provider.id, "limits", problem, what="provider")))
     return by_id
 
 
