@@ -15,20 +15,31 @@ the root itself) on disk with the catalog's, in one transaction:
 
 The walk follows no symbolic link and reads only names and `stat`: unchanged files cost a stat
 and a comparison, and nothing is written for them, so a scan of a whole root selects only what
-changed. Paths are stored resolved and absolute, as the demo catalog's are.
+changed. Paths are stored resolved and absolute, as the demo catalog's are. A file is marked
+missing only when its path is really gone (`lstat`), never because the walk could not read its
+folder or left it out. Syncs of one root take turns (an advisory lock), so the watcher and an
+operator's rescan never insert one file twice.
+
+Refused (`NotSynced`): a folder outside its root, hidden, or reached through a link; a root that
+is gone, or empty while the catalog holds its files (a mount that failed: emptying the catalog
+would reset every stage of the library). Left out and counted (`unstorable`): names that are
+not UTF-8 and paths over PATH_MAX characters, which Postgres cannot store.
+
+Not guaranteed: a folder moved within a root is its files gone and new files (new items, the
+old items kept with missing files); a rewrite that keeps the size and the mtime is not seen.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from coverage.models import ItemKind, MediaFile, MediaFileItem, MediaItem
 from orchestrator.runs.handle import RunHandle
@@ -39,6 +50,8 @@ AUDIO = frozenset({".mp3", ".flac", ".m4a", ".ogg", ".opus", ".wav", ".aac"})
 _YEAR = re.compile(r"\s*[(\[](\d{4})[)\]]\s*$")
 _TRACK_NUMBER = re.compile(r"^(\d{1,3})[\s._-]+")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# `media_files.path`'s length.
+PATH_MAX = 1000
 RESCAN_TASK = "catalog-rescan"
 # An operator's rescan: before the sweep's work, after a player's.
 RESCAN_PRIORITY = 2
@@ -54,6 +67,7 @@ class Synced:
     modified: int = 0
     missing: int = 0
     back: int = 0  # marked missing before, on disk again
+    unstorable: int = 0  # media files left out: a name not UTF-8, or a path too long
 
     @property
     def changes(self) -> int:
@@ -64,6 +78,7 @@ class Synced:
         self.modified += other.modified
         self.missing += other.missing
         self.back += other.back
+        self.unstorable += other.unstorable
         return self
 
 
@@ -73,56 +88,130 @@ class OnDisk:
     mtime: datetime
 
 
+@dataclass
+class Walked:
+    """What a walk found: the media files by path, the folders it could not read, and the
+    names it left out because the catalog cannot hold them (not UTF-8, too long)."""
+
+    files: dict[str, OnDisk] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)
+    unstorable: int = 0
+
+    def vouches_for(self, path: str) -> bool:
+        """Whether the walk could have seen `path`: it is a media file's name, in no folder
+        the walk could not read, and it really is gone (a file the walk left out is not)."""
+        if not is_media(path) or any(path.startswith(f"{f}/") for f in self.unreadable):
+            return False
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return False
+
+
+class NotSynced(RuntimeError):
+    """The folder is not one to sync: outside its root, hidden, reached through a link, or a
+    root that is gone or empty while the catalog still holds its files (a mount that failed)."""
+
+
+def is_media(path: str) -> bool:
+    name = os.path.basename(path)
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in VIDEO | AUDIO
+
+
 def sync(root: Path, folder: Path) -> Synced:
-    """Bring the catalog's files below `folder` in step with the disk (see the module)."""
-    found = _walk(folder)
+    """Bring the catalog's files below `folder` in step with the disk (see the module); raises
+    NotSynced for a folder it must not touch."""
+    _check(root, folder)
     prefix = f"{folder}/"
-    known = {
-        row.path: row
-        for row in MediaFile.objects.filter(path__startswith=prefix).only(
-            "id", "path", "size", "mtime", "is_missing"
-        )
-    }
+    walked = _walk(folder)
+    below = MediaFile.objects.filter(path__startswith=prefix)
+    if folder == root and not walked.files and not any(root.iterdir()) and below.exists():
+        raise NotSynced(f"{root} is empty but the catalog holds its files: is it mounted?")
     synced = Synced()
     with transaction.atomic():
-        new = sorted(path for path in found if path not in known)
-        synced.added = _add(root, new, found)
-        changed, back = [], []
+        # One sync of a root at a time (the watcher's and an operator's rescan): the second
+        # reads what the first wrote.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"library:{root}"])
+        known = {row.path: row for row in below.only("id", "path", "size", "mtime", "is_missing")}
+        found = walked.files
+        synced.added = _add(root, sorted(path for path in found if path not in known), found)
+        changed, back, learnt = [], [], []
         for path, row in known.items():
             disk = found.get(path)
             if disk is None:
                 continue
             if row.is_missing:
                 back.append(row)
+            elif row.mtime is None and row.size == disk.size:
+                learnt.append(row)  # a row from before the scan kept mtimes: not a rewrite
             elif (row.size, row.mtime) != (disk.size, disk.mtime):
                 changed.append(row)
             else:
                 continue
             row.size, row.mtime, row.is_missing = disk.size, disk.mtime, False
-        MediaFile.objects.bulk_update(changed + back, ["size", "mtime", "is_missing"], 1000)
+        MediaFile.objects.bulk_update(
+            changed + back + learnt, ["size", "mtime", "is_missing"], 1000
+        )
         synced.modified, synced.back = len(changed), len(back)
-        gone = [row.id for path, row in known.items() if path not in found and not row.is_missing]
+        gone = [
+            row.id
+            for path, row in known.items()
+            if path not in found and not row.is_missing and walked.vouches_for(path)
+        ]
         synced.missing = MediaFile.objects.filter(id__in=gone).update(is_missing=True)
+    synced.unstorable = walked.unstorable
     return synced
 
 
-def _walk(folder: Path) -> dict[str, OnDisk]:
-    """Every media file below `folder`, by path; no link followed, unreadable folders skipped."""
-    found: dict[str, OnDisk] = {}
-    for top, folders, names in os.walk(folder, followlinks=False):
+def _check(root: Path, folder: Path) -> None:
+    if not folder.is_relative_to(root):
+        raise NotSynced(f"{folder} is not inside the media root {root}")
+    if any(part.startswith(".") for part in folder.relative_to(root).parts):
+        raise NotSynced(f"{folder} is hidden")
+    if os.path.lexists(folder) and folder.resolve() != folder:
+        raise NotSynced(f"{folder} is reached through a symbolic link")
+    if not root.is_dir():
+        raise NotSynced(f"the media root {root} is gone: is it mounted?")
+
+
+def _walk(folder: Path) -> Walked:
+    """Every media file below `folder`, by path; no link followed, hidden names skipped."""
+    walked = Walked()
+
+    def unreadable(error: OSError) -> None:
+        # A folder gone is a folder whose files are gone; one that cannot be read says nothing.
+        if not isinstance(error, FileNotFoundError):
+            walked.unreadable.append(error.filename)
+
+    for top, folders, names in os.walk(folder, followlinks=False, onerror=unreadable):
         folders[:] = [name for name in folders if not name.startswith(".")]
         for name in names:
-            if name.startswith(".") or Path(name).suffix.lower() not in VIDEO | AUDIO:
-                continue
             path = os.path.join(top, name)
+            if not is_media(path):
+                continue
+            if len(path) > PATH_MAX or not _utf8(path):
+                walked.unstorable += 1
+                continue
             try:
                 stat = os.lstat(path)
             except OSError:
                 continue  # gone between the listing and the stat: the next sync sees it gone
-            if os.path.isfile(path) and not os.path.islink(path):
+            if not os.path.islink(path) and os.path.isfile(path):
                 mtime = _EPOCH + timedelta(microseconds=stat.st_mtime_ns // 1000)
-                found[path] = OnDisk(stat.st_size, mtime)
-    return found
+                walked.files[path] = OnDisk(stat.st_size, mtime)
+    return walked
+
+
+def _utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False  # bytes that are not UTF-8, kept by Python as lone surrogates
+    return "\x00" not in path
 
 
 def _add(root: Path, paths: list[str], found: dict[str, OnDisk]) -> int:

@@ -8,6 +8,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models.functions import Now
 
+from orchestrator import sql
+
 
 class EpgSource(models.Model):
     """An electronic programme guide feed: one row of `epg-refresh`'s dynamic schedule, refreshed
@@ -171,14 +173,7 @@ class MediaFile(models.Model):
             _outbox_trigger(
                 "files_changed",
                 pgtrigger.Update,
-                "INSERT INTO event_outbox (kind, item_id) SELECT CASE"
-                " WHEN (n.size, n.mtime) IS DISTINCT FROM (o.size, o.mtime) THEN 'file.modified'"
-                " WHEN (n.probed_at, n.content_hash) IS DISTINCT FROM (o.probed_at, o.content_hash)"
-                " THEN 'file.content_changed' ELSE 'file.presence_changed' END, fi.item_id"
-                " FROM new_rows n JOIN old_rows o USING (id) JOIN media_file_items fi"
-                " ON fi.file_id = n.id WHERE (n.size, n.mtime, n.probed_at, n.content_hash,"
-                " n.is_missing) IS DISTINCT FROM (o.size, o.mtime, o.probed_at, o.content_hash,"
-                " o.is_missing);",
+                sql.load(__file__, "files_changed"),
             ),
         ]
 

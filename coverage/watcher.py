@@ -19,8 +19,14 @@ then reset what the changes touch, and the stage-sweep does the work.
   the Cluster page); the worker role's health check fails while it is missing, and its death
   is an operator's notification (`watcher_down`, written by the role).
 
-A sync that fails (Postgres away) is tried again at the next flush. SIGTERM stops it after the
-sync in progress; the role's stop ends it.
+A sync that fails (Postgres away) is tried again after RETRY_S, and so is a reconcile; a folder
+the library refuses (hidden, a link) is left alone. The seats and the roster entry are renewed
+by their own thread every HEARTBEAT_S, so a reconcile of a large root keeps both; each sync
+checks its root's seat first, and a seat lost stops the watching to take again what is held.
+SIGTERM stops it after the sync in progress.
+
+Not guaranteed: an event the kernel drops (inotify's queue overflowing under a storm) is found
+by the next reconcile scan, up to LUMASTRA_WATCH_RESCAN_S later.
 """
 
 from __future__ import annotations
@@ -53,6 +59,11 @@ SEAT_RENEW_S = 10.0
 TICK_MS = 1000
 # A folder written to without pause is synced anyway once it has waited this many delays.
 MAX_WAIT_DELAYS = 10
+# A failed sync or reconcile is tried again after this long.
+RETRY_S = 60.0
+# The seats and the roster entry are renewed this often by their own thread, so a long sync
+# (the first reconcile of a large root) loses neither.
+HEARTBEAT_S = 5.0
 ROLE = "watcher"
 STOP_TIMEOUT_S = 30.0
 # The variable the worker role names itself by, for the watcher's seat token.
@@ -87,10 +98,12 @@ class Pending:
 
 @dataclass
 class Watcher:
-    """What one process watches, and its syncs; `sync` is `coverage.library.sync`."""
+    """What one process watches, and its syncs: `sync` is `coverage.library.sync`, `guard`
+    raises LockLost unless the root's seat is still this process's."""
 
     roots: list[Path]
     sync: Callable[[Path, Path], object]
+    guard: Callable[[Path], None]
     pending: Pending
     synced: int = 0  # folders synced, for the log and the tests
 
@@ -100,31 +113,49 @@ class Watcher:
     def note(self, paths: Iterable[str], now: float) -> None:
         for changed in paths:
             folder = Path(changed).parent
-            if self.root_of(folder) is not None:
+            root = self.root_of(folder)
+            # Hidden folders (a trash, a download's partial folder) are not the library's.
+            if root is not None and not any(
+                p.startswith(".") for p in folder.relative_to(root).parts
+            ):
                 self.pending.note(folder, now)
 
     def flush(self, now: float) -> None:
+        from coverage.library import NotSynced
+
         for folder in self.pending.due(now):
             root = self.root_of(folder)
             if root is None:
                 continue
+            self.guard(root)
             try:
                 changes = self.sync(root, folder)
+            except NotSynced as exc:
+                log.info("watcher: %s not synced: %s", folder, exc)
+                continue
             except Exception:
                 log.exception("watcher: sync of %s failed; tried again at the next flush", folder)
-                self.pending.note(folder, now - self.pending.delay_s)
+                self.pending.note(folder, now - self.pending.delay_s + RETRY_S)
                 continue
             self.synced += 1
             log.info("watcher: synced %s: %s", folder, changes)
 
-    def reconcile(self) -> None:
+    def reconcile(self) -> bool:
+        """Each root synced whole; False when one failed (tried again in RETRY_S)."""
+        whole = True
         for root in self.roots:
+            self.guard(root)
             started = time.monotonic()
-            changes = self.sync(root, root)
+            try:
+                changes = self.sync(root, root)
+            except Exception:
+                log.exception("watcher: reconcile of %s failed; tried again in %ss", root, RETRY_S)
+                whole = False
+                continue
             self.synced += 1
-            log.info(
-                "watcher: reconciled %s in %.2fs: %s", root, time.monotonic() - started, changes
-            )
+            took = time.monotonic() - started
+            log.info("watcher: reconciled %s in %.2fs: %s", root, took, changes)
+        return whole
 
 
 def seat_name(root: Path) -> str:
@@ -132,12 +163,9 @@ def seat_name(root: Path) -> str:
 
 
 def _media(change: Change, path: str) -> bool:
-    from coverage.library import AUDIO, VIDEO
-
-    name = os.path.basename(path)
-    suffix = os.path.splitext(name)[1].lower()
-    # A folder has no suffix: its move or deletion is a change of everything below it.
-    return not name.startswith(".") and (not suffix or suffix in VIDEO | AUDIO)
+    # Any name but a hidden one: a folder's name may hold a dot ("The.Matrix.1999"), and its
+    # move is a change of everything below it; the sync reads only media files.
+    return not os.path.basename(path).startswith(".")
 
 
 def run(stop: threading.Event) -> None:
@@ -146,52 +174,64 @@ def run(stop: threading.Event) -> None:
 
     from coverage import library
     from orchestrator.cluster import roster
-    from orchestrator.cluster.locks import LoopLock
+    from orchestrator.cluster.locks import LockLost, LoopLock
 
     config, cover = settings.CONFIG, settings.COVERAGE
     roots = [root.resolve() for root in config.media_roots if root.is_dir()]
     token = f"{socket.gethostname()}:{os.environ.get(SUPERVISOR, os.getpid())}"
     seats = {root: LoopLock(seat_name(root), SEAT_LEASE, token) for root in roots}
     node = roster.this_node(ROLE, [])
-    announced = 0.0
+    held: list[Path] = []
 
     def holding() -> list[Path]:
         return [root for root, seat in seats.items() if seat.hold()]
 
-    def announce(watching: list[Path]) -> None:
-        nonlocal announced
-        roster.announce(replace(node, watching=tuple(str(root) for root in watching)))
-        announced = time.monotonic()
+    def heartbeat() -> None:
+        # Its own thread: a sync that takes minutes keeps the seats and the roster entry.
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                for root in list(held):
+                    seats[root].renew()
+                roster.announce(replace(node, watching=tuple(map(str, held))))
+            except Exception:
+                log.exception("watcher: heartbeat failed; the next one tries again")
 
+    threading.Thread(target=heartbeat, name="watcher-heartbeat", daemon=True).start()
     try:
         while not stop.is_set():
-            held = holding()
-            announce(held)
+            held[:] = holding()
+            roster.announce(replace(node, watching=tuple(map(str, held))))
             if not held:
                 stop.wait(SEAT_RENEW_S)
                 continue
-            watcher = Watcher(held, library.sync, Pending(cover.watch_delay_s))
+            watcher = Watcher(
+                list(held),
+                library.sync,
+                lambda root: seats[root].check(),
+                Pending(cover.watch_delay_s),
+            )
             # The first reconcile waits for the first answer of watchfiles, which comes once its
             # watches are in place: a file written before then is found by the scan, one after
             # by its event (or both: a sync is idempotent).
             rescan_at = 0.0
             seats_at = time.monotonic() + SEAT_RENEW_S
             log.info("watcher: watching %s", ", ".join(map(str, held)))
-            for changes in _events(held, stop):
-                now = time.monotonic()
-                watcher.note((path for _, path in changes), now)
-                watcher.flush(now)
-                if now >= rescan_at:
-                    watcher.reconcile()
-                    rescan_at = now + cover.watch_rescan_s
-                if now >= seats_at:
-                    seats_at = now + SEAT_RENEW_S
-                    if holding() != held:
-                        break  # a seat lost or one free: watch again what is held now
-                if now - announced >= roster.NODE_BEAT_S:
-                    announce(held)
-            else:
-                watcher.flush(float("inf"))  # stopping: what is pending is synced first
+            try:
+                for changes in _events(list(held), stop):
+                    now = time.monotonic()
+                    watcher.note((path for _, path in changes), now)
+                    watcher.flush(now)
+                    if now >= rescan_at:
+                        whole = watcher.reconcile()
+                        rescan_at = now + (cover.watch_rescan_s if whole else RETRY_S)
+                    if now >= seats_at:
+                        seats_at = now + SEAT_RENEW_S
+                        if holding() != held:
+                            break  # a seat lost or one free: watch again what is held now
+                else:
+                    watcher.flush(float("inf"))  # stopping: what is pending is synced first
+            except LockLost as exc:
+                log.warning("watcher: %s; watching again what this process holds", exc)
     finally:
         for seat in seats.values():
             seat.release()

@@ -165,7 +165,8 @@ class Supervisor:
             if code is None:
                 continue
             if name in self._restart_at:
-                if now >= self._restart_at[name]:
+                # A stop that came meanwhile starts nothing more (its SIGTERM went out already).
+                if now >= self._restart_at[name] and not self._stopping:
                     del self._restart_at[name]
                     self._start(name, argv)
                 continue
@@ -389,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def notify_death(name: str, code: int, delay_s: float) -> None:
     """A restarted child's death, for the operator (the role carries on without Postgres)."""
+    from django.db import connection
+
     from orchestrator.models import NotificationKind
     from orchestrator.notifications import events
 
@@ -403,6 +406,9 @@ def notify_death(name: str, code: int, delay_s: float) -> None:
         )
     except Exception as exc:
         print(f"{name}'s death was not recorded as a notification: {exc!r}", file=sys.stderr)
+    finally:
+        # A connection Postgres dropped meanwhile would fail the next death's write too.
+        connection.close()
 
 
 if __name__ == "__main__":

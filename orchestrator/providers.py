@@ -10,16 +10,20 @@ A call, in order:
    then admits one probe call) must admit the call.
 3. **Limits**: one unit of each named limit in `limits`, all or none (`hooks.limits.take`),
    waiting for a place up to the provider's timeout; concurrency units are given back after.
-4. **Fetch**: `fetch(query)` in a thread of a shared pool, for at most `timeout_s`; its answer
-   is cached and counts as a success, an exception or the timeout as a failure. A fetch that
-   overran keeps its thread until it returns (Python cannot stop a thread); its answer is
-   dropped.
+4. **Fetch**: `fetch(query)` in a thread of a shared pool (FETCHERS threads), for at most
+   `timeout_s`; its answer is cached and counts as a success, an exception or the timeout as a
+   failure (a call that found no free fetcher in that time counts neither way, and its fetch
+   never runs). A fetch that overran keeps its thread and its limits' places until it returns
+   (Python cannot stop a thread); its answer is dropped.
 5. **No answer** (circuit open, limit spent, fetch failed): an older cached answer, if one is
    kept, else `ProviderUnavailable`, a `TransientError`.
 
 Counted per provider and outcome (`counters.PROVIDER_CALLS`, on /metrics) with the newest
 LATENCIES fetch latencies (`keys.provider_latency`) for p50/p95, in one round trip after the
 call. `overview()` reads them with each circuit for the Providers page and the API.
+
+Not guaranteed: FETCHERS fetches that hang leave no thread for any provider until they return
+(their callers get no answer, or a stale one, without the circuit counting it).
 """
 
 from __future__ import annotations
@@ -101,34 +105,55 @@ def _fetched(
     """A fresh answer under the circuit and the limits, and how long the fetch took (ms)."""
     call_id = f"call_{ULID()}"
     name = owner(definition.id)
-    hold = timedelta(seconds=definition.timeout_s) + LEASE_MARGIN
+    # Waiting for the limits, then the fetch: each up to the timeout.
+    hold = 2 * timedelta(seconds=definition.timeout_s) + LEASE_MARGIN
     try:
         circuit.admit_call(name, call_id, hold, clock=clock)
     except Refused as exc:
         raise ProviderUnavailable(str(exc)) from None
+    said = Verdict.NEUTRAL  # unless the fetch says otherwise: a probe's slot is freed
+    try:
+        answer, took_ms = _fetch(definition, query, call_id, hold)
+        said = Verdict.SUCCESS
+        return answer, took_ms
+    except _FetchFailed as failed:
+        said = Verdict.FAILURE
+        raise ProviderUnavailable(f"provider {definition.id!r}: {failed}") from None
+    finally:
+        circuit.record_call(name, call_id, said, clock=clock)
+
+
+class _FetchFailed(Exception):
+    """The fetch ran and failed, or ran past the timeout: it counts against the circuit."""
+
+
+def _fetch(
+    definition: ProviderDefinition, query: dict[str, Any], call_id: str, hold: timedelta
+) -> tuple[Any, float]:
     held = [limits.Held(registry.get().limits[limit], "") for limit in definition.limits]
     if held and not _took(held, call_id, hold, definition.timeout_s):
-        circuit.record_call(name, call_id, Verdict.NEUTRAL, clock=clock)
         raise ProviderUnavailable(
             f"provider {definition.id!r}: its limits {list(definition.limits)} had no place "
             f"within {definition.timeout_s:g} s"
         )
     started = time.perf_counter()
+    fetching = _fetchers.submit(definition.fetch, query)
+    if held:
+        # Given back when the fetch ends, not when the caller stops waiting: a fetch that
+        # overran still holds its place at the remote.
+        fetching.add_done_callback(lambda _: limits.give_back(held, call_id, 1, admissions=False))
     try:
-        answer = _fetchers.submit(definition.fetch, query).result(timeout=definition.timeout_s)
+        answer = fetching.result(timeout=definition.timeout_s)
         json.dumps(answer)
     except FetchTimeout:
-        failure = f"no answer within {definition.timeout_s:g} s"
+        if fetching.cancel():  # never started: every fetcher was busy, the remote unasked
+            raise ProviderUnavailable(
+                f"provider {definition.id!r}: no fetcher free within {definition.timeout_s:g} s"
+            ) from None
+        raise _FetchFailed(f"no answer within {definition.timeout_s:g} s") from None
     except Exception as exc:
-        failure = f"{type(exc).__name__}: {exc}"
-    else:
-        circuit.record_call(name, call_id, Verdict.SUCCESS, clock=clock)
-        return answer, (time.perf_counter() - started) * 1000
-    finally:
-        if held:
-            limits.give_back(held, call_id, 1, admissions=False)
-    circuit.record_call(name, call_id, Verdict.FAILURE, clock=clock)
-    raise ProviderUnavailable(f"provider {definition.id!r}: {failure}")
+        raise _FetchFailed(f"{type(exc).__name__}: {exc}") from None
+    return answer, (time.perf_counter() - started) * 1000
 
 
 def _took(held: list[limits.Held], call_id: str, lease: timedelta, within_s: float) -> bool:
@@ -180,7 +205,8 @@ class ProviderOverview:
 
     @property
     def errors(self) -> int:
-        """Calls whose fetch failed: answered stale, or not at all."""
+        """Calls given no fresh answer (a failed or refused fetch, the circuit open, no place
+        in a limit): answered stale, or not at all."""
         return self.calls.get("stale", 0) + self.calls.get("failed", 0)
 
 

@@ -15,7 +15,8 @@ tiles' URLs made relative to the API; `GET /api/v1/items/{id}/trickplay/{name}` 
 image from the same folder and nowhere else. An eligible item without an index yet is answered
 404 with the run that makes it (`queued`), started at priority 2 under `key_for(id)`, so any
 number of players asking start one run, which is also the item's coverage run when the key is
-its coverage key. A registry holds at most one.
+its coverage key. `eligible` should say no for an item whose trickplay failed for good, or
+every player's poll starts another run. A registry holds at most one.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class TrickplayDefinition:
     folder: Callable[[int], Path]  # where an item's files are
     eligible: Callable[[int], bool]  # whether the item can have trickplay (a video to read)
     input_for: Callable[[int], dict[str, Any]]  # the task's input for an item
-    key_for: Callable[[int], str] | None  # the idempotency key of an item's run
+    key_for: Callable[[int], str]  # the idempotency key of an item's run
     index: str  # the WebVTT file's name in an item's folder
 
 
@@ -44,7 +45,7 @@ def define_trickplay(
     folder: Callable[[int], Path],
     eligible: Callable[[int], bool],
     input_for: Callable[[int], dict[str, Any]],
-    key_for: Callable[[int], str] | None = None,
+    key_for: Callable[[int], str],
     index: str = "index.vtt",
 ) -> TrickplayDefinition:
     """Declare the trickplay provider. Assign the result to a module-level name in a module the
@@ -55,11 +56,15 @@ def define_trickplay(
 
     if not isinstance(task, str) or not task:
         raise fail("task", "must name the task that makes an item's trickplay")
-    for name, value in (("folder", folder), ("eligible", eligible), ("input_for", input_for)):
+    functions = (
+        ("folder", folder),
+        ("eligible", eligible),
+        ("input_for", input_for),
+        ("key_for", key_for),
+    )
+    for name, value in functions:
         if not callable(value):
             raise fail(name, "must be a function of the item's id")
-    if key_for is not None and not callable(key_for):
-        raise fail("key_for", "must be a function of the item's id, or None")
     if not isinstance(index, str) or not index.endswith(".vtt") or "/" in index:
         raise fail("index", "must be a file name ending in .vtt")
     return TrickplayDefinition(task, folder, eligible, input_for, key_for, index)

@@ -24,7 +24,7 @@ class ProviderOut(Schema):
         description="calls by outcome: fetched, cached, stale (an older answer after a "
         "failure), failed (no answer)"
     )
-    errors: int = Field(description="calls whose fetch failed: stale plus failed")
+    errors: int = Field(description="calls given no fresh answer: stale plus failed")
     p50_ms: float | None = Field(description="median fetch latency of the newest 1,000 fetches")
     p95_ms: float | None
     circuit: CircuitOut

@@ -5,10 +5,12 @@ to players.
 - The index is the item's WebVTT file, its cues' image references made relative to this API
   (`sprite.jpg#xywh=…` becomes `trickplay/sprite.jpg#xywh=…`, which a player resolves against
   the index's URL). A tile is an image file of the item's folder, named by a plain file name:
-  a name that could leave the folder, or a path that resolves outside it (a link), is a 404.
+  a name that could leave the folder, a path that resolves outside it (a link), or an item
+  folder that is itself a link, is a 404.
   Both carry an ETag (the file's mtime and size; `If-None-Match` answers 304) and
   `Cache-Control: private` (they are behind the API's authentication), the index for a minute
-  (the stage may make it again), a tile for a day (a new index names it by a new ETag).
+  (the stage may make it again), a tile for a day: the index names each tile with its ETag
+  (`?v=`), so a sprite made again is a new URL.
 - An item the provider says can have trickplay and has no index yet is answered 404 with
   `queued`, the run that makes it: started at priority 2 under the provider's key, so any number
   of players asking start one run (a live run with the key is joined). Its status says it is
@@ -19,6 +21,7 @@ Reading needs view permission; the run a read starts is the API's (trigger `api`
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -68,7 +71,7 @@ def trickplay_index(request: HttpRequest, item_id: int) -> HttpResponse | FileRe
                 provider.input_for(item_id),
                 trigger=TriggerKind.API,
                 priority=PRIORITY,
-                idempotency_key=provider.key_for(item_id) if provider.key_for else None,
+                idempotency_key=provider.key_for(item_id),
             )
         return JsonResponse(
             {
@@ -81,7 +84,8 @@ def trickplay_index(request: HttpRequest, item_id: int) -> HttpResponse | FileRe
     cached = _not_modified(request, index)
     if cached is not None:
         return cached
-    response = HttpResponse(_relative(index.read_text()), content_type="text/vtt; charset=utf-8")
+    text = _relative(index.read_text(), provider.folder(item_id))
+    response = HttpResponse(text, content_type="text/vtt; charset=utf-8")
     return _cacheable(response, index, INDEX_MAX_AGE_S)
 
 
@@ -104,13 +108,16 @@ def trickplay_tile(request: HttpRequest, item_id: int, name: str) -> HttpRespons
 
 
 def _inside(folder: Path, name: str) -> Path | None:
-    """`folder/name` if it is a file that resolves inside `folder` (no link out, no `..`)."""
+    """`folder/name` if it is a file that resolves inside `folder` (no link out, no `..`), and
+    `folder` itself is reached through no link."""
     if not _PLAIN_NAME.match(name) or ".." in name:
         return None
     try:
         root = folder.resolve(strict=True)
         found = (root / name).resolve(strict=True)
     except (OSError, RuntimeError):
+        return None
+    if root != Path(os.path.abspath(folder)):
         return None
     return found if found.is_file() and found.is_relative_to(root) else None
 
@@ -138,13 +145,17 @@ def _cacheable(
     return response
 
 
-def _relative(index: str) -> str:
-    """The index with each cue's image reference relative to `trickplay/`."""
+def _relative(index: str, folder: Path) -> str:
+    """The index with each cue's image reference relative to `trickplay/` and versioned by the
+    image's ETag, so a sprite made again is fetched again whatever a player cached."""
     lines = index.splitlines()
     for number, line in enumerate(lines[:-1]):
         payload = lines[number + 1]
         if _CUE_TIMING.match(line) and payload and "://" not in payload:
-            lines[number + 1] = "trickplay/" + payload.lstrip("/")
+            name, _, fragment = payload.lstrip("/").partition("#")
+            image = _inside(folder, name)
+            version = f"?v={_etag(image).strip(chr(34))}" if image else ""
+            lines[number + 1] = f"trickplay/{name}{version}{'#' if fragment else ''}{fragment}"
     return "\n".join(lines) + "\n"
 
 

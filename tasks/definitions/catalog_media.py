@@ -282,15 +282,21 @@ trickplay_task = define_task(
 )
 
 
+# A movie or episode with a probed video whose trickplay did not fail or skip for good: a player
+# asking again for one that did starts no new run.
+_CAN_HAVE_TRICKPLAY = (
+    "SELECT EXISTS (SELECT 1 FROM media_items mi WHERE mi.id = %s"  # noqa: S608 (constants)
+    " AND mi.kind IN ('movie', 'episode') AND " + HAS_PROBED_VIDEO + " AND NOT EXISTS"
+    " (SELECT 1 FROM media_item_stage_state s WHERE s.item_id = mi.id AND s.stage = 'trickplay'"
+    " AND s.status IN ('failed_permanent', 'skipped_permanent')))"
+)
+
+
 def _can_have_trickplay(item_id: int) -> bool:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT EXISTS (SELECT 1 FROM media_items mi WHERE mi.id = %s"  # noqa: S608
-            f" AND mi.kind IN ('movie', 'episode') AND {HAS_PROBED_VIDEO})",
-            [item_id],
-        )
+        cursor.execute(_CAN_HAVE_TRICKPLAY, [item_id])
         return bool(cursor.fetchone()[0])
 
 

@@ -138,3 +138,44 @@ def test_the_backlog_pages_rescan_needs_operate_and_starts_the_folders_run(root:
     refused = ops.post(rescan, {"path": "/etc"}, follow=True)
     assert "Not rescanned" in refused.content.decode()
     assert TaskHistory.objects.filter(task_id="catalog-rescan").count() == 1
+
+
+def test_what_the_catalog_cannot_hold_or_must_not_touch_is_left_alone(root: Path) -> None:
+    (root / "Good (2001).mkv").write_bytes(b"g")
+    os.close(os.open(bytes(root) + b"/Bad \xff name.mkv", os.O_CREAT | os.O_WRONLY))
+    deep = root.joinpath(*(letter * 200 for letter in "defgh"))  # a path past 1,000 characters
+    deep.mkdir(parents=True)
+    (deep / "Long (2001).mkv").write_bytes(b"l")
+    trash = root / ".Trash-1000"
+    trash.mkdir()
+    (trash / "Deleted (1999).mkv").write_bytes(b"d")
+    elsewhere = root.parent / "elsewhere"
+    elsewhere.mkdir()
+    (root / "linked").symlink_to(elsewhere)
+
+    synced = library.sync(root, root)
+
+    assert (synced.added, synced.unstorable) == (1, 2)
+    assert not MediaFile.objects.filter(path__contains=".Trash").exists()
+    for refused in (trash, root / "linked", root.parent):
+        with pytest.raises(library.NotSynced):
+            library.sync(root, refused)
+
+
+def test_a_root_that_looks_unmounted_is_not_emptied_and_old_rows_learn_their_mtime(
+    root: Path,
+) -> None:
+    (root / "Kept (2001).mkv").write_bytes(b"k")
+    library.sync(root, root)
+    # A row as the demo loader writes it, before the scan kept mtimes: its first scan is
+    # not a rewrite.
+    MediaFile.objects.update(mtime=None)
+    EventOutbox.objects.all().delete()
+    assert library.sync(root, root) == library.Synced()
+    assert MediaFile.objects.get().mtime is not None
+    assert not EventOutbox.objects.exists()
+
+    (root / "Kept (2001).mkv").unlink()  # the root is empty: the mount, not the files, is gone
+    with pytest.raises(library.NotSynced, match="is it mounted"):
+        library.sync(root, root)
+    assert not MediaFile.objects.get().is_missing

@@ -59,7 +59,8 @@ def test_an_items_index_and_tiles_are_served_from_its_folder_with_caching(
 
     index = player.get("/api/v1/items/7/trickplay.vtt")
     assert index.status_code == 200 and index["Content-Type"].startswith("text/vtt")
-    assert "\ntrickplay/sprite.jpg#xywh=0,0,160,90\n" in index.content.decode()
+    tag = player.get("/api/v1/items/7/trickplay/sprite.jpg")["ETag"].strip('"')
+    assert f"\ntrickplay/sprite.jpg?v={tag}#xywh=0,0,160,90\n" in index.content.decode()
     assert index["Cache-Control"] == "private, max-age=60"
     again = player.get("/api/v1/items/7/trickplay.vtt", headers={"If-None-Match": index["ETag"]})
     assert again.status_code == 304
@@ -84,6 +85,14 @@ def test_nothing_outside_the_items_folder_is_served(root: Path, player: Client) 
         assert answer.json()["detail"] == f"item 7 has no trickplay image {name!r}"
     for escape in ("..%2F8%2Fother.jpg", "../8/other.jpg", "%2E%2E%2F8%2Fother.jpg"):
         assert player.get(f"/api/v1/items/7/trickplay/{escape}").status_code == 404, escape
+    # An item folder that is itself a link out of the trickplay folder.
+    outside = root.parent / "outside"
+    outside.mkdir()
+    (outside / "index.vtt").write_text(INDEX)
+    (outside / "sprite.jpg").write_bytes(b"not an item's")
+    (root / "9").symlink_to(outside)
+    assert player.get("/api/v1/items/9/trickplay/sprite.jpg").status_code == 404
+    assert player.get("/api/v1/items/9/trickplay.vtt").status_code == 404
     assert player.get("/api/v1/items/x/trickplay.vtt").status_code == 422
     assert Client().get("/api/v1/items/7/trickplay.vtt").status_code == 401
 

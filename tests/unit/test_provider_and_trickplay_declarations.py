@@ -60,6 +60,7 @@ def _trickplay(**options: Any) -> Any:
         "folder": lambda item_id: f"/tmp/{item_id}",
         "eligible": lambda item_id: True,
         "input_for": lambda item_id: {"item_id": item_id},
+        "key_for": lambda item_id: f"thumbs:{item_id}",
         **options,
     }
     return define_trickplay(**declared)
