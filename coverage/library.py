@@ -73,14 +73,6 @@ class Synced:
     def changes(self) -> int:
         return self.added + self.modified + self.missing + self.back
 
-    def __iadd__(self, other: Synced) -> Synced:
-        self.added += other.added
-        self.modified += other.modified
-        self.missing += other.missing
-        self.back += other.back
-        self.unstorable += other.unstorable
-        return self
-
 
 @dataclass(frozen=True)
 class OnDisk:

@@ -105,7 +105,6 @@ class Watcher:
     sync: Callable[[Path, Path], object]
     guard: Callable[[Path], None]
     pending: Pending
-    synced: int = 0  # folders synced, for the log and the tests
 
     def root_of(self, path: Path) -> Path | None:
         return next((root for root in self.roots if path.is_relative_to(root)), None)
@@ -137,7 +136,6 @@ class Watcher:
                 log.exception("watcher: sync of %s failed; tried again at the next flush", folder)
                 self.pending.note(folder, now - self.pending.delay_s + RETRY_S)
                 continue
-            self.synced += 1
             log.info("watcher: synced %s: %s", folder, changes)
 
     def reconcile(self) -> bool:
@@ -152,7 +150,6 @@ class Watcher:
                 log.exception("watcher: reconcile of %s failed; tried again in %ss", root, RETRY_S)
                 whole = False
                 continue
-            self.synced += 1
             took = time.monotonic() - started
             log.info("watcher: reconciled %s in %.2fs: %s", root, took, changes)
         return whole

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
@@ -61,7 +62,8 @@ def trickplay_index(request: HttpRequest, item_id: int) -> HttpResponse | FileRe
     provider = registry.get().trickplay
     if provider is None:
         return _not_found(NO_PROVIDER)
-    index = _inside(provider.folder(item_id), provider.index)
+    folder = provider.folder(item_id)
+    index = _inside(folder, provider.index)
     if index is None:
         if not provider.eligible(item_id):
             return _not_found(f"item {item_id} has no trickplay and cannot have one")
@@ -81,12 +83,14 @@ def trickplay_index(request: HttpRequest, item_id: int) -> HttpResponse | FileRe
             },
             status=404,
         )
-    cached = _not_modified(request, index)
-    if cached is not None:
-        return cached
-    text = _relative(index.read_text(), provider.folder(item_id))
-    response = HttpResponse(text, content_type="text/vtt; charset=utf-8")
-    return _cacheable(response, index, INDEX_MAX_AGE_S)
+    return _served(
+        request,
+        index,
+        INDEX_MAX_AGE_S,
+        lambda: HttpResponse(
+            _relative(index.read_text(), folder), content_type="text/vtt; charset=utf-8"
+        ),
+    )
 
 
 @router.get("/items/{item_id}/trickplay/{name}", auth=VIEW, response=answers({200: None}, 404, 422))
@@ -99,11 +103,11 @@ def trickplay_tile(request: HttpRequest, item_id: int, name: str) -> HttpRespons
     tile = _inside(provider.folder(item_id), name) if content_type else None
     if tile is None:
         return _not_found(f"item {item_id} has no trickplay image {name!r}")
-    cached = _not_modified(request, tile)
-    if cached is not None:
-        return cached
-    return _cacheable(
-        FileResponse(tile.open("rb"), content_type=content_type), tile, TILE_MAX_AGE_S
+    return _served(
+        request,
+        tile,
+        TILE_MAX_AGE_S,
+        lambda: FileResponse(tile.open("rb"), content_type=content_type),
     )
 
 
@@ -127,20 +131,18 @@ def _etag(path: Path) -> str:
     return f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
 
 
-def _not_modified(request: HttpRequest, path: Path) -> HttpResponse | None:
+def _served(
+    request: HttpRequest,
+    path: Path,
+    max_age_s: int,
+    respond: Callable[[], HttpResponse | FileResponse],
+) -> HttpResponse | FileResponse:
+    """`respond()`'s answer for `path`, or 304 when the client holds this version of it; either
+    with the file's ETag (one `stat`) and its caching."""
     etag = _etag(path)
     asked = {tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")}
-    if etag in asked:
-        response = HttpResponse(status=304)
-        response["ETag"] = etag
-        return response
-    return None
-
-
-def _cacheable(
-    response: HttpResponse | FileResponse, path: Path, max_age_s: int
-) -> HttpResponse | FileResponse:
-    response["ETag"] = _etag(path)
+    response = HttpResponse(status=304) if etag in asked else respond()
+    response["ETag"] = etag
     response["Cache-Control"] = f"private, max-age={max_age_s}"
     return response
 
