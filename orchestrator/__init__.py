@@ -34,6 +34,7 @@ The base modules:
 - `backoff`: exponential backoff, capped before it is computed, with or without jitter
 - `text`: what text from outside may be: storable in Postgres, a number in ASCII digits
 - `sql`: the one reader of the `.sql` files, and what each file's header says
+- `tracing`: OpenTelemetry traces, one per run from its request to its end; off, it costs nothing
 
 The engine never imports the catalog (`coverage`), which plugs in through settings and SQL.
 """

@@ -99,12 +99,18 @@ class OrchestratorConfig(AppConfig):
         # Imported here, not at the top: they use models, which Django loads after this module.
         from django.conf import settings
 
-        from orchestrator import providers
+        from orchestrator import providers, tracing
+        from orchestrator.cluster.instance import instance_id
         from orchestrator.hooks import dispatch
         from orchestrator.runs import celery_tasks
         from tasks import providers as sdk_providers
         from tasks import registry
 
+        if tracing.configure(settings.CONFIG.otel, instance_id()):
+            from celery.signals import worker_process_shutdown
+
+            # A pool process's spans still waiting for their batch are sent before it exits.
+            worker_process_shutdown.connect(lambda **_: tracing.flush(), weak=False)
         dispatch.install(hook_chain())
         sdk_providers.install(providers.call)
         _refuse_unknown_classes(settings.CONFIG)

@@ -24,6 +24,13 @@ def _parse_mode(raw: str) -> WorkerMode:
 
 
 _LOG_FORMAT = env.one_of("plain", "json")
+_OTEL_MODE = env.one_of("console", "otlp", "off")
+
+
+def _parse_otel(raw: str) -> str:
+    # Empty: OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, else off (orchestrator.tracing).
+    return _OTEL_MODE(raw) if raw.strip() else ""
+
 
 # It begins every pub/sub channel name, so nothing that could read as a separator or pattern.
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -118,6 +125,13 @@ class EveryRole:
         "plain",
         _LOG_FORMAT,
         "process logs as plain lines or json (one object per line)",
+    )
+    otel: str = env.variable(
+        "LUMASTRA_OTEL",
+        "",
+        _parse_otel,
+        "traces: console (stdout), otlp, off; empty: otlp when OTEL_EXPORTER_OTLP_ENDPOINT "
+        "is set, else off",
     )
     db_conn_max_age_s: int = env.variable(
         "LUMASTRA_DB_CONN_MAX_AGE_S", "600", int, "persistent DB connection lifetime"

@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from lumastra.config import env
 
 
+def _parse_trace_url(raw: str) -> str:
+    value = raw.strip()
+    if value and "{trace_id}" not in value:
+        raise ValueError(f"expected a URL with {{trace_id}} in it, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Web:
     allowed_hosts: tuple[str, ...] = env.variable(
@@ -22,6 +29,14 @@ class Web:
         "",
         env.parse_list,
         "origins trusted for unsafe requests",
+        roles=env.WEB,
+    )
+    trace_url: str = env.variable(
+        "LUMASTRA_TRACE_URL",
+        "",
+        _parse_trace_url,
+        "a run page links its trace here ({trace_id} replaced, e.g. "
+        "http://jaeger:16686/trace/{trace_id}); empty: the id only",
         roles=env.WEB,
     )
     https: bool = env.variable(

@@ -29,6 +29,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
+from orchestrator import tracing
 from orchestrator.admin import pages
 from orchestrator.api import access, report
 from orchestrator.api.access import Access
@@ -158,6 +159,8 @@ def detail_view(request: HttpRequest, run_id: str) -> HttpResponse:
     can_operate = access.allows(request.user, Access.OPERATE)
     error = run.error or {}
     steps = report.step_records(run)
+    # The trace its start began, when traced (`orchestrator.tracing`).
+    trace, trace_url = tracing.trace_id(run.trigger.get(tracing.HEADER)), settings.CONFIG.trace_url
     page = pages.context(
         request,
         f"Run {run.id}",
@@ -177,6 +180,8 @@ def detail_view(request: HttpRequest, run_id: str) -> HttpResponse:
         progress=_current_progress(run),
         held=windows.held(run) if state == RunState.PENDING else None,
         retry_of=run.trigger.get("retryOf"),
+        trace_id=trace,
+        trace_url=trace_url.replace("{trace_id}", trace) if trace and trace_url else None,
         retries=_retries(run.id),
         children=batches_of(run.id),
         cost=run.cost_breakdown or {},

@@ -1,14 +1,18 @@
 """Registers one Celery task per task definition, named by its id, whose body is the runner's
-`on_message`; and one per pipeline stage, named `<task id>.<stage>`, whose body runs that stage."""
+`on_message`; and one per pipeline stage, named `<task id>.<stage>`, whose body runs that stage.
+Traced (`orchestrator.tracing`), each body runs in its message's spans."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import Task, shared_task
 
+from orchestrator import tracing
+from orchestrator.routing import stage_class
 from orchestrator.runs import runner, stage_attempts
-from orchestrator.runs.publish import stage_task_name
+from orchestrator.runs.publish import Carried, stage_task_name
 from tasks.definition import TaskDefinition
 from tasks.pipeline import Stage
 from tasks.registry import Registry
@@ -41,18 +45,42 @@ def register_all(registry: Registry) -> None:
             soft_time_limit=int(definition.timeout.soft.total_seconds()),
             time_limit=int(definition.timeout.hard.total_seconds()) + HARD_LIMIT_GRACE_S,
             ignore_result=True,
-        )(runner.on_message)
+        )(_traced(definition) if tracing.ON else runner.on_message)
         _registered.add(definition.id)
         for stage in definition.pipeline:
             _register_stage(definition, stage)
+
+
+def _traced(definition: TaskDefinition) -> Callable[..., None]:
+    """`runner.on_message` in the spans of the message it runs (`tracing.received`)."""
+
+    def on_message(
+        task: Task[Any, Any], run_id: str, processing_version: int, carried: Carried | None = None
+    ) -> None:
+        about = tracing.about(run_id, definition.id, definition.resource_class)
+        with tracing.received(task.request, "lumastra.run", about):
+            runner.on_message(task, run_id, processing_version, carried)
+
+    return on_message
 
 
 def _register_stage(definition: TaskDefinition, stage: Stage) -> None:
     task_id, stage_name = definition.id, stage.name
     timeout = stage.timeout or definition.timeout
 
+    resource_class = stage_class(definition, stage)
+
     def body(task: Task[Any, Any], run_id: str, processing_version: int) -> None:
-        stage_attempts.run_stage_message(task_id, stage_name, run_id, processing_version)
+        with (
+            tracing.received(
+                task.request,
+                "lumastra.stage",
+                tracing.about(run_id, task_id, resource_class, stage_name),
+            )
+            if tracing.ON
+            else tracing.OFF
+        ):
+            stage_attempts.run_stage_message(task_id, stage_name, run_id, processing_version)
 
     shared_task(
         name=stage_task_name(task_id, stage_name),

@@ -63,7 +63,7 @@ def release(fence: Fence | None = None, limit: int = BATCH) -> int:
         return 0
     definitions = registry.get()
     outgoing = []
-    for run_id, task_id, identity, priority, version, concurrency_key in rows:
+    for run_id, task_id, identity, priority, version, concurrency_key, traceparent in rows:
         definition = definitions.get(task_id)
         if definition is None:
             # Not registered on this deploy: the run waits for the pending deadline.
@@ -81,6 +81,7 @@ def release(fence: Fence | None = None, limit: int = BATCH) -> int:
                 priority,
                 processing_version=version,
                 concurrency_key=concurrency_key,
+                traceparent=traceparent,
             )
         )
     seed_and_publish_many(outgoing)

@@ -27,6 +27,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
+from orchestrator import tracing
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Pickup
 from orchestrator.runs import catch_up, pipeline, retries, spawn, terminal
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 
 def run_claimed(definition: TaskDefinition, run: ClaimedRun, pickup: Pickup) -> None:
+    if tracing.ON:
+        tracing.claimed({"lumastra.attempt": run.attempts})
     try:
         if definition.pipeline:
             pipeline.begin(definition, run, pickup.owner)
@@ -142,7 +145,8 @@ def _end(
         started_at=run.deferred_since,
         children=children,
     )
-    terminal.finish(end)
+    with tracing.ending(target.value) if tracing.ON else tracing.OFF:
+        terminal.finish(end)
 
 
 def _retry_later(
@@ -157,35 +161,40 @@ def _retry_later(
 ) -> None:
     """The run back to pending for its next attempt after `delay`; with `refund`, this
     attempt is not counted (a stop at its window's close: it did not fail)."""
-    attempt = run.attempts
-    if run.deferred_since is not None:
-        # Put back moves a claimed run: its claim is written first, if the watch has not.
-        catch_up.write_live_claim(run.run_id, pickup.owner)
-    try:
-        durable.put_back(
-            run.run_id,
-            owner=pickup.owner,
-            attempts=run.attempts,
-            error=error,
-            # A refunded run is a fresh one again (no attempt spent): no not_before, or the due
-            # loop would take it for a delayed start (`runs.due`).
-            not_before=None if refund else timezone.now() + delay,
-            refund=refund,
+    with tracing.ending("retrying") if tracing.ON else tracing.OFF:
+        attempt = run.attempts
+        if run.deferred_since is not None:
+            # Put back moves a claimed run: its claim is written first, if the watch has not.
+            catch_up.write_live_claim(run.run_id, pickup.owner)
+        try:
+            durable.put_back(
+                run.run_id,
+                owner=pickup.owner,
+                attempts=run.attempts,
+                error=error,
+                # A refunded run is a fresh one again (no attempt spent): no not_before, or the due
+                # loop would take it for a delayed start (`runs.due`).
+                not_before=None if refund else timezone.now() + delay,
+                refund=refund,
+            )
+        except IllegalTransition as exc:
+            if exc.current is not None and not terminal.still_ours(run.run_id, pickup.owner):
+                log.warning(
+                    "run %s: no longer ours (%s); retry not recorded", run.run_id, exc.current
+                )
+                hooks.release(pickup)
+                return
+            if exc.current == RunState.CANCELLING:
+                terminal.cancel(definition, run.run_id, pickup.owner)
+                return
+            raise
+        live.transition(run.run_id, RunState.PENDING, owner=pickup.owner)
+        hooks.release(pickup)
+        spent = "not spent" if refund else "spent"
+        log.info(
+            "run %s: attempt %s (%s) back in %s: %s", run.run_id, attempt, spent, delay, message
         )
-    except IllegalTransition as exc:
-        if exc.current is not None and not terminal.still_ours(run.run_id, pickup.owner):
-            log.warning("run %s: no longer ours (%s); retry not recorded", run.run_id, exc.current)
-            hooks.release(pickup)
-            return
-        if exc.current == RunState.CANCELLING:
-            terminal.cancel(definition, run.run_id, pickup.owner)
-            return
-        raise
-    live.transition(run.run_id, RunState.PENDING, owner=pickup.owner)
-    hooks.release(pickup)
-    spent = "not spent" if refund else "spent"
-    log.info("run %s: attempt %s (%s) back in %s: %s", run.run_id, attempt, spent, delay, message)
-    republish(definition, run.run_id, run.identity, run.priority, delay)
+        republish(definition, run.run_id, run.identity, run.priority, delay)
 
 
 def _jsonable(result: object) -> Any:
@@ -205,7 +214,8 @@ class Outcome:
 def outcome_of(call: Callable[[], Any], *, soft_timeout: timedelta, what: str) -> Outcome:
     """Make the handler's `call`; `what` names it in the log ("run <id>: handler")."""
     try:
-        return Outcome(result=call())
+        with tracing.span("lumastra.handler") if tracing.ON else tracing.OFF:
+            return Outcome(result=call())
     except TaskError as exc:
         return Outcome(kind=exc.kind, message=str(exc))
     except SoftTimeLimitExceeded:

@@ -37,6 +37,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import IO, Protocol
 
+from orchestrator import tracing
 from orchestrator.runs import leftovers
 from tasks.errors import ErrorKind, PermanentError, ProcessFailed
 from tasks.process import ProcessResult
@@ -99,57 +100,64 @@ def run(
             f"run_process: {command[0]!r} is not installed (not found on PATH "
             f"{environment.get('PATH', os.defpath)!r})"
         )
-    # Inherited by everything the command forks: what escapes its group is still found.
-    command_marks = leftovers.marks(ctx.run_id)
-    environment |= command_marks
-    began = time.monotonic()
-    before = os.times()
-    # argv is the task author's, run without a shell.
-    process = subprocess.Popen(  # noqa: S603
-        [_setpriv(), "--pdeathsig", "KILL", "--", *command],
-        cwd=folder,
-        env=environment,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        close_fds=True,
-    )
-    ctx.run_log.write("info", f"started {command[0]} (pid {process.pid})")
-    tail: deque[str] = deque(maxlen=TAIL_LINES)
-    try:
-        _follow(ctx, process, tail, on_stdout)
-        exit_code = _wait(ctx, process)
-    except BaseException:
-        _stop(process, grace_s)
-        raise
-    finally:
-        # What the leader left behind in its group goes with it, and what left the group.
-        _kill_group(process.pid)
-        leftovers.kill_left_by(command_marks)
-        # Charged however the command ended: a cancelled or timed-out encode used the CPU too.
-        cpu_seconds = _children_cpu_since(before)
-        if cpu_seconds > 0:
-            ctx.spend("cpu_seconds", cpu_seconds)
-    result = ProcessResult(
-        argv=tuple(command),
-        exit_code=exit_code,
-        tail=tuple(tail),
-        cpu_seconds=cpu_seconds,
-        wall_seconds=round(time.monotonic() - began, 3),
-    )
-    # How long the command itself took, beside the run's own times (bench/media.py reads it).
-    ctx.run_log.write(
-        "info",
-        f"{command[0]} exited with {result.exit_code} after {result.wall_seconds:.3f} s "
-        f"({result.cpu_seconds:.3f} CPU s)",
-    )
-    if result.exit_code != 0:
-        kind = fails_as(result) if callable(fails_as) else fails_as
-        raise ProcessFailed(
-            _failure_message(result), kind=kind, exit_code=result.exit_code, tail=result.tail
+    with (
+        tracing.span("lumastra.process", {"process.command": command[0]})
+        if tracing.ON
+        else tracing.OFF
+    ):
+        # Inherited by everything the command forks: what escapes its group is still found.
+        command_marks = leftovers.marks(ctx.run_id)
+        environment |= command_marks
+        began = time.monotonic()
+        before = os.times()
+        # argv is the task author's, run without a shell.
+        process = subprocess.Popen(  # noqa: S603
+            [_setpriv(), "--pdeathsig", "KILL", "--", *command],
+            cwd=folder,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
         )
-    return result
+        ctx.run_log.write("info", f"started {command[0]} (pid {process.pid})")
+        tail: deque[str] = deque(maxlen=TAIL_LINES)
+        try:
+            _follow(ctx, process, tail, on_stdout)
+            exit_code = _wait(ctx, process)
+        except BaseException:
+            _stop(process, grace_s)
+            raise
+        finally:
+            # What the leader left behind in its group goes with it, and what left the group.
+            _kill_group(process.pid)
+            leftovers.kill_left_by(command_marks)
+            # Charged however the command ended: a cancelled or timed-out encode used the CPU too.
+            cpu_seconds = _children_cpu_since(before)
+            if cpu_seconds > 0:
+                ctx.spend("cpu_seconds", cpu_seconds)
+        result = ProcessResult(
+            argv=tuple(command),
+            exit_code=exit_code,
+            tail=tuple(tail),
+            cpu_seconds=cpu_seconds,
+            wall_seconds=round(time.monotonic() - began, 3),
+        )
+        # How long the command itself took, beside the run's own times (bench/media.py reads it).
+        ctx.run_log.write(
+            "info",
+            f"{command[0]} exited with {result.exit_code} after {result.wall_seconds:.3f} s "
+            f"({result.cpu_seconds:.3f} CPU s)",
+        )
+        if tracing.ON:
+            tracing.annotate({"process.exit_code": result.exit_code})
+        if result.exit_code != 0:
+            kind = fails_as(result) if callable(fails_as) else fails_as
+            raise ProcessFailed(
+                _failure_message(result), kind=kind, exit_code=result.exit_code, tail=result.tail
+            )
+        return result
 
 
 def _children_cpu_since(before: os.times_result) -> float:

@@ -21,6 +21,7 @@ from typing import Any, TypedDict
 from celery.signals import after_task_publish, before_task_publish
 from django.conf import settings
 
+from orchestrator import tracing
 from orchestrator.hooks import keyed
 from orchestrator.routing import queue_name, stage_queue, task_queue
 from orchestrator.stores import broker, live
@@ -77,6 +78,8 @@ class Outgoing:
     sheet: Carried | None = None
     # A keyed-concurrency run's key: it is published when its key's turn comes (`hooks.keyed`).
     concurrency_key: str | None = None
+    # The trace its start began (`trigger.traceparent`), for a publisher outside it.
+    traceparent: str | None = None
 
 
 def stage_task_name(task_id: str, stage: str) -> str:
@@ -172,6 +175,7 @@ def publish_many(runs: Sequence[Outgoing]) -> None:
             None,
             run.notes,
             {} if run.sheet is None else {"carried": run.sheet},
+            run.traceparent,
         )
         for run in runs
     ]
@@ -260,9 +264,11 @@ def _message(
     delay: timedelta | None,
     notes: Mapping[str, bool] | None,
     kwargs: dict[str, object] | None = None,
+    traceparent: str | None = None,
 ) -> tuple[broker.Message, Callable[[], None]]:
     """The message as Celery's protocol 2 has it, after `before_task_publish`; and what to
-    call once it is sent (`after_task_publish`)."""
+    call once it is sent (`after_task_publish`). Traced, it carries the current trace context,
+    or `traceparent`'s (a run's start, for a publisher outside its trace)."""
     eta = (datetime.now(UTC) + delay).isoformat() if delay and delay > timedelta(0) else None
     headers: dict[str, object] = {
         "lang": "py",
@@ -289,6 +295,11 @@ def _message(
     }
     if notes:
         headers[HOOK_HEADER] = dict(notes)
+    if tracing.ON:
+        tracing.inject(headers, traceparent)
+    elif traceparent:
+        # A traced start's run sent by a process that traces nothing: its worker joins it.
+        headers[tracing.HEADER] = traceparent
     properties: dict[str, object] = {"correlation_id": job_id, "reply_to": ""}
     message: tuple[list[object], dict[str, object], dict[str, None]] = (args, kwargs or {}, _EMBED)
     # Celery's publish signals, as its producer sends them, for whoever listens (monitoring,

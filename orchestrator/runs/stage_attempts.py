@@ -30,6 +30,7 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import BaseModel
 
+from orchestrator import tracing
 from orchestrator.cluster.instance import instance_id, is_dead_here
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks.base import Parked, StagePickup
@@ -92,6 +93,8 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
         priority=claimed.priority,
     )
     attempt = _Attempt(run, stage, claimed.step, context)
+    if tracing.ON:
+        tracing.claimed({"lumastra.attempt": attempt.number})
     if processing_version < definition.processing_version:
         message = (
             f"enqueued for processing_version {processing_version}, "
@@ -106,10 +109,12 @@ def _run_stage(definition: TaskDefinition, name: str, run_id: str, processing_ve
 
     timeout = (stage.timeout or definition.timeout).soft
     outcome = execute.outcome_of(call, soft_timeout=timeout, what=f"run {run_id}: stage {name}")
-    if outcome.kind is None:
-        _stage_completed(attempt, outcome.result)
-    else:
-        _stage_attempt_failed(attempt, outcome.kind, outcome.message, **outcome.extra)
+    ended = StageState.COMPLETED.value if outcome.kind is None else outcome.kind.value
+    with tracing.ending(ended) if tracing.ON else tracing.OFF:
+        if outcome.kind is None:
+            _stage_completed(attempt, outcome.result)
+        else:
+            _stage_attempt_failed(attempt, outcome.kind, outcome.message, **outcome.extra)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 from ulid import ULID
 
+from orchestrator import tracing
 from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks import keyed
@@ -200,6 +201,10 @@ def prepare(
     if due is not None:
         trigger_doc["notBefore"] = due.isoformat()
     resolved = int(resolve_priority(priority, definition, kind))
+    if tracing.ON:
+        # The run's page names its trace, and what publishes it later (a delayed start's
+        # release) joins it.
+        trigger_doc[tracing.HEADER] = tracing.current_traceparent()
     if definition.concurrency is not None or definition.limits:
         try:
             trigger_doc |= keyed.trigger_fields(definition, model)
@@ -246,72 +251,82 @@ def start_run(
 ) -> RunHandle:
     """Record a run and enqueue it once the surrounding transaction commits; with
     `not_before` (a time, or a delay from now), it waits `pending` until then."""
-    start = prepare(
-        task_id,
-        input,
-        trigger=trigger,
-        priority=priority,
-        idempotency_key=idempotency_key,
-        not_before=not_before,
-    )
-    handle, identity, key = start.handle, start.identity, start.idempotency_key
-
-    if key is not None and (duplicate := coalesce.live_run_with_key(task_id, key)):
-        # Answered before admission, so a duplicate consumes no quota and counts nothing.
-        return answered(joined(task_id, duplicate))
-    if (
-        start.definition.while_active is not WhileActive.JOIN or coalesce.MARK in start.trigger
-    ) and (found := coalesce.join(start)):
-        return answered(coalesced(task_id, found))
-
-    admission = start.admission()
-
-    def insert(
-        state: RunState = RunState.PENDING,
-        error: Mapping[str, str] | None = None,
-        finished_at: datetime | None = None,
-    ) -> coalesce.Joined | None:
-        if coalesce.MARK in start.trigger and state is RunState.PENDING:
-            return coalesce.insert_or_join(start)
-        with connection.cursor() as cursor:
-            durable.send(cursor, queries.INSERT_RUN, start.row(state, error, finished_at))
-        return None
-
-    with _transaction(start.definition, key):
-        try:
-            # No savepoint: a refused, dropped or deduplicated start has the hooks give back
-            # what they took (`abandoned`).
-            admit(admission)
-        except Deduplicated as dup:
-            if found := coalesce.follow(start, dup.run_id):
-                return answered(coalesced(task_id, found))
-            return answered(deduplicated(task_id, dup, identity, handle.priority))
-        except Dropped as drop:
-            # Recorded, never enqueued: the row is born terminal, no transition involved.
-            error = {"kind": ErrorKind.DROPPED.value, "message": drop.reason}
-            insert(RunState.CANCELLED, error, timezone.now())
-            return answered(dataclasses.replace(handle, dropped=True))
-        try:
-            taken = _insert_unless_taken(insert, start.definition, key)
-        except Exception:
-            hooks.abandon(admission)
-            raise
-        if isinstance(taken, coalesce.Joined):
-            hooks.abandon(admission)  # joined a waiting run: it was admitted when recorded
-            return answered(coalesced(task_id, taken))
-        if taken is not None:
-            hooks.abandon(admission)
-            transaction.set_rollback(True)  # give back what admission took
-        else:
-            after_insert(admission)
-            # A delayed start's run is counted now; any other's with its live hash (`live.seed`).
-            delayed, publish_it = (
-                start.not_before is not None,
-                partial(_publish, start, admission.notes),
+    with tracing.span("lumastra.start", {"lumastra.task": task_id}) if tracing.ON else tracing.OFF:
+        start = prepare(
+            task_id,
+            input,
+            trigger=trigger,
+            priority=priority,
+            idempotency_key=idempotency_key,
+            not_before=not_before,
+        )
+        handle, identity, key = start.handle, start.identity, start.idempotency_key
+        if tracing.ON:
+            tracing.annotate(
+                {
+                    "lumastra.run_id": handle.run_id,
+                    "lumastra.class": start.definition.resource_class,
+                }
             )
-            transaction.on_commit(partial(answered, handle) if delayed else publish_it)
-            return handle
-    return answered(joined(task_id, taken))
+        if key is not None and (duplicate := coalesce.live_run_with_key(task_id, key)):
+            # Answered before admission, so a duplicate consumes no quota and counts nothing.
+            return answered(joined(task_id, duplicate))
+        if (
+            start.definition.while_active is not WhileActive.JOIN or coalesce.MARK in start.trigger
+        ) and (found := coalesce.join(start)):
+            return answered(coalesced(task_id, found))
+
+        admission = start.admission()
+
+        def insert(
+            state: RunState = RunState.PENDING,
+            error: Mapping[str, str] | None = None,
+            finished_at: datetime | None = None,
+        ) -> coalesce.Joined | None:
+            if coalesce.MARK in start.trigger and state is RunState.PENDING:
+                return coalesce.insert_or_join(start)
+            with connection.cursor() as cursor:
+                durable.send(cursor, queries.INSERT_RUN, start.row(state, error, finished_at))
+            return None
+
+        with _transaction(start.definition, key):
+            try:
+                # No savepoint: a refused, dropped or deduplicated start has the hooks give back
+                # what they took (`abandoned`).
+                with tracing.span("lumastra.admission") if tracing.ON else tracing.OFF:
+                    admit(admission)
+            except Deduplicated as dup:
+                if found := coalesce.follow(start, dup.run_id):
+                    return answered(coalesced(task_id, found))
+                return answered(deduplicated(task_id, dup, identity, handle.priority))
+            except Dropped as drop:
+                # Recorded, never enqueued: the row is born terminal, no transition involved.
+                error = {"kind": ErrorKind.DROPPED.value, "message": drop.reason}
+                insert(RunState.CANCELLED, error, timezone.now())
+                return answered(dataclasses.replace(handle, dropped=True))
+            try:
+                with tracing.span("lumastra.insert") if tracing.ON else tracing.OFF:
+                    taken = _insert_unless_taken(insert, start.definition, key)
+            except Exception:
+                hooks.abandon(admission)
+                raise
+            if isinstance(taken, coalesce.Joined):
+                hooks.abandon(admission)  # joined a waiting run: it was admitted when recorded
+                return answered(coalesced(task_id, taken))
+            if taken is not None:
+                hooks.abandon(admission)
+                transaction.set_rollback(True)  # give back what admission took
+            else:
+                after_insert(admission)
+                # A delayed start's run is counted now; any other's with its live hash
+                # (`live.seed`). Published on commit, maybe after this span ended: in its trace.
+                publish_it: Callable[[], None] = partial(_publish, start, admission.notes)
+                if tracing.ON:
+                    publish_it = tracing.within("lumastra.publish", publish_it)
+                delayed = start.not_before is not None
+                transaction.on_commit(partial(answered, handle) if delayed else publish_it)
+                return handle
+        return answered(joined(task_id, taken))
 
 
 def _transaction(definition: TaskDefinition, key: str | None) -> AbstractContextManager[object]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.test import Client
 from django.utils import timezone
@@ -258,3 +260,25 @@ def test_counters_and_cost_kinds_named_like_dict_methods_render() -> None:
     html = page.content.decode()
     assert "items 3, keys 1" in html
     assert "items 2.5" in html
+
+
+def test_a_traced_runs_page_links_its_trace_where_lumastra_trace_url_says() -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    traced = {"kind": "api", "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    run_id = _ended(PARKED, RunState.COMPLETED, trigger=traced)
+    untraced = _ended(PARKED, RunState.COMPLETED)
+    client = _operator()
+    assert f'<code id="run-trace">{trace_id}</code>' in _page(client, run_id)
+    assert 'id="run-trace"' not in _page(client, untraced)
+
+    config = settings.CONFIG
+    settings.CONFIG = dataclasses.replace(config, trace_url="http://jaeger/trace/{trace_id}")
+    try:
+        link = f'<a id="run-trace" href="http://jaeger/trace/{trace_id}">{trace_id}</a>'
+        assert link in _page(client, run_id)
+    finally:
+        settings.CONFIG = config
+
+
+def _page(client: Client, run_id: str) -> str:
+    return client.get(f"{RUNS}{run_id}/change/").content.decode()

@@ -602,6 +602,25 @@ solo = define_task(id="test-solo", resource_class="io", execute=_noop)
 # Delayed and bulk starts (test_delayed_starts.py, test_batch_starts.py) count what waits in
 # its queue, which no shared worker takes.
 starts_noop = define_task(id="test-starts", resource_class="io", execute=_noop, overlap="allow")
+
+
+class TracedInput(BaseModel, extra="forbid"):
+    fail: bool = False
+
+
+def _traced(ctx: TaskContext, params: TracedInput) -> dict[str, bool]:
+    logging.getLogger("tests.traced").info("run %s: traced handler", ctx.run_id)
+    ctx.run_process(["true"], cwd=tempfile.gettempdir())
+    if params.fail:
+        raise PermanentError("asked to fail")
+    return {"ok": True}
+
+
+# Traced runs (test_tracing): a log line and a command in its handler; no shared worker.
+traced = define_task(
+    id="test-traced", resource_class="io", execute=_traced, input_model=TracedInput
+)
+
 round_trips_limited = define_task(
     id="test-rt-limited",
     resource_class="io",

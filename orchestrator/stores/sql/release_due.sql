@@ -3,7 +3,8 @@
 -- again, and sets `updated_at`, so the reconciler's pending check and deadline count from the
 -- release, not from the start. Soonest first; SKIP LOCKED, so two releasers never take one run
 -- and neither waits on a cancel that holds the row.
--- A keyed-concurrency run's key comes with it: it is published when its key's turn comes.
+-- A keyed-concurrency run's key comes with it: it is published when its key's turn comes; and
+-- the trace its start began, which its message joins.
 -- Parameters: limit.
 UPDATE task_history AS run
    SET not_before = NULL, updated_at = now()
@@ -16,4 +17,4 @@ UPDATE task_history AS run
            FOR UPDATE SKIP LOCKED) AS due
  WHERE run.id = due.id
 RETURNING run.id, run.task_id, run.identity, run.priority, run.processing_version,
-          run.trigger ->> 'concurrencyKey'
+          run.trigger ->> 'concurrencyKey', run.trigger ->> 'traceparent'
