@@ -3,7 +3,8 @@
 #
 #   deploy/system-deps.sh run       what `make run` needs: ffmpeg (the media stages)
 #   deploy/system-deps.sh test      what `make test` needs: ffmpeg, chromium (the browser
-#                                   tests), iproute2 and nftables (the partition scenarios)
+#                                   tests), iproute2 and nftables (the partition scenarios),
+#                                   prometheus (promtool checks deploy/observability/'s rules)
 #   deploy/system-deps.sh compose   what deploy/ci/compose-check.sh needs (podman and friends)
 #
 # Each package is judged by a file it installs, so a copy from elsewhere on PATH counts too.
@@ -12,7 +13,7 @@
 # that installs it and exits 1, before anything that needs it starts.
 # `make test` honours LUMASTRA_TEST_SKIP (tests/support/categories.py): a test category the
 # person running it opted out of needs nothing here (browser: chromium; partitions: iproute2
-# and nftables; media: ffmpeg).
+# and nftables; media: ffmpeg; alerts: prometheus).
 set -euo pipefail
 
 purpose="${1:-}"
@@ -24,6 +25,7 @@ declare -A provides=(
   [chromium]="${CHROMIUM_PATH:-/usr/bin/chromium}"
   [iproute2]="ip"
   [nftables]="nft"
+  [prometheus]="promtool"
   [podman]="podman"
   [runc]="runc"
   [catatonit]="/usr/libexec/podman/catatonit"
@@ -42,6 +44,7 @@ case "$purpose" in
     [[ $skip == *,media,* ]] || packages+=(ffmpeg)
     [[ $skip == *,browser,* ]] || packages+=(chromium)
     [[ $skip == *,partitions,* ]] || packages+=(iproute2 nftables)
+    [[ $skip == *,alerts,* ]] || packages+=(prometheus)
     ;;
   compose)
     # catatonit: the init the compose file's `init: true` asks podman for, only recommended by

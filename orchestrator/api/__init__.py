@@ -39,6 +39,8 @@ Who may call:
 Beside the API:
 - `health`: the probes: `GET /healthz`, `GET /readyz` (and `manage.py healthcheck`)
 - `metrics`: `GET /metrics`: Prometheus metrics of the whole cluster, read at scrape time
+- `metrics_live`: the /metrics families of what waits on an operator (roster, drain, dead
+  letters, queue caps and waits), which deploy/observability/'s dashboard and alerts read
 - `limits`: request body limits, enforced before a body is read (web role and middleware)
 - `text_guard`: a NUL or lone surrogate in a page's path, query or form is a 400, not a 500
 """

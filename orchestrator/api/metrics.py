@@ -3,8 +3,10 @@
 Everything is read at scrape time from the shared stores, never from the process: counters
 from Valkey (`stores.counters`: runs by task and state, run durations, cost units, refusals by
 code, deliveries, recovery), gauges from Valkey (queue depth per resource class, circuit
-state, the cluster's leader) and Postgres (active runs per task), and the collectors of the
-apps above the engine named in `settings.LUMASTRA_METRICS_COLLECTORS` (the coverage backlog).
+state, the cluster's leader) and Postgres (active runs per task), what waits on an operator
+(`metrics_live`: the roster, the drain, dead letters, each class's queue cap and wait), and the
+collectors of the apps above the engine named in `settings.LUMASTRA_METRICS_COLLECTORS` (the
+coverage backlog).
 
 Gated by `Authorization: Bearer $LUMASTRA_METRICS_TOKEN` (compared in constant time; a wrong
 or missing token is a 401 and counts against the client address's sign-in budget, as the
@@ -35,7 +37,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from orchestrator.api import throttle
+from orchestrator.api import metrics_live, throttle
 from orchestrator.cluster import leaders
 from orchestrator.hooks import circuit
 from orchestrator.models import CircuitState, RunBatch, TaskHistory
@@ -74,6 +76,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 def _scrape() -> bytes:
     scraped = CollectorRegistry(auto_describe=False)
     scraped.register(EngineCollector())
+    scraped.register(metrics_live.LiveCollector())
     for path in settings.LUMASTRA_METRICS_COLLECTORS:
         scraped.register(import_string(path)())
     return generate_latest(scraped)

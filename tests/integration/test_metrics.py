@@ -1,26 +1,35 @@
 """`/metrics`: the token gate, the output parsed with prometheus_client's own parser, the
-leader gauges, counts that follow real runs, and the same cluster totals from two web
-processes."""
+leader gauges, counts that follow real runs, the same cluster totals from two web processes,
+and what waits on an operator (`api.metrics_live`): the roster, the drain, dead letters, each
+class's queue cap and wait."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
 from contextlib import ExitStack
+from datetime import timedelta
 
 import pytest
 import requests
 from django.conf import settings
+from django.db.models.functions import Now
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator.cluster import roster
 from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.hooks import costs
 from orchestrator.hooks.quotas import QuotaExceeded
-from orchestrator.runs.start import start_run
+from orchestrator.models import DeliveryStatus, TaskHistory, WebhookDelivery
+from orchestrator.routing import class_limit
+from orchestrator.runs.start import new_run_id, start_run
 from orchestrator.runs.wait import RunFailed
+from orchestrator.states import RunState
 from orchestrator.stores import cache, counters, keys, valkey
 from orchestrator.triggers import TriggerKind
+from orchestrator.webhooks.delivery import create_endpoint
+from tests.support.runs import clean_drain
 from tests.support.servers import free_port, web_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -223,3 +232,107 @@ def test_a_cache_valkey_that_is_gone_costs_only_the_computation(
     assert "lumastra_leader_seat_held" in _scrape()
     # Inside the pause the cache is not asked again: no second failure, no connect timeout.
     assert not [r for r in caplog.records if "the cache Valkey failed" in r.getMessage()]
+
+
+def _by(
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str
+) -> dict[str, float]:
+    """A one-label family's samples, by that label's value."""
+    return {labels[0][1]: value for labels, value in samples[name].items()}
+
+
+def test_the_roster_counts_processes_by_role_and_the_expected_roles_even_at_zero() -> None:
+    nodes = [
+        roster.Node(f"metrics-host:{n}:TEST", "metrics-host", n, role, (), "")
+        for n, role in enumerate(("worker", "worker", "loops", "watcher"))
+    ]
+    before = _by(_scrape(), "lumastra_roster_nodes")
+    for node in nodes:
+        roster.announce(node)
+    try:
+        after = _by(_scrape(), "lumastra_roster_nodes")
+    finally:
+        valkey.client().delete(*(keys.cluster_node(node.instance_id) for node in nodes))
+
+    assert {"worker", "loops", *settings.LUMASTRA_WORKER_CHILDREN} <= before.keys()
+    assert after["worker"] - before["worker"] == 2
+    assert after["loops"] - before["loops"] == 1
+    assert after["watcher"] - before.get("watcher", 0) == 1
+
+
+def test_the_drain_s_lists_and_every_kind_of_dead_letter_are_counted() -> None:
+    clean_drain(CLUSTER)
+    client = valkey.client()
+    client.lpush(keys.drain_pending(), "entry-1", "entry-2")
+    client.lpush(keys.drain_inflight(), "entry-3")
+    client.lpush(keys.drain_poison(), "poisoned-1")
+    endpoint, _ = create_endpoint("https://hooks.invalid/metrics", states=[], tasks=[])
+    try:
+        before = _by(_scrape(), "lumastra_dead_letters")
+        for exhausted in (True, True, False):
+            TaskHistory.objects.create(
+                id=(run_id := new_run_id()),
+                task_id="test-fail",
+                state=RunState.FAILED,
+                error={"kind": "transient", "message": "down", "exhausted": exhausted},
+                trigger={"kind": "api"},
+                input={},
+                priority=5,
+                identity=run_id,
+            )
+        for status in (DeliveryStatus.DEAD, DeliveryStatus.PENDING):
+            WebhookDelivery.objects.create(
+                endpoint=endpoint,
+                event_id=f"ev-{status}",
+                event_type="run.failed",
+                run_id="run_x",
+                envelope={},
+                status=status,
+            )
+        samples = _scrape()
+    finally:
+        clean_drain(CLUSTER)
+
+    assert _by(samples, "lumastra_drain_entries") == {"waiting": 3, "poison": 1}
+    dead = _by(samples, "lumastra_dead_letters")
+    assert dead["exhausted_run"] - before["exhausted_run"] == 2
+    assert dead["webhook_delivery"] - before["webhook_delivery"] == 1
+    assert dead["drain_poison"] == 1
+
+
+def test_each_class_s_cap_is_the_one_admission_judges_by() -> None:
+    samples = _scrape()
+
+    caps = _by(samples, "lumastra_task_queue_depth_cap")
+    assert caps.keys() == _by(samples, "lumastra_task_queue_depth").keys()
+    assert caps == {name: class_limit(name).cap for name in caps}
+
+
+def _pending(created_ago_s: int, not_before_in_s: int | None) -> None:
+    run_id = new_run_id()
+    TaskHistory.objects.create(
+        id=run_id, task_id="test-noop", trigger={"kind": "api"}, input={}, priority=5,
+        identity=run_id,
+    )  # fmt: skip
+    # Postgres's clock, the one the wait is read by.
+    TaskHistory.objects.filter(id=run_id).update(
+        created_at=Now() - timedelta(seconds=created_ago_s),
+        not_before=None if not_before_in_s is None else Now() + timedelta(seconds=not_before_in_s),
+    )
+
+
+def test_a_class_s_wait_is_its_oldest_due_run_s_from_its_creation_or_its_not_before() -> None:
+    TaskHistory.objects.filter(state=RunState.PENDING).delete()
+    idle = _by(_scrape(), "lumastra_task_queue_wait_seconds")
+    _pending(3600, 120)  # not due yet: not waiting
+    _pending(3600, -90)  # a retry due 90 s ago waits from then
+    retried = _by(_scrape(), "lumastra_task_queue_wait_seconds")
+    _pending(300, None)  # a run never delayed waits from its creation
+    created = _by(_scrape(), "lumastra_task_queue_wait_seconds")
+
+    assert set(idle.values()) == {0}
+    assert 90 <= retried["io"] < 120
+    assert 300 <= created["io"] < 330
+    assert {name: wait for name, wait in created.items() if name != "io"} == {
+        name: 0 for name in created if name != "io"
+    }

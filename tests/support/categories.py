@@ -1,8 +1,8 @@
 """Test categories that need something from the machine, and the rule for them: a skip is not
 a pass.
 
-A test marked `needs("browser")` (or "partitions", "media") runs only where the machine has
-what the category needs. Where it does not, the test **fails**, saying what is missing and how
+A test marked `needs("browser")` (or "partitions", "media", "alerts") runs only where the machine
+has what the category needs. Where it does not, the test **fails**, saying what is missing and how
 to install it (`deploy/system-deps.sh test` installs it all, and `make test` runs it first),
 unless the person running the tests opted out of that category by name:
 `LUMASTRA_TEST_SKIP=browser,partitions`. Then the test is skipped, and the summary says which
@@ -44,11 +44,16 @@ def _media() -> str | None:
     return f"{' and '.join(missing)} missing (Debian's ffmpeg)" if missing else None
 
 
+def _alerts() -> str | None:
+    return None if shutil.which("promtool") else "promtool missing (Debian's prometheus)"
+
+
 # Each category: why it cannot run on this machine, or None when it can.
 CATEGORIES: dict[str, Callable[[], str | None]] = {
     "browser": _browser,
     "partitions": _partitions,
     "media": _media,
+    "alerts": _alerts,
 }
 
 

@@ -29,6 +29,8 @@ ROLES = {
     "flower": "deploy/start-flower.sh",
 }
 STORES = ("postgres", "valkey-coord", "valkey-cache")
+# Started only with `--profile observability` (deploy/observability/).
+OBSERVABILITY = ("prometheus", "grafana")
 
 
 def _conf(name: str) -> dict[str, str]:
@@ -38,7 +40,12 @@ def _conf(name: str) -> dict[str, str]:
 
 
 def test_every_service_is_there() -> None:
-    assert set(SERVICES) == {*ROLES, "migrate", *STORES}
+    assert set(SERVICES) == {*ROLES, "migrate", *STORES, *OBSERVABILITY}
+
+
+def test_a_plain_up_starts_no_observability_service() -> None:
+    for name, spec in SERVICES.items():
+        assert spec.get("profiles", []) == (["observability"] if name in OBSERVABILITY else [])
 
 
 @pytest.mark.parametrize("service", [*ROLES, "migrate"])
