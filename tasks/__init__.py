@@ -13,6 +13,8 @@ Declaring a task:
 - `schedule`: schedule declarations: `every('15m')`, a cron expression, or `dynamic(loader)`
 - `window`: `Window`, the local hours a task's or a class's runs may start in (quiet hours)
 - `pipeline`: a pipeline task's stages (`Stage`) and their order
+- `retention`: `Retention`, how long a task's ended runs are kept before `history-retention`
+  deletes them
 - `coverage`: the catalog stages a task covers (`CoveredStage`), and its runs' items
 - `triggers`: `define_trigger`, an inbound trigger: a name integrations POST to that starts a task
 - `limits`: `define_limit`, a named limit (a rate, a concurrency, per key) tasks share
@@ -65,6 +67,7 @@ from tasks.policies import Concurrency, Debounce, Retry, Stall, Throttle, Timeou
 from tasks.process import ProcessResult
 from tasks.providers import ProviderDefinition, ProviderUnavailable, define_provider
 from tasks.resources import RESOURCE_CLASSES
+from tasks.retention import Retention
 from tasks.schedule import ScheduleRow, cron, dynamic, every
 from tasks.trickplay import TrickplayDefinition, define_trickplay
 from tasks.triggers import TriggerDefinition, define_trigger
@@ -98,6 +101,7 @@ __all__ = [
     "ProviderDefinition",
     "ProviderUnavailable",
     "Quotas",
+    "Retention",
     "Retry",
     "RunCancelled",
     "ScheduleRow",

@@ -34,6 +34,7 @@ from tasks.policies import (
     WhileActive,
 )
 from tasks.resources import RESOURCE_CLASSES, default_timeout
+from tasks.retention import Retention, retention_problem
 from tasks.schedule import Schedule, parse_schedule
 from tasks.window import Window
 
@@ -144,6 +145,8 @@ class TaskDefinition:
     concurrency: Concurrency | None = None
     # The named limits (`tasks.limits.define_limit`) each run takes at pickup.
     limits: tuple[str, ...] = ()
+    # How long its ended runs are kept (`tasks.retention`); None: the global retention.
+    retention: Retention | None = None
 
     def stage(self, name: str) -> Stage:
         for stage in self.pipeline:
@@ -199,6 +202,7 @@ def define_task(
     while_active: WhileActive | str = WhileActive.JOIN,
     concurrency: Concurrency | None = None,
     limits: Sequence[str] = (),
+    retention: Retention | None = None,
 ) -> TaskDefinition:
     """Declare a task. Assign the result to a module-level name in a module the registry loads."""
     task_id = id
@@ -315,6 +319,8 @@ def define_task(
     covered = tuple(normalised_stage(stage) for stage in covers_stages)
     if len({stage.id for stage in covered}) != len(covered):
         raise fail("covers_stages", "a stage id appears more than once")
+    if retention is not None and (problem := retention_problem(retention)):
+        raise fail("retention", problem)
 
     return TaskDefinition(
         id=task_id,
@@ -344,6 +350,7 @@ def define_task(
         while_active=follow,
         concurrency=concurrency,
         limits=tuple(limits),
+        retention=retention,
     )
 
 

@@ -77,8 +77,12 @@ def test_each_kind_of_history_goes_past_its_own_retention() -> None:
     _run("run_01OLD000000000000000000000", RunState.COMPLETED, keep + 1)
     _run("run_01NEW000000000000000000000", RunState.COMPLETED, 1)
     _run("run_01LIVE00000000000000000000", RunState.ACTIVE, None)
-    TaskHistoryAudit.objects.filter(run_id="run_01OLD000000000000000000000").update(
-        at=_days_ago(keep + 1)
+    TaskHistoryAudit.objects.filter(
+        run_id__in=["run_01OLD000000000000000000000", "run_01LIVE00000000000000000000"]
+    ).update(at=_days_ago(keep + 1))
+    # A state change whose run is already gone: the audit's own pass deletes it.
+    TaskHistoryAudit.objects.create(
+        run_id="run_01GONE00000000000000000000", to_state="pending", at=_days_ago(keep + 1)
     )
     endpoint = WebhookEndpoint.objects.create(
         url="https://example.org/h", secret="s", enabled=False
@@ -113,8 +117,11 @@ def test_each_kind_of_history_goes_past_its_own_retention() -> None:
         "run_01NEW000000000000000000000",
         "run_01LIVE00000000000000000000",
     }
-    assert not TaskHistoryAudit.objects.filter(run_id="run_01OLD000000000000000000000").exists()
-    assert TaskHistoryAudit.objects.filter(run_id="run_01NEW000000000000000000000").exists()
+    # The old run's changes went with it; a live run keeps its changes, however old.
+    assert set(TaskHistoryAudit.objects.values_list("run_id", flat=True)) == {
+        "run_01NEW000000000000000000000",
+        "run_01LIVE00000000000000000000",
+    }
     assert set(WebhookDelivery.objects.values_list("event_id", flat=True)) == {
         "pending-old",
         "delivered-new",
@@ -168,6 +175,7 @@ def test_a_pass_deletes_in_batches_until_a_short_one() -> None:
     for index in range(10):
         _run(f"run_01B{index:022d}", RunState.COMPLETED, None)
     TaskHistoryAudit.objects.update(at=_days_ago(400))
+    TaskHistory.objects.all().delete()  # only the changes of runs that are gone go
 
     pruned = prune_in_batches(PRUNE_AUDIT, {"cutoff": _days_ago(300)}, start=FIRST_ID, batch=3)
 
