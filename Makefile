@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test screenshots lint typecheck check bench bench-peers bench-memory bench-pipeline bench-sweep bench-observability bench-console bench-media bench-starts bench-coalescing bench-children bench-watcher bench-retention bench-tracing
+.PHONY: install run test screenshots lint typecheck check bench bench-peers bench-memory bench-pipeline bench-sweep bench-observability bench-console bench-media bench-starts bench-coalescing bench-children bench-watcher bench-retention bench-tracing bench-search
 
 # The runtime lock (all the image installs) and what development and CI add; the dev lock
 # includes the runtime one (`-r requirements.lock`), so one install takes both.
@@ -131,3 +131,6 @@ bench-retention: install
 
 bench-tracing: install
 	$(BIN)/python bench/tracing.py
+
+bench-search: install
+	$(BIN)/python bench/search.py

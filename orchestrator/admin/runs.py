@@ -1,4 +1,5 @@
-"""Runs in the admin: the list (filters, search by run id, bulk cancel and retry, progress and
+"""Runs in the admin: the list (filters, search by run id and by input fields and tags, bulk
+cancel and retry of the chosen or the whole filtered list, progress and
 ETA of running runs from their live hashes, refreshed in place by `console.js`) and each run's
 page (`run_detail`). The operator pages live beside it, one module each, under the runs' URLs
 (`start/`, `tasks/`, `nodes/`, …)."""
@@ -7,7 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from django.contrib import admin, messages
@@ -43,11 +46,8 @@ from orchestrator.admin.filters import (
 from orchestrator.admin.paginator import EstimatedCountPaginator
 from orchestrator.api import access, report
 from orchestrator.api.access import Access
-from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
-from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
-from orchestrator.runs.handle import StartRefused
-from orchestrator.runs.rerun import rerun
+from orchestrator.runs import bulk, search
 from orchestrator.states import RunState
 from orchestrator.stores import live
 from tasks import registry
@@ -55,6 +55,8 @@ from tasks import registry
 # The created_at filter's own parameters: the date range form sets them.
 DATE_RANGE = ("created_at__gte", "created_at__lt")
 _RUN_ID = re.compile(r"run_[0-9A-Za-z]{26}")
+# An action on this many runs or fewer says how each went; on more, how many went each way.
+_MESSAGES_PER_RUN = 20
 
 
 def _json_display(field_name: str) -> Callable[[Any, TaskHistory], str]:
@@ -96,6 +98,10 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
         ("created_at", admin.DateFieldListFilter),
     ]
     search_fields = ["task_id", "identity"]
+    search_help_text = (
+        "A run id, a task or an identity; or what runs were about: input fields and tags, "
+        "e.g. library_id=7 #nightly"
+    )
     ordering = ["-created_at"]
     list_per_page = 50
     # Counting a filter's rows reads them all: past 10,000 the planner's estimate is shown.
@@ -135,28 +141,52 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
 
     @admin.action(description="Cancel selected runs", permissions=["operate"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[TaskHistory]) -> None:
-        # The orchestrator owns run state: each run goes through request_cancel.
-        for run_id in queryset.values_list("id", flat=True):
-            try:
-                state = request_cancel(run_id, actor=request.user.get_username())
-            except (NotCancellable, UnknownRun) as exc:
-                self.message_user(request, str(exc), messages.WARNING)
-            else:
-                pages.log_action(request, f"cancelled run {run_id} (now {state})")
-                self.message_user(request, f"Run {run_id}: {state}")
+        # The orchestrator owns run state: each run goes through the one-run cancel.
+        actor = request.user.get_username()
+        self._each(request, queryset, partial(bulk.cancel_one, actor=actor), "cancelled run")
 
     @admin.action(
         description="Retry selected runs (new runs at priority 1)", permissions=["operate"]
     )
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[TaskHistory]) -> None:
-        for run_id in queryset.values_list("id", flat=True):
-            try:
-                handle = rerun(run_id, actor=request.user.get_username())
-            except (StartRefused, Refused, UnknownRun) as exc:
-                self.message_user(request, f"Run {run_id}: {exc}", messages.WARNING)
-            else:
-                pages.log_action(request, f"retried run {run_id} as {handle.run_id}")
-                self.message_user(request, f"Run {run_id}: retried as {handle.run_id}")
+        actor = request.user.get_username()
+        self._each(request, queryset, partial(bulk.retry_one, actor=actor), "retried run")
+
+    def _each(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[TaskHistory],
+        act: Callable[[str], bulk.Acted],
+        logged: str,
+    ) -> None:
+        """An action on the chosen runs (all a filtered list holds, with "select all"), at
+        most BULK_MAX oldest first, as the API's bulk actions: a message per run for a few,
+        a count per outcome for many."""
+        ids = list(
+            queryset.order_by("created_at", "id").values_list("id", flat=True)[: bulk.BULK_MAX]
+        )
+        outcomes: Counter[str] = Counter()
+        for run_id in ids:
+            acted = act(run_id)
+            outcomes[acted.outcome] += 1
+            refused = acted.outcome == "refused"
+            said = f"retried as {acted.new_run_id}" if acted.new_run_id else acted.outcome
+            if not refused:
+                now = f"as {acted.new_run_id}" if acted.new_run_id else f"(now {acted.outcome})"
+                pages.log_action(request, f"{logged} {run_id} {now}")
+            if len(ids) <= _MESSAGES_PER_RUN:
+                level = messages.WARNING if refused else messages.INFO
+                said = acted.detail if refused else said
+                self.message_user(request, f"Run {run_id}: {said}", level)
+        if len(ids) > _MESSAGES_PER_RUN:
+            counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
+            self.message_user(request, f"{len(ids)} runs: {counts}")
+        if len(ids) == bulk.BULK_MAX and queryset.count() > bulk.BULK_MAX:
+            self.message_user(
+                request,
+                f"At most {bulk.BULK_MAX} runs an action: do it again for the rest",
+                messages.WARNING,
+            )
 
     def has_view_permission(self, request: HttpRequest, obj: TaskHistory | None = None) -> bool:
         return access.allows(request.user, Access.VIEW)
@@ -217,6 +247,13 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
         term = search_term.strip()
         if _RUN_ID.fullmatch(term):
             return queryset.filter(id=f"run_{term[4:].upper()}"), False
+        if "=" in term or term.startswith("#"):
+            # What the runs were about: `library_id=7 #nightly` (`runs.search`).
+            try:
+                return search.matching(search.search_terms(term), queryset), False
+            except search.BadFilter as exc:
+                self.message_user(request, f"Search: {exc}", messages.ERROR)
+                return queryset.none(), False
         return super().get_search_results(request, queryset, search_term)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TaskHistory]:

@@ -7,6 +7,8 @@ The API and its operations:
 - `starting`: what starting a run takes and answers (`POST /runs`, a batch's starts, a
   trigger's, a retry's), and `start_run`'s refusals as API errors
 - `batch`: `POST /runs:batch`: up to 1,000 starts in one call, each start's outcome answered
+- `run_search`: the runs filter over HTTP (`GET /runs`'s `input.<field>`, `tag`, `since`), and
+  `POST /runs:cancel` / `:retry` for every run a filter finds, with a dry run
 - `report`: a run's Markdown report (YAML frontmatter: the run, its steps; a readable body)
 - `logs`: `GET /runs/{run_id}/logs`: a run's log, followed live over Server-Sent Events
 - `events`: `GET /events`: runs' state changes and live events over Server-Sent Events

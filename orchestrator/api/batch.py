@@ -118,6 +118,7 @@ def _started(batch: BatchIn, trigger: dict[str, Any], callbacks: Batch | None) -
                 priority=run.priority,
                 idempotency_key=run.idempotency_key,
                 not_before=run.delay(),
+                tags=tuple(run.tags),
             )
             for run in batch.runs
         ],

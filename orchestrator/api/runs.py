@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from django.db.models.fields.json import KT
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
 from ninja.responses import Status
@@ -29,11 +28,12 @@ from pydantic import (
 from orchestrator.api import report
 from orchestrator.api.auth import OPERATE, VIEW, current_user
 from orchestrator.api.errors import ApiError, answers
-from orchestrator.api.fields import StorableStr
 from orchestrator.api.pagination import Position, page
+from orchestrator.api.run_search import FilterIn, query_filter
 from orchestrator.api.starting import StartedRun, StartRunIn, answered, start_refusals, started
 from orchestrator.models import TaskHistory
 from orchestrator.recovery import windows
+from orchestrator.runs import search
 from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.children import batches_of
 from orchestrator.runs.rerun import rerun
@@ -75,6 +75,7 @@ class RunSummary(Schema):
     state: RunState
     priority: int
     trigger: dict[str, Any]
+    tags: list[str] = Field(description="given at start: `GET /runs?tag=` finds it")
     parent_run_id: str | None = Field(description="the run whose step spawned it (`ctx.spawn`)")
     batch_id: str | None = Field(description="the batch it belongs to: GET /batches/{id}")
     created_at: datetime
@@ -160,11 +161,7 @@ Cursor = Annotated[
 ]
 
 
-class RunFilters(Schema):
-    task: StorableStr | None = None
-    state: RunState | None = None
-    trigger_kind: TriggerKind | None = None
-    parent: StorableStr | None = Field(None, description="a run's id: its children")
+class RunFilters(FilterIn):
     cursor: Cursor = None
     limit: int = Field(default=50, ge=1, le=MAX_PAGE)
 
@@ -192,6 +189,7 @@ def create_run(request: HttpRequest, run: StartRunIn, wait: Query[WaitIn]) -> St
             priority=run.priority,
             idempotency_key=run.idempotency_key,
             not_before=run.delay(),
+            tags=run.tags,
         )
     if wait.wait and not handle.dropped:
         row = ended(handle.run_id, wait.wait)
@@ -323,19 +321,10 @@ def run_report(request: HttpRequest, run_id: str) -> HttpResponse:
 
 @router.get("/runs", auth=VIEW, response=answers({200: RunPage}, 422))
 def list_runs(request: HttpRequest, filters: Query[RunFilters]) -> RunPage:
-    """Newest first; follow `next_cursor` until it is null."""
-    runs = TaskHistory.objects.all()
-    if filters.task is not None:
-        runs = runs.filter(task_id=filters.task)
-    if filters.state is not None:
-        runs = runs.filter(state=filters.state)
-    if filters.parent is not None:
-        runs = runs.filter(parent_run_id=filters.parent)
-    if filters.trigger_kind is not None:
-        # `->>` as an alias matches the expression index on trigger kind.
-        runs = runs.alias(trigger_kind=KT("trigger__kind")).filter(
-            trigger_kind=filters.trigger_kind.value
-        )
+    """Newest first; follow `next_cursor` until it is null. `input.<field>=<value>` (any
+    number of times, at most 10 fields) keeps the runs whose input's top-level field equals
+    the value: the JSON it reads as, or the text (`input.library_id=7` finds 7 and "7")."""
+    runs = search.matching(query_filter(request, filters))
     rows, next_position = page(runs, filters.cursor, filters.limit)
     # The running runs' progress from their live hashes, fresher than their rows: one round trip.
     running = [row.id for row in rows if row.state == RunState.ACTIVE]
@@ -354,6 +343,7 @@ def _summary(row: TaskHistory, live_progress: str | None = None) -> RunSummary:
         state=RunState(row.state),
         priority=row.priority,
         trigger=row.trigger,
+        tags=row.tags,
         parent_run_id=row.parent_run_id,
         batch_id=row.batch_id,
         created_at=row.created_at,

@@ -25,6 +25,7 @@ from orchestrator.api.errors import ApiError
 from orchestrator.api.fields import PriorityIn, Storable, StorableStr
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
+from orchestrator.runs import search
 from orchestrator.runs.handle import InvalidInput, KeyContended, RunHandle, StartRefused
 from orchestrator.runs.rerun import NotRetryable
 from orchestrator.runs.start import MAX_IDEMPOTENCY_KEY
@@ -44,6 +45,7 @@ TimeText = Annotated[AwareDatetime, BeforeValidator(_rfc3339_text)]
 # Only so no number overflows a timedelta: LUMASTRA_MAX_START_DELAY_S is the real bound.
 MAX_DELAY_S = 100 * 365 * 86400
 IdempotencyKey = Annotated[str, StringConstraints(max_length=MAX_IDEMPOTENCY_KEY), Storable()]
+Tag = Annotated[str, StringConstraints(pattern=search.TAG_PATTERN, max_length=search.MAX_TAG_CHARS)]
 
 
 class StartRunIn(Schema):
@@ -75,6 +77,12 @@ class StartRunIn(Schema):
         le=MAX_DELAY_S,
         allow_inf_nan=False,
         description="a delayed start, in seconds from now (or `not_before`)",
+    )
+    tags: list[Tag] = Field(
+        default_factory=list,
+        max_length=search.MAX_TAGS,
+        description="what else the run is about, to find it by (`GET /runs?tag=`); a retry "
+        "keeps them",
     )
 
     @model_validator(mode="after")

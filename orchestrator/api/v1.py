@@ -20,6 +20,7 @@ from orchestrator.api import (
     logs,
     pauses,
     providers,
+    run_search,
     runs,
     schedules,
     tasks,
@@ -60,6 +61,7 @@ api = NinjaAPI(
 errors.install(api)
 api.add_router("", runs.router)
 api.add_router("", batch.router)
+api.add_router("", run_search.router)
 api.add_router("", logs.router)
 api.add_router("", events.router)
 api.add_router("", tasks.router)

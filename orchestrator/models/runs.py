@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pgtrigger
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 from django.db.models.fields.json import KT
@@ -94,6 +96,8 @@ class TaskHistory(models.Model):
     steps = models.JSONField(default=dict, blank=True)
     trigger = models.JSONField(default=dict)  # {"kind": ..., "idempotencyKey": ..., ...}
     input = models.JSONField(default=dict)
+    # What the run was about beyond its input, given at start (`runs.search`): `tag=` finds it.
+    tags = ArrayField(models.CharField(max_length=64), default=list, db_default=[], blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)  # {"kind": ..., "message": ...}
     priority = models.PositiveSmallIntegerField()
@@ -167,6 +171,11 @@ class TaskHistory(models.Model):
                 name="task_history_batch",
                 condition=Q(batch_id__isnull=False),
             ),
+            # Runs by what they were about (`runs.search`): equality on top-level input fields
+            # (`input @> ...`; jsonb_path_ops: smaller, and containment is all it is asked) and
+            # tags (`tags @> ...`).
+            GinIndex(fields=["input"], opclasses=["jsonb_path_ops"], name="task_history_input"),
+            GinIndex(fields=["tags"], name="task_history_tags"),
         ]
         constraints = [
             # One waiting run per identity of a debounced task: later starts join it

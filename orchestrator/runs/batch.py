@@ -24,6 +24,7 @@ published unless it commits.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -242,6 +243,7 @@ def _admit(
             priority=request.priority,
             idempotency_key=request.idempotency_key,
             not_before=request.not_before,
+            tags=request.tags,
         )
     except UnknownTaskError as exc:
         return Outcome(Result.REFUSED, code="unknown_task", detail=str(exc), http_status=404)
@@ -332,6 +334,7 @@ def _insert(admitted: Sequence[_Admitted], group: Group | None = None) -> set[st
     }
     params: dict[str, Any] = {name: [row[c] for row in rows] for name, c in columns.items()}
     params["now"] = now
+    params["tags"] = [json.dumps(row["tags"]) for row in rows]
     params["batch_ids"] = [group.batch_id if group else None] * len(rows)
     params["parent_run_ids"] = [group.parent_run_id if group else None] * len(rows)
     try:

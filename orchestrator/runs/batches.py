@@ -29,6 +29,7 @@ class StartRequest:
     priority: int | None = None
     idempotency_key: str | None = None
     not_before: datetime | timedelta | None = None
+    tags: tuple[str, ...] = ()
 
 
 def new_batch_id() -> str:

@@ -15,6 +15,9 @@ Valkey: a new leader finds the same rows. A crash between the release's commit a
 leaves a pending run with no message, which the reconciler publishes again once it has been
 pending for LUMASTRA_PENDING_CHECK_AFTER_S (`recovery.pending`), counted from the release.
 
+`due_time` says when a start's `not_before` is due, and refuses one beyond
+LUMASTRA_MAX_START_DELAY_S.
+
 Options: LUMASTRA_DUE_POLL_S; BATCH, the most runs one look releases (a bigger crowd due at
 once takes several looks, one after another).
 
@@ -34,13 +37,17 @@ Not guaranteed:
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection, transaction
 
+from orchestrator.clock import SYSTEM, Clock
 from orchestrator.cluster.locks import Fence
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks import keyed
 from orchestrator.hooks.base import Republished
+from orchestrator.runs.handle import StartRefused
 from orchestrator.runs.publish import Outgoing, publish_turns, seed_and_publish_many
 from orchestrator.stores import queries
 from orchestrator.stores.broker import job_id
@@ -50,6 +57,29 @@ log = logging.getLogger(__name__)
 
 BATCH = 500
 TURNS_S = 1.0
+
+
+def due_time(not_before: datetime | timedelta | None, clock: Clock = SYSTEM) -> datetime | None:
+    """When a delayed start is due: None for "now" (no delay, or a time already past);
+    StartRefused for a time without a zone or beyond LUMASTRA_MAX_START_DELAY_S."""
+    if not_before is None:
+        return None
+    now = clock.now()
+    if isinstance(not_before, timedelta):
+        due = now + not_before
+    elif not_before.tzinfo is None or not_before.utcoffset() is None:
+        raise StartRefused("not_before must carry a time zone (e.g. 2026-12-24T18:00:00Z)")
+    else:
+        due = not_before
+    if due <= now:
+        return None
+    longest = settings.CONFIG.max_start_delay_s
+    if (due - now).total_seconds() > longest:
+        raise StartRefused(
+            f"not_before is {int((due - now).total_seconds())} s ahead; "
+            f"at most {longest} s (LUMASTRA_MAX_START_DELAY_S)"
+        )
+    return due
 
 
 def release(fence: Fence | None = None, limit: int = BATCH) -> int:

@@ -44,13 +44,20 @@ def rerun(run_id: str, *, actor: str, reuse: bool | None = None) -> RunHandle:
     row = (
         TaskHistory.objects.filter(id=run_id)
         .values_list(
-            "task_id", "state", "input", "processing_version", "stages", "stage_results", "steps"
+            "task_id",
+            "state",
+            "input",
+            "processing_version",
+            "stages",
+            "stage_results",
+            "steps",
+            "tags",
         )
         .first()
     )
     if row is None:
         raise UnknownRun(run_id)
-    task_id, state, data, version, stages, results, steps = row
+    task_id, state, data, version, stages, results, steps, tags = row
     if state not in RETRYABLE:
         raise NotRetryable(f"run {run_id} is {state}; only failed or cancelled runs are retried")
     definition = registry.get()[task_id]
@@ -74,6 +81,7 @@ def rerun(run_id: str, *, actor: str, reuse: bool | None = None) -> RunHandle:
             data,
             trigger={"kind": TriggerKind.OPERATOR_RETRY.value, "actor": actor, "retryOf": run_id},
             priority=Priority.OPERATOR,
+            tags=tags,  # found where the run it retries is
         )
         if resumes and not (handle.deduplicated or handle.dropped):
             original = pipeline.ReusableRun(version, stages, results, steps)

@@ -13,21 +13,19 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 from ulid import ULID
 
 from orchestrator import tracing
-from orchestrator.clock import SYSTEM, Clock
 from orchestrator.hooks import dispatch as hooks
 from orchestrator.hooks import keyed
 from orchestrator.hooks.base import Admission, Deduplicated, Dropped, Throttled
@@ -36,8 +34,10 @@ from orchestrator.runs import coalesce
 from orchestrator.runs import shed as shed_runs
 from orchestrator.runs.admission import admit
 from orchestrator.runs.coalesce import LiveRun
+from orchestrator.runs.due import due_time
 from orchestrator.runs.handle import InvalidInput, KeyContended, RunHandle, StartRefused, answered
 from orchestrator.runs.publish import carried, publish, publish_turns
+from orchestrator.runs.search import checked_tags
 from orchestrator.states import RunState, StageState
 from orchestrator.stores import durable, live, queries
 from orchestrator.stores.broker import job_id
@@ -131,6 +131,7 @@ class Prepared:
     handle: RunHandle
     # A delayed start's time (`runs.due` releases it then); None: publish on commit.
     not_before: datetime | None
+    tags: tuple[str, ...] = ()  # what else the run was about (`runs.search`)
 
     def admission(self) -> Admission:
         return Admission(
@@ -164,6 +165,7 @@ class Prepared:
             "not_before": self.not_before if state is RunState.PENDING else None,
             "now": timezone.now(),
             "finished_at": finished_at,
+            "tags": list(self.tags),
         }
 
 
@@ -175,6 +177,7 @@ def prepare(
     priority: int | None = None,
     idempotency_key: str | None = None,
     not_before: datetime | timedelta | None = None,
+    tags: Sequence[str] = (),
 ) -> Prepared:
     """Check a start's arguments (UnknownTaskError, InvalidInput, StartRefused) and resolve
     what its row holds; writes nothing."""
@@ -194,7 +197,8 @@ def prepare(
                 f"at most {MAX_IDEMPOTENCY_KEY}"
             )
         trigger_doc["idempotencyKey"] = idempotency_key
-    due = due_time(not_before)
+    # A plain start asks nothing of the delayed starts' module (test_footprint).
+    due = due_time(not_before) if not_before is not None else None
     # An operator's retry is not coalesced; the plain start's path stays out of `coalesce`.
     if definition.debounce is not None and kind is not TriggerKind.OPERATOR_RETRY:
         due, trigger_doc[coalesce.MARK] = coalesce.first_due(definition, due), True
@@ -214,30 +218,8 @@ def prepare(
     run_id = new_run_id()
     handle = RunHandle(run_id, task_id, job_id(task_id, identity, run_id), resolved)
     data = model.model_dump(mode="json")
-    return Prepared(definition, data, trigger_doc, idempotency_key, identity, handle, due)
-
-
-def due_time(not_before: datetime | timedelta | None, clock: Clock = SYSTEM) -> datetime | None:
-    """When a delayed start is due: None for "now" (no delay, or a time already past);
-    StartRefused for a time without a zone or beyond LUMASTRA_MAX_START_DELAY_S."""
-    if not_before is None:
-        return None
-    now = clock.now()
-    if isinstance(not_before, timedelta):
-        due = now + not_before
-    elif not_before.tzinfo is None or not_before.utcoffset() is None:
-        raise StartRefused("not_before must carry a time zone (e.g. 2026-12-24T18:00:00Z)")
-    else:
-        due = not_before
-    if due <= now:
-        return None
-    longest = settings.CONFIG.max_start_delay_s
-    if (due - now).total_seconds() > longest:
-        raise StartRefused(
-            f"not_before is {int((due - now).total_seconds())} s ahead; "
-            f"at most {longest} s (LUMASTRA_MAX_START_DELAY_S)"
-        )
-    return due
+    tagged = checked_tags(tags) if tags else ()
+    return Prepared(definition, data, trigger_doc, idempotency_key, identity, handle, due, tagged)
 
 
 def start_run(
@@ -248,9 +230,11 @@ def start_run(
     priority: int | None = None,
     idempotency_key: str | None = None,
     not_before: datetime | timedelta | None = None,
+    tags: Sequence[str] = (),
 ) -> RunHandle:
     """Record a run and enqueue it once the surrounding transaction commits; with
-    `not_before` (a time, or a delay from now), it waits `pending` until then."""
+    `not_before` (a time, or a delay from now), it waits `pending` until then; `tags`: what
+    else it was about, for finding it (`runs.search`)."""
     with tracing.span("lumastra.start", {"lumastra.task": task_id}) if tracing.ON else tracing.OFF:
         start = prepare(
             task_id,
@@ -259,6 +243,7 @@ def start_run(
             priority=priority,
             idempotency_key=idempotency_key,
             not_before=not_before,
+            tags=tags,
         )
         handle, identity, key = start.handle, start.identity, start.idempotency_key
         if tracing.ON:

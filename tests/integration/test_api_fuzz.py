@@ -61,7 +61,13 @@ def test_every_operation_answers_as_its_schema_says(case: Any, token: str) -> No
 
 
 # Fields a schema-valid request may still have refused for what the schema cannot say.
-SEMANTIC = {("body", "body", "tz"), ("body", "body", "window"), ("body", "body", "path")}
+SEMANTIC = {
+    ("body", "body", "tz"),
+    ("body", "body", "window"),
+    ("body", "body", "path"),
+    ("body", "body", "filter"),
+    ("body", "body", "filter", "input"),
+}
 
 
 def _refused_only(response: Any, fields: set[tuple[str, ...]]) -> bool:
@@ -76,6 +82,8 @@ OWN_ERRORS = {
     ("get", "/api/v1/runs"): {422},
     ("post", "/api/v1/runs"): {404, 409, 422, 503},
     ("post", "/api/v1/runs:batch"): {404, 409, 422},
+    ("post", "/api/v1/runs:cancel"): {422},
+    ("post", "/api/v1/runs:retry"): {422},
     ("get", "/api/v1/batches/{batch_id}"): {404},
     ("get", "/api/v1/coverage/outbox/dead-letters"): {422},
     ("post", "/api/v1/coverage/outbox/dead-letters/redeliver"): {422},

@@ -23,8 +23,9 @@ from orchestrator.cluster.leaders import CLUSTER
 from orchestrator.models import TaskHistory
 from orchestrator.runs import due
 from orchestrator.runs.cancel import request_cancel
+from orchestrator.runs.due import due_time
 from orchestrator.runs.handle import StartRefused
-from orchestrator.runs.start import due_time, start_run
+from orchestrator.runs.start import start_run
 from orchestrator.stores import broker, keys, valkey
 from orchestrator.triggers import TriggerKind
 from tests.support.fixtures import ROOT, database_url, wait_for, worker_process

@@ -616,6 +616,21 @@ def _traced(ctx: TaskContext, params: TracedInput) -> dict[str, bool]:
     return {"ok": True}
 
 
+class LibraryInput(BaseModel, extra="forbid"):
+    library_id: int | str
+    full: bool = False
+
+
+# Runs found by what they were about (test_run_search): no worker takes its queue.
+library_scan = define_task(
+    id="test-library-scan",
+    resource_class="io",
+    execute=_noop_keyed,
+    input_model=LibraryInput,
+    overlap="allow",
+)
+
+
 # Traced runs (test_tracing): a log line and a command in its handler; no shared worker.
 traced = define_task(
     id="test-traced", resource_class="io", execute=_traced, input_model=TracedInput

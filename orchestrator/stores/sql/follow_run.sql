@@ -10,7 +10,7 @@
 -- is waited for, and a holder that ended meanwhile gets its follow-up due at once
 -- (`trigger.follows`). A holder still pending matches nothing: the start joins it instead.
 -- Parameters: holder, id, task_id, stages, trigger (JSON text), input (JSON text), priority,
--- identity, processing_version, waits, now.
+-- identity, processing_version, waits, now, tags.
 WITH holder AS (
     UPDATE task_history
        SET trigger = trigger || '{"followed": true}'
@@ -20,11 +20,12 @@ WITH holder AS (
 INSERT INTO task_history
     (id, task_id, state, stages, trigger, input, result, error, priority, identity,
      processing_version, owner_instance_id, attempts, cost_breakdown, stage_results, steps, heartbeat_at,
-     not_before, created_at, started_at, finished_at, updated_at)
+     not_before, created_at, started_at, finished_at, updated_at, tags)
 SELECT %(id)s, %(task_id)s, 'pending', %(stages)s, %(trigger)s::jsonb
            || jsonb_build_object(CASE WHEN holder.ended THEN 'follows' ELSE 'waitsFor' END, holder.id),
        %(input)s, NULL, NULL, %(priority)s, %(identity)s, %(processing_version)s, '', 0, '{}', '{}',
-       '{}', NULL, CASE WHEN holder.ended THEN %(now)s ELSE %(waits)s END, %(now)s, NULL, NULL, %(now)s
+       '{}', NULL, CASE WHEN holder.ended THEN %(now)s ELSE %(waits)s END, %(now)s, NULL, NULL, %(now)s,
+       %(tags)s::varchar[]
   FROM holder
     ON CONFLICT (task_id, identity) WHERE state = 'pending' AND trigger ? 'waitsFor'
     DO UPDATE SET

@@ -4,16 +4,16 @@
 -- run takes this start's input and time as debounce_run.sql gives them, and `inserted` is
 -- false (this start joined it; its admission is given back).
 -- Parameters: id, task_id, state, stages, trigger, input (JSON text), error (JSON text or NULL),
--- priority, identity, processing_version, not_before, now, finished_at (as insert_run.sql's),
+-- priority, identity, processing_version, not_before, now, finished_at, tags (as insert_run.sql's),
 -- period_s, max_wait_s.
 INSERT INTO task_history
     (id, task_id, state, stages, trigger, input, result, error, priority, identity,
      processing_version, owner_instance_id, attempts, cost_breakdown, stage_results, steps, heartbeat_at,
-     not_before, created_at, started_at, finished_at, updated_at)
+     not_before, created_at, started_at, finished_at, updated_at, tags)
 VALUES
     (%(id)s, %(task_id)s, %(state)s, %(stages)s, %(trigger)s, %(input)s, NULL, %(error)s,
      %(priority)s, %(identity)s, %(processing_version)s, '', 0, '{}', '{}', '{}', NULL,
-     %(not_before)s, %(now)s, NULL, %(finished_at)s, %(now)s)
+     %(not_before)s, %(now)s, NULL, %(finished_at)s, %(now)s, %(tags)s::varchar[])
     ON CONFLICT (task_id, identity)
  WHERE state = 'pending' AND attempts = 0 AND not_before IS NOT NULL AND trigger ? 'debounce'
     DO UPDATE SET
