@@ -7,7 +7,8 @@ Loads, into its own database (`BENCH_CONSOLE_DATABASE_URL`, by default `lumastra
 later invocations reuse what is there unless told to reload):
 
 - **1,000,000 runs** in `task_history` over the last 60 days (`bench/sql/console_history.sql`, one
-  INSERT … SELECT from generate_series, the row triggers off, their audit rows written apart):
+  INSERT … SELECT from generate_series, the row triggers off, their audit rows written apart,
+  their daily counts in `task_quota_usage` as the engine would have kept them):
   tasks from the registry, mostly completed (85 %) and failed (12.5 %), some cancelled, the
   newest few thousand partly pending, active or cancelling; every trigger kind with its
   priority; errors of each kind, a third of the failed ones dead letters (`exhausted: true`);
@@ -50,14 +51,16 @@ CONSOLE_ENV = {
     ),
 }
 TARGET_MS = 300
-# The load, in order: the runs, the retries among them, their audit rows.
+# The load, in order: the runs, the retries among them, their audit rows, their daily counts.
 HISTORY_SQL = [
-    sql.load(__file__, name) for name in ("console_history", "console_retries", "console_audit")
+    sql.load(__file__, name)
+    for name in ("console_history", "console_retries", "console_audit", "console_quota_usage")
 ]
 # The queries --explain plans: reads, after any comment lines of a named query.
 _READ = re.compile(r"\s*(--[^\n]*\n\s*)*\(*\s*(SELECT|WITH)\b", re.IGNORECASE)
 
 RUNS = "/admin/orchestrator/taskhistory/"
+OVERVIEW_PANELS = ("minutes", "days", "waiting", "failing", "workers")
 ROWS = "/admin/coverage/mediaitemstagestate/"
 # The pages timed, one line each: (label, URL). `{run}` is a finished run with steps and
 # progress, `{dead}` a dead letter, `{retried}` a failed run an operator retried, `{item}` a
@@ -97,7 +100,10 @@ PAGES: list[tuple[str, str]] = [
     ("external ids", "/admin/coverage/externalid/"),
     ("external ids: provider", "/admin/coverage/externalid/?provider=tmdb"),
     ("outbox events", "/admin/coverage/eventoutbox/"),
-    ("admin index", "/admin/"),
+    # The first page (the admin's index) with every panel, then each panel as its page
+    # fetches it again.
+    ("overview", "/admin/"),
+    *((f"overview: {panel}", f"/admin/overview/{panel}/") for panel in OVERVIEW_PANELS),
 ]
 
 # How often each trigger kind, task and error kind shows up in the loaded history (weights).
@@ -212,7 +218,9 @@ def load_history(runs: int, reload: bool) -> None:
     }
     began = time.monotonic()
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE task_history, task_history_audit, run_event_outbox")
+        cursor.execute(
+            "TRUNCATE task_history, task_history_audit, run_event_outbox, task_quota_usage"
+        )
         cursor.execute("SELECT setseed(0.13)")
         # The row triggers (audit, webhook events, coverage rows) stay off for the load.
         cursor.execute("SET session_replication_role = replica")

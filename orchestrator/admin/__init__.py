@@ -3,9 +3,16 @@ page with cancel, kill, retry and resume), the operator pages (Start a run, Task
 force-enable, Cluster, Dead letters, Schedules), API tokens and webhooks, one module each.
 
 What every page shares:
-- `site`: the admin site itself: its titles, and a login that counts failed sign-ins
+- `site`: the admin site itself: its titles, its first page, and a login that counts failed
+  sign-ins
 - `pages`: the operator pages' permission guard, `log_action` and the admin's page context
 - `paginator`: big lists' paginator: an exact count up to a cap, Postgres's estimate past it
+
+The first page:
+- `overview`: the overview (view): its panels, each also served alone for the page to refetch
+- `activity`: the overview's ends per minute and per day, and the tasks failing most
+- `waiting`: the overview's queues per class, held runs and dead letters (/metrics' figures)
+- `charts`: the overview's charts, drawn on the server as SVG
 
 Runs:
 - `runs`: the runs list (filters, bulk cancel and retry, live progress); every page's URL

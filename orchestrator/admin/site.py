@@ -1,4 +1,5 @@
-"""The admin site itself: its titles, and a login that counts failed sign-ins."""
+"""The admin site itself: its titles, its first page (the overview, `overview`), and a login
+that counts failed sign-ins."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from orchestrator.admin import overview
 from orchestrator.api import throttle
 
 admin.site.site_header = "Lumastra Tasks"
@@ -50,3 +52,10 @@ def _throttled_login(login: Callable[..., HttpResponse]) -> Callable[..., HttpRe
 
 # The admin site builds its URLs from this attribute, after the apps (and so this module) load.
 admin.site.login = _throttled_login(admin.site.login)  # type: ignore[method-assign]
+
+# The site's index is the console's first page: the overview above Django's list of apps. Its
+# panels' own URLs come before the site's, whose catch-all would otherwise answer them.
+admin.site.index_template = overview.TEMPLATE
+admin.site.index = overview.first_page(admin.site.index)  # type: ignore[method-assign,assignment]
+_site_urls = admin.site.get_urls
+admin.site.get_urls = lambda: [*overview.urls(), *_site_urls()]  # type: ignore[method-assign]

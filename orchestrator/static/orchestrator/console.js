@@ -2,7 +2,9 @@
 // - the runs list refreshes its rows' cells in place (state, progress, duration, error) and
 //   says when newer runs arrived, without touching the action checkboxes;
 // - a run's page follows the run (the runs API: state, attempts, progress, stages) and its
-//   log (the log's Server-Sent Events stream), and reloads once when the run ends.
+//   log (the log's Server-Sent Events stream), and reloads once when the run ends;
+// - the overview's panels are fetched again, each at its own pace, and replaced in place when
+//   they changed: the minute chart moves without a reload.
 "use strict";
 {
     const LIST_EVERY_MS = 4000;
@@ -146,11 +148,30 @@
         };
     }
 
+    function followPanel(panel) {
+        async function refresh() {
+            if (!visible()) return;
+            const response = await fetch(panel.dataset.panelUrl, {headers: {"X-Requested-With": "fetch"}});
+            if (!response.ok) return;
+            const html = await response.text();
+            if (html === panel.dataset.shown) return;
+            const fresh = document.createElement("template");
+            fresh.innerHTML = html;
+            // An opened table of numbers stays open.
+            const open = panel.querySelector("details[open]") !== null;
+            panel.replaceChildren(fresh.content);
+            if (open) panel.querySelector("details")?.setAttribute("open", "");
+            panel.dataset.shown = html;
+        }
+        setInterval(() => refresh().catch(() => {}), Number(panel.dataset.refreshMs));
+    }
+
     function start() {
         const run = document.getElementById("run");
         if (run) followRun(run);
         const table = document.querySelector("body.model-taskhistory.change-list #result_list");
         if (table) followList(table);
+        document.querySelectorAll("#overview [data-panel-url]").forEach(followPanel);
     }
 
     if (document.readyState === "loading") {
