@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -38,6 +37,7 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from bench.database import own_database  # noqa: E402
 from bench.throughput import BENCH_ENV  # noqa: E402
 from orchestrator import sql  # noqa: E402
 from tasks.retention import Retention  # noqa: E402
@@ -77,20 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--explain", action="store_true", help="plans of a batch and the lookup")
     args = parser.parse_args(argv)
-    os.chdir(Path(__file__).resolve().parent.parent)
-    os.environ.update(RETENTION_ENV)
-    from lumastra import preflight
-
-    problem = preflight.check_postgres(RETENTION_ENV["DATABASE_URL"], create=True)
-    if problem:
-        sys.exit(problem)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "--verbosity", "0", "--skip-checks"],
-        check=True,
-    )
-    import django
-
-    django.setup()
+    own_database(RETENTION_ENV)
     from django.conf import settings
 
     settings.CONFIG = dataclasses.replace(

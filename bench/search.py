@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from bench.database import own_database  # noqa: E402
 from bench.throughput import BENCH_ENV  # noqa: E402
 from orchestrator import sql  # noqa: E402
 
@@ -47,20 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--explain", action="store_true")
     args = parser.parse_args(argv)
-    os.chdir(Path(__file__).resolve().parent.parent)
-    os.environ.update(SEARCH_ENV)
-    from lumastra import preflight
-
-    problem = preflight.check_postgres(SEARCH_ENV["DATABASE_URL"], create=True)
-    if problem:
-        sys.exit(problem)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "--verbosity", "0", "--skip-checks"],
-        check=True,
-    )
-    import django
-
-    django.setup()
+    own_database(SEARCH_ENV)
     from orchestrator.runs import search
 
     load(args.runs, args.libraries)

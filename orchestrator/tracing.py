@@ -184,12 +184,16 @@ def received(headers: Headers, name: str, attributes: Mapping[str, Any]) -> Iter
         context.detach(token)
 
 
-def about(run_id: str, task: str, resource_class: str, stage: str | None = None) -> dict[str, str]:
-    """A message's span attributes: its run, task, class and stage."""
+def about(
+    run_id: str, task: str, resource_class: str, instance: str, stage: str | None = None
+) -> dict[str, str]:
+    """A message's span attributes: its run, task, class and stage, and the process that runs
+    it (a pool process shares its worker's `service.instance.id`)."""
     attributes = {
         "lumastra.run_id": run_id,
         "lumastra.task": task,
         "lumastra.class": resource_class,
+        "lumastra.instance": instance,
     }
     return attributes if stage is None else attributes | {"lumastra.stage": stage}
 

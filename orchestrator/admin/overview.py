@@ -13,6 +13,7 @@ actions") stays below the panels; staff without the view permission get only tha
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from orchestrator.cluster import leaders, roster
 from tasks import registry
 
 TEMPLATE = "admin/orchestrator/overview.html"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -126,10 +128,20 @@ def first_page(index: pages.Page) -> pages.Page:
     def view(request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not access.allows(request.user, Access.VIEW):
             return index(request, extra_context)
-        panels = [(panel, panel.read()) for panel in PANELS.values()]
+        panels = [(panel, _read(panel)) for panel in PANELS.values()]
         return index(request, {**(extra_context or {}), "title": "Overview", "panels": panels})
 
     return view
+
+
+def _read(panel: Panel) -> dict[str, Any] | None:
+    """A panel's data, or None when a store failed it: the first page still shows the others
+    (its own fetch, `panel_view`, answers the error until the store is back)."""
+    try:
+        return panel.read()
+    except Exception:
+        log.exception("overview: the %s panel could not be read", panel.name)
+        return None
 
 
 def panel_view(request: HttpRequest, name: str) -> HttpResponse:

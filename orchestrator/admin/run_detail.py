@@ -38,7 +38,7 @@ from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory, TaskHistoryAudit
 from orchestrator.recovery import windows
 from orchestrator.routing import queue_name
-from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.cancel import CANCELLABLE, NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.children import batches_of
 from orchestrator.runs.handle import StartRefused
 from orchestrator.runs.rerun import RETRYABLE, rerun
@@ -50,7 +50,6 @@ from tasks.definition import TaskDefinition
 from tasks.pipeline import stage_order
 
 RETRIES_SHOWN = 20
-CANCELLABLE = (RunState.PENDING, RunState.ACTIVE)
 
 
 @dataclass(frozen=True)

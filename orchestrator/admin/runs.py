@@ -10,7 +10,6 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from django.contrib import admin, messages
@@ -141,47 +140,48 @@ class TaskHistoryAdmin(admin.ModelAdmin[TaskHistory]):
 
     @admin.action(description="Cancel selected runs", permissions=["operate"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[TaskHistory]) -> None:
-        # The orchestrator owns run state: each run goes through the one-run cancel.
-        actor = request.user.get_username()
-        self._each(request, queryset, partial(bulk.cancel_one, actor=actor), "cancelled run")
+        # The orchestrator owns run state: the API's bulk cancel, on the chosen runs.
+        done = bulk.cancel(search.RunFilter(), actor=request.user.get_username(), runs=queryset)
+        self._report(request, queryset, done, "cancelled run", "live")
 
     @admin.action(
         description="Retry selected runs (new runs at priority 1)", permissions=["operate"]
     )
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[TaskHistory]) -> None:
-        actor = request.user.get_username()
-        self._each(request, queryset, partial(bulk.retry_one, actor=actor), "retried run")
+        done = bulk.retry(search.RunFilter(), actor=request.user.get_username(), runs=queryset)
+        self._report(request, queryset, done, "retried run", "failed or cancelled, not retried yet")
 
-    def _each(
+    def _report(
         self,
         request: HttpRequest,
         queryset: QuerySet[TaskHistory],
-        act: Callable[[str], bulk.Acted],
+        done: bulk.Bulk,
         logged: str,
+        acts_on: str,
     ) -> None:
-        """An action on the chosen runs (all a filtered list holds, with "select all"), at
-        most BULK_MAX oldest first, as the API's bulk actions: a message per run for a few,
-        a count per outcome for many."""
-        ids = list(
-            queryset.order_by("created_at", "id").values_list("id", flat=True)[: bulk.BULK_MAX]
-        )
+        """What an action on the chosen runs (all a filtered list holds, with "select all")
+        did: logged per run; a message per run for a few, a count per outcome for many."""
         outcomes: Counter[str] = Counter()
-        for run_id in ids:
-            acted = act(run_id)
+        few = len(done.items) <= _MESSAGES_PER_RUN
+        for acted in done.items:
             outcomes[acted.outcome] += 1
-            refused = acted.outcome == "refused"
-            said = f"retried as {acted.new_run_id}" if acted.new_run_id else acted.outcome
-            if not refused:
+            if acted.outcome in ("refused", "error"):
+                said, level = acted.detail, messages.WARNING
+            else:
+                said = f"retried as {acted.new_run_id}" if acted.new_run_id else acted.outcome
+                level = messages.INFO
                 now = f"as {acted.new_run_id}" if acted.new_run_id else f"(now {acted.outcome})"
-                pages.log_action(request, f"{logged} {run_id} {now}")
-            if len(ids) <= _MESSAGES_PER_RUN:
-                level = messages.WARNING if refused else messages.INFO
-                said = acted.detail if refused else said
-                self.message_user(request, f"Run {run_id}: {said}", level)
-        if len(ids) > _MESSAGES_PER_RUN:
+                pages.log_action(request, f"{logged} {acted.run_id} {now}")
+            if few:
+                self.message_user(request, f"Run {acted.run_id}: {said}", level)
+        if not few:
             counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
-            self.message_user(request, f"{len(ids)} runs: {counts}")
-        if len(ids) == bulk.BULK_MAX and queryset.count() > bulk.BULK_MAX:
+            self.message_user(request, f"{len(done.items)} runs: {counts}")
+        if left := queryset.count() - done.matched:
+            self.message_user(
+                request, f"{left} of the chosen runs are not {acts_on}: left as they are"
+            )
+        if done.more:
             self.message_user(
                 request,
                 f"At most {bulk.BULK_MAX} runs an action: do it again for the rest",

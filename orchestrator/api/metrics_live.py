@@ -17,13 +17,15 @@ from django.conf import settings
 from django.db.models import (
     CharField,
     Count,
+    DateTimeField,
     DurationField,
     ExpressionWrapper,
     Max,
     Q,
     Value,
 )
-from django.db.models.functions import Greatest, Now
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Greatest, Now
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -42,6 +44,7 @@ from tasks.resources import RESOURCE_CLASSES
 # role's Celery workers and its loops process; its restarted children (the file watcher) are
 # added from `settings.LUMASTRA_WORKER_CHILDREN`.
 _ROLES = ("worker", "loops")
+_DUE_AT = Cast(KT("trigger__notBefore"), DateTimeField())
 
 
 class LiveCollector(Collector):
@@ -119,7 +122,8 @@ def _queues() -> Iterator[Metric]:
         name for name in RESOURCE_CLASSES if class_queues(definitions.values(), name, per_task)
     ]
     # Postgres's clock, as the rows' times are. A run waits from its `not_before` once due (a
-    # retry, a delayed start, a released follow-up), else from its creation.
+    # retry, a released follow-up), or from when a delayed or debounced start was due (the
+    # trigger keeps it once the release cleared `not_before`), else from its creation.
     waited = (
         TaskHistory.objects.filter(state=RunState.PENDING)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
@@ -128,7 +132,8 @@ def _queues() -> Iterator[Metric]:
         .annotate(
             wait=Max(
                 ExpressionWrapper(
-                    Now() - Greatest("created_at", "not_before"), output_field=DurationField()
+                    Now() - Greatest("created_at", "not_before", _DUE_AT),
+                    output_field=DurationField(),
                 )
             )
         )

@@ -25,7 +25,7 @@ from orchestrator.api.errors import ApiError
 from orchestrator.api.fields import PriorityIn, Storable, StorableStr
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
-from orchestrator.runs import search
+from orchestrator.runs import tags
 from orchestrator.runs.handle import InvalidInput, KeyContended, RunHandle, StartRefused
 from orchestrator.runs.rerun import NotRetryable
 from orchestrator.runs.start import MAX_IDEMPOTENCY_KEY
@@ -45,7 +45,7 @@ TimeText = Annotated[AwareDatetime, BeforeValidator(_rfc3339_text)]
 # Only so no number overflows a timedelta: LUMASTRA_MAX_START_DELAY_S is the real bound.
 MAX_DELAY_S = 100 * 365 * 86400
 IdempotencyKey = Annotated[str, StringConstraints(max_length=MAX_IDEMPOTENCY_KEY), Storable()]
-Tag = Annotated[str, StringConstraints(pattern=search.TAG_PATTERN, max_length=search.MAX_TAG_CHARS)]
+Tag = Annotated[str, StringConstraints(pattern=tags.TAG_PATTERN, max_length=tags.MAX_TAG_CHARS)]
 
 
 class StartRunIn(Schema):
@@ -80,7 +80,7 @@ class StartRunIn(Schema):
     )
     tags: list[Tag] = Field(
         default_factory=list,
-        max_length=search.MAX_TAGS,
+        max_length=tags.MAX_TAGS,
         description="what else the run is about, to find it by (`GET /runs?tag=`); a retry "
         "keeps them",
     )

@@ -64,6 +64,7 @@ Asked from outside the run:
 - `rerun`: an operator's retry: a new run of the same work; a pipeline reuses completed stages
 - `wait`: waits for a run's end from any process (`handle.wait`, `run_and_wait`, `?wait=`)
 - `search`: finding runs by task, state, input fields and tags: the filter every door shares
+- `tags`: a run's tags, given at start: what they may be
 - `bulk`: cancel or retry every run a filter finds (at most BULK_MAX a call), or count them
 
 May import: hooks, cluster, stores and the base modules. Never recovery, api or admin.

@@ -9,37 +9,45 @@ again: the ones acted on no longer match, being cancelled or retried). A dry run
 A retry by filter leaves out the runs an operator retry already names, so the same call made
 again retries the rest, never a run twice.
 
-Not guaranteed: a run that changes state between the filter's read and its own action is
-reported as refused (it has ended, or it was retried meanwhile), never acted on twice.
+A run's own refusal (it ended meanwhile, its task is gone, admission refused its retry) is its
+outcome, `refused`; a store failing one run's action (Valkey away) is `error`, logged, and the
+next runs are still tried. A run that changes state between the filter's read and its action
+is refused, never acted on twice: a retry by filter holds the original's row while it checks
+that no retry names it (`rerun(..., once=True)`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.fields.json import KT
 
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
 from orchestrator.runs import search
-from orchestrator.runs.cancel import NotCancellable, UnknownRun, request_cancel
+from orchestrator.runs.cancel import (
+    CANCELLABLE,
+    KILLABLE,
+    NotCancellable,
+    UnknownRun,
+    request_cancel,
+)
 from orchestrator.runs.handle import StartRefused
 from orchestrator.runs.rerun import RETRYABLE, rerun
-from orchestrator.states import RunState
+from tasks.registry import UnknownTaskError
+
+log = logging.getLogger(__name__)
 
 BULK_MAX = 10_000
-CANCELLABLE = (RunState.PENDING, RunState.ACTIVE)
-# Kill now also reaches a run already cancelling: its handler is not waited for.
-KILLABLE = (*CANCELLABLE, RunState.CANCELLING)
 
 
 @dataclass(frozen=True)
 class Acted:
     run_id: str
-    outcome: str  # cancelled, cancelling, retried, refused
+    outcome: str  # cancelled, cancelling, retried, refused, error
     detail: str = ""
     new_run_id: str | None = None  # a retry's run
 
@@ -52,38 +60,42 @@ class Bulk:
 
 
 def cancel(
-    found: search.RunFilter, *, actor: str, kill: bool = False, dry_run: bool = False
+    found: search.RunFilter,
+    *,
+    actor: str,
+    kill: bool = False,
+    dry_run: bool = False,
+    runs: QuerySet[TaskHistory] | None = None,
 ) -> Bulk:
-    """Cancel (with `kill`: kill now) the live runs `found` names."""
-    act = partial(cancel_one, actor=actor, kill=kill)
-    return _each(found, KILLABLE if kill else CANCELLABLE, act, dry_run)
+    """Cancel (with `kill`: kill now) the live runs `found` names, among `runs` when given
+    (the console's chosen runs)."""
+
+    def act(run_id: str) -> Acted:
+        state = request_cancel(run_id, actor=actor, kill=kill)
+        return Acted(run_id, state.value)
+
+    chosen = search.matching(found, runs)
+    return _each(chosen.filter(state__in=KILLABLE if kill else CANCELLABLE), act, dry_run)
 
 
 def retry(
-    found: search.RunFilter, *, actor: str, fresh: bool = False, dry_run: bool = False
+    found: search.RunFilter,
+    *,
+    actor: str,
+    fresh: bool = False,
+    dry_run: bool = False,
+    runs: QuerySet[TaskHistory] | None = None,
 ) -> Bulk:
-    """Retry the failed and cancelled runs `found` names (with `fresh`, a pipeline starts over
-    rather than resuming), each as a new run at priority 1."""
-    act = partial(retry_one, actor=actor, fresh=fresh)
-    return _each(found, RETRYABLE, act, dry_run, unless=_retried)
+    """Retry the failed and cancelled runs `found` names that no operator retry names yet
+    (with `fresh`, a pipeline starts over rather than resuming), each as a new run at
+    priority 1; among `runs` when given."""
 
+    def act(run_id: str) -> Acted:
+        handle = rerun(run_id, actor=actor, reuse=False if fresh else None, once=True)
+        return Acted(run_id, "retried", new_run_id=handle.run_id)
 
-def cancel_one(run_id: str, *, actor: str, kill: bool = False) -> Acted:
-    """One run's cancel, its refusal an outcome (the console's actions on chosen runs too)."""
-    try:
-        state = request_cancel(run_id, actor=actor, kill=kill)
-    except (NotCancellable, UnknownRun) as exc:
-        return Acted(run_id, "refused", str(exc))
-    return Acted(run_id, state.value)
-
-
-def retry_one(run_id: str, *, actor: str, fresh: bool = False) -> Acted:
-    """One run's retry, its refusal an outcome."""
-    try:
-        handle = rerun(run_id, actor=actor, reuse=False if fresh else None)
-    except (StartRefused, Refused, UnknownRun) as exc:
-        return Acted(run_id, "refused", str(exc))
-    return Acted(run_id, "retried", new_run_id=handle.run_id)
+    chosen = search.matching(found, runs).filter(state__in=RETRYABLE).exclude(_retried())
+    return _each(chosen, act, dry_run)
 
 
 def _retried() -> Exists:
@@ -92,21 +104,26 @@ def _retried() -> Exists:
     return Exists(retries.filter(trigger__has_key="retryOf", retry_of=OuterRef("id")))
 
 
-def _each(
-    found: search.RunFilter,
-    states: tuple[RunState, ...],
-    act: Callable[[str], Acted],
-    dry_run: bool,
-    unless: Callable[[], Exists] | None = None,
-) -> Bulk:
-    if found.state is not None and found.state not in states:
-        return Bulk(0, (), False)
-    runs = search.matching(found).filter(state__in=states)
-    if unless is not None:
-        runs = runs.exclude(unless())
+# A run's own refusal: reported as its outcome, the others go on.
+_REFUSALS = (NotCancellable, UnknownRun, StartRefused, Refused, UnknownTaskError)
+
+
+def _each(runs: QuerySet[TaskHistory], act: Callable[[str], Acted], dry_run: bool) -> Bulk:
     if dry_run:
         return Bulk(runs.count(), (), False)
     ids = list(runs.order_by("created_at", "id").values_list("id", flat=True)[: BULK_MAX + 1])
     more = len(ids) > BULK_MAX
     matched = runs.count() if more else len(ids)  # before any is acted on
-    return Bulk(matched, tuple(act(run_id) for run_id in ids[:BULK_MAX]), more)
+    return Bulk(matched, tuple(_acted(act, run_id) for run_id in ids[:BULK_MAX]), more)
+
+
+def _acted(act: Callable[[str], Acted], run_id: str) -> Acted:
+    try:
+        return act(run_id)
+    except _REFUSALS as exc:
+        return Acted(run_id, "refused", str(exc))
+    except Exception as exc:
+        # A store that failed this run (Valkey away): the runs before it were acted on and
+        # are reported; this one is too, and the next ones are tried.
+        log.exception("run %s: a bulk action failed", run_id)
+        return Acted(run_id, "error", f"{type(exc).__name__}: {exc}")

@@ -43,6 +43,11 @@ from tasks.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
+# What a cancel may be asked of; kill now also of a run already cancelling (its handler is not
+# waited for).
+CANCELLABLE = (RunState.PENDING, RunState.ACTIVE)
+KILLABLE = (*CANCELLABLE, RunState.CANCELLING)
+
 
 class UnknownRun(LookupError):
     def __init__(self, run_id: str) -> None:

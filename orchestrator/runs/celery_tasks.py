@@ -10,6 +10,7 @@ from typing import Any
 from celery import Task, shared_task
 
 from orchestrator import tracing
+from orchestrator.cluster.instance import instance_id
 from orchestrator.routing import stage_class
 from orchestrator.runs import runner, stage_attempts
 from orchestrator.runs.publish import Carried, stage_task_name
@@ -57,7 +58,7 @@ def _traced(definition: TaskDefinition) -> Callable[..., None]:
     def on_message(
         task: Task[Any, Any], run_id: str, processing_version: int, carried: Carried | None = None
     ) -> None:
-        about = tracing.about(run_id, definition.id, definition.resource_class)
+        about = tracing.about(run_id, definition.id, definition.resource_class, instance_id())
         with tracing.received(task.request, "lumastra.run", about):
             runner.on_message(task, run_id, processing_version, carried)
 
@@ -75,7 +76,7 @@ def _register_stage(definition: TaskDefinition, stage: Stage) -> None:
             tracing.received(
                 task.request,
                 "lumastra.stage",
-                tracing.about(run_id, task_id, resource_class, stage_name),
+                tracing.about(run_id, task_id, resource_class, instance_id(), stage_name),
             )
             if tracing.ON
             else tracing.OFF

@@ -122,6 +122,8 @@ class Start(Protocol):
     def input(self) -> dict[str, Any]: ...
     @property
     def trigger(self) -> dict[str, Any]: ...
+    @property
+    def tags(self) -> tuple[str, ...]: ...
     def row(self) -> dict[str, Any]: ...
 
 
@@ -131,11 +133,12 @@ def join(start: Start) -> Joined | None:
     nothing sent, for a start that coalesces neither way (an operator's retry does not)."""
     definition = start.definition
     debounce = definition.debounce
-    params: dict[str, str | int] = {
+    params: dict[str, str | int | list[str]] = {
         "task_id": definition.id,
         "identity": start.identity,
         "input": json.dumps(start.input),
         "processing_version": definition.processing_version,
+        "tags": list(start.tags),
     }
     query: queries.Prepared | str
     if debounce is not None and MARK in start.trigger:

@@ -38,9 +38,10 @@ class NotResumable(NotRetryable):
     """A resume was asked of a run whose task is not a pipeline."""
 
 
-def rerun(run_id: str, *, actor: str, reuse: bool | None = None) -> RunHandle:
+def rerun(run_id: str, *, actor: str, reuse: bool | None = None, once: bool = False) -> RunHandle:
     """A new run of `run_id`'s work. `reuse`: True resumes a pipeline, False starts it afresh,
-    None (the default) resumes a pipeline and reruns anything else."""
+    None (the default) resumes a pipeline and reruns anything else. `once`: refused when an
+    operator retry already names the run (a retry by filter made twice at once, or again)."""
     row = (
         TaskHistory.objects.filter(id=run_id)
         .values_list(
@@ -76,6 +77,12 @@ def rerun(run_id: str, *, actor: str, reuse: bool | None = None) -> RunHandle:
         )
     # One transaction: the new run's message is published only once it has its reused stages.
     with transaction.atomic():
+        if once:
+            # The original's row lock makes two such retries take turns; the second sees the
+            # first's run once it commits.
+            list(TaskHistory.objects.select_for_update().filter(id=run_id).values_list("id"))
+            if earlier := requeued_as([run_id]).get(run_id):
+                raise NotRetryable(f"run {run_id} was retried already, as {earlier[-1]}")
         handle = start_run(
             task_id,
             data,

@@ -8,13 +8,13 @@ fields and tags. An input field is matched with `input @> {"key": value}` and ta
 JSON it reads as (7, true) and the string itself: `library_id=7` finds a run whose input holds
 `"library_id": 7` or `"library_id": "7"`.
 
-Tags are given at start (`start_run(..., tags=[...])`, at most MAX_TAGS, each a short plain
-word); a retry keeps its run's.
+Tags are given at start (`runs.tags`); a retry keeps its run's.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,19 +26,15 @@ from django.db.models.fields.json import KT
 
 from orchestrator.models import TaskHistory
 from orchestrator.runs.handle import StartRefused
+from orchestrator.runs.tags import checked
 from orchestrator.states import RunState
 from orchestrator.text import unstorable
 from orchestrator.triggers import TriggerKind
 
-MAX_TAGS = 10
-MAX_TAG_CHARS = 64
 # A filter names at most this many input fields, each value at most this long: each is one
 # containment test, served by one index.
 MAX_INPUT_FIELDS = 10
 MAX_VALUE_CHARS = 1000
-# A tag is a word an operator types: ASCII letters, digits and `-_.:/`, no spaces.
-TAG_PATTERN = r"^[A-Za-z0-9_.:/-]+$"  # for JSON Schema
-_TAG = re.compile(r"[A-Za-z0-9_.:/-]+")
 _KEY = re.compile(r"[A-Za-z_][\w-]{0,99}")
 
 JSONScalar = str | int | float | bool | None
@@ -66,8 +62,6 @@ class RunFilter:
 
 def matching(found: RunFilter, runs: QuerySet[TaskHistory] | None = None) -> QuerySet[TaskHistory]:
     """The runs `found` names, unordered (the caller pages or counts them)."""
-    if len(found.input) > MAX_INPUT_FIELDS:
-        raise BadFilter("input", f"at most {MAX_INPUT_FIELDS} fields")
     runs = TaskHistory.objects.all() if runs is None else runs
     if found.task is not None:
         runs = runs.filter(task_id=found.task)
@@ -94,27 +88,32 @@ def matching(found: RunFilter, runs: QuerySet[TaskHistory] | None = None) -> Que
 
 def typed(raw: str) -> tuple[JSONScalar, ...]:
     """What a value typed as text may stand for: the text, and the number, boolean or null it
-    reads as in JSON, if it does."""
+    reads as in JSON, if it does (not NaN or an infinity: JSON has none)."""
     if len(raw) > MAX_VALUE_CHARS:
         raise BadFilter("input", f"a value is at most {MAX_VALUE_CHARS} characters")
     if reason := unstorable(raw):
         raise BadFilter("input", f"a value {reason}")
     try:
-        read = json.loads(raw)
+        read = json.loads(raw, parse_constant=_not_json)
     except ValueError:
+        return (raw,)
+    if isinstance(read, float) and not math.isfinite(read):
         return (raw,)
     if isinstance(read, int | float | bool) or read is None:
         return (raw, read)
     return (raw,)
 
 
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
+
+
 def input_terms(pairs: Iterable[tuple[str, str]]) -> dict[str, tuple[JSONScalar, ...]]:
     """`KEY=VALUE` pairs (a query string's `input.KEY`, the CLI's `--input`) as a filter's
-    `input`."""
+    `input`; a key given twice is refused (each field equals one value)."""
     found: dict[str, tuple[JSONScalar, ...]] = {}
     for key, raw in pairs:
-        if not _KEY.fullmatch(key):
-            raise BadFilter("input", f"{key[:100]!r} is not an input field's name")
+        _check_key(key, found)
         found[key] = typed(raw)
     return found
 
@@ -123,14 +122,24 @@ def exact_terms(document: Mapping[str, Any]) -> dict[str, tuple[JSONScalar, ...]
     """A JSON body's `{"key": value}` as a filter's `input`: each value as given."""
     found: dict[str, tuple[JSONScalar, ...]] = {}
     for key, value in document.items():
-        if not _KEY.fullmatch(key):
-            raise BadFilter("input", f"{key[:100]!r} is not an input field's name")
+        _check_key(key, found)
         if not (isinstance(value, str | int | float | bool) or value is None):
             raise BadFilter("input", f"{key}: only a string, number, boolean or null is compared")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadFilter("input", f"{key}: {value} is not a JSON number")
         if isinstance(value, str):
             typed(value)  # the same bounds as a typed value
         found[key] = (value,)
     return found
+
+
+def _check_key(key: str, found: Mapping[str, object]) -> None:
+    if not _KEY.fullmatch(key):
+        raise BadFilter("input", f"{key[:100]!r} is not an input field's name")
+    if key in found:
+        raise BadFilter("input", f"{key} is given twice")
+    if len(found) == MAX_INPUT_FIELDS:
+        raise BadFilter("input", f"at most {MAX_INPUT_FIELDS} input fields")
 
 
 def search_terms(text: str) -> RunFilter:
@@ -146,23 +155,6 @@ def search_terms(text: str) -> RunFilter:
         else:
             raise BadFilter("search", f"{term[:100]!r} is neither key=value nor #tag")
     try:
-        return RunFilter(input=input_terms(pairs), tags=checked_tags(tags))
+        return RunFilter(input=input_terms(pairs), tags=checked(tags))
     except StartRefused as exc:
         raise BadFilter("tag", str(exc)) from None
-
-
-def checked_tags(tags: Iterable[str]) -> tuple[str, ...]:
-    """Tags as a run keeps them or a filter names them: each a word (`_TAG`), at most
-    MAX_TAG_CHARS, at most MAX_TAGS, duplicates dropped in order; StartRefused names the
-    first problem."""
-    kept: list[str] = []
-    for tag in tags:
-        if not isinstance(tag, str) or not _TAG.fullmatch(tag) or len(tag) > MAX_TAG_CHARS:
-            raise StartRefused(
-                f"tag {str(tag)[:100]!r}: a tag is 1-{MAX_TAG_CHARS} letters, digits or -_.:/"
-            )
-        if tag not in kept:
-            kept.append(tag)
-    if len(kept) > MAX_TAGS:
-        raise StartRefused(f"{len(kept)} tags; at most {MAX_TAGS}")
-    return tuple(kept)

@@ -37,7 +37,7 @@ from orchestrator.runs.coalesce import LiveRun
 from orchestrator.runs.due import due_time
 from orchestrator.runs.handle import InvalidInput, KeyContended, RunHandle, StartRefused, answered
 from orchestrator.runs.publish import carried, publish, publish_turns
-from orchestrator.runs.search import checked_tags
+from orchestrator.runs.tags import checked as checked_tags
 from orchestrator.states import RunState, StageState
 from orchestrator.stores import durable, live, queries
 from orchestrator.stores.broker import job_id

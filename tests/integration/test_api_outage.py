@@ -50,3 +50,22 @@ def test_valkey_unreachable_is_a_503_in_the_error_shape(web_without_valkey: str)
     body = json.loads(refused.value.read())
     assert body["code"] == "unavailable"
     assert "unreachable" in body["detail"]
+
+
+def test_the_overview_shows_what_it_can_when_valkey_is_unreachable(web_without_valkey: str) -> None:
+    """The console's first page: a panel that needs Valkey says it is unavailable, the others
+    (from Postgres alone) are drawn, and the page is not a 500."""
+    from django.test import Client
+
+    from tests.support.users import operator
+
+    client = Client()
+    client.force_login(operator("outage-ops"))  # a session in Postgres, which the role shares
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    request = urllib.request.Request(f"{web_without_valkey}/admin/", headers={"Cookie": cookie})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        page = response.read().decode()
+
+    assert response.status == 200
+    assert "Workers: unavailable just now" in page
+    assert 'id="minutes-chart"' in page

@@ -243,3 +243,45 @@ def test_the_consoles_search_box_takes_input_fields_and_tags(runs: dict[int, lis
     assert shown == set(runs[5])
     refused = client.get("/admin/orchestrator/taskhistory/", {"q": "library_id=5 #two%20words"})
     assert "Search:" in refused.content.decode()
+
+
+def test_values_json_has_no_number_for_are_text_in_a_query_and_refused_in_a_body() -> None:
+    for value in ("NaN", "Infinity", "-Infinity", "1e400"):
+        assert _listed(f"input.library_id={value}") == (200, {"items": [], "next_cursor": None})
+    client, headers = _api()
+    refused = client.post(
+        "/api/v1/runs:cancel",
+        '{"filter": {"input": {"library_id": NaN}}}',
+        content_type="application/json",
+        headers=headers,
+    )
+    assert refused.status_code == 422
+    assert [e["loc"] for e in refused.json()["errors"]] == [["body", "body", "filter", "input"]]
+    assert _listed("input.library_id=7&input.library_id=8")[0] == 422  # one value a field
+
+
+def test_a_retry_by_filter_never_retries_a_run_twice_and_reports_each_refusal() -> None:
+    from orchestrator.runs.rerun import NotRetryable, rerun
+
+    ids = [
+        start_run(TASK, {"library_id": 3}, trigger=TriggerKind.API, tags=["twice"]).run_id
+        for _ in range(3)
+    ]
+    bulk.cancel(search.RunFilter(tags=("twice",)), actor="ops")
+    # One retried by hand first; one whose task this deploy no longer has.
+    first = rerun(ids[0], actor="ops").run_id
+    TaskHistory.objects.filter(id=ids[2]).update(task_id="test-gone")
+    with pytest.raises(NotRetryable, match=f"retried already, as {first}"):
+        rerun(ids[0], actor="ops", once=True)
+
+    done = bulk.retry(search.RunFilter(tags=("twice",)), actor="ops")
+    outcomes = {acted.run_id: acted.outcome for acted in done.items}
+    assert outcomes == {ids[1]: "retried", ids[2]: "refused"}
+    assert "test-gone" in next(a.detail for a in done.items if a.run_id == ids[2])
+
+
+def test_a_debounced_run_takes_the_last_starts_tags_with_its_input() -> None:
+    for n, tag in enumerate(("first", "last")):
+        start_run("test-debounced", {"key": "k", "n": n}, trigger=TriggerKind.API, tags=[tag])
+    (run,) = TaskHistory.objects.filter(task_id="test-debounced")
+    assert (run.input["n"], run.tags) == (1, ["last"])

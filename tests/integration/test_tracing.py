@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -230,6 +231,7 @@ def test_a_run_started_over_http_is_one_trace_from_its_request_to_its_end(
         "lumastra.attempt": 1,
         "lumastra.outcome": "completed",
     }
+    assert run.attributes.pop("lumastra.instance").startswith(f"{socket.gethostname()}:")
     assert run.attributes == expected
     assert start.attributes == {
         k: expected[k] for k in ("lumastra.run_id", "lumastra.task", "lumastra.class")

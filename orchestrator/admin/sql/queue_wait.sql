@@ -1,6 +1,7 @@
 -- Per resource class, how long the runs that started since a moment (the overview's last
 -- hour) waited in the queue: from when they could start (their creation, or their not_before
--- when later: a retry's backoff, a delayed start, a released follow-up) to their start
+-- when later: a retry's backoff, a released follow-up; or the time a delayed or debounced start
+-- was due, which the trigger keeps once the release has cleared not_before) to their start
 -- (started_at: the claim of their last attempt), as the 95th percentile (interpolated) and
 -- how many runs it is of. A wait below zero (the writers' clocks apart) counts as zero.
 -- The runs that started and ended are found by one range scan of task_history_finished, those
@@ -8,12 +9,14 @@
 -- (`classes`, in the order of `task_ids`), and a run of a task no longer registered is left out.
 -- Parameters: since, task_ids, classes.
 WITH started AS (
-    SELECT task_id, started_at, created_at, not_before
+    SELECT task_id, started_at, created_at,
+           GREATEST(not_before, (trigger ->> 'notBefore')::timestamptz) AS not_before
       FROM task_history
      WHERE finished_at >= %(since)s
        AND started_at >= %(since)s
     UNION ALL
-    SELECT task_id, started_at, created_at, not_before
+    SELECT task_id, started_at, created_at,
+           GREATEST(not_before, (trigger ->> 'notBefore')::timestamptz) AS not_before
       FROM task_history
      WHERE state IN ('active', 'cancelling')
        AND started_at >= %(since)s

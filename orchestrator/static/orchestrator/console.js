@@ -152,6 +152,8 @@
         async function refresh() {
             if (!visible()) return;
             const response = await fetch(panel.dataset.panelUrl, {headers: {"X-Requested-With": "fetch"}});
+            // Signed out meanwhile: the panel's URL answered with the login page.
+            if (response.redirected) { window.location.reload(); return; }
             if (!response.ok) return;
             const html = await response.text();
             if (html === panel.dataset.shown) return;

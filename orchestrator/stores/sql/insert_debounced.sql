@@ -1,7 +1,7 @@
 -- A debounced task's first start (`runs.coalesce`): its run INSERTed as insert_run.sql does, in
 -- one statement with no transaction of its own; unless a concurrent first start's waiting run
 -- of the identity won the partial unique index task_history_debounce_one meanwhile: then that
--- run takes this start's input and time as debounce_run.sql gives them, and `inserted` is
+-- run takes this start's input, tags and time as debounce_run.sql gives them, and `inserted` is
 -- false (this start joined it; its admission is given back).
 -- Parameters: id, task_id, state, stages, trigger, input (JSON text), error (JSON text or NULL),
 -- priority, identity, processing_version, not_before, now, finished_at, tags (as insert_run.sql's),
@@ -18,6 +18,7 @@ VALUES
  WHERE state = 'pending' AND attempts = 0 AND not_before IS NOT NULL AND trigger ? 'debounce'
     DO UPDATE SET
        input = EXCLUDED.input,
+       tags = EXCLUDED.tags,
        processing_version = EXCLUDED.processing_version,
        not_before = GREATEST(LEAST(now() + make_interval(secs => %(period_s)s),
                                    task_history.created_at + make_interval(secs => %(max_wait_s)s)),

@@ -1,6 +1,8 @@
-# Runs by what they were about (`runs.search`): GIN indexes on the input (jsonb_path_ops, for
-# `@>`) and the tags, built without holding writes off a long history: concurrently, so
-# outside a transaction.
+# Runs by an input field (`runs.search`): a GIN index on the input (jsonb_path_ops, for `@>`),
+# built without holding writes off a long history: concurrently, so outside a transaction. One
+# index a migration: a build that fails leaves the migrations before it done, and this one to
+# run again (after `DROP INDEX CONCURRENTLY task_history_input` if the failed build left it
+# INVALID).
 
 import django.contrib.postgres.indexes
 from django.contrib.postgres.operations import AddIndexConcurrently
@@ -20,9 +22,5 @@ class Migration(migrations.Migration):
             index=django.contrib.postgres.indexes.GinIndex(
                 fields=["input"], opclasses=["jsonb_path_ops"], name="task_history_input"
             ),
-        ),
-        AddIndexConcurrently(
-            model_name="taskhistory",
-            index=django.contrib.postgres.indexes.GinIndex(fields=["tags"], name="task_history_tags"),
         ),
     ]
