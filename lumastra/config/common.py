@@ -166,6 +166,12 @@ class EveryRole:
         env.positive_int,
         "seconds /readyz and healthcheck --ready wait for each store",
     )
+    cli_user: str = env.variable(
+        "LUMASTRA_CLI_USER",
+        "",
+        str.strip,
+        "the account `manage.py lumastra` acts as when no --as is given",
+    )
 
 
 @dataclass(frozen=True)

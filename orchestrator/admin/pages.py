@@ -7,13 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 
-from orchestrator.api import access
+from orchestrator.api import access, audit
 from orchestrator.api.access import Access
 from orchestrator.models import TaskHistory
 
@@ -34,18 +32,10 @@ def requires(needed: Access, view: Page) -> Page:
 
 
 def log_action(request: HttpRequest, message: str, obj: Model | None = None) -> None:
-    """An operator's action in the admin log ("Recent actions", and the object's history when
-    `obj` is given), under their name: who cancelled, retried, started, force-enabled,
-    healed, rescanned or redelivered what."""
-    content_type = ContentType.objects.get_for_model(obj) if obj is not None else None
-    LogEntry.objects.create(
-        user_id=int(request.user.pk or 0),
-        content_type=content_type,
-        object_id=str(obj.pk) if obj is not None else None,
-        object_repr=message[:200],
-        action_flag=CHANGE,
-        change_message=message,
-    )
+    """An operator's action in the admin log under their name (`api.audit`), in `obj`'s
+    history when given."""
+    model = type(obj) if obj is not None else None
+    audit.record(request.user, message, model, str(obj.pk) if obj is not None else "")
 
 
 class ReadOnlyOperated:

@@ -7,6 +7,7 @@ The API and its operations:
 - `starting`: what starting a run takes and answers (`POST /runs`, a batch's starts, a
   trigger's, a retry's), and `start_run`'s refusals as API errors
 - `batch`: `POST /runs:batch`: up to 1,000 starts in one call, each start's outcome answered
+- `audit`: operators' actions in the admin log, from the console and the CLI alike
 - `run_search`: the runs filter over HTTP (`GET /runs`'s `input.<field>`, `tag`, `since`), and
   `POST /runs:cancel` / `:retry` for every run a filter finds, with a dry run
 - `report`: a run's Markdown report (YAML frontmatter: the run, its steps; a readable body)
