@@ -185,8 +185,10 @@ def test_run_started_over_http_completes_on_a_real_worker(
     url = f"{RUNS}/{started.json()['run_id']}"
 
     def finished() -> dict[str, Any] | None:
+        # Postgres has the end first, the live hash follows it (`runs.terminal`): both.
         run = api.get(url).json()
-        return run if run["state"] in ("completed", "failed") else None
+        ended = ("completed", "failed")
+        return run if run["state"] in ended and (run["live"] or {}).get("state") in ended else None
 
     run = wait_for(finished, timeout=60)
     assert run["state"] == "completed"

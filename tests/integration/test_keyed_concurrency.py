@@ -176,9 +176,11 @@ def test_a_turn_not_claimed_in_time_no_longer_holds_its_key() -> None:
 def test_the_sweep_resumes_after_the_last_key_it_looked_at() -> None:
     for key in "AB":
         _enqueue(f"{key}-holder", key)
-        _script("take", f"{key}-holder", "gone-host:1:X", lease_ms=1)
+        # Long enough that a busy machine does not see A's lease run out before A's second run
+        # is registered (it would be dispatched at once, and the sweep would start at B).
+        _script("take", f"{key}-holder", "gone-host:1:X", lease_ms=300)
         _enqueue(f"{key}-waits", key)
-    time.sleep(0.01)  # the holders' leases run out
+    time.sleep(0.35)  # the holders' leases run out
     assert _script("sweep", 1)[1::4] == ["A-waits"]
     assert _script("sweep", 1)[1::4] == ["B-waits"]  # not A again: it resumed after A
 
