@@ -215,7 +215,7 @@ def ending(outcome: str) -> contextlib.AbstractContextManager[Any]:
     attributes = {"lumastra.outcome": outcome}
     if (message := _message.get()) is not None:
         message.span.set_attributes(attributes)
-    return cast(_Span, _tracer.start_as_current_span("lumastra.end", attributes=attributes))
+    return span("lumastra.end", attributes)
 
 
 def annotate(attributes: Mapping[str, Any]) -> None:

@@ -21,7 +21,6 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
-from django.db.models.fields.json import KT
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -41,7 +40,7 @@ from orchestrator.routing import queue_name
 from orchestrator.runs.cancel import CANCELLABLE, NotCancellable, UnknownRun, request_cancel
 from orchestrator.runs.children import batches_of
 from orchestrator.runs.handle import StartRefused
-from orchestrator.runs.rerun import RETRYABLE, rerun
+from orchestrator.runs.rerun import RETRYABLE, rerun, retries_of
 from orchestrator.states import TERMINAL_RUN_STATES, RunState, StageState
 from orchestrator.stores import live
 from orchestrator.text import is_run_id
@@ -105,14 +104,8 @@ def _levels(
 
 
 def _retries(run_id: str) -> list[tuple[str, str]]:
-    # `trigger->>'retryOf'` is the expression the task_history_retry_of index is built on.
-    return list(
-        TaskHistory.objects.alias(retry_of=KT("trigger__retryOf"))
-        # The index is partial on this condition: without it Postgres cannot use it.
-        .filter(trigger__has_key="retryOf", retry_of=run_id)
-        .order_by("-created_at")
-        .values_list("id", "state")[:RETRIES_SHOWN]
-    )
+    found = retries_of(run_id).order_by("-created_at")
+    return list(found.values_list("id", "state")[:RETRIES_SHOWN])
 
 
 def _current_progress(run: TaskHistory) -> SafeString | str:

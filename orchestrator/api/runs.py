@@ -350,11 +350,12 @@ def _summary(row: TaskHistory, live_progress: str | None = None) -> RunSummary:
         started_at=row.started_at,
         finished_at=row.finished_at,
         not_before=row.not_before if row.state == RunState.PENDING else None,
-        progress=_progress(progress),
+        progress=progress_report(progress),
     )
 
 
-def _progress(document: Any) -> Progress | None:
+def progress_report(document: Any) -> Progress | None:
+    """A progress document (the live hash's, or the row's) as the API shows it."""
     if not isinstance(document, dict) or "done" not in document:
         return None
     return Progress.model_validate(
@@ -370,7 +371,7 @@ def _live_state(found: live.RunHash) -> LiveState | None:
     return LiveState(
         state=found["state"],
         owner=found.get("owner", ""),
-        progress=_progress(json.loads(progress)) if progress else None,
+        progress=progress_report(json.loads(progress)) if progress else None,
         stages={
             name.removeprefix("stage:"): str(value)
             for name, value in found.items()

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db.models import Exists, OuterRef, QuerySet
-from django.db.models.fields.json import KT
 
 from orchestrator.hooks.base import Refused
 from orchestrator.models import TaskHistory
@@ -36,7 +35,7 @@ from orchestrator.runs.cancel import (
     request_cancel,
 )
 from orchestrator.runs.handle import StartRefused
-from orchestrator.runs.rerun import RETRYABLE, rerun
+from orchestrator.runs.rerun import RETRYABLE, rerun, retries_of
 from tasks.registry import UnknownTaskError
 
 log = logging.getLogger(__name__)
@@ -99,9 +98,8 @@ def retry(
 
 
 def _retried() -> Exists:
-    """A run an operator retry names (`trigger.retryOf`, its own index)."""
-    retries = TaskHistory.objects.alias(retry_of=KT("trigger__retryOf"))
-    return Exists(retries.filter(trigger__has_key="retryOf", retry_of=OuterRef("id")))
+    """A run an operator retry names."""
+    return Exists(retries_of(OuterRef("id")))
 
 
 # A run's own refusal: reported as its outcome, the others go on.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet
 from django.db.models.fields.json import KT
 
 from orchestrator.models import TaskHistory
@@ -101,6 +101,14 @@ def dead_letters() -> QuerySet[TaskHistory]:
     """The runs that exhausted their retries: failed after their last attempt, waiting for an
     operator's `rerun`. One partial index (task_history_dead_letters) serves it, newest first."""
     return TaskHistory.objects.filter(state=RunState.FAILED, error__exhausted=True)
+
+
+def retries_of(original: str | OuterRef) -> QuerySet[TaskHistory]:
+    """The operator retries of `original` (a run's id, or an outer query's run), found as the
+    task_history_retry_of index has them: its expression, on its partial condition (without
+    which Postgres cannot use it)."""
+    found = TaskHistory.objects.filter(trigger__has_key="retryOf")
+    return found.alias(retry_of=KT("trigger__retryOf")).filter(retry_of=original)
 
 
 def requeued_as(run_ids: Iterable[str]) -> dict[str, list[str]]:

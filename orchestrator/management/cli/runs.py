@@ -84,7 +84,15 @@ def list_runs(session: Session, options: dict[str, Any]) -> int:
         )
         page = api.list_runs(session.request, filters)
     rows = [
-        (r.run_id, r.task, r.state, r.priority, _progress(r.progress), r.created_at, r.finished_at)
+        (
+            r.run_id,
+            r.task,
+            r.state,
+            r.priority,
+            progress_text(r.progress),
+            r.created_at,
+            r.finished_at,
+        )
         for r in page.items
     ]
     headers = ("RUN", "TASK", "STATE", "PRIORITY", "PROGRESS", "CREATED", "FINISHED")
@@ -111,7 +119,7 @@ def show_run(session: Session, options: dict[str, Any]) -> int:
         ("finished", run.finished_at),
         ("duration_s", run.duration_s),
         ("attempts", run.attempts),
-        ("progress", _progress(run.progress)),
+        ("progress", progress_text(run.progress)),
         ("stages", run.stages),
         ("error", f"{error.get('kind')}: {error.get('message')}" if error else None),
         ("input", run.input),
@@ -142,7 +150,8 @@ def retry_run(session: Session, options: dict[str, Any]) -> int:
     return OK
 
 
-def _progress(progress: api.Progress | None) -> str | None:
+def progress_text(progress: api.Progress | None) -> str | None:
+    """Done (of total) and the item, as a table cell or `watch` shows it."""
     if progress is None:
         return None
     done = f"{progress.done:g}" + (f"/{progress.total:g}" if progress.total is not None else "")

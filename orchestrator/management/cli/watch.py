@@ -20,7 +20,7 @@ from argparse import ArgumentParser, _SubParsersAction
 from typing import Any
 
 from orchestrator.api.access import Access
-from orchestrator.api.runs import Progress
+from orchestrator.api.runs import progress_report
 from orchestrator.management.cli import arguments
 from orchestrator.management.cli.acting import Session
 from orchestrator.management.cli.exits import (
@@ -30,6 +30,7 @@ from orchestrator.management.cli.exits import (
     OK,
     Failure,
 )
+from orchestrator.management.cli.runs import progress_text
 from orchestrator.models import TaskHistory
 from orchestrator.runs import context
 from orchestrator.states import TERMINAL_RUN_STATES, RunState
@@ -110,14 +111,10 @@ class _Follower:
             self.seq = line.seq
 
     def _progress(self, raw: str) -> None:
-        document = json.loads(raw)
-        report = Progress.model_validate(
-            {k: v for k, v in document.items() if k in Progress.model_fields}
-        )
-        text = f"-- progress {report.done:g}" + (
-            f"/{report.total:g}" if report.total is not None else ""
-        )
-        text += f" {report.item}" if report.item else ""
+        report = progress_report(json.loads(raw))
+        if report is None:
+            return
+        text = f"-- progress {progress_text(report)}"
         text += f" (eta {report.eta_s:.0f} s)" if report.eta_s is not None else ""
         self._event({"event": "progress", **report.model_dump()}, text)
 
